@@ -1,0 +1,151 @@
+"""ONNX (a file path or a ModelProto) -> Graph, with dims not bound yet."""
+import os
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import AttributeProto, TensorProto, external_data_helper, helper, numpy_helper
+
+from planner import dtypes
+from planner.errors import ModelError
+from planner.ir import Graph, Node, Tensor
+
+MIN_OPSET = 11
+MAX_OPSET = onnx.defs.onnx_opset_version()
+
+
+def read(model):
+    """A path or ModelProto -> Graph. External data is read from beside the model file only."""
+    base_dir = None
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isfile(path):
+            raise ModelError(f"no such model file: {path}")
+        try:
+            model = onnx.load(path, load_external_data=False)
+        except (DecodeError, RuntimeError, ValueError) as e:
+            raise ModelError(f"{path} is not a readable ONNX model ({type(e).__name__}: {e})") from None
+        base_dir = os.path.dirname(os.path.abspath(path))
+    elif not isinstance(model, onnx.ModelProto):
+        raise ModelError(f"expected an ONNX file path or onnx.ModelProto, got {type(model).__name__}")
+    if not model.HasField("graph") or not model.graph.output:
+        raise ModelError("the model has no graph or no graph outputs (not an ONNX model, or a truncated file)")
+    return _graph(model.graph, _opset(model), base_dir)
+
+
+def _opset(model):
+    versions = {o.domain: o.version for o in model.opset_import}
+    version = versions.get("", versions.get("ai.onnx"))
+    if version is None:
+        raise ModelError("the model imports no version of the default ONNX domain")
+    if not MIN_OPSET <= version <= MAX_OPSET:
+        raise ModelError(f"opset {version} is not supported (memplan reads opsets {MIN_OPSET} to {MAX_OPSET})")
+    return version
+
+
+def _graph(g, opset, base_dir):
+    tensors = {}
+    for init in g.initializer:
+        tensors[init.name] = _param(init, base_dir)
+    if g.sparse_initializer:
+        raise ModelError("sparse initializers are not supported")
+    declared = {vi.name: _value_info(vi) for vi in (*g.input, *g.value_info, *g.output)}
+    inputs = tuple(vi.name for vi in g.input if vi.name not in tensors)
+    outputs = tuple(vi.name for vi in g.output)
+    for name in inputs:
+        tensors[name] = Tensor(name, *declared[name], "input")
+    nodes, names = [], set()
+    for i, proto in enumerate(g.node):
+        if proto.op_type == "Constant":
+            name = proto.output[0]
+            if name in tensors:
+                raise ModelError(f"tensors written more than once: {name}")
+            value = _constant_value(proto, base_dir)
+            tensors[name] = Tensor(name, value.shape, value.dtype, "const", value)
+            continue
+        name = proto.name if proto.name and proto.name not in names else f"{proto.op_type}_{i}"
+        names.add(name)
+        attrs = {a.name: _attribute(a, base_dir) for a in proto.attribute}
+        op = proto.op_type if proto.domain in ("", "ai.onnx") else f"{proto.domain}.{proto.op_type}"
+        nodes.append(Node(op, tuple(proto.input), tuple(proto.output), attrs, name))
+        for out in proto.output:
+            if out and out not in tensors:
+                kind = "output" if out in outputs else "activation"
+                tensors[out] = Tensor(out, *declared.get(out, (None, None)), kind)
+    for node in nodes:
+        for name in node.inputs:
+            if name and name not in tensors:
+                tensors[name] = Tensor(name, *declared.get(name, (None, None)), "activation")
+    return Graph(tuple(nodes), tensors, inputs, outputs, g.name or "graph", opset)
+
+
+def _value_info(vi):
+    """(shape, dtype) of a declared value: dims are ints, dim names, or None when unknown."""
+    if vi.type.WhichOneof("value") != "tensor_type":
+        raise ModelError(f"value {vi.name!r} is a {vi.type.WhichOneof('value')}, only tensors are supported")
+    t = vi.type.tensor_type
+    dtype = dtypes.from_onnx(t.elem_type) if t.elem_type else None
+    if not t.HasField("shape"):
+        return None, dtype
+    shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
+    return shape, dtype
+
+
+def _param(init, base_dir):
+    data = _array(init, base_dir)
+    return Tensor(init.name, data.shape, data.dtype, "param", data)
+
+
+def _array(tensor, base_dir):
+    if external_data_helper.uses_external_data(tensor):
+        _load_external(tensor, base_dir)
+    try:
+        return numpy_helper.to_array(tensor)
+    except (ValueError, TypeError) as e:
+        raise ModelError(f"initializer {tensor.name!r} cannot be read ({e}); the file may be truncated") from None
+
+
+def _load_external(tensor, base_dir):
+    """Read a tensor's external data, refusing any location outside the model's directory."""
+    info = {e.key: e.value for e in tensor.external_data}
+    location = info.get("location", "")
+    if base_dir is None:
+        raise ModelError(f"initializer {tensor.name!r} keeps its data in {location!r}; "
+                         "load the model from its file path so the data can be found")
+    root = os.path.realpath(base_dir)
+    path = os.path.realpath(os.path.join(root, location))
+    if os.path.isabs(location) or os.path.commonpath([root, path]) != root:
+        raise ModelError(f"initializer {tensor.name!r}: external data location {location!r} "
+                         "points outside the model's directory; refusing to read it")
+    if not os.path.isfile(path):
+        raise ModelError(f"initializer {tensor.name!r}: external data file {location!r} is missing")
+    external_data_helper.load_external_data_for_tensor(tensor, root)
+    tensor.data_location = TensorProto.DEFAULT
+    del tensor.external_data[:]
+
+
+def _constant_value(proto, base_dir):
+    attr = proto.attribute[0] if len(proto.attribute) == 1 else None
+    if attr is None:
+        raise ModelError(f"Constant node {proto.name or proto.output[0]!r} must have exactly one attribute")
+    value = _attribute(attr, base_dir)
+    kinds = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64}
+    if attr.name in kinds:
+        return np.asarray(value, dtype=kinds[attr.name])
+    if attr.name == "value":
+        return value
+    raise ModelError(f"Constant node {proto.name or proto.output[0]!r}: attribute {attr.name!r} is not supported")
+
+
+def _attribute(attr, base_dir):
+    """An attribute as plain Python: numbers, str, lists of them, or a NumPy array for tensors."""
+    if attr.type == AttributeProto.TENSOR:
+        return _array(attr.t, base_dir)
+    if attr.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS, AttributeProto.SPARSE_TENSOR):
+        raise ModelError(f"attribute {attr.name!r}: subgraph and sparse attributes are not supported")
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list):
+        return [v.decode() if isinstance(v, bytes) else v for v in value]
+    return value

@@ -1,0 +1,20 @@
+"""memplan's planner: from a model to a typed graph and a memory plan."""
+from .errors import (InfeasibleBudgetError, MemplanError, ModelError, PlanError, ShapeError,
+                     UnsupportedOpError)
+from .ir import Graph, Node, Tensor
+
+
+def load(model, input_shapes=None):
+    """Read a model and give every tensor a concrete shape and dtype.
+
+    `model` is a path to an .onnx file, an onnx.ModelProto, a frontends.symbol.Symbol, or
+    "zoo:NAME" (a built-in model, see frontends.zoo). `input_shapes` binds the inputs' dynamic
+    dims, e.g. {"input": (8, 3, 224, 224)}; dims of the same name in other inputs follow.
+    """
+    from frontends import read
+    from . import shapes
+    return shapes.infer(read(model), input_shapes)
+
+
+__all__ = ["load", "Graph", "Node", "Tensor", "MemplanError", "ModelError", "UnsupportedOpError",
+           "ShapeError", "InfeasibleBudgetError", "PlanError"]

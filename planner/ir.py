@@ -1,0 +1,153 @@
+"""The graph every pass reads and writes: tensors (name, shape, dtype, kind) and nodes in ONNX op terms.
+
+Nodes and tensors are treated as immutable; a pass that changes them builds new ones
+(`dataclasses.replace`) and a new Graph.
+"""
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+import numpy as np
+
+from .errors import ModelError
+
+KINDS = ("input", "param", "const", "activation", "output")
+
+
+@dataclass(frozen=True, eq=False)
+class Tensor:
+    """A value in the graph. `shape` holds ints once bound, and may hold dim names (str) or None before."""
+
+    name: str
+    shape: tuple | None
+    dtype: np.dtype | None
+    kind: str
+    data: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"tensor {self.name!r}: kind {self.kind!r} is not one of {KINDS}")
+
+    @property
+    def is_static(self):
+        """True when every dimension and the dtype are known."""
+        return self.dtype is not None and self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self):
+        return self.size * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One op application. An empty string in `inputs` marks an omitted optional input."""
+
+    op: str
+    inputs: tuple
+    outputs: tuple
+    attrs: dict = field(default_factory=dict)
+    name: str = ""
+
+    def __repr__(self):
+        return f"Node({self.name}: {self.op}({', '.join(self.inputs)}) -> {', '.join(self.outputs)})"
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """Nodes in a topological order, the tensors they read and write, and the graph's inputs and outputs."""
+
+    nodes: tuple
+    tensors: dict
+    inputs: tuple
+    outputs: tuple
+    name: str = "graph"
+    opset: int = 17
+
+    @cached_property
+    def producers(self):
+        """Tensor name -> the node that writes it (graph inputs, params and consts have none)."""
+        return {out: node for node in self.nodes for out in node.outputs if out}
+
+    @cached_property
+    def consumers(self):
+        """Tensor name -> the nodes that read it, in schedule order (a node reading twice appears once)."""
+        users = {name: [] for name in self.tensors}
+        for node in self.nodes:
+            for name in dict.fromkeys(i for i in node.inputs if i):
+                users[name].append(node)
+        return users
+
+    def producer(self, name):
+        return self.producers.get(name)
+
+    def params(self):
+        return [t for t in self.tensors.values() if t.kind == "param"]
+
+    def summary(self):
+        counts = Counter(node.op for node in self.nodes)
+        return f"{self.name}: {len(self.nodes)} nodes, {len(self.tensors)} tensors, ops " + \
+            ", ".join(f"{op} x{n}" for op, n in counts.most_common())
+
+
+def validate(graph):
+    """Check names and edges, and return the graph with its nodes in a topological order.
+
+    The file's order is kept wherever it is already valid. Raises ModelError naming the
+    duplicate, dangling or cyclic part.
+    """
+    names = Counter(n.name for n in graph.nodes)
+    dup_nodes = sorted(n for n, c in names.items() if c > 1)
+    if dup_nodes:
+        raise ModelError(f"duplicate node names: {', '.join(dup_nodes[:10])}")
+    writers = Counter(o for n in graph.nodes for o in n.outputs if o)
+    sources = {t.name for t in graph.tensors.values() if t.kind in ("input", "param", "const")}
+    dup = sorted(o for o, c in writers.items() if c > 1 or o in sources)
+    if dup:
+        raise ModelError(f"tensors written more than once (or both an input/initializer and a node output): {', '.join(dup[:10])}")
+    dup_inputs = sorted(n for n, c in Counter(graph.inputs).items() if c > 1)
+    if dup_inputs:
+        raise ModelError(f"duplicate graph inputs: {', '.join(dup_inputs)}")
+    missing_decl = sorted({x for n in graph.nodes for x in (*n.inputs, *n.outputs) if x and x not in graph.tensors})
+    if missing_decl:
+        raise ModelError(f"tensors used but not declared: {', '.join(missing_decl[:10])}")
+    for node in graph.nodes:
+        dangling = [i for i in node.inputs if i and i not in writers and i not in sources]
+        if dangling:
+            raise ModelError(f"node {node.name!r} ({node.op}) reads {', '.join(map(repr, dangling))}, "
+                             "which no node, graph input or initializer provides")
+    unmade = [o for o in graph.outputs if o not in writers and o not in sources]
+    if unmade:
+        raise ModelError(f"graph outputs not produced by any node: {', '.join(unmade)}")
+    return replace(graph, nodes=_toposort(graph.nodes, sources))
+
+
+def _toposort(nodes, sources):
+    """Kahn's algorithm, taking nodes in file order whenever several are ready."""
+    writer = {o: i for i, n in enumerate(nodes) for o in n.outputs if o}
+    waiting = [0] * len(nodes)
+    readers = [[] for _ in nodes]
+    for i, node in enumerate(nodes):
+        deps = {writer[x] for x in node.inputs if x and x not in sources}
+        waiting[i] = len(deps)
+        for d in deps:
+            readers[d].append(i)
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for r in readers[i]:
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, r)
+    if len(order) < len(nodes):
+        stuck = [nodes[i].name or nodes[i].op for i, w in enumerate(waiting) if w > 0]
+        raise ModelError(f"the graph has a cycle through nodes: {', '.join(stuck[:10])}")
+    return tuple(nodes[i] for i in order)
+

@@ -1,0 +1,38 @@
+"""Op schemas, one per ONNX op type, registered by name.
+
+Adding an op is one class with `@schema("OpType")` in the module of its family.
+"""
+from ..errors import UnsupportedOpError
+from .base import Info, Schema
+
+SCHEMAS = {}
+
+
+def schema(*op_types):
+    """Class decorator registering one schema instance under each given ONNX op type."""
+    def register(cls):
+        for op in op_types:
+            instance = cls()
+            instance.op = op
+            SCHEMAS[op] = instance
+        return cls
+    return register
+
+
+def get(op_type):
+    try:
+        return SCHEMAS[op_type]
+    except KeyError:
+        raise UnsupportedOpError([op_type]) from None
+
+
+def check_supported(op_types):
+    """Raise UnsupportedOpError listing every op type (with counts) that has no schema."""
+    missing = [op for op in op_types if op not in SCHEMAS]
+    if missing:
+        raise UnsupportedOpError(missing)
+
+
+from . import elementwise, activation, nn, linalg, shape_ops, reduce, misc  # noqa: E402,F401  (registration)
+
+__all__ = ["SCHEMAS", "schema", "get", "check_supported", "Info", "Schema"]

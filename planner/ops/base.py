@@ -1,0 +1,78 @@
+"""The interface every op schema implements, and helpers the shape rules share."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ShapeError
+
+
+@dataclass(frozen=True)
+class Info:
+    """What shape inference knows of one input: its shape, dtype and, when computable now, its value."""
+
+    shape: tuple
+    dtype: np.dtype
+    value: np.ndarray | None = None
+
+    @property
+    def rank(self):
+        return len(self.shape)
+
+
+class Schema:
+    """What an op is, independent of how it is computed.
+
+    - `attr_inputs`: (attribute, input index, first opset passing it as an input). Such inputs
+      must be known before running; the shape pass moves their values into `node.attrs`, so
+      downstream code sees one form whatever the opset.
+    - `defaults`: attribute defaults from the ONNX spec.
+    - `inplace`: (input index, output index) pairs the output may overwrite; `identity`: the
+      output is a view of input 0 (same bytes, new shape).
+    - `infer(node, ins)`: the (shape, dtype) of each output from the inputs' Info.
+    - `evaluate(node, *arrays)`: the outputs in NumPy, for ops worth folding when their
+      inputs are known (shape arithmetic); None when the op is not folded.
+    """
+
+    op = ""
+    attr_inputs = ()
+    defaults = {}
+    inplace = ()
+    identity = False
+
+    def attr(self, node, name):
+        if name in node.attrs:
+            return node.attrs[name]
+        if name in self.defaults:
+            return self.defaults[name]
+        raise ShapeError(f"required attribute {name!r} is missing")
+
+    def infer(self, node, ins):
+        raise NotImplementedError
+
+    evaluate = None
+
+    def fold(self, node, ins):
+        """Output values when every input's value is known and the op can be evaluated, else None."""
+        if self.evaluate is None or any(i is not None and i.value is None for i in ins):
+            return None
+        return self.evaluate(node, *(None if i is None else i.value for i in ins))
+
+
+def axis(a, rank):
+    """An axis in [0, rank), from ONNX's [-rank, rank)."""
+    if not -rank <= a < rank:
+        raise ShapeError(f"axis {a} is out of range for rank {rank}")
+    return a % rank
+
+
+def broadcast(*shapes):
+    """The multidirectional (NumPy) broadcast of several shapes."""
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ShapeError(f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
+
+
+def same_as_input(node, ins):
+    """Shape rule of ops whose single output has the shape and dtype of input 0."""
+    return [(ins[0].shape, ins[0].dtype)]

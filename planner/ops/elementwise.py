@@ -1,0 +1,109 @@
+"""Elementwise ops with NumPy broadcasting: arithmetic, comparisons, logic, Where.
+
+Each family is one class; the NumPy function of each op is one table entry.
+"""
+import numpy as np
+
+from . import schema
+from .base import Schema, broadcast, same_as_input
+from ..errors import ShapeError
+
+
+def _check_same_dtype(node, ins):
+    dts = {i.dtype for i in ins if i is not None}
+    if len(dts) > 1:
+        raise ShapeError(f"inputs have different dtypes {sorted(map(str, dts))}")
+
+
+def _int_div(a, b):
+    """ONNX integer Div truncates toward zero (C semantics), unlike NumPy's floor division."""
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        return (np.trunc(np.true_divide(a, b))).astype(np.result_type(a, b))
+    return np.true_divide(a, b)
+
+
+def _mod(a, b, fmod=0):
+    return np.fmod(a, b) if fmod else np.mod(a, b)
+
+
+BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _int_div}
+
+
+@schema(*BINARY)
+class Arithmetic(Schema):
+    """Add, Sub, Mul, Div: one dtype in, the same dtype out; the output may overwrite either input."""
+
+    inplace = ((0, 0), (1, 0))
+
+    def infer(self, node, ins):
+        _check_same_dtype(node, ins)
+        return [(broadcast(ins[0].shape, ins[1].shape), ins[0].dtype)]
+
+    def evaluate(self, node, a, b):
+        return [BINARY[self.op](a, b)]
+
+
+@schema("Pow")
+class Pow(Schema):
+    """Pow: the exponent may have another dtype; the output has the base's."""
+
+    inplace = ((0, 0),)
+
+    def infer(self, node, ins):
+        return [(broadcast(ins[0].shape, ins[1].shape), ins[0].dtype)]
+
+    def evaluate(self, node, a, b):
+        return [np.power(a, b).astype(a.dtype)]
+
+
+@schema("Mod")
+class Mod(Schema):
+    defaults = {"fmod": 0}
+    inplace = ((0, 0), (1, 0))
+
+    def infer(self, node, ins):
+        _check_same_dtype(node, ins)
+        return [(broadcast(ins[0].shape, ins[1].shape), ins[0].dtype)]
+
+    def evaluate(self, node, a, b):
+        return [_mod(a, b, self.attr(node, "fmod"))]
+
+
+COMPARE = {"Equal": np.equal, "Less": np.less, "Greater": np.greater}
+
+
+@schema(*COMPARE)
+class Compare(Schema):
+    def infer(self, node, ins):
+        _check_same_dtype(node, ins)
+        return [(broadcast(ins[0].shape, ins[1].shape), np.dtype(bool))]
+
+    def evaluate(self, node, a, b):
+        return [COMPARE[self.op](a, b)]
+
+
+UNARY = {"Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log, "Neg": np.negative, "Abs": np.abs,
+         "Reciprocal": np.reciprocal, "Not": np.logical_not}
+
+
+@schema(*UNARY)
+class Unary(Schema):
+    inplace = ((0, 0),)
+    infer = staticmethod(same_as_input)
+
+    def evaluate(self, node, x):
+        return [UNARY[self.op](x)]
+
+
+@schema("Where")
+class Where(Schema):
+    inplace = ((1, 0), (2, 0))
+
+    def infer(self, node, ins):
+        if ins[0].dtype != np.bool_:
+            raise ShapeError(f"condition must be bool, not {ins[0].dtype}")
+        _check_same_dtype(node, ins[1:])
+        return [(broadcast(*(i.shape for i in ins)), ins[1].dtype)]
+
+    def evaluate(self, node, c, x, y):
+        return [np.where(c, x, y)]

@@ -1,0 +1,143 @@
+"""Static-shape inference: bind the inputs, give every tensor a concrete shape and dtype,
+fold the shape arithmetic exporters emit (Shape -> Gather -> Concat -> Reshape) into
+constants, and drop what no output needs.
+"""
+from dataclasses import replace
+
+import numpy as np
+
+from . import ops
+from .errors import INPUT_SYNTAX, ShapeError
+from .ir import Graph, Tensor, validate
+from .ops import Info
+
+FOLD_LIMIT = 1 << 16
+"""Largest number of elements a folded constant may have; bigger results are computed when run."""
+
+
+def infer(graph, input_shapes=None):
+    """Return a new Graph where every tensor has a concrete shape and dtype."""
+    graph = validate(graph)
+    ops.check_supported(node.op for node in graph.nodes)
+    infos = _bind_inputs(graph, input_shapes or {})
+    nodes, folded = [], {}
+    for node in graph.nodes:
+        schema = ops.get(node.op)
+        node = _static_attrs(schema, node, graph, infos)
+        ins = [infos[i] if i else None for i in node.inputs]
+        try:
+            outs = schema.infer(node, ins)
+        except ShapeError as e:
+            raise ShapeError(f"node {node.name!r} ({node.op}): {e}") from None
+        outs = [(tuple(int(d) for d in shape), np.dtype(dtype)) for shape, dtype in outs]
+        if len(outs) < len(node.outputs):
+            raise ShapeError(f"node {node.name!r} ({node.op}) has {len(node.outputs)} outputs, the op makes {len(outs)}")
+        values = None
+        if all(np.prod(shape) <= FOLD_LIMIT for shape, _ in outs):
+            values = schema.fold(node, ins)
+        for k, out in enumerate(node.outputs):
+            if out:
+                value = None if values is None else np.asarray(values[k], dtype=outs[k][1]).reshape(outs[k][0])
+                infos[out] = Info(*outs[k], value)
+        if values is not None and not set(node.outputs) & set(graph.outputs):
+            folded.update((out, infos[out].value) for out in node.outputs if out)
+        else:
+            nodes.append(node)
+    tensors = {}
+    for name, t in graph.tensors.items():
+        if name in folded:
+            tensors[name] = Tensor(name, infos[name].shape, infos[name].dtype, "const", folded[name])
+        elif name in infos:
+            _check_declared(t, infos[name])
+            tensors[name] = replace(t, shape=infos[name].shape, dtype=infos[name].dtype)
+    return _prune(replace(graph, nodes=tuple(nodes), tensors=tensors))
+
+
+def _bind_inputs(graph, input_shapes):
+    """Infos of graph inputs (shapes bound from `input_shapes`, dim names shared across inputs), params and consts."""
+    unknown = sorted(set(input_shapes) - set(graph.inputs))
+    if unknown:
+        raise ShapeError(f"input_shapes names {', '.join(map(repr, unknown))}, but the model's inputs are "
+                         f"{', '.join(map(repr, graph.inputs))}")
+    dims = {}
+    for name, given in input_shapes.items():
+        declared = graph.tensors[name].shape
+        given = tuple(given)
+        if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in given):
+            raise ShapeError(f"input {name!r}: shape {given} must be non-negative integers")
+        if declared is not None and len(declared) != len(given):
+            raise ShapeError(f"input {name!r} has rank {len(declared)} (shape {_show(declared)}), "
+                             f"but input_shapes gives {len(given)} dims {given}")
+        for d, g in zip(declared or (), given):
+            if isinstance(d, int) and d != g:
+                raise ShapeError(f"input {name!r}: dimension of size {d} (shape {_show(declared)}) cannot be bound to {g}")
+            if isinstance(d, str) and dims.setdefault(d, int(g)) != g:
+                raise ShapeError(f"dimension {d!r} is bound to both {dims[d]} and {g} (input {name!r})")
+    infos = {}
+    for name in graph.inputs:
+        t = graph.tensors[name]
+        if name in input_shapes:
+            shape = tuple(int(g) for g in input_shapes[name])
+        elif t.shape is None:
+            raise ShapeError(f"input {name!r} has no declared shape; {INPUT_SYNTAX.replace('NAME', name)}")
+        else:
+            shape = tuple(dims.get(d, d) if isinstance(d, str) else d for d in t.shape)
+            unbound = [d for d in shape if not isinstance(d, int)]
+            if unbound:
+                raise ShapeError(f"input {name!r} has unbound dimension {unbound[0]!r} (shape {_show(t.shape)}); "
+                                 f"{INPUT_SYNTAX.replace('NAME', name)}")
+        infos[name] = Info(shape, t.dtype)
+    for t in graph.tensors.values():
+        if t.kind in ("param", "const"):
+            value = None if t.kind == "param" and t.dtype.kind == "f" else t.data
+            infos[t.name] = Info(tuple(t.data.shape), t.data.dtype, value)
+    return infos
+
+
+def _static_attrs(schema, node, graph, infos):
+    """Move inputs that ONNX passes as tensors but planning needs as constants (axes, pads, sizes) into attrs."""
+    present = [(attr, i) for attr, i, _ in schema.attr_inputs if i < len(node.inputs) and node.inputs[i]]
+    if not present:
+        return node
+    attrs, inputs = dict(node.attrs), list(node.inputs)
+    for attr, i in present:
+        name = inputs[i]
+        value = infos[name].value if infos[name].value is not None else graph.tensors[name].data
+        if value is None:
+            raise ShapeError(f"node {node.name!r} ({node.op}): input {name!r} ({attr}) must be computable from "
+                             "the model's constants and input shapes, but it depends on input data")
+        attrs[attr] = value.tolist()
+        inputs[i] = ""
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    return replace(node, inputs=tuple(inputs), attrs=attrs)
+
+
+def _check_declared(tensor, info):
+    """A shape or dtype the model declares must agree with the inferred one wherever it is concrete."""
+    if tensor.dtype is not None and tensor.dtype != info.dtype:
+        raise ShapeError(f"tensor {tensor.name!r} is declared {tensor.dtype} but computes to {info.dtype}")
+    if tensor.shape is None:
+        return
+    if len(tensor.shape) != len(info.shape) or any(isinstance(d, int) and d != s for d, s in zip(tensor.shape, info.shape)):
+        raise ShapeError(f"tensor {tensor.name!r} is declared with shape {_show(tensor.shape)} "
+                         f"but computes to {info.shape}")
+
+
+def _prune(graph):
+    """Drop nodes no graph output depends on, and tensors nothing reads or writes."""
+    needed = set(graph.outputs)
+    keep = []
+    for node in reversed(graph.nodes):
+        if needed.intersection(node.outputs):
+            keep.append(node)
+            needed.update(i for i in node.inputs if i)
+    nodes = tuple(reversed(keep))
+    used = set(graph.inputs) | set(graph.outputs)
+    used.update(x for n in nodes for x in (*n.inputs, *n.outputs) if x)
+    return Graph(nodes, {k: t for k, t in graph.tensors.items() if k in used},
+                 graph.inputs, graph.outputs, graph.name, graph.opset)
+
+
+def _show(shape):
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"

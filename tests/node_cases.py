@@ -1,0 +1,55 @@
+"""The ONNX backend node tests (built in memory by onnx, no downloads) for the ops memplan supports."""
+from functools import lru_cache
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from onnx.backend.test.loader import load_model_tests
+
+from frontends.onnx_frontend import MIN_OPSET
+from planner import ops
+
+
+def _opset(model):
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+@lru_cache(maxsize=None)
+def supported_cases():
+    """Node test cases whose every node is an op memplan has a schema for, in opsets it reads."""
+    with np.errstate(all="ignore"):
+        cases = load_model_tests(kind="node")
+    keep = []
+    for case in cases:
+        graph = case.model.graph
+        if _opset(case.model) < MIN_OPSET or not case.data_sets:
+            continue
+        if all(n.domain in ("", "ai.onnx") and (n.op_type in ops.SCHEMAS or n.op_type == "Constant")
+               for n in graph.node):
+            keep.append(case)
+    return keep
+
+
+def as_planned(case):
+    """The case's model with the inputs that planning needs as constants (Reshape's shape, Slice's
+    starts, ...) turned into initializers, as exporters write them; and the remaining inputs."""
+    model = onnx.ModelProto()
+    model.CopyFrom(case.model)
+    inputs, expected = feeds(case)
+    static = {n.input[i] for n in model.graph.node if n.op_type in ops.SCHEMAS
+              for _, i, _ in ops.SCHEMAS[n.op_type].attr_inputs if i < len(n.input)}
+    for name in [k for k in inputs if k in static]:
+        model.graph.initializer.append(numpy_helper.from_array(np.asarray(inputs.pop(name)), name))
+    keep = [vi for vi in model.graph.input if vi.name not in static]
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+    return model, inputs, expected
+
+
+def feeds(case):
+    """(inputs, expected outputs) of a case's first data set, as name -> array."""
+    graph = case.model.graph
+    inits = {i.name for i in graph.initializer}
+    names = [vi.name for vi in graph.input if vi.name not in inits]
+    inputs, outputs = case.data_sets[0]
+    return dict(zip(names, inputs)), dict(zip([vi.name for vi in graph.output], outputs))

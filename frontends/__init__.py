@@ -2,8 +2,11 @@
 
 
 def read(model):
-    """An ONNX path or ModelProto, a Symbol, or "zoo:NAME" -> Graph (dims not bound yet)."""
+    """An ONNX path or ModelProto, a Symbol, "zoo:NAME", or a Graph -> Graph (dims not bound yet)."""
+    from planner.ir import Graph
     from . import onnx_frontend
+    if isinstance(model, Graph):
+        return model
     if isinstance(model, str) and model.startswith("zoo:"):
         from . import zoo
         model = zoo.build(model[len("zoo:"):])

@@ -10,6 +10,8 @@ from planner import dtypes
 from planner.errors import ModelError
 from planner.ir import Graph, Node, Tensor
 
+META = "memplan."
+"""Prefix of the node metadata_props keys that carry Node.meta (force_mirroring, mirror_stage)."""
 MIN_OPSET = 11
 MAX_OPSET = onnx.defs.onnx_opset_version()
 
@@ -67,7 +69,12 @@ def _graph(g, opset, base_dir):
         names.add(name)
         attrs = {a.name: _attribute(a, base_dir) for a in proto.attribute}
         op = proto.op_type if proto.domain in ("", "ai.onnx") else f"{proto.domain}.{proto.op_type}"
-        nodes.append(Node(op, tuple(proto.input), tuple(proto.output), attrs, name))
+        meta = {p.key[len(META):]: p.value for p in proto.metadata_props if p.key.startswith(META)}
+        node = Node(op, tuple(proto.input), tuple(proto.output), attrs, name, meta)
+        if op in ("Softmax", "LogSoftmax") and opset < 13:
+            nodes.extend(_legacy_softmax(node, tensors))
+        else:
+            nodes.append(node)
         for out in proto.output:
             if out and out not in tensors:
                 kind = "output" if out in outputs else "activation"
@@ -79,6 +86,18 @@ def _graph(g, opset, base_dir):
     return Graph(tuple(nodes), tensors, inputs, outputs, g.name or "graph", opset)
 
 
+def _legacy_softmax(node, tensors):
+    """Softmax before opset 13 normalises over all dims from `axis` on: Flatten, softmax, Reshape back."""
+    x, y = node.inputs[0], node.outputs[0]
+    flat, soft, shape = (f"{node.name}/{part}" for part in ("flat", "softmax", "shape"))
+    for name in (flat, soft, shape):
+        tensors[name] = Tensor(name, None, None, "activation")
+    return [Node("Flatten", (x,), (flat,), {"axis": node.attrs.get("axis", 1)}, f"{node.name}/flatten", node.meta),
+            Node(node.op, (flat,), (soft,), {"axis": -1}, node.name, node.meta),
+            Node("Shape", (x,), (shape,), {}, f"{node.name}/shape", node.meta),
+            Node("Reshape", (soft, shape), (y,), {}, f"{node.name}/reshape", node.meta)]
+
+
 def _value_info(vi):
     """(shape, dtype) of a declared value: dims are ints, dim names, or None when unknown."""
     if vi.type.WhichOneof("value") != "tensor_type":
@@ -87,8 +106,15 @@ def _value_info(vi):
     dtype = dtypes.from_onnx(t.elem_type) if t.elem_type else None
     if not t.HasField("shape"):
         return None, dtype
-    shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
+    shape = tuple(_dim(d) for d in t.shape.dim)
     return shape, dtype
+
+
+def _dim(d):
+    """An int, a dim name shared between values, or None (unknown: no value, "?", or a negative value)."""
+    if d.HasField("dim_value"):
+        return d.dim_value if d.dim_value >= 0 else None
+    return d.dim_param if d.dim_param and d.dim_param != "?" else None
 
 
 def _param(init, base_dir):

@@ -45,13 +45,18 @@ class Tensor:
 
 @dataclass(frozen=True, eq=False)
 class Node:
-    """One op application. An empty string in `inputs` marks an omitted optional input."""
+    """One op application. An empty string in `inputs` marks an omitted optional input.
+
+    `attrs` are the op's ONNX attributes; `meta` are memplan's annotations of the node
+    (`force_mirroring`, `mirror_stage`), kept in ONNX as node metadata_props "memplan.KEY".
+    """
 
     op: str
     inputs: tuple
     outputs: tuple
     attrs: dict = field(default_factory=dict)
     name: str = ""
+    meta: dict = field(default_factory=dict)
 
     def __repr__(self):
         return f"Node({self.name}: {self.op}({', '.join(self.inputs)}) -> {', '.join(self.outputs)})"

@@ -84,7 +84,8 @@ def _bind_inputs(graph, input_shapes):
             shape = tuple(dims.get(d, d) if isinstance(d, str) else d for d in t.shape)
             unbound = [d for d in shape if not isinstance(d, int)]
             if unbound:
-                raise ShapeError(f"input {name!r} has unbound dimension {unbound[0]!r} (shape {_show(t.shape)}); "
+                dim = "an unknown dimension" if unbound[0] is None else f"unbound dimension {unbound[0]!r}"
+                raise ShapeError(f"input {name!r} has {dim} (shape {_show(t.shape)}); "
                                  f"{INPUT_SYNTAX.replace('NAME', name)}")
         infos[name] = Info(shape, t.dtype)
     for t in graph.tensors.values():

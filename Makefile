@@ -1,0 +1,21 @@
+# The two Quick start commands: `make demo` and `make test`. Each installs what it needs.
+PY ?= python3
+PIP = $(PY) -m pip install -q --disable-pip-version-check --root-user-action=ignore
+
+.PHONY: install install-test demo test bench
+
+install:
+	$(PIP) -e .
+
+install-test: install
+	$(PIP) -e ".[test]"
+	$(PIP) torch==2.13.0 || echo "PyTorch could not be installed: the exporter tests will be skipped"
+
+demo: install
+	memplan inspect
+
+test: install-test
+	$(PY) -m pytest -q -n 2
+
+bench: install
+	$(PY) benchmarks/load_time.py

@@ -1,0 +1,91 @@
+"""The `memplan` command line. Every user mistake ends in one line on stderr and exit status 2."""
+import argparse
+import re
+import sys
+
+from .errors import MemplanError
+
+DEFAULT_MODEL = "zoo:resnet50"
+
+EXAMPLES = """examples:
+  memplan inspect                                   # the built-in default model (zoo:resnet50, batch 1)
+  memplan inspect zoo:bert_base --batch 8 --input input_ids:8x128 --input attention_mask:8x128
+  memplan inspect model.onnx --input input:8x3x224x224
+"""
+
+
+def parse_input(text):
+    """'NAME:8x3x224x224' -> ('NAME', (8, 3, 224, 224))."""
+    m = re.fullmatch(r"(.+):(\d+(?:x\d+)*)", text)
+    if not m:
+        raise MemplanError(f"--input {text!r}: expected NAME:DIMS, e.g. --input input:8x3x224x224")
+    return m.group(1), tuple(int(d) for d in m.group(2).split("x"))
+
+
+def input_shapes(graph, inputs, batch):
+    """Shapes from --input flags; --batch fills the first dim of every other input whose rest is known."""
+    shapes = dict(parse_input(text) for text in inputs)
+    if batch is not None:
+        for name in graph.inputs:
+            declared = graph.tensors[name].shape
+            if name not in shapes and declared and all(isinstance(d, int) for d in declared[1:]):
+                shapes[name] = (batch, *declared[1:])
+    return shapes
+
+
+def _mib(n):
+    return f"{n / 2**20:,.2f} MiB"
+
+
+def inspect(args):
+    """Print the typed graph: inputs, outputs, op counts, parameter and activation bytes."""
+    from frontends import read
+    from .shapes import infer
+    raw = read(args.model)
+    graph = infer(raw, input_shapes(raw, args.input, args.batch))
+    kinds = {}
+    for t in graph.tensors.values():
+        kinds.setdefault(t.kind, []).append(t)
+    print(graph.summary())
+    for name in graph.inputs + graph.outputs:
+        t = graph.tensors[name]
+        print(f"  {t.kind:<6} {name}: {t.shape} {t.dtype}")
+    for kind in ("param", "const", "activation", "output"):
+        ts = kinds.get(kind, [])
+        print(f"  {kind + 's':<12} {len(ts):>6} tensors {_mib(sum(t.nbytes for t in ts)):>14}")
+    largest = sorted(kinds.get("activation", []), key=lambda t: -t.nbytes)[:args.top]
+    if largest:
+        print("  largest activations:")
+        for t in largest:
+            print(f"    {t.name}: {t.shape} {t.dtype} {_mib(t.nbytes)}")
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="memplan", description="Static memory planning for computation graphs.",
+                                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("inspect", help="shapes, dtypes and sizes of every tensor", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="an .onnx file or zoo:NAME")
+    p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS", help="bind an input, e.g. input:8x3x224x224")
+    p.add_argument("--batch", type=int, default=None, help="batch size for inputs whose other dims are known")
+    p.add_argument("--top", type=int, default=5, help="how many of the largest activations to list")
+    p.set_defaults(run=inspect)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "inspect" and args.model == DEFAULT_MODEL and args.batch is None and not args.input:
+        args.batch = 1
+    try:
+        return args.run(args)
+    except MemplanError as e:
+        print(f"memplan: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,6 +4,7 @@ Nodes and tensors are treated as immutable; a pass that changes them builds new 
 (`dataclasses.replace`) and a new Graph.
 """
 import heapq
+import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -36,7 +37,7 @@ class Tensor:
 
     @property
     def size(self):
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self):

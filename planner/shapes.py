@@ -2,12 +2,13 @@
 fold the shape arithmetic exporters emit (Shape -> Gather -> Concat -> Reshape) into
 constants, and drop what no output needs.
 """
+import math
 from dataclasses import replace
 
 import numpy as np
 
 from . import ops
-from .errors import INPUT_SYNTAX, ShapeError
+from .errors import INPUT_SYNTAX, ModelError, ShapeError
 from .ir import Graph, Tensor, validate
 from .ops import Info
 
@@ -19,7 +20,7 @@ def infer(graph, input_shapes=None):
     """Return a new Graph where every tensor has a concrete shape and dtype."""
     graph = validate(graph)
     ops.check_supported(node.op for node in graph.nodes)
-    infos = _bind_inputs(graph, input_shapes or {})
+    infos, dims = _bind_inputs(graph, input_shapes or {})
     nodes, folded = [], {}
     for node in graph.nodes:
         schema = ops.get(node.op)
@@ -33,7 +34,7 @@ def infer(graph, input_shapes=None):
         if len(outs) < len(node.outputs):
             raise ShapeError(f"node {node.name!r} ({node.op}) has {len(node.outputs)} outputs, the op makes {len(outs)}")
         values = None
-        if all(np.prod(shape) <= FOLD_LIMIT for shape, _ in outs):
+        if all(math.prod(shape) <= FOLD_LIMIT for shape, _ in outs):
             values = schema.fold(node, ins)
         for k, out in enumerate(node.outputs):
             if out:
@@ -48,13 +49,15 @@ def infer(graph, input_shapes=None):
         if name in folded:
             tensors[name] = Tensor(name, infos[name].shape, infos[name].dtype, "const", folded[name])
         elif name in infos:
-            _check_declared(t, infos[name])
+            _check_declared(t, infos[name], dims)
             tensors[name] = replace(t, shape=infos[name].shape, dtype=infos[name].dtype)
     return _prune(replace(graph, nodes=tuple(nodes), tensors=tensors))
 
 
 def _bind_inputs(graph, input_shapes):
-    """Infos of graph inputs (shapes bound from `input_shapes`, dim names shared across inputs), params and consts."""
+    """Infos of graph inputs (shapes bound from `input_shapes`, dim names shared across inputs), params and
+    consts; and the dim names bound. Weights (float params of more than one element) carry no value, so
+    what is computed from them stays in the graph, where training can update them."""
     unknown = sorted(set(input_shapes) - set(graph.inputs))
     if unknown:
         raise ShapeError(f"input_shapes names {', '.join(map(repr, unknown))}, but the model's inputs are "
@@ -87,18 +90,22 @@ def _bind_inputs(graph, input_shapes):
                 dim = "an unknown dimension" if unbound[0] is None else f"unbound dimension {unbound[0]!r}"
                 raise ShapeError(f"input {name!r} has {dim} (shape {_show(t.shape)}); "
                                  f"{INPUT_SYNTAX.replace('NAME', name)}")
+        if t.dtype is None:
+            raise ModelError(f"input {name!r} declares no element type")
         infos[name] = Info(shape, t.dtype)
     for t in graph.tensors.values():
         if t.kind in ("param", "const"):
-            value = None if t.kind == "param" and t.dtype.kind == "f" else t.data
+            weight = t.kind == "param" and t.dtype.kind == "f" and t.data.size > 1
+            value = None if weight else t.data
             infos[t.name] = Info(tuple(t.data.shape), t.data.dtype, value)
-    return infos
+    return infos, dims
 
 
 def _static_attrs(schema, node, graph, infos):
-    """Move inputs that ONNX passes as tensors but planning needs as constants (axes, pads, sizes) into attrs."""
+    """Move inputs that ONNX passes as tensors but planning needs as constants (axes, pads, sizes) into attrs,
+    and drop trailing omitted inputs."""
     present = [(attr, i) for attr, i, _ in schema.attr_inputs if i < len(node.inputs) and node.inputs[i]]
-    if not present:
+    if not present and node.inputs[-1:] != ("",):
         return node
     attrs, inputs = dict(node.attrs), list(node.inputs)
     for attr, i in present:
@@ -114,13 +121,15 @@ def _static_attrs(schema, node, graph, infos):
     return replace(node, inputs=tuple(inputs), attrs=attrs)
 
 
-def _check_declared(tensor, info):
-    """A shape or dtype the model declares must agree with the inferred one wherever it is concrete."""
+def _check_declared(tensor, info, dims):
+    """A shape or dtype the model declares must agree with the inferred one: its ints, and its dim names
+    that the inputs bound."""
     if tensor.dtype is not None and tensor.dtype != info.dtype:
         raise ShapeError(f"tensor {tensor.name!r} is declared {tensor.dtype} but computes to {info.dtype}")
     if tensor.shape is None:
         return
-    if len(tensor.shape) != len(info.shape) or any(isinstance(d, int) and d != s for d, s in zip(tensor.shape, info.shape)):
+    declared = tuple(dims.get(d, d) if isinstance(d, str) else d for d in tensor.shape)
+    if len(declared) != len(info.shape) or any(isinstance(d, int) and d != s for d, s in zip(declared, info.shape)):
         raise ShapeError(f"tensor {tensor.name!r} is declared with shape {_show(tensor.shape)} "
                          f"but computes to {info.shape}")
 

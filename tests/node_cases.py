@@ -3,6 +3,7 @@ from functools import lru_cache
 
 import numpy as np
 import onnx
+from onnx import defs
 from onnx import numpy_helper
 from onnx.backend.test.loader import load_model_tests
 
@@ -21,13 +22,18 @@ def supported_cases():
         cases = load_model_tests(kind="node")
     keep = []
     for case in cases:
-        graph = case.model.graph
-        if _opset(case.model) < MIN_OPSET or not case.data_sets:
+        nodes = case.model.graph.node
+        if not case.data_sets or not all(n.domain in ("", "ai.onnx") and
+                                         (n.op_type in ops.SCHEMAS or n.op_type == "Constant") for n in nodes):
             continue
-        if all(n.domain in ("", "ai.onnx") and (n.op_type in ops.SCHEMAS or n.op_type == "Constant")
-               for n in graph.node):
+        if _opset(case.model) >= MIN_OPSET or _unchanged_since(nodes, _opset(case.model)):
             keep.append(case)
     return keep
+
+
+def _unchanged_since(nodes, opset):
+    """Whether every op means at MIN_OPSET what it meant at `opset` (Not has had one version since opset 1)."""
+    return all(defs.get_schema(n.op_type, MIN_OPSET).since_version <= opset for n in nodes)
 
 
 def as_planned(case):
@@ -35,9 +41,13 @@ def as_planned(case):
     starts, ...) turned into initializers, as exporters write them; and the remaining inputs."""
     model = onnx.ModelProto()
     model.CopyFrom(case.model)
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            o.version = max(o.version, MIN_OPSET)
     inputs, expected = feeds(case)
     static = {n.input[i] for n in model.graph.node if n.op_type in ops.SCHEMAS
               for _, i, _ in ops.SCHEMAS[n.op_type].attr_inputs if i < len(n.input)}
+    static.update(i for n in model.graph.node if n.op_type == "Range" for i in n.input)  # its length
     for name in [k for k in inputs if k in static]:
         model.graph.initializer.append(numpy_helper.from_array(np.asarray(inputs.pop(name)), name))
     keep = [vi for vi in model.graph.input if vi.name not in static]
@@ -51,5 +61,10 @@ def feeds(case):
     graph = case.model.graph
     inits = {i.name for i in graph.initializer}
     names = [vi.name for vi in graph.input if vi.name not in inits]
-    inputs, outputs = case.data_sets[0]
+    inputs, outputs = ([_array(x) for x in xs] for xs in case.data_sets[0])
     return dict(zip(names, inputs)), dict(zip([vi.name for vi in graph.output], outputs))
+
+
+def _array(x):
+    """Cases keep values numpy cannot hold natively (float8, int4, ...) as TensorProtos."""
+    return numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x

@@ -2,7 +2,6 @@
 import io
 import warnings
 
-import numpy as np
 import onnx
 import pytest
 
@@ -34,20 +33,22 @@ class Upsampler(nn.Module):
 
 
 class Encoder(nn.Module):
+    """Causal self-attention and a GELU MLP written out (nn.MultiheadAttention's export bakes the sequence length)."""
     def __init__(self):
         super().__init__()
         self.embed = nn.Embedding(50, 32)
-        self.layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, activation="gelu")
-        self.norm = nn.LayerNorm(32)
+        self.qkv = nn.Linear(32, 96)
+        self.mlp = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32), nn.Dropout(0.1))
+        self.norm1, self.norm2 = nn.LayerNorm(32), nn.LayerNorm(32)
 
     def forward(self, ids):
         x = self.embed(ids)
         b, t, c = x.shape
-        heads = x.view(b, t, 4, c // 4).permute(0, 2, 1, 3)
-        att = torch.softmax(heads @ heads.transpose(-1, -2) / (c // 4) ** 0.5, dim=-1) @ heads
-        x = x + att.permute(0, 2, 1, 3).reshape(b, t, c)
+        q, k, v = (h.view(b, t, 4, c // 4).transpose(1, 2) for h in self.qkv(self.norm1(x)).split(c, dim=-1))
         mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
-        return self.norm(self.layer(x, src_mask=mask))
+        scores = (q @ k.transpose(-1, -2) / (c // 4) ** 0.5).masked_fill(mask, float("-inf"))
+        x = x + (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, t, c)
+        return x + self.mlp(self.norm2(x))
 
 
 def export(module, args, names, dynamic, training=False):

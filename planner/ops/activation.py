@@ -1,1 +1,77 @@
-"""placeholder"""
+"""Activations: elementwise nonlinearities (which may write over their input), Clip, Softmax."""
+import numpy as np
+
+from . import schema
+from .base import Schema, axis, same_as_input
+
+
+ACTIVATIONS = {
+    "Relu": lambda x: np.maximum(x, 0),
+    "LeakyRelu": lambda x, alpha: np.where(x < 0, alpha * x, x),
+    "Sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "HardSigmoid": lambda x, alpha, beta: np.clip(alpha * x + beta, 0, 1),
+    "HardSwish": lambda x: x * np.clip(x / 6 + 0.5, 0, 1),
+    "Tanh": np.tanh,
+}
+
+ALPHA_BETA = {"LeakyRelu": {"alpha": 0.01}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5}}
+
+
+@schema(*ACTIVATIONS)
+class Activation(Schema):
+    """Elementwise activations with a NumPy form, folded when their input is known; `defaults` are
+    the op's own attributes (alpha, beta), which its NumPy form takes as keywords."""
+
+    inplace = ((0, 0),)
+    infer = staticmethod(same_as_input)
+
+    @property
+    def defaults(self):
+        return ALPHA_BETA.get(self.op, {})
+
+    def evaluate(self, node, x):
+        return [ACTIVATIONS[self.op](x, **{k: self.attr(node, k) for k in self.defaults})]
+
+
+@schema("Erf")
+class Erf(Schema):
+    """Erf: elementwise, computed when run (NumPy has no erf to fold it with)."""
+
+    inplace = ((0, 0),)
+    infer = staticmethod(same_as_input)
+
+
+@schema("Gelu")
+class Gelu(Erf):
+    """Gelu, exact (`approximate` "none", through erf) or with the tanh approximation."""
+
+    defaults = {"approximate": "none"}
+
+
+@schema("Clip")
+class Clip(Schema):
+    """Clip; its bounds are attributes before opset 11 and optional inputs after."""
+
+    attr_inputs = (("min", 1, 11), ("max", 2, 11))
+    defaults = {"min": None, "max": None}
+    inplace = ((0, 0),)
+    infer = staticmethod(same_as_input)
+
+    def evaluate(self, node, x):
+        lo, hi = self.attr(node, "min"), self.attr(node, "max")
+        if lo is not None:
+            x = np.maximum(x, np.asarray(lo, dtype=x.dtype))
+        if hi is not None:
+            x = np.minimum(x, np.asarray(hi, dtype=x.dtype))
+        return [x]
+
+
+@schema("Softmax", "LogSoftmax")
+class Softmax(Schema):
+    """Softmax and LogSoftmax along one axis (opset 13 semantics; the frontend rewrites older ones)."""
+
+    defaults = {"axis": -1}
+
+    def infer(self, node, ins):
+        axis(self.attr(node, "axis"), ins[0].rank)
+        return same_as_input(node, ins)

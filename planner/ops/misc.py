@@ -1,1 +1,116 @@
-"""placeholder"""
+"""Ops that make or convert values: Cast, Range, ConstantOfShape, Trilu, Dropout."""
+import numpy as np
+from onnx import numpy_helper
+
+from . import schema
+from .base import Schema, same_as_input
+from .. import dtypes
+from ..errors import ShapeError
+
+_SATURATING = {"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"}
+"""The dtypes whose Cast clamps to the largest finite value when `saturate` is set (as the spec's table says)."""
+
+
+@schema("Cast")
+class Cast(Schema):
+    """Cast: to the dtype `to`; float8 targets saturate to their largest finite value unless saturate=0."""
+
+    defaults = {"saturate": 1, "round_mode": "up"}
+
+    def infer(self, node, ins):
+        return [(ins[0].shape, dtypes.from_onnx(self.attr(node, "to")))]
+
+    def evaluate(self, node, x):
+        dtype, saturate = dtypes.from_onnx(self.attr(node, "to")), self.attr(node, "saturate")
+        if dtype.name in _SATURATING and saturate:
+            return [numpy_helper.saturate_cast(x, dtype)]
+        if dtype.name == "float8_e8m0fnu":
+            return [numpy_helper.to_float8e8m0(x, saturate, self.attr(node, "round_mode"))]
+        return [x.astype(dtype)]
+
+
+def _range(start, limit, delta):
+    """start, start + delta, ... up to limit (excluded), in start's dtype."""
+    if delta == 0:
+        raise ShapeError("delta must not be 0")
+    if np.issubdtype(start.dtype, np.integer):
+        return np.arange(int(start), int(limit), int(delta), dtype=start.dtype)
+    return np.arange(float(start), float(limit), float(delta)).astype(start.dtype)
+
+
+@schema("Range")
+class Range(Schema):
+    def infer(self, node, ins):
+        if len({i.dtype for i in ins}) > 1:
+            raise ShapeError(f"start, limit and delta have different dtypes {[str(i.dtype) for i in ins]}")
+        if any(i.value is None for i in ins):
+            raise ShapeError("start, limit and delta must be computable from the model's constants and input shapes, "
+                             "but they depend on input data")
+        return [(_range(*(i.value for i in ins)).shape, ins[0].dtype)]
+
+    def evaluate(self, node, start, limit, delta):
+        return [_range(start, limit, delta)]
+
+
+@schema("ConstantOfShape")
+class ConstantOfShape(Schema):
+    """ConstantOfShape: a tensor of the given shape filled with the one-element `value`."""
+
+    attr_inputs = (("shape", 0, 9),)
+    defaults = {"value": np.zeros(1, np.float32)}
+
+    def infer(self, node, ins):
+        shape = tuple(self.attr(node, "shape"))
+        if min(shape, default=0) < 0:
+            raise ShapeError(f"shape {shape} has a negative dimension")
+        return [(shape, self.attr(node, "value").dtype)]
+
+    def evaluate(self, node):
+        value = self.attr(node, "value")
+        return [np.full(self.attr(node, "shape"), value.reshape(-1)[0], dtype=value.dtype)]
+
+
+@schema("Trilu")
+class Trilu(Schema):
+    """Trilu: the upper (or lower) triangle of the last two dims from diagonal k; the rest is zeroed."""
+
+    attr_inputs = (("k", 1, 14),)
+    defaults = {"k": 0, "upper": 1}
+    inplace = ((0, 0),)
+
+    def infer(self, node, ins):
+        if ins[0].rank < 2:
+            raise ShapeError(f"input has rank {ins[0].rank}, Trilu needs at least 2")
+        return same_as_input(node, ins)
+
+    def evaluate(self, node, x):
+        return [(np.triu if self.attr(node, "upper") else np.tril)(x, self.attr(node, "k"))]
+
+
+@schema("Dropout")
+class Dropout(Schema):
+    """Dropout: in inference (or with ratio 0) the data unchanged and an all-true mask; in training
+    each element is zeroed with probability `ratio` and the rest scaled by 1 / (1 - ratio)."""
+
+    attr_inputs = (("ratio", 1, 12), ("training_mode", 2, 12))
+    defaults = {"ratio": 0.5, "training_mode": 0, "seed": None}
+    inplace = ((0, 0),)
+
+    def infer(self, node, ins):
+        ratio = self.attr(node, "ratio")
+        if not 0 <= ratio < 1:
+            raise ShapeError(f"ratio {ratio} must be in [0, 1)")
+        return [(ins[0].shape, ins[0].dtype), (ins[0].shape, np.bool_)]
+
+    def fold(self, node, ins):
+        return None if self._random(node) else super().fold(node, ins)
+
+    def evaluate(self, node, x):
+        if not self._random(node):
+            return [x, np.ones(x.shape, bool)]
+        ratio = self.attr(node, "ratio")
+        mask = np.random.RandomState(self.attr(node, "seed")).uniform(0, 1, x.shape) >= ratio
+        return [(mask * x / (1 - ratio)).astype(x.dtype), mask]
+
+    def _random(self, node):
+        return bool(self.attr(node, "training_mode")) and self.attr(node, "ratio") != 0

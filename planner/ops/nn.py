@@ -1,1 +1,162 @@
-"""placeholder"""
+"""Convolutions, pooling and normalisations over the (N, C, spatial...) layout."""
+import numpy as np
+
+from . import schema
+from .base import Schema, axis, broadcast
+from ..dtypes import from_onnx
+from ..errors import ShapeError
+
+WINDOW = {"auto_pad": "NOTSET", "strides": None, "dilations": None, "pads": None}
+
+
+def _window(schema, node, spatial, kernel, ceil_mode=0, transposed=False):
+    """Output spatial sizes of a sliding window (Conv, pools) or of its transpose (ConvTranspose).
+
+    `spatial` are the input's spatial sizes and `kernel` the window's; strides, dilations, pads and
+    auto_pad come from the node, and for the transpose output_padding and output_shape too.
+    """
+    n = len(spatial)
+    strides = schema.attr(node, "strides") or [1] * n
+    dilations = schema.attr(node, "dilations") or [1] * n
+    pads = schema.attr(node, "pads") or [0] * 2 * n
+    auto_pad = schema.attr(node, "auto_pad")
+    if (len(kernel), len(strides), len(dilations), len(pads)) != (n, n, n, 2 * n):
+        raise ShapeError(f"kernel {tuple(kernel)}, strides, dilations or pads do not match "
+                         f"the {n} spatial dims of the input")
+    if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise ShapeError(f"auto_pad {auto_pad!r} is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER")
+    if auto_pad != "NOTSET":
+        pads = [0] * 2 * n
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    if transposed:
+        extra = schema.attr(node, "output_padding") or [0] * n
+        full = [s * (i - 1) + e + k - pads[j] - pads[n + j]
+                for j, (i, s, e, k) in enumerate(zip(spatial, strides, extra, spans))]
+        if schema.attr(node, "output_shape"):
+            out = list(schema.attr(node, "output_shape")[-n:])
+        elif auto_pad.startswith("SAME"):
+            out = [min(f, i * s) for f, i, s in zip(full, spatial, strides)]
+        else:
+            out = full
+    elif auto_pad.startswith("SAME"):
+        out = [-(-i // s) for i, s in zip(spatial, strides)]
+    else:
+        out = []
+        for j, (i, s, k) in enumerate(zip(spatial, strides, spans)):
+            size = (i + pads[j] + pads[n + j] - k + (s - 1 if ceil_mode else 0)) // s + 1
+            if ceil_mode and (size - 1) * s >= i + pads[j]:
+                size -= 1
+            out.append(size)
+    if min(out) <= 0:
+        raise ShapeError(f"spatial dims {tuple(spatial)} are too small for a window of {tuple(spans)}")
+    return out
+
+
+def _spatial_input(x):
+    if x.rank < 3:
+        raise ShapeError(f"input of shape {x.shape} is not (N, C, spatial...)")
+    return x.shape[2:]
+
+
+def _per_channel(x, *params):
+    """Check that each of `params` (Infos or None) is one value per channel of x."""
+    for p in params:
+        if p is not None and p.shape != (x.shape[1],):
+            raise ShapeError(f"parameter of shape {p.shape} must be ({x.shape[1]},), one per channel of {x.shape}")
+
+
+@schema("Conv")
+class Conv(Schema):
+    """Conv: X (N, C, ...), W (M, C/group, k...), optional bias B (M,)."""
+
+    defaults = {**WINDOW, "kernel_shape": None, "group": 1}
+    transposed = False
+
+    def infer(self, node, ins):
+        x, w, b = [*ins, None][:3]
+        spatial, group = _spatial_input(x), self.attr(node, "group")
+        kernel = self.attr(node, "kernel_shape") or w.shape[2:]
+        if w.rank != x.rank or tuple(kernel) != w.shape[2:]:
+            raise ShapeError(f"weight of shape {w.shape} does not match input {x.shape} and kernel {tuple(kernel)}")
+        c_in, c_out = (w.shape[0], w.shape[1] * group) if self.transposed else (w.shape[1] * group, w.shape[0])
+        if x.shape[1] != c_in or x.shape[1] % group or c_out % group:
+            raise ShapeError(f"input {x.shape} and weight {w.shape} do not agree on channels for group={group}")
+        if b is not None and b.shape != (c_out,):
+            raise ShapeError(f"bias of shape {b.shape} must be ({c_out},)")
+        out = _window(self, node, spatial, kernel, transposed=self.transposed)
+        return [((x.shape[0], c_out, *out), x.dtype)]
+
+
+@schema("ConvTranspose")
+class ConvTranspose(Conv):
+    """ConvTranspose: X (N, C, ...), W (C, M/group, k...), optional bias B (M,)."""
+
+    defaults = {**Conv.defaults, "output_padding": None, "output_shape": None}
+    transposed = True
+
+
+class _Pool(Schema):
+    def infer(self, node, ins):
+        x = ins[0]
+        out = _window(self, node, _spatial_input(x), self.attr(node, "kernel_shape"), self.attr(node, "ceil_mode"))
+        return [((*x.shape[:2], *out), x.dtype)]
+
+
+@schema("AveragePool")
+class AveragePool(_Pool):
+    defaults = {**WINDOW, "ceil_mode": 0, "count_include_pad": 0}
+
+
+@schema("MaxPool")
+class MaxPool(_Pool):
+    """MaxPool; its optional second output holds the int64 flat indices of the maxima."""
+
+    defaults = {**WINDOW, "ceil_mode": 0, "storage_order": 0}
+
+    def infer(self, node, ins):
+        y = super().infer(node, ins)[0]
+        return [y, (y[0], np.int64)]
+
+
+@schema("GlobalAveragePool", "GlobalMaxPool")
+class GlobalPool(Schema):
+    """Global average or max pooling: one value per channel over all spatial dims."""
+
+    def infer(self, node, ins):
+        x = ins[0]
+        return [((*x.shape[:2], *(1 for _ in _spatial_input(x))), x.dtype)]
+
+
+@schema("BatchNormalization")
+class BatchNormalization(Schema):
+    """BatchNormalization: Y, then running mean and variance (training_mode=1, or opset < 14),
+    then the saved batch mean and variance (opset < 14), each one value per channel."""
+
+    defaults = {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}
+    inplace = ((0, 0),)
+
+    def infer(self, node, ins):
+        x, scale, bias, mean, var = ins
+        if x.rank < 2:
+            raise ShapeError(f"input of shape {x.shape} has no channel dim")
+        _per_channel(x, scale, bias, mean, var)
+        stats = [((x.shape[1],), mean.dtype), ((x.shape[1],), var.dtype)]
+        return [(x.shape, x.dtype), *stats, *stats]
+
+
+@schema("LayerNormalization")
+class LayerNormalization(Schema):
+    """LayerNormalization over the dims from `axis` on; the optional Mean and InvStdDev keep the
+    leading dims and have 1 on the normalised ones, in the stash_type dtype."""
+
+    defaults = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
+
+    def infer(self, node, ins):
+        x, scale, bias = [*ins, None][:3]
+        a = axis(self.attr(node, "axis"), x.rank)
+        normalised = x.shape[a:]
+        for p in (scale, bias):
+            if p is not None and broadcast(normalised, p.shape) != normalised:
+                raise ShapeError(f"scale or bias of shape {p.shape} does not broadcast to {normalised}")
+        stats = ((*x.shape[:a], *(1 for _ in normalised)), from_onnx(self.attr(node, "stash_type")))
+        return [(x.shape, x.dtype), stats, stats]

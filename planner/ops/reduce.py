@@ -1,1 +1,51 @@
-"""placeholder"""
+"""Reductions over a set of axes: ReduceSum, ReduceMean, ReduceMax."""
+import numpy as np
+
+from . import schema
+from .base import Schema, axis
+
+
+def _max(x, axes, keepdims):
+    """np.max with ONNX's value on an empty set: the dtype's lowest value (-inf, False, ...)."""
+    lowest = False if x.dtype == bool else np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
+    return np.max(x, axes, keepdims=keepdims, initial=lowest)
+
+
+REDUCERS = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": _max}
+
+
+@schema("ReduceMean", "ReduceMax")
+class Reduce(Schema):
+    """Reduce over `axes` (all when empty, or nothing when noop_with_empty_axes); an attribute
+    before opset 18, an input after."""
+
+    attr_inputs = (("axes", 1, 18),)
+    defaults = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}
+
+    def infer(self, node, ins):
+        x = ins[0]
+        axes = self._axes(node, x.rank)
+        if axes is None:
+            return [(x.shape, x.dtype)]
+        keep = self.attr(node, "keepdims")
+        return [(tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes), x.dtype)]
+
+    def evaluate(self, node, x):
+        axes = self._axes(node, x.ndim)
+        if axes is None:
+            return [x]
+        return [np.asarray(REDUCERS[self.op](x, axes, keepdims=bool(self.attr(node, "keepdims")))).astype(x.dtype)]
+
+    def _axes(self, node, rank):
+        """The reduced axes, sorted; None when the op leaves its input as it is."""
+        axes = self.attr(node, "axes")
+        if not axes:
+            return None if self.attr(node, "noop_with_empty_axes") else tuple(range(rank))
+        return tuple(sorted({axis(a, rank) for a in axes}))
+
+
+@schema("ReduceSum")
+class ReduceSum(Reduce):
+    """ReduceSum: like the others, but `axes` became an input already in opset 13."""
+
+    attr_inputs = (("axes", 1, 13),)

@@ -1,8 +1,10 @@
 """Ops that move or reinterpret data without arithmetic: Shape, Reshape, Transpose, Concat, Slice, ..."""
+import math
+
 import numpy as np
 
 from . import schema
-from .base import Schema
+from .base import Schema, axis, broadcast
 from ..errors import ShapeError
 
 
@@ -26,27 +28,324 @@ def reshaped(shape, target, allowzero=0):
     target = list(target)
     if not allowzero:
         target = [shape[i] if d == 0 and i < len(shape) else d for i, d in enumerate(target)]
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(shape)
     if target.count(-1) > 1:
         raise ShapeError(f"target shape {tuple(target)} has more than one -1")
     if -1 in target:
-        rest = int(np.prod([d for d in target if d != -1], dtype=np.int64))
+        rest = math.prod(d for d in target if d != -1)
         if rest == 0 or size % rest:
             raise ShapeError(f"cannot reshape {tuple(shape)} to {tuple(target)}")
         target[target.index(-1)] = size // rest
-    if int(np.prod(target, dtype=np.int64)) != size:
+    if math.prod(target) != size:
         raise ShapeError(f"cannot reshape {tuple(shape)} ({size} elements) to {tuple(target)}")
     return tuple(int(d) for d in target)
 
 
-@schema("Reshape")
-class Reshape(Schema):
-    attr_inputs = (("shape", 1, 5),)
-    defaults = {"allowzero": 0}
-    identity = True
+class View(Schema):
+    """Ops whose output is input 0's bytes under another shape: Reshape, Flatten, Squeeze, Unsqueeze, Identity."""
+
+    def view_shape(self, node, shape):
+        raise NotImplementedError
 
     def infer(self, node, ins):
-        return [(reshaped(ins[0].shape, self.attr(node, "shape"), self.attr(node, "allowzero")), ins[0].dtype)]
+        return [(self.view_shape(node, ins[0].shape), ins[0].dtype)]
 
     def evaluate(self, node, x):
-        return [x.reshape(reshaped(x.shape, self.attr(node, "shape"), self.attr(node, "allowzero")))]
+        return [x.reshape(self.view_shape(node, x.shape))]
+
+
+@schema("Reshape")
+class Reshape(View):
+    attr_inputs = (("shape", 1, 5),)
+    defaults = {"allowzero": 0}
+
+    def view_shape(self, node, shape):
+        return reshaped(shape, self.attr(node, "shape"), self.attr(node, "allowzero"))
+
+
+@schema("Flatten")
+class Flatten(View):
+    """Flatten: a 2-D view, the dims before `axis` in rows and the rest in columns."""
+
+    defaults = {"axis": 1}
+    def view_shape(self, node, shape):
+        a = self.attr(node, "axis")
+        if not -len(shape) <= a <= len(shape):
+            raise ShapeError(f"axis {a} is out of range for rank {len(shape)}")
+        a += len(shape) if a < 0 else 0
+        return math.prod(shape[:a]), math.prod(shape[a:])
+
+
+@schema("Transpose")
+class Transpose(Schema):
+    defaults = {"perm": None}
+
+    def infer(self, node, ins):
+        perm = self._perm(node, ins[0].rank)
+        return [(tuple(ins[0].shape[p] for p in perm), ins[0].dtype)]
+
+    def evaluate(self, node, x):
+        return [np.transpose(x, self._perm(node, x.ndim))]
+
+    def _perm(self, node, rank):
+        perm = self.attr(node, "perm")
+        if perm is None:
+            return tuple(reversed(range(rank)))
+        perm = tuple(axis(p, rank) for p in perm)
+        if sorted(perm) != list(range(rank)):
+            raise ShapeError(f"perm {tuple(self.attr(node, 'perm'))} is not a permutation of {rank} axes")
+        return perm
+
+
+@schema("Concat")
+class Concat(Schema):
+    def infer(self, node, ins):
+        first = ins[0]
+        a = axis(self.attr(node, "axis"), first.rank)
+        for i in ins[1:]:
+            if i.dtype != first.dtype:
+                raise ShapeError(f"inputs have different dtypes {first.dtype} and {i.dtype}")
+            if i.rank != first.rank or any(d != e for k, (d, e) in enumerate(zip(i.shape, first.shape)) if k != a):
+                raise ShapeError(f"shapes {first.shape} and {i.shape} differ outside axis {a}")
+        shape = list(first.shape)
+        shape[a] = sum(i.shape[a] for i in ins)
+        return [(tuple(shape), first.dtype)]
+
+    def evaluate(self, node, *xs):
+        return [np.concatenate(xs, axis=self.attr(node, "axis"))]
+
+
+@schema("Split")
+class Split(Schema):
+    """Split: sizes from `split`, else `num_outputs` (or one per output) equal chunks, the last one smaller."""
+
+    attr_inputs = (("split", 1, 13),)
+    defaults = {"axis": 0, "split": None, "num_outputs": None}
+
+    def infer(self, node, ins):
+        a = axis(self.attr(node, "axis"), ins[0].rank)
+        shape = list(ins[0].shape)
+        outs = []
+        for size in self._sizes(node, shape[a]):
+            shape[a] = size
+            outs.append((tuple(shape), ins[0].dtype))
+        return outs
+
+    def evaluate(self, node, x):
+        a = axis(self.attr(node, "axis"), x.ndim)
+        return np.split(x, np.cumsum(self._sizes(node, x.shape[a]))[:-1], axis=a)
+
+    def _sizes(self, node, dim):
+        split = self.attr(node, "split")
+        if split is not None:
+            if len(split) != len(node.outputs) or sum(split) != dim or min(split, default=0) < 0:
+                raise ShapeError(f"split {tuple(split)} must give {len(node.outputs)} sizes summing to {dim}")
+            return list(split)
+        n = self.attr(node, "num_outputs") or len(node.outputs)
+        chunk = -(-dim // n)
+        last = dim - chunk * (n - 1)
+        if last < 0:
+            raise ShapeError(f"a dimension of size {dim} cannot be split into {n} chunks of {chunk}")
+        return [chunk] * (n - 1) + [last]
+
+
+@schema("Slice")
+class Slice(Schema):
+    attr_inputs = (("starts", 1, 10), ("ends", 2, 10), ("axes", 3, 10), ("steps", 4, 10))
+    defaults = {"axes": None, "steps": None}
+
+    def infer(self, node, ins):
+        index = self._index(node, ins[0].shape)
+        return [(tuple(len(range(*s.indices(d))) for s, d in zip(index, ins[0].shape)), ins[0].dtype)]
+
+    def evaluate(self, node, x):
+        return [x[self._index(node, x.shape)]]
+
+    def _index(self, node, shape):
+        """One Python slice per dim, clamped as the spec says (negative steps included)."""
+        starts, ends = self.attr(node, "starts"), self.attr(node, "ends")
+        axes = self.attr(node, "axes")
+        axes = range(len(starts)) if axes is None else [axis(a, len(shape)) for a in axes]
+        steps = self.attr(node, "steps") or [1] * len(starts)
+        if not len(starts) == len(ends) == len(axes) == len(steps) or len(set(axes)) < len(axes):
+            raise ShapeError("starts, ends, axes and steps must have one entry per distinct axis")
+        index = [slice(None)] * len(shape)
+        for start, end, a, step in zip(starts, ends, axes, steps):
+            dim = shape[a]
+            start, end = start + dim if start < 0 else start, end + dim if end < 0 else end
+            if step > 0:
+                start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+            elif step < 0:
+                start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+            else:
+                raise ShapeError("slice steps must not be 0")
+            index[a] = slice(start, None if end < 0 else end, step)
+        return tuple(index)
+
+
+def _indices(idx, dim):
+    """Indices in [0, dim) from ONNX's [-dim, dim)."""
+    if idx.size and not (-dim <= idx.min() and idx.max() < dim):
+        raise ShapeError(f"indices out of range for a dimension of size {dim}")
+    return np.where(idx < 0, idx + dim, idx)
+
+
+@schema("Gather")
+class Gather(Schema):
+    defaults = {"axis": 0}
+
+    def infer(self, node, ins):
+        data, idx = ins
+        a = axis(self.attr(node, "axis"), data.rank)
+        return [(data.shape[:a] + idx.shape + data.shape[a + 1:], data.dtype)]
+
+    def evaluate(self, node, data, idx):
+        a = axis(self.attr(node, "axis"), data.ndim)
+        return [np.take(data, _indices(idx, data.shape[a]), axis=a)]
+
+
+@schema("GatherElements")
+class GatherElements(Schema):
+    defaults = {"axis": 0}
+
+    def infer(self, node, ins):
+        data, idx = ins
+        axis(self.attr(node, "axis"), data.rank)
+        if idx.rank != data.rank:
+            raise ShapeError(f"indices have rank {idx.rank}, data has rank {data.rank}")
+        return [(idx.shape, data.dtype)]
+
+    def evaluate(self, node, data, idx):
+        a = axis(self.attr(node, "axis"), data.ndim)
+        return [np.take_along_axis(data, _indices(idx, data.shape[a]), axis=a)]
+
+
+@schema("Squeeze")
+class Squeeze(View):
+    attr_inputs = (("axes", 1, 13),)
+    defaults = {"axes": None}
+    def view_shape(self, node, shape):
+        axes = self.attr(node, "axes")
+        if axes is None:
+            return tuple(d for d in shape if d != 1)
+        axes = {axis(a, len(shape)) for a in axes}
+        if any(shape[a] != 1 for a in axes):
+            raise ShapeError(f"cannot squeeze axes {sorted(axes)} of shape {shape}: not all have size 1")
+        return tuple(d for k, d in enumerate(shape) if k not in axes)
+
+
+@schema("Unsqueeze")
+class Unsqueeze(View):
+    attr_inputs = (("axes", 1, 13),)
+    def view_shape(self, node, shape):
+        given = self.attr(node, "axes")
+        rank = len(shape) + len(given)
+        axes = {axis(a, rank) for a in given}
+        if len(axes) < len(given):
+            raise ShapeError(f"axes {tuple(given)} repeat an axis")
+        rest = iter(shape)
+        return tuple(1 if k in axes else next(rest) for k in range(rank))
+
+
+@schema("Expand")
+class Expand(Schema):
+    attr_inputs = (("shape", 1, 8),)
+
+    def infer(self, node, ins):
+        return [(broadcast(ins[0].shape, tuple(self.attr(node, "shape"))), ins[0].dtype)]
+
+    def evaluate(self, node, x):
+        return [np.broadcast_to(x, broadcast(x.shape, tuple(self.attr(node, "shape")))).copy()]
+
+
+@schema("Tile")
+class Tile(Schema):
+    attr_inputs = (("repeats", 1, 6),)
+
+    def infer(self, node, ins):
+        repeats = self.attr(node, "repeats")
+        if len(repeats) != ins[0].rank or min(repeats, default=0) < 0:
+            raise ShapeError(f"repeats {tuple(repeats)} must be {ins[0].rank} non-negative numbers")
+        return [(tuple(d * r for d, r in zip(ins[0].shape, repeats)), ins[0].dtype)]
+
+    def evaluate(self, node, x):
+        return [np.tile(x, self.attr(node, "repeats"))]
+
+
+_PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
+@schema("Pad")
+class Pad(Schema):
+    """Pad: `pads` holds the begin then end counts of each axis in `axes`; negative counts crop."""
+
+    attr_inputs = (("pads", 1, 11), ("constant_value", 2, 11), ("axes", 3, 18))
+    defaults = {"mode": "constant", "constant_value": 0, "axes": None}
+
+    def infer(self, node, ins):
+        shape = tuple(d + b + e for d, (b, e) in zip(ins[0].shape, self._pads(node, ins[0].rank)))
+        if min(shape, default=0) < 0:
+            raise ShapeError(f"pads {tuple(self.attr(node, 'pads'))} crop more than the input shape {ins[0].shape}")
+        return [(shape, ins[0].dtype)]
+
+    def evaluate(self, node, x):
+        pads = self._pads(node, x.ndim)
+        x = x[tuple(slice(max(-b, 0), d - max(-e, 0)) for d, (b, e) in zip(x.shape, pads))]
+        widths = [(max(b, 0), max(e, 0)) for b, e in pads]
+        if self.attr(node, "mode") == "constant":
+            return [np.pad(x, widths, constant_values=np.asarray(self.attr(node, "constant_value"), x.dtype))]
+        return [np.pad(x, widths, mode=self.attr(node, "mode"))]
+
+    def _pads(self, node, rank):
+        """(begin, end) for every axis of the input."""
+        pads, axes = self.attr(node, "pads"), self.attr(node, "axes")
+        axes = range(rank) if axes is None else [axis(a, rank) for a in axes]
+        if len(pads) != 2 * len(axes):
+            raise ShapeError(f"pads {tuple(pads)} must have 2 entries per padded axis ({len(axes)})")
+        if self.attr(node, "mode") not in _PAD_MODES:
+            raise ShapeError(f"mode {self.attr(node, 'mode')!r} is not one of {', '.join(_PAD_MODES)}")
+        per_axis = [(0, 0)] * rank
+        for k, a in enumerate(axes):
+            per_axis[a] = (pads[k], pads[k + len(axes)])
+        return per_axis
+
+
+@schema("Resize")
+class Resize(Schema):
+    """Resize: the output is floor(input * scale) per resized axis, or `sizes` (kept in aspect by the policy)."""
+
+    attr_inputs = (("roi", 1, 11), ("scales", 2, 11), ("sizes", 3, 11))
+    defaults = {"roi": None, "scales": None, "sizes": None, "axes": None, "keep_aspect_ratio_policy": "stretch",
+                "mode": "nearest", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_floor",
+                "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0}
+
+    def infer(self, node, ins):
+        shape = list(ins[0].shape)
+        axes = self.attr(node, "axes")
+        axes = range(len(shape)) if axes is None else [axis(a, len(shape)) for a in axes]
+        scales, sizes = self.attr(node, "scales") or None, self.attr(node, "sizes") or None
+        if (scales is None) == (sizes is None):
+            raise ShapeError("exactly one of scales and sizes must be given")
+        given = scales or sizes
+        if len(given) != len(axes):
+            raise ShapeError(f"{'scales' if scales else 'sizes'} {tuple(given)} must have one entry per resized axis")
+        if scales is not None:
+            for a, s in zip(axes, scales):
+                shape[a] = int(np.floor(shape[a] * s))
+            return [(tuple(shape), ins[0].dtype)]
+        policy = self.attr(node, "keep_aspect_ratio_policy")
+        if policy != "stretch":
+            pick = {"not_larger": min, "not_smaller": max}.get(policy)
+            if pick is None:
+                raise ShapeError(f"keep_aspect_ratio_policy {policy!r} is not stretch, not_larger or not_smaller")
+            scale = pick(n / shape[a] for a, n in zip(axes, sizes))
+            sizes = [int(scale * shape[a] + 0.5) for a in axes]
+        for a, n in zip(axes, sizes):
+            shape[a] = n
+        return [(tuple(shape), ins[0].dtype)]
+
+
+@schema("Identity")
+class Identity(View):
+    def view_shape(self, node, shape):
+        return shape

@@ -1,7 +1,10 @@
 """memplan's planner: from a model to a typed graph and a memory plan."""
-from .errors import (InfeasibleBudgetError, MemplanError, ModelError, PlanError, ShapeError,
-                     UnsupportedOpError)
+from .compiler import compile
+from .config import Config
+from .errors import (ConfigError, InfeasibleBudgetError, MemplanError, MissingDependencyError, ModelError,
+                     PlanError, ShapeError, UnsupportedOpError)
 from .ir import Graph, Node, Tensor
+from .plan import Plan, PlannedTensor, Step
 
 
 def load(model, input_shapes=None):
@@ -16,5 +19,6 @@ def load(model, input_shapes=None):
     return shapes.infer(read(model), input_shapes)
 
 
-__all__ = ["load", "Graph", "Node", "Tensor", "MemplanError", "ModelError", "UnsupportedOpError",
-           "ShapeError", "InfeasibleBudgetError", "PlanError"]
+__all__ = ["load", "compile", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",
+           "MemplanError", "ModelError", "UnsupportedOpError", "ShapeError", "InfeasibleBudgetError",
+           "PlanError", "ConfigError", "MissingDependencyError"]

@@ -1,5 +1,6 @@
 """The `memplan` command line. Every user mistake ends in one line on stderr and exit status 2."""
 import argparse
+import json
 import re
 import sys
 
@@ -9,6 +10,8 @@ DEFAULT_MODEL = "zoo:resnet50"
 
 EXAMPLES = """examples:
   memplan inspect                                   # the built-in default model (zoo:resnet50, batch 1)
+  memplan report zoo:resnet50 --batch 32            # arena per strategy and the lower bound
+  memplan plan zoo:gpt2_small --input input_ids:8x128 --strategy share -o plan.json
   memplan inspect zoo:bert_base --batch 8 --input input_ids:8x128 --input attention_mask:8x128
   memplan inspect model.onnx --input input:8x3x224x224
 """
@@ -37,12 +40,17 @@ def _mib(n):
     return f"{n / 2**20:,.2f} MiB"
 
 
-def inspect(args):
-    """Print the typed graph: inputs, outputs, op counts, parameter and activation bytes."""
+def load_graph(args):
+    """The typed graph of args.model with the shapes from --input and --batch."""
     from frontends import read
     from .shapes import infer
     raw = read(args.model)
-    graph = infer(raw, input_shapes(raw, args.input, args.batch))
+    return infer(raw, input_shapes(raw, args.input, args.batch))
+
+
+def inspect(args):
+    """Print the typed graph: inputs, outputs, op counts, parameter and activation bytes."""
+    graph = load_graph(args)
     kinds = {}
     for t in graph.tensors.values():
         kinds.setdefault(t.kind, []).append(t)
@@ -61,24 +69,61 @@ def inspect(args):
     return 0
 
 
+def report(args):
+    """Print one row per strategy: arena, x LOAD, saving vs naive, plan time."""
+    from . import report as rep
+    graph = load_graph(args)
+    rows = rep.report(graph, time_limit=args.time_limit, schedule=args.schedule)
+    print(json.dumps(rep.as_dict(rows, graph), indent=1) if args.json else rep.format_table(rows, graph))
+    return 0
+
+
+def plan(args):
+    """Compile one plan, verify it and write it as JSON (params and consts beside it, .npz)."""
+    from .compiler import compile
+    result = compile(load_graph(args), strategy=args.strategy, schedule=args.schedule)
+    path = result.to_json(args.output)
+    print(f"{path}: {result.strategy}, {result.schedule} schedule, arena {_mib(result.arena_bytes)} "
+          f"(LOAD {_mib(result.lower_bound_bytes)}), {len(result.steps)} steps, {len(result.tensors)} tensors")
+    return 0
+
+
+def _model_args(p):
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="an .onnx file or zoo:NAME")
+    p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS", help="bind an input, e.g. input:8x3x224x224")
+    p.add_argument("--batch", type=int, default=None, help="batch size for inputs whose other dims are known")
+
+
 def build_parser():
+    from .compiler import SCHEDULES, STRATEGIES
     parser = argparse.ArgumentParser(prog="memplan", description="Static memory planning for computation graphs.",
                                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="shapes, dtypes and sizes of every tensor", epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="an .onnx file or zoo:NAME")
-    p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS", help="bind an input, e.g. input:8x3x224x224")
-    p.add_argument("--batch", type=int, default=None, help="batch size for inputs whose other dims are known")
+    _model_args(p)
     p.add_argument("--top", type=int, default=5, help="how many of the largest activations to list")
     p.set_defaults(run=inspect)
+    p = sub.add_parser("report", help="peak memory under each strategy", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _model_args(p)
+    p.add_argument("--schedule", choices=SCHEDULES, default="auto")
+    p.add_argument("--time-limit", type=float, default=2.0, help="seconds for the optimal search (default 2)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(run=report)
+    p = sub.add_parser("plan", help="write a verified plan as JSON")
+    _model_args(p)
+    p.add_argument("--strategy", choices=list(STRATEGIES), default="bestfit")
+    p.add_argument("--schedule", choices=SCHEDULES, default="auto")
+    p.add_argument("-o", "--output", required=True, help="where to write the plan (.json; values go beside it as .npz)")
+    p.set_defaults(run=plan)
     return parser
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "inspect" and args.model == DEFAULT_MODEL and args.batch is None and not args.input:
+    if args.model == DEFAULT_MODEL and args.batch is None and not args.input:
         args.batch = 1
     try:
         return args.run(args)

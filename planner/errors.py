@@ -36,3 +36,11 @@ class InfeasibleBudgetError(MemplanError):
 
 class PlanError(MemplanError):
     """A plan breaks an invariant (two live tensors overlap, a misaligned offset, ...)."""
+
+
+class MissingDependencyError(MemplanError):
+    """An optional dependency a chosen feature needs is not installed; says which extra brings it."""
+
+
+class ConfigError(MemplanError):
+    """A setting (argument or environment variable) has an invalid value; names it and what it accepts."""

@@ -50,3 +50,8 @@ def test_every_op_has_cases():
     """Each supported op is exercised by at least one backend node test."""
     covered = {n.op_type for c in CASES for n in c.model.graph.node}
     assert set(ops.SCHEMAS) - covered == set()
+
+
+def test_views_are_the_reshaping_ops():
+    views = {op for op, s in ops.SCHEMAS.items() if s.identity}
+    assert views == {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}

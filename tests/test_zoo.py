@@ -1,6 +1,5 @@
 """The model zoo: every model at reduced size is a valid ONNX model that onnxruntime runs, and
 memplan's shapes agree with onnxruntime's outputs and with ONNX's own shape inference."""
-from functools import lru_cache
 
 import numpy as np
 import onnx
@@ -10,52 +9,9 @@ import planner
 from frontends import zoo
 from planner import dtypes
 from planner.errors import ModelError
+from zoo_cases import BATCHES, CASES, feeds, input_shapes, small_model
 
 ort = pytest.importorskip("onnxruntime")
-
-SEQ = 16
-CASES = {
-    "mlp": ("mlp", dict(in_features=32, hidden=(16, 8), classes=5)),
-    "lenet": ("lenet", {}),
-    "resnet18": ("resnet18", dict(resolution=32, width=8, classes=10)),
-    "resnet50": ("resnet50", dict(resolution=64, width=16, classes=10)),
-    "mobilenet_v2": ("mobilenet_v2", dict(resolution=32, width_mult=0.25, classes=10)),
-    "vgg16": ("vgg16", dict(resolution=32, classes=10)),
-    "densenet121": ("densenet121", dict(growth=8, blocks=(2, 3), init_features=16, resolution=32, classes=10)),
-    "unet": ("unet", dict(depth=3, channels=8, resolution=32)),
-    "unet_resize": ("unet", dict(depth=2, channels=8, resolution=16, upsample="resize")),
-    "bert_base": ("bert_base", dict(layers=2, hidden=64, heads=4, intermediate=128, vocab=100,
-                                    max_positions=32, pooler=True)),
-    "gpt2_small": ("gpt2_small", dict(layers=2, hidden=64, heads=4, vocab=100, max_positions=32)),
-    "resnet_deep": ("resnet_deep", dict(depth=8, channels=16, resolution=16)),
-}
-BATCHES = (1, 3)
-
-
-@lru_cache(maxsize=None)
-def _model(case):
-    name, options = CASES[case]
-    return zoo.build(name, **options)
-
-
-def _shapes(model, batch):
-    """Each graph input's concrete shape: "batch" -> batch, "seq" -> SEQ."""
-    dims = {"batch": batch, "seq": SEQ}
-    return {vi.name: tuple(dims[d.dim_param] if d.dim_param else d.dim_value for d in vi.type.tensor_type.shape.dim)
-            for vi in model.graph.input}
-
-
-def _feeds(model, batch):
-    rng = np.random.default_rng(batch)
-    feeds = {}
-    for name, shape in _shapes(model, batch).items():
-        if name == "input_ids":
-            feeds[name] = rng.integers(0, 100, shape, dtype=np.int64)
-        elif name == "attention_mask":
-            feeds[name] = (np.arange(SEQ) < rng.integers(SEQ // 2, SEQ + 1, (shape[0], 1))).astype(np.int64)
-        else:
-            feeds[name] = rng.standard_normal(shape, dtype=np.float32)
-    return feeds
 
 
 def _concrete(model, batch):
@@ -63,7 +19,7 @@ def _concrete(model, batch):
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
     for vi in fixed.graph.input:
-        for d, size in zip(vi.type.tensor_type.shape.dim, _shapes(model, batch)[vi.name]):
+        for d, size in zip(vi.type.tensor_type.shape.dim, input_shapes(model, batch)[vi.name]):
             d.dim_value = size
     return fixed
 
@@ -74,7 +30,7 @@ def test_cases_cover_the_zoo():
 
 @pytest.mark.parametrize("case", CASES)
 def test_valid_onnx(case):
-    model = _model(case)
+    model = small_model(case)
     onnx.checker.check_model(model, full_check=True)
     assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
     assert all(n.domain == "" for n in model.graph.node)
@@ -83,13 +39,13 @@ def test_valid_onnx(case):
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("case", CASES)
 def test_shapes_match_onnxruntime_and_onnx(case, batch):
-    model = _model(case)
-    graph = planner.load(model, _shapes(model, batch))
+    model = small_model(case)
+    graph = planner.load(model, input_shapes(model, batch))
     for t in graph.tensors.values():
         assert t.is_static and all(type(d) is int for d in t.shape), f"{t.name}: {t.shape} {t.dtype}"
 
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    results = session.run(None, _feeds(model, batch))
+    results = session.run(None, feeds(model, batch))
     for out, value in zip(session.get_outputs(), results):
         assert np.isfinite(value).all(), out.name
         assert graph.tensors[out.name].shape == value.shape, out.name

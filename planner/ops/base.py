@@ -31,6 +31,8 @@ class Schema:
     - `infer(node, ins)`: the (shape, dtype) of each output from the inputs' Info.
     - `evaluate(node, *arrays)`: the outputs in NumPy, for ops worth folding when their
       inputs are known (shape arithmetic); None when the op is not folded.
+    - `workspace(node, ins, outs, limit)`: scratch bytes the kernel needs besides its inputs
+      and outputs.
     """
 
     op = ""
@@ -46,8 +48,21 @@ class Schema:
             return self.defaults[name]
         raise ShapeError(f"required attribute {name!r} is missing")
 
+    def is_view(self, node):
+        """Whether output 0 is input 0's bytes, unchanged (Reshape; Dropout in inference)."""
+        return self.identity
+
     def infer(self, node, ins):
         raise NotImplementedError
+
+    def workspace(self, node, ins, outs, limit):
+        """Scratch bytes the kernel needs beyond its inputs and outputs, at most `limit` (an op whose
+        full scratch is larger works in chunks; see its own docstring for any exception).
+
+        `ins` are the inputs' Info (None for an omitted optional input), `outs` the outputs'
+        (shape, dtype) pairs as `infer` gives them. Most ops need none.
+        """
+        return 0
 
     evaluate = None
 

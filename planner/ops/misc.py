@@ -102,6 +102,9 @@ class Dropout(Schema):
             raise ShapeError(f"ratio {ratio} must be in [0, 1)")
         return [(ins[0].shape, ins[0].dtype), (ins[0].shape, np.bool_)]
 
+    def is_view(self, node):
+        return not self._random(node)
+
     def fold(self, node, ins):
         return None if self._random(node) else super().fold(node, ins)
 

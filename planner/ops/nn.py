@@ -1,4 +1,7 @@
 """Convolutions, pooling and normalisations over the (N, C, spatial...) layout."""
+import math
+from typing import NamedTuple
+
 import numpy as np
 
 from . import schema
@@ -65,12 +68,74 @@ def _per_channel(x, *params):
             raise ShapeError(f"parameter of shape {p.shape} must be ({x.shape[1]},), one per channel of {x.shape}")
 
 
+class Chunks(NamedTuple):
+    """How a convolution kernel walks its batch: `images` whole images per chunk and `rows` rows of
+    each (all of them unless one image is too big), with a column buffer of `nbytes`."""
+
+    images: int
+    rows: int
+    nbytes: int
+
+
+def conv_chunks(batch, rows, row_bytes, limit):
+    """The chunking contract of the Conv and ConvTranspose kernels, which the executor follows.
+
+    One group's columns for one image are `rows` rows of `row_bytes` each. The kernel fills the
+    buffer with as many whole images as fit in `limit` (at least one, at most the batch); when one
+    image alone is larger than `limit`, it takes one image at a time and as many rows as fit (at
+    least one). Groups take turns in the same buffer; the last chunk of images or rows may be
+    short. So `nbytes` never exceeds `limit`, except when a single row does: then it is one
+    row. Chunks are idempotent: `conv_chunks(.., limit=c.nbytes)` gives `c` again, so a kernel
+    handed a buffer of exactly the planned size finds the planned chunks.
+    """
+    per_image = rows * row_bytes
+    if per_image <= limit:
+        images = max(1, min(batch, limit // per_image)) if per_image else max(1, batch)
+        return Chunks(images, rows, min(images, batch) * per_image)
+    take = max(1, limit // row_bytes)
+    return Chunks(1, take, take * row_bytes)
+
+
 @schema("Conv")
 class Conv(Schema):
-    """Conv: X (N, C, ...), W (M, C/group, k...), optional bias B (M,)."""
+    """Conv: X (N, C, ...), W (M, C/group, k...), optional bias B (M,).
+
+    The kernel is im2col + GEMM, one group at a time: a group's columns for one image are
+    C/group * prod(kernel) * prod(output spatial) elements, a row being one index of the first
+    output spatial dim. ConvTranspose is GEMM + col2im with C_out/group * prod(kernel) *
+    prod(input spatial) elements, rows over the first input spatial dim. Either way the column
+    count is W.shape[1] * prod(kernel) per pixel of the GEMM's grid.
+    """
 
     defaults = {**WINDOW, "kernel_shape": None, "group": 1}
     transposed = False
+
+    def workspace(self, node, ins, outs, limit):
+        """The column buffer, chunked to fit `limit` (see `conv_chunks` for when one row exceeds it)."""
+        return self.chunks(node, ins, outs, limit).nbytes
+
+    def chunks(self, node, ins, outs, limit):
+        """The Chunks the kernel uses under `limit`; nbytes == 0 means no columns at all (a pointwise
+        conv runs the GEMM on the images themselves).
+
+        `node` is anything holding the op's `attrs` (a Node, a plan Step); `ins` anything with
+        .shape and .dtype (Info, arrays); `outs` (shape, dtype) pairs.
+        """
+        x, w = ins[0], ins[1]
+        kernel, out_spatial = w.shape[2:], tuple(outs[0][0][2:])
+        if self._pointwise(node, kernel, x.shape[2:], out_spatial):
+            return Chunks(max(1, x.shape[0]), out_spatial[0], 0)
+        grid = x.shape[2:] if self.transposed else out_spatial
+        per_pixel = w.shape[1] * math.prod(kernel) * np.dtype(x.dtype).itemsize
+        return conv_chunks(x.shape[0], grid[0], per_pixel * math.prod(grid[1:]), limit)
+
+    def _pointwise(self, node, kernel, in_spatial, out_spatial):
+        """Whether each output pixel reads only the input pixel at its own place: a kernel of one tap
+        (so dilation is moot), stride 1, no padding, and the output as large as the input."""
+        n = len(kernel)
+        pads = self.attr(node, "pads") if self.attr(node, "auto_pad") == "NOTSET" else None
+        return all(k == 1 for k in kernel) and all(s == 1 for s in self.attr(node, "strides") or [1] * n) \
+            and not any(pads or ()) and tuple(in_spatial) == out_spatial
 
     def infer(self, node, ins):
         x, w, b = [*ins, None][:3]

@@ -1,0 +1,131 @@
+"""Plan quality over the zoo: the transient arena (inputs, outputs, activations, workspace; params
+excluded) each strategy needs, against LOAD, TFLite's greedy-by-size on the same intervals and
+onnx-tool's compress_memory(); then compile times for gpt2_small and a 50,000-node chain.
+
+    python benchmarks/plan_quality.py [--batches 1 32] [--models resnet50 ...] [--optimal-seconds 10]
+
+onnx-tool is optional (pip install onnx-tool); its column is left empty without it.
+"""
+import argparse
+import math
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+import planner
+from frontends import zoo
+from planner import allocators
+from planner.compiler import STRATEGIES
+
+sys.path.insert(0, str(Path(__file__).parent))
+from load_time import chain  # noqa: E402
+
+MiB = 2 ** 20
+SEQ = 128
+
+
+def shapes(name, batch):
+    if name == "bert_base":
+        return {"input_ids": (batch, SEQ), "attention_mask": (batch, SEQ)}
+    if name == "gpt2_small":
+        return {"input_ids": (batch, SEQ)}
+    return None
+
+
+def transient(plan):
+    """(arena, LOAD) of the plan's transient region: what params and pooled workspace leave out."""
+    base = plan.stats["persistent_bytes"]
+    return plan.arena_bytes - base, plan.lower_bound_bytes - base
+
+
+def greedy_by_size(plan):
+    """TFLite's greedy-by-size arena on exactly the buffers (and lifetimes) the plan placed."""
+    spans = {}
+    for t in plan.tensors.values():
+        if t.lifetime is not None:
+            root = t.alias_of or t.name
+            lo, hi = spans.get(root, t.lifetime)
+            spans[root] = (min(lo, t.lifetime[0]), max(hi, t.lifetime[1]))
+    roots = [r for r in spans if plan.tensors[r].lifetime is not None]
+    _, total = allocators.allocate("greedy_by_size", [plan.tensors[r].nbytes for r in roots],
+                                   [spans[r][0] for r in roots], [spans[r][1] for r in roots])
+    return total
+
+
+def onnx_tool_bytes(model, input_shapes):
+    """onnx-tool's compress_memory() of the same model and shapes, or None without onnx-tool."""
+    try:
+        import onnx_tool
+    except ImportError:
+        return None
+    m = onnx_tool.Model(model)
+    feeds = {n: np.zeros(s, np.int64 if "input_ids" in n or "mask" in n else np.float32) for n, s in input_shapes.items()}
+    m.graph.shape_infer(feeds)
+    return int(m.graph.compress_memory()[1])
+
+
+def quality(names, batches, optimal_seconds):
+    print(f"{'model':<13} {'batch':>5} {'LOAD':>9} " + " ".join(f"{s:>9}" for s in (*STRATEGIES, "share*")) +
+          f" {'greedy':>9} {'onnx-tool':>9} {'bf/LOAD':>8} {'bf s':>6}   (MiB; share* = auto match range)")
+    ratios, worse_than_greedy, worse_than_tool = [], [], []
+    config = planner.Config(time_limit=optimal_seconds)
+    for name in names:
+        for batch in batches:
+            model = zoo.build(name)
+            graph = planner.load(model, shapes(name, batch) or {"input": (batch, *_image(model))})
+            row = {}
+            for strategy in STRATEGIES:
+                start = time.perf_counter()
+                row[strategy] = planner.compile(graph, strategy=strategy, config=config)
+                row[strategy].stats["seconds"] = time.perf_counter() - start
+            row["share*"] = planner.compile(graph, strategy="share", config=replace(config, auto_search_match_range=True))
+            best = row["bestfit"]
+            arena, load = transient(best)
+            greedy = greedy_by_size(best)
+            tool = onnx_tool_bytes(model, {n: graph.tensors[n].shape for n in graph.inputs})
+            ratios.append(arena / load)
+            if arena > greedy:
+                worse_than_greedy.append(f"{name}@{batch}")
+            if tool is not None and arena > tool:
+                worse_than_tool.append(f"{name}@{batch}")
+            cells = " ".join(f"{transient(row[s])[0] / MiB:>9.1f}" for s in (*STRATEGIES, "share*"))
+            print(f"{name:<13} {batch:>5} {load / MiB:>9.1f} {cells} {greedy / MiB:>9.1f} "
+                  f"{'' if tool is None else f'{tool / MiB:9.1f}':>9} {arena / load:>8.3f} "
+                  f"{best.stats['seconds']:>6.2f}")
+    print(f"bestfit / LOAD, geometric mean over {len(ratios)} plans: "
+          f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f}")
+    print(f"bestfit above TFLite greedy-by-size: {', '.join(worse_than_greedy) or 'never'}")
+    print(f"bestfit above onnx-tool: {', '.join(worse_than_tool) or 'never'}")
+
+
+def _image(model):
+    return tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim[1:])
+
+
+def compile_times(chain_nodes):
+    print(f"\n{'compile of an ONNX model (bestfit, auto)':<40} {'nodes':>7} {'seconds':>8}")
+    for label, model, input_shapes in (("gpt2_small batch 8, seq 128", zoo.build("gpt2_small"), {"input_ids": (8, SEQ)}),
+                                       (f"chain of {chain_nodes:,} nodes", chain(chain_nodes), {"x": (8, 64)})):
+        start = time.perf_counter()
+        plan = planner.compile(model, input_shapes)
+        print(f"{label:<40} {len(plan.steps):>7,} {time.perf_counter() - start:>8.2f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(zoo.NAMES))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 32])
+    parser.add_argument("--optimal-seconds", type=float, default=10.0)
+    parser.add_argument("--chain", type=int, default=50_000)
+    args = parser.parse_args()
+    print(f"machine: {platform.machine()}, python {platform.python_version()}")
+    quality(args.models, args.batches, args.optimal_seconds)
+    compile_times(args.chain)
+
+
+if __name__ == "__main__":
+    main()

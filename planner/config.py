@@ -1,0 +1,101 @@
+"""Planner settings, with MXNet's environment variables as their outside names.
+
+Precedence: an explicit argument, then the environment, then the default. The environment is
+read when `Config.from_env()` runs, which `planner.compile` does on every call without `config=`;
+a Config once made never changes.
+"""
+import os
+from dataclasses import dataclass, fields
+
+from .errors import ConfigError
+
+MiB = 1 << 20
+
+
+def _bool(text):
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 1/0, true/false, yes/no or on/off")
+
+
+@dataclass(frozen=True)
+class Config:
+    """What the planner may do. Each field's metadata names its environment variable."""
+
+    enable_inplace: bool = True
+    """MXNET_EXEC_ENABLE_INPLACE: an op's output may take its input's buffer."""
+    match_range: int = 16
+    """MXNET_EXEC_MATCH_RANGE: the `share` allocator reuses a free block within a factor of this
+    of the requested size; 0 turns sharing between tensors off."""
+    auto_search_match_range: bool = False
+    """NNVM_AUTO_SEARCH_MATCH_RANGE: `share` tries match ranges 1, 2, 4, .. up to match_range
+    and keeps the smallest arena."""
+    num_temp: int = 1
+    """MXNET_EXEC_NUM_TEMP: temp-workspace slots (colours) when workspace_mode is "pool"."""
+    gpu_worker_nthreads: int = 2
+    """MXNET_GPU_WORKER_NTHREADS: caps num_temp (slots are only useful to concurrent workers)."""
+    pool_reserve_percent: float = 5.0
+    """MXNET_GPU_MEM_POOL_RESERVE: share of device memory the executor keeps free of the arena."""
+    workspace_limit: int = 64 * MiB
+    """MEMPLAN_WORKSPACE_LIMIT: the most scratch bytes one op may take (Conv's im2col columns);
+    a kernel whose full scratch is larger works through the batch in chunks."""
+    workspace_mode: str = "pool"
+    """MEMPLAN_WORKSPACE_MODE: "pool" (MXNet: num_temp shared slots, kept for the whole run) or
+    "tensor" (each op's scratch is a tensor living one step, placed by the allocator)."""
+    time_limit: float = 10.0
+    """MEMPLAN_TIME_LIMIT: seconds the `optimal` allocator may search."""
+
+    def __post_init__(self):
+        checks = {"match_range": self.match_range >= 0, "num_temp": self.num_temp >= 1,
+                  "gpu_worker_nthreads": self.gpu_worker_nthreads >= 1,
+                  "pool_reserve_percent": 0 <= self.pool_reserve_percent < 100,
+                  "workspace_limit": self.workspace_limit >= 1,
+                  "workspace_mode": self.workspace_mode in ("pool", "tensor"),
+                  "time_limit": self.time_limit > 0}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, f.type if f.type is not float else (int, float)) or \
+                    (f.type is not bool and isinstance(value, bool)) or not checks.get(f.name, True):
+                raise ConfigError(f"Config.{f.name} = {value!r} is not valid: {_ACCEPTS[f.name]}")
+
+    @property
+    def temp_slots(self):
+        """Workspace slots in "pool" mode: MXNET_EXEC_NUM_TEMP capped by MXNET_GPU_WORKER_NTHREADS."""
+        return min(self.num_temp, self.gpu_worker_nthreads)
+
+    @classmethod
+    def from_env(cls, environ=None, **overrides):
+        """A Config from `overrides`, else the environment variables, else the defaults."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            if f.name in overrides:
+                continue
+            var = ENV[f.name]
+            if var in environ:
+                try:
+                    values[f.name] = _bool(environ[var]) if f.type is bool else f.type(environ[var])
+                except ValueError:
+                    raise ConfigError(f"environment variable {var}={environ[var]!r} is not valid: "
+                                      f"{_ACCEPTS[f.name]}") from None
+        unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown Config fields {unknown}; known: {', '.join(f.name for f in fields(cls))}")
+        return cls(**values, **overrides)
+
+
+ENV = {"enable_inplace": "MXNET_EXEC_ENABLE_INPLACE", "match_range": "MXNET_EXEC_MATCH_RANGE",
+       "auto_search_match_range": "NNVM_AUTO_SEARCH_MATCH_RANGE", "num_temp": "MXNET_EXEC_NUM_TEMP",
+       "gpu_worker_nthreads": "MXNET_GPU_WORKER_NTHREADS", "pool_reserve_percent": "MXNET_GPU_MEM_POOL_RESERVE",
+       "workspace_limit": "MEMPLAN_WORKSPACE_LIMIT", "workspace_mode": "MEMPLAN_WORKSPACE_MODE",
+       "time_limit": "MEMPLAN_TIME_LIMIT"}
+"""The environment variable behind each field."""
+
+_ACCEPTS = {"enable_inplace": "a boolean", "match_range": "an integer >= 0",
+            "auto_search_match_range": "a boolean", "num_temp": "an integer >= 1",
+            "gpu_worker_nthreads": "an integer >= 1", "pool_reserve_percent": "a number in [0, 100)",
+            "workspace_limit": "a number of bytes >= 1", "workspace_mode": '"pool" or "tensor"',
+            "time_limit": "seconds > 0"}

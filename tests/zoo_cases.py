@@ -1,0 +1,51 @@
+"""The zoo models at reduced sizes that the tests plan and run, with their input shapes and feeds."""
+from functools import lru_cache
+
+import numpy as np
+
+from frontends import zoo
+
+SEQ = 16
+CASES = {
+    "mlp": ("mlp", dict(in_features=32, hidden=(16, 8), classes=5)),
+    "lenet": ("lenet", {}),
+    "resnet18": ("resnet18", dict(resolution=32, width=8, classes=10)),
+    "resnet50": ("resnet50", dict(resolution=64, width=16, classes=10)),
+    "mobilenet_v2": ("mobilenet_v2", dict(resolution=32, width_mult=0.25, classes=10)),
+    "vgg16": ("vgg16", dict(resolution=32, classes=10)),
+    "densenet121": ("densenet121", dict(growth=8, blocks=(2, 3), init_features=16, resolution=32, classes=10)),
+    "unet": ("unet", dict(depth=3, channels=8, resolution=32)),
+    "unet_resize": ("unet", dict(depth=2, channels=8, resolution=16, upsample="resize")),
+    "bert_base": ("bert_base", dict(layers=2, hidden=64, heads=4, intermediate=128, vocab=100,
+                                    max_positions=32, pooler=True)),
+    "gpt2_small": ("gpt2_small", dict(layers=2, hidden=64, heads=4, vocab=100, max_positions=32)),
+    "resnet_deep": ("resnet_deep", dict(depth=8, channels=16, resolution=16)),
+}
+BATCHES = (1, 3)
+
+
+@lru_cache(maxsize=None)
+def small_model(case):
+    """The ONNX model of a case (cached: tests must not change it)."""
+    name, options = CASES[case]
+    return zoo.build(name, **options)
+
+
+def input_shapes(model, batch):
+    """Each graph input's concrete shape: "batch" -> batch, "seq" -> SEQ."""
+    dims = {"batch": batch, "seq": SEQ}
+    return {vi.name: tuple(dims[d.dim_param] if d.dim_param else d.dim_value for d in vi.type.tensor_type.shape.dim)
+            for vi in model.graph.input}
+
+
+def feeds(model, batch):
+    rng = np.random.default_rng(batch)
+    feeds = {}
+    for name, shape in input_shapes(model, batch).items():
+        if name == "input_ids":
+            feeds[name] = rng.integers(0, 100, shape, dtype=np.int64)
+        elif name == "attention_mask":
+            feeds[name] = (np.arange(SEQ) < rng.integers(SEQ // 2, SEQ + 1, (shape[0], 1))).astype(np.int64)
+        else:
+            feeds[name] = rng.standard_normal(shape, dtype=np.float32)
+    return feeds

@@ -130,7 +130,8 @@ def _allocator_options(name, config, steps, starts, ends):
         options = {"match_range": config.match_range, "auto_search": config.auto_search_match_range}
         if config.temp_slots > 1 and steps:
             color = workspace.color_nodes(steps, config.temp_slots, {node.name: 1 for node in steps})
-            options["colors"] = ([color[steps[s].name] for s in starts], [color[steps[e].name] for e in ends])
+            last = len(steps) - 1  # held tensors end after the last step; their blocks are never reused
+            options["colors"] = ([color[steps[s].name] for s in starts], [color[steps[min(e, last)].name] for e in ends])
         return options
     if name == "optimal":
         return {"time_limit": config.time_limit}

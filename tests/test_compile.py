@@ -158,3 +158,37 @@ def test_zoo_plans_verify(case, strategy):
     assert p.lower_bound_bytes <= p.arena_bytes
     assert sum(p.breakdown.values()) == p.arena_bytes
     assert all(t.offset % 256 == 0 for t in p.tensors.values())
+
+
+def conv_model():
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.zeros((8, 3, 3, 3), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("mode", ["pool", "tensor"])
+def test_workspace_modes(mode):
+    columns = 4 * 3 * 3 * 3 * 16 * 16 * 4  # im2col of the whole batch: 4 images of 27 x 256 floats
+    p = plan(conv_model(), config=Config(workspace_mode=mode))
+    used = p.tensors[p.steps[0].workspace]
+    assert used.nbytes == columns and p.breakdown["workspace"] == columns
+    assert (used.kind, used.lifetime) == (("workspace_slot", None) if mode == "pool" else ("workspace", (0, 0)))
+    small = plan(conv_model(), config=Config(workspace_mode=mode, workspace_limit=columns // 3))
+    assert small.tensors[small.steps[0].workspace].nbytes == columns // 4, "chunks of one image"
+
+
+def test_share_with_colours_verifies():
+    m = small_model("resnet18")
+    p = planner.compile(m, input_shapes(m, 2), strategy="share", config=Config(num_temp=2))
+    assert p.stats["workspace"]["slots"] and len(p.stats["workspace"]["slots"]) <= 2
+
+
+def test_inference_dropout_is_a_view():
+    m = model([node("Relu", ["x"], ["a"]), node("Dropout", ["a"], ["d"]), node("Relu", ["d"], ["y"])],
+              {"x": 256}, ["y"])
+    p = plan(m)
+    assert p.tensors["d"].alias_of == "a" and p.tensors["d"].view

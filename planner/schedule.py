@@ -1,10 +1,20 @@
 """The order nodes run in: the model's own, or one chosen to lower the peak of live bytes.
 
-"memory" is a greedy list scheduler (as in XLA's and TVM's memory schedulers): among the nodes
-whose inputs are ready, run the one that frees the most bytes net of what it allocates, the
-earliest in the file on ties. It is kept only when its peak is below the file order's.
+"memory" tries two memory-aware orders and keeps the one with the lowest peak (LOAD), as XLA's
+scheduler does with its list and DFS schedulers:
+
+- a greedy list scheduler (XLA's ListMemoryScheduler, TVM's): among the nodes whose inputs are
+  ready, run the one that frees the most bytes net of what it allocates, the earliest in the file
+  on ties;
+- a post-order DFS from the sinks (XLA's DFSMemoryScheduler) that visits a node's input subtrees
+  in Sethi-Ullman order, the one needing the most memory beyond its result first.
+
+The file's own order is a candidate too, so "memory" never has a higher peak than "file" and
+differs from it only when strictly better. Views (identity ops) are counted as new tensors,
+as `liveness.peak_bytes` counts them.
 """
 import heapq
+from dataclasses import dataclass
 
 from .errors import PlanError
 from .liveness import TRANSIENT, peak_bytes
@@ -13,53 +23,124 @@ ORDERS = ("file", "memory")
 
 
 def schedule(graph, order="file", held=()):
-    """The nodes of a typed graph in a topological order: "file" or "memory"."""
+    """The nodes of a typed graph in a topological order: "file" or "memory".
+
+    `held` names tensors (graph outputs, fetched ones) that are never freed.
+    """
     if order not in ORDERS:
-        raise PlanError(f"unknown schedule {order!r}; choose one of {', '.join(ORDERS)}")
+        raise PlanError(f"unknown schedule {order!r}; choose one of {', '.join(map(repr, ORDERS))}")
     steps = tuple(graph.nodes)
-    if order == "memory" and steps:
-        greedy = _greedy(graph, held)
-        if peak_bytes(graph, greedy, held) < peak_bytes(graph, steps, held):
-            return greedy
-    return steps
+    if order == "file" or not steps:
+        return steps
+    dag = _Dag.of(graph, held)
+    candidates = [steps] + [tuple(steps[k] for k in make(dag)) for make in (_greedy, _dfs)]
+    peaks = [peak_bytes(graph, c, held) for c in candidates]
+    return candidates[peaks.index(min(peaks))]
 
 
-def _greedy(graph, held):
-    nodes = graph.nodes
-    index = {node.name: k for k, node in enumerate(nodes)}
-    keep = set(graph.outputs) | set(held)
-    size = {name: t.nbytes if t.kind in TRANSIENT and name not in keep else 0 for name, t in graph.tensors.items()}
-    ins = [tuple(dict.fromkeys(i for i in node.inputs if i)) for node in nodes]
-    readers = {name: [index[c.name] for c in users] for name, users in graph.consumers.items()}
-    remaining = {name: len(users) for name, users in readers.items()}
-    producer = {name: index[node.name] for name, node in graph.producers.items()}
-    waiting = [sum(1 for i in ins[k] if i in producer) for k in range(len(nodes))]
-    made = [sum(graph.tensors[o].nbytes for o in node.outputs if o) for node in nodes]
+@dataclass
+class _Dag:
+    """The graph as index lists, with the bytes a scheduler weighs.
+
+    `reads[k]`: the distinct tensors node k reads; `deps[k]`: the distinct nodes writing them;
+    `outputs[k]`: the tensors it writes; `readers[t]`: the nodes reading tensor t; `writer[t]`: the
+    node writing it; `free[t]`: bytes freed after t's last reader (0 for params, consts and held
+    tensors); `made[k]`: bytes node k writes that outlive its step (read later, or held).
+    """
+
+    reads: list
+    deps: list
+    readers: dict
+    writer: dict
+    free: dict
+    made: list
+    outputs: list
+
+    @classmethod
+    def of(cls, graph, held):
+        index = {id(node): k for k, node in enumerate(graph.nodes)}
+        keep = {*graph.outputs, *held}
+        readers = {t: [index[id(c)] for c in users] for t, users in graph.consumers.items()}
+        free = {t: v.nbytes if v.kind in TRANSIENT and t not in keep else 0 for t, v in graph.tensors.items()}
+        writer = {t: index[id(node)] for t, node in graph.producers.items()}
+        reads = [tuple(dict.fromkeys(i for i in node.inputs if i)) for node in graph.nodes]
+        deps = [tuple(dict.fromkeys(writer[i] for i in r if i in writer)) for r in reads]
+        outputs = [tuple(o for o in node.outputs if o) for node in graph.nodes]
+        made = [sum(graph.tensors[o].nbytes for o in outs if readers[o] or o in keep) for outs in outputs]
+        return cls(reads, deps, readers, writer, free, made, outputs)
+
+
+def _greedy(dag):
+    """List scheduling: repeatedly run the ready node with the best net bytes freed, O(E log N).
+
+    A node's score only rises (when it becomes the last reader of an input), so a raised score is
+    pushed anew and the stale, lower entry is skipped when it surfaces.
+    """
+    remaining = {t: len(r) for t, r in dag.readers.items()}
+    waiting = [sum(1 for t in r if t in dag.writer) for r in dag.reads]
+    done, order = [False] * len(waiting), []
 
     def score(k):
-        return sum(size[i] for i in ins[k] if remaining[i] == 1) - made[k]
+        return sum(dag.free[t] for t in dag.reads[k] if remaining[t] == 1) - dag.made[k]
 
-    heap = [(-score(k), k) for k in range(len(nodes)) if not waiting[k]]
+    heap = [(-score(k), k) for k, w in enumerate(waiting) if not w]
     heapq.heapify(heap)
-    done, order = [False] * len(nodes), []
     while heap:
-        neg, k = heapq.heappop(heap)
+        _, k = heapq.heappop(heap)
         if done[k]:
             continue
-        if -neg != score(k):
-            heapq.heappush(heap, (-score(k), k))
-            continue
         done[k] = True
-        order.append(nodes[k])
-        for i in ins[k]:
-            remaining[i] -= 1
-            if remaining[i] == 1:
-                last = next(c for c in readers[i] if not done[c])
+        order.append(k)
+        for t in dag.reads[k]:
+            remaining[t] -= 1
+            if remaining[t] == 1 and dag.free[t]:
+                last = next(c for c in dag.readers[t] if not done[c])
                 if not waiting[last]:
                     heapq.heappush(heap, (-score(last), last))
-        for o in nodes[k].outputs:
-            for c in readers.get(o, ()) if o else ():
+        for t in dag.outputs[k]:
+            for c in dag.readers[t]:
                 waiting[c] -= 1
                 if not waiting[c]:
                     heapq.heappush(heap, (-score(c), c))
-    return tuple(order)
+    return order
+
+
+def _dfs(dag):
+    """Post-order DFS from the sinks (in file order), each node's inputs visited in Sethi-Ullman order.
+
+    On graphs with many outputs sharing subtrees, file order of the sinks beat sorting them by need.
+    """
+    kids = _sethi_ullman(dag)
+    used = {k for d in dag.deps for k in d}
+    sinks = [k for k in range(len(kids)) if k not in used]
+    visited, order = [False] * len(kids), []
+    for root in sinks:
+        visited[root] = True
+        stack = [(root, iter(kids[root]))]
+        while stack:
+            k, todo = stack[-1]
+            for c in todo:
+                if not visited[c]:
+                    visited[c] = True
+                    stack.append((c, iter(kids[c])))
+                    break
+            else:
+                stack.pop()
+                order.append(k)
+    return order
+
+
+def _sethi_ullman(dag):
+    """Each node's producer nodes, ordered so the subtree needing the most bytes beyond its result
+    runs first; a node's need is estimated as if its inputs formed a tree (shared ones counted
+    each time), which orders trees optimally and DAGs well enough to be worth a try."""
+    need, kids = [0] * len(dag.deps), []
+    for k, deps in enumerate(dag.deps):
+        order = sorted(deps, key=lambda c: (dag.made[c] - need[c], c))
+        kept = peak = 0
+        for c in order:
+            peak = max(peak, kept + need[c])
+            kept += dag.made[c]
+        need[k] = max(peak, kept + dag.made[k])
+        kids.append(order)
+    return kids

@@ -74,7 +74,8 @@ def report(args):
     from . import report as rep
     graph = load_graph(args)
     rows = rep.report(graph, time_limit=args.time_limit, schedule=args.schedule)
-    print(json.dumps(rep.as_dict(rows, graph), indent=1) if args.json else rep.format_table(rows, graph))
+    modes = rep.workspace_modes(graph, schedule=args.schedule)
+    print(json.dumps(rep.as_dict(rows, graph, modes), indent=1) if args.json else rep.format_table(rows, graph, modes))
     return 0
 
 

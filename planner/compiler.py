@@ -3,6 +3,7 @@
     typed graph -> schedule -> lifetimes -> in-place aliases -> workspaces -> buffers
                 -> allocator offsets -> Plan -> verify
 """
+import sys
 import time
 
 from . import allocators, workspace
@@ -49,6 +50,10 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
     plans = [plan_graph(graph, strategy, order, config, tuple(fetch)) for order in orders]
     plan = min(plans, key=lambda p: p.arena_bytes)
     plan.stats["plan_seconds"] = time.perf_counter() - start
+    if config.debug:
+        unshared = sum(allocators.align(t.nbytes, ALIGNMENT) for t in plan.tensors.values())
+        print(f"memplan: {strategy}, {plan.schedule} schedule: memory {unshared / 2**20:.2f} MiB -> "
+              f"{plan.arena_bytes / 2**20:.2f} MiB", file=sys.stderr)
     return plan.verify()
 
 

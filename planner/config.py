@@ -47,6 +47,8 @@ class Config:
     "tensor" (each op's scratch is a tensor living one step, placed by the allocator)."""
     time_limit: float = 10.0
     """MEMPLAN_TIME_LIMIT: seconds the `optimal` allocator may search."""
+    debug: bool = False
+    """MEMPLAN_DEBUG: `compile` prints "memory X MiB -> Y MiB" (every tensor its own buffer -> the plan)."""
 
     def __post_init__(self):
         checks = {"match_range": self.match_range >= 0, "num_temp": self.num_temp >= 1,
@@ -91,11 +93,11 @@ ENV = {"enable_inplace": "MXNET_EXEC_ENABLE_INPLACE", "match_range": "MXNET_EXEC
        "auto_search_match_range": "NNVM_AUTO_SEARCH_MATCH_RANGE", "num_temp": "MXNET_EXEC_NUM_TEMP",
        "gpu_worker_nthreads": "MXNET_GPU_WORKER_NTHREADS", "pool_reserve_percent": "MXNET_GPU_MEM_POOL_RESERVE",
        "workspace_limit": "MEMPLAN_WORKSPACE_LIMIT", "workspace_mode": "MEMPLAN_WORKSPACE_MODE",
-       "time_limit": "MEMPLAN_TIME_LIMIT"}
+       "time_limit": "MEMPLAN_TIME_LIMIT", "debug": "MEMPLAN_DEBUG"}
 """The environment variable behind each field."""
 
 _ACCEPTS = {"enable_inplace": "a boolean", "match_range": "an integer >= 0",
             "auto_search_match_range": "a boolean", "num_temp": "an integer >= 1",
             "gpu_worker_nthreads": "an integer >= 1", "pool_reserve_percent": "a number in [0, 100)",
             "workspace_limit": "a number of bytes >= 1", "workspace_mode": '"pool" or "tensor"',
-            "time_limit": "seconds > 0"}
+            "time_limit": "seconds > 0", "debug": "a boolean"}

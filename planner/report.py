@@ -29,23 +29,34 @@ def report(graph, config=None, time_limit=2.0, schedule="auto"):
     return rows
 
 
+def workspace_modes(graph, config=None, schedule="auto"):
+    """{mode: bestfit plan} for both workspace modes: MXNet's pooled slots and one-step tensors."""
+    from .compiler import compile
+    config = config or Config.from_env()
+    return {mode: compile(graph, schedule=schedule, config=replace(config, workspace_mode=mode))
+            for mode in ("pool", "tensor")}
+
+
 def lower_bound(rows):
     """The LOAD row: the smallest lower bound among the plans that reuse memory in place."""
     return min(plan.lower_bound_bytes for label, plan in rows if plan.strategy != "naive")
 
 
-def as_dict(rows, graph):
+def as_dict(rows, graph, modes):
     load, naive = lower_bound(rows), rows[0][1].arena_bytes
     return {"model": graph.name, "inputs": {n: list(graph.tensors[n].shape) for n in graph.inputs},
             "lower_bound_bytes": load,
+            "workspace_modes": {m: {"arena_bytes": p.arena_bytes, "workspace_bytes": p.breakdown["workspace"],
+                                    "slots": p.stats["workspace"].get("slots", [])} for m, p in modes.items()},
             "rows": [{"strategy": label, "arena_bytes": p.arena_bytes, "x_load": p.arena_bytes / load,
                       "saving_vs_naive": 1 - p.arena_bytes / naive, "plan_seconds": p.stats["plan_seconds"],
                       "schedule": p.schedule, "breakdown": p.breakdown} for label, p in rows]}
 
 
-def format_table(rows, graph):
-    """The rows as an aligned text table, then the LOAD row and the best plan's breakdown."""
-    d = as_dict(rows, graph)
+def format_table(rows, graph, modes):
+    """The rows as an aligned text table, then the LOAD row, the best plan's breakdown and the
+    bestfit arena under both workspace modes."""
+    d = as_dict(rows, graph, modes)
     shapes = ", ".join(f"{n} {tuple(s)}" for n, s in d["inputs"].items())
     lines = [f"{graph.name}: {shapes}",
              f"{'strategy':<21} {'arena MiB':>11} {'x LOAD':>7} {'saving':>7} {'plan s':>7}  schedule"]
@@ -56,4 +67,8 @@ def format_table(rows, graph):
     best = min(d["rows"], key=lambda r: r["arena_bytes"])
     parts = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in best["breakdown"].items())
     lines.append(f"smallest ({best['strategy']}): {parts}")
+    pool, tensor = d["workspace_modes"]["pool"], d["workspace_modes"]["tensor"]
+    lines.append(f"workspace as {len(pool['slots'])} pooled slot(s) of {pool['workspace_bytes'] / 2**20:.2f} MiB: "
+                 f"arena {pool['arena_bytes'] / 2**20:.2f} MiB; as one-step tensors: arena "
+                 f"{tensor['arena_bytes'] / 2**20:.2f} MiB (bestfit)")
     return "\n".join(lines)

@@ -51,7 +51,11 @@ def _graph(g, opset, base_dir):
         tensors[init.name] = _param(init, base_dir)
     if g.sparse_initializer:
         raise ModelError("sparse initializers are not supported")
-    declared = {vi.name: _value_info(vi) for vi in (*g.input, *g.value_info, *g.output)}
+    declared = {}
+    for vi in (*g.input, *g.value_info, *g.output):  # a name declared twice keeps what it first said
+        shape, dtype = _value_info(vi)
+        first = declared.get(vi.name, (None, None))
+        declared[vi.name] = (shape if first[0] is None else first[0], dtype if first[1] is None else first[1])
     inputs = tuple(vi.name for vi in g.input if vi.name not in tensors)
     outputs = tuple(vi.name for vi in g.output)
     for name in inputs:

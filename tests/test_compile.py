@@ -192,3 +192,9 @@ def test_inference_dropout_is_a_view():
               {"x": 256}, ["y"])
     p = plan(m)
     assert p.tensors["d"].alias_of == "a" and p.tensors["d"].view
+
+
+def test_graph_inputs_that_are_outputs():
+    assert plan(model([], {"x": 256}, ["x"])).arena_bytes == ROW
+    p = plan(model([node("Relu", ["x"], ["y"])], {"x": 256}, ["x", "y"]))
+    assert p.tensors["x"].lifetime == (0, 1) and p.tensors["y"].alias_of is None and p.arena_bytes == 2 * ROW

@@ -17,5 +17,8 @@ demo: install
 test: install-test
 	$(PY) -m pytest -q -n 2
 
-bench: install
+bench: install-test
+	$(PIP) onnx-tool
 	$(PY) benchmarks/load_time.py
+	$(PY) benchmarks/plan_quality.py
+	$(PY) benchmarks/run_latency.py cpu

@@ -1,1 +1,113 @@
-"""memplan's executor: runs a Plan out of one preallocated arena (see issue: executor)."""
+"""memplan's executor: runs a Plan out of one preallocated arena, on NumPy (CPU) or CuPy (GPU).
+
+Everything is decided before the first run: each step's kernel and the arena views it reads and
+writes. Running copies the feeds in, calls the kernels in order and copies the outputs out.
+"""
+import numpy as np
+
+from planner.config import Config
+from planner.dtypes import from_onnx  # noqa: F401  (registers ml_dtypes' names with NumPy)
+from planner.errors import MemplanError
+
+from . import backends
+from .arena import Arena
+
+POISON = 0xFF
+"""The byte poison mode writes over dead tensors: NaN in every float dtype, -1 in the integers."""
+
+
+class FeedError(MemplanError):
+    """A feed is missing, unknown, or of the wrong shape or dtype."""
+
+
+class Executor:
+    """Runs `plan` on `backend` ("numpy", "cupy" or "auto"). With `poison=True` every byte range
+    whose tensors are dead is overwritten after each step, so a planning mistake shows as a wrong
+    output instead of passing unnoticed."""
+
+    def __init__(self, plan, backend="auto", poison=False, config=None):
+        self.plan, self.poison = plan, poison
+        self.backend = backends.get(backend)
+        config = config or Config.from_env()
+        free = self.backend.free_bytes()
+        if free is not None:
+            usable = int(free * (1 - config.pool_reserve_percent / 100))
+            if plan.arena_bytes > usable:
+                raise MemplanError(f"the arena needs {plan.arena_bytes:,} bytes but the device has {usable:,} usable "
+                                   f"({free:,} free less MXNET_GPU_MEM_POOL_RESERVE={config.pool_reserve_percent}%)")
+        missing = sorted({s.op for s in plan.steps} - set(self.backend.kernels))
+        if missing:
+            raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
+        self.arena = Arena(plan, self.backend.xp)
+        self.arena.load(plan.data)
+        self.program = [self._bind(step) for step in plan.steps]
+        self.dead = _dead_after(plan) if poison else {}
+
+    def _bind(self, step):
+        """(kernel, step, input views, output views, workspace bytes), or None for a step whose outputs
+        are all views of its input: its bytes are already in place."""
+        views = self.arena.view
+        if step.outputs and all(not o or self.plan.tensors[o].view for o in step.outputs):
+            return None
+        ws = None
+        if step.workspace:
+            t = self.plan.tensors[step.workspace]
+            ws = self.arena.bytes(t.offset, t.nbytes)
+        return (self.backend.kernels[step.op], step, [views(i) if i else None for i in step.inputs],
+                [views(o) if o else None for o in step.outputs], ws)
+
+    def run(self, feeds):
+        """Run once on `feeds` ({input name: array}); returns {output name: array}, copies that the
+        next run does not change."""
+        xp = self.backend.xp
+        self._check(feeds)
+        if self.poison:
+            base = self.plan.stats.get("persistent_bytes", 0)
+            self.arena.bytes(base, self.plan.arena_bytes - base).fill(POISON)
+        for name in self.plan.inputs:
+            self.arena.view(name)[...] = xp.asarray(feeds[name])
+        for k, bound in enumerate(self.program):
+            if bound is not None:
+                fn, step, ins, outs, ws = bound
+                fn(xp, step, ins, outs, ws)
+            for offset, nbytes in self.dead.get(k, ()):
+                self.arena.bytes(offset, nbytes).fill(POISON)
+        self.backend.synchronize()
+        return {name: self.arena.view(name).copy() for name in self.plan.outputs}
+
+    def _check(self, feeds):
+        """Every input fed once, with the planned shape and dtype."""
+        unknown = sorted(set(feeds) - set(self.plan.inputs))
+        missing = [n for n in self.plan.inputs if n not in feeds]
+        if unknown or missing:
+            raise FeedError(f"feeds must name exactly the inputs {list(self.plan.inputs)}; "
+                            f"missing {missing}, unknown {unknown}")
+        for name in self.plan.inputs:
+            t, value = self.plan.tensors[name], feeds[name]
+            if tuple(value.shape) != tuple(t.shape) or np.dtype(value.dtype) != np.dtype(t.dtype):
+                raise FeedError(f"input {name!r}: expected shape {tuple(t.shape)} {t.dtype}, "
+                                f"got {tuple(value.shape)} {value.dtype}")
+
+
+def _dead_after(plan):
+    """{step: [(offset, nbytes)]}: the buffers whose every tensor is dead once the step has run, and
+    the step's workspace."""
+    last = {}
+    for t in plan.tensors.values():
+        if t.lifetime is None:
+            continue
+        root = t.alias_of or t.name
+        last[root] = max(last.get(root, -1), t.lifetime[1])
+    dead = {}
+    for root, step in last.items():
+        if step < len(plan.steps) and plan.tensors[root].lifetime is not None:
+            t = plan.tensors[root]
+            dead.setdefault(step, []).append((t.offset, t.nbytes))
+    for k, step in enumerate(plan.steps):
+        if step.workspace:
+            t = plan.tensors[step.workspace]
+            dead.setdefault(k, []).append((t.offset, t.nbytes))
+    return dead
+
+
+__all__ = ["Executor", "FeedError"]

@@ -89,6 +89,37 @@ def plan(args):
     return 0
 
 
+def run(args):
+    """Plan, then run on random feeds: median latency, arena bytes and the memory the run grew by."""
+    import resource
+    import time
+
+    import numpy as np
+
+    from executor import Executor, backends
+    from .compiler import compile
+    plan = compile(load_graph(args), strategy=args.strategy)
+    rng = np.random.default_rng(0)
+    feeds = {n: (rng.standard_normal(plan.tensors[n].shape).astype(plan.tensors[n].dtype)
+                 if np.dtype(plan.tensors[n].dtype).kind == "f" else np.zeros(plan.tensors[n].shape, plan.tensors[n].dtype))
+             for n in plan.inputs}
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    device_before = backends.get(args.backend).used_bytes()
+    ex = Executor(plan, backend=args.backend)
+    times = []
+    for _ in range(args.repeat + 1):
+        start = time.perf_counter()
+        ex.run(feeds)
+        times.append(time.perf_counter() - start)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    device = ex.backend.used_bytes()
+    peak = f"device bytes in use {_mib(device)}" if device is not None else f"RSS grew {_mib(max(grown, 0))}"
+    print(f"{plan.strategy} on {ex.backend.NAME}: median {1e3 * sorted(times[1:])[len(times[1:]) // 2]:.2f} ms over "
+          f"{args.repeat} runs; arena {_mib(plan.arena_bytes)}; {peak}"
+          + (f" ({_mib(device_before)} before the executor)" if device is not None else ""))
+    return 0
+
+
 def _model_args(p):
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="an .onnx file or zoo:NAME")
     p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS", help="bind an input, e.g. input:8x3x224x224")
@@ -118,6 +149,12 @@ def build_parser():
     p.add_argument("--schedule", choices=SCHEDULES, default="auto")
     p.add_argument("-o", "--output", required=True, help="where to write the plan (.json; values go beside it as .npz)")
     p.set_defaults(run=plan)
+    p = sub.add_parser("run", help="run the planned graph out of one arena and time it")
+    _model_args(p)
+    p.add_argument("--strategy", choices=list(STRATEGIES), default="bestfit")
+    p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default="auto")
+    p.add_argument("--repeat", type=int, default=10, help="timed runs after one warm-up (default 10)")
+    p.set_defaults(run=run)
     return parser
 
 

@@ -40,3 +40,9 @@ def test_user_errors_are_one_line(argv, message, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_run_on_numpy(capsys):
+    assert cli.main(["run", *MLP, "--backend", "numpy", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "bestfit on numpy: median" in out and "arena" in out and "RSS grew" in out

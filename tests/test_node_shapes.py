@@ -4,26 +4,12 @@ import pytest
 
 import planner
 from planner import ops
-from planner.errors import ModelError
-from node_cases import as_planned, supported_cases
-
-REFUSED = {
-    # name: (error, reason); each case must fail with exactly that error
-    "test_identity_sequence": (ModelError, "sequence types are not planned, only tensors"),
-    "test_identity_opt": (ModelError, "optional types are not planned, only tensors"),
-}
+from node_cases import as_planned, params, supported_cases
 
 CASES = supported_cases()
 
 
-def _params(case):
-    if case.name not in REFUSED:
-        return pytest.param(case, id=case.name)
-    error, reason = REFUSED[case.name]
-    return pytest.param(case, id=case.name, marks=pytest.mark.xfail(raises=error, reason=reason, strict=True))
-
-
-@pytest.mark.parametrize("case", [_params(c) for c in CASES])
+@pytest.mark.parametrize("case", params(CASES))
 def test_shapes_and_values(case):
     model, inputs, expected = as_planned(case)
     graph = planner.load(model, {k: np.shape(v) for k, v in inputs.items()})

@@ -182,6 +182,15 @@ class MaxPool(_Pool):
         y = super().infer(node, ins)[0]
         return [y, (y[0], np.int64)]
 
+    def workspace(self, node, ins, outs, limit):
+        """With Indices, one bool per output value to mark where a tap holds the maximum, for as many
+        whole images as fit in `limit` (at least one)."""
+        if len(outs) < 2 or outs[1] is None:
+            return 0
+        shape = outs[1][0]
+        per_image = math.prod(shape[1:])
+        return max(1, min(shape[0], limit // per_image if per_image else 1)) * per_image
+
 
 @schema("GlobalAveragePool", "GlobalMaxPool")
 class GlobalPool(Schema):
@@ -200,6 +209,15 @@ class BatchNormalization(Schema):
     defaults = {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}
     inplace = ((0, 0),)
 
+    def workspace(self, node, ins, outs, limit):
+        """Inference needs none. Training (training_mode=1, or statistics outputs asked for) keeps the
+        batch mean and variance and, to sum the squares without a temporary, one partial sum per
+        image and channel: (2 + N) * C values of X's dtype."""
+        x = ins[0]
+        if not (self.attr(node, "training_mode") or any(o is not None for o in outs[1:])):
+            return 0
+        return (2 + x.shape[0]) * x.shape[1] * np.dtype(x.dtype).itemsize
+
     def infer(self, node, ins):
         x, scale, bias, mean, var = ins
         if x.rank < 2:
@@ -216,6 +234,18 @@ class LayerNormalization(Schema):
 
     defaults = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
 
+    def stash_dtype(self, node):
+        """The dtype of the statistics (Mean, InvStdDev) and of the arithmetic producing them."""
+        return from_onnx(self.attr(node, "stash_type"))
+
+    def workspace(self, node, ins, outs, limit):
+        """The Mean and InvStdDev the kernel keeps, one per normalised row, for those not among the
+        outputs: the mean first."""
+        x = ins[0]
+        rows = math.prod(x.shape[:axis(self.attr(node, "axis"), x.rank)])
+        omitted = sum(len(outs) <= k or outs[k] is None for k in (1, 2))
+        return omitted * rows * self.stash_dtype(node).itemsize
+
     def infer(self, node, ins):
         x, scale, bias = [*ins, None][:3]
         a = axis(self.attr(node, "axis"), x.rank)
@@ -223,5 +253,5 @@ class LayerNormalization(Schema):
         for p in (scale, bias):
             if p is not None and broadcast(normalised, p.shape) != normalised:
                 raise ShapeError(f"scale or bias of shape {p.shape} does not broadcast to {normalised}")
-        stats = ((*x.shape[:a], *(1 for _ in normalised)), from_onnx(self.attr(node, "stash_type")))
+        stats = ((*x.shape[:a], *(1 for _ in normalised)), self.stash_dtype(node))
         return [(x.shape, x.dtype), stats, stats]

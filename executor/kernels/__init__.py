@@ -1,0 +1,27 @@
+"""Kernels: how each op computes, writing into the output views it is given.
+
+A kernel is `fn(xp, step, ins, outs, ws)`: `xp` the array module (numpy or cupy), `step` the plan's
+Step (its `.attrs`; `attr(step, name)` reads an attribute with its ONNX default), `ins` the input
+arrays (None for an omitted input), `outs` the output views to fill (None for an omitted output;
+an output may share memory with an input when the plan wrote it in place), `ws` the op's workspace
+as a uint8 array, or None. Kernels register with `@kernel("Op", ...)`.
+"""
+from planner import ops
+
+KERNELS = {}
+
+
+def kernel(*op_types):
+    def register(fn):
+        for op in op_types:
+            KERNELS[op] = fn
+        return fn
+    return register
+
+
+def attr(step, name):
+    """An attribute of the step, or its default from the op's schema."""
+    return ops.get(step.op).attr(step, name)
+
+
+from . import elementwise, activation, nn, linalg, reduce, shape_ops, misc  # noqa: E402,F401

@@ -1,0 +1,423 @@
+"""Convolutions, pooling and normalisations over the (N, C, spatial...) layout.
+
+A sliding window is walked one kernel tap at a time, each tap a strided view of the input paired
+with the output positions whose window it lands in (padding is the positions no tap reaches). Conv
+is im2col + GEMM and ConvTranspose GEMM + col2im, one group at a time, with the column buffer in the
+planned workspace and the batch walked in the chunks `planner.ops.nn.Conv.chunks` gives for that
+buffer's size. Kernels allocate nothing, with two exceptions: NumPy's inference BatchNormalization
+(two vectors of C values) and, on CuPy, a GEMM into a chunk of rows (when one image's columns exceed
+the workspace limit), whose output is not contiguous.
+"""
+import math
+from functools import cache
+from itertools import product
+from typing import NamedTuple
+
+import numpy as np
+
+from planner import ops
+
+from . import attr, kernel
+
+
+def _padded(items, n):
+    """`items` (a step's inputs or outputs) extended with None to `n` entries: omitted optionals."""
+    return [*items, *[None] * (n - len(items))][:n]
+
+
+class _Window(NamedTuple):
+    """Per spatial dim: stride, dilation, and the padding applied before and after (auto_pad resolved)."""
+
+    strides: tuple
+    dilations: tuple
+    begin: tuple
+    end: tuple
+
+
+def _window(step, in_spatial, kernel_shape, out_spatial, transposed=False):
+    """The window of a Conv, ConvTranspose or pool step, its auto_pad padding worked out as ONNX does."""
+    n = len(kernel_shape)
+    strides = attr(step, "strides") or [1] * n
+    dilations = attr(step, "dilations") or [1] * n
+    auto_pad = attr(step, "auto_pad")
+    if auto_pad.startswith("SAME"):
+        spans = [(k - 1) * d + 1 for k, d in zip(kernel_shape, dilations)]
+        if transposed:
+            extra = attr(step, "output_padding") or [0] * n
+            total = [s * (i - 1) + e + k - o for s, i, e, k, o in zip(strides, in_spatial, extra, spans, out_spatial)]
+        else:
+            total = [max(0, (o - 1) * s + k - i) for o, s, k, i in zip(out_spatial, strides, spans, in_spatial)]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+        end = [t - b for t, b in zip(total, begin)]
+    elif auto_pad == "VALID":
+        begin = end = [0] * n
+    else:
+        pads = attr(step, "pads") or [0] * 2 * n
+        begin, end = pads[:n], pads[n:]
+    return _Window(tuple(strides), tuple(dilations), tuple(begin), tuple(end))
+
+
+def _span(offset, stride, n_source, lo, hi):
+    """The grid indices o in [lo, hi) whose source o * stride + offset lies in [0, n_source): a pair
+    (slice of o - lo, slice of the sources), or None when there is none."""
+    first = max(lo, -(offset // stride))
+    stop = min(hi, (n_source - 1 - offset) // stride + 1)
+    if stop <= first:
+        return None
+    return slice(first - lo, stop - lo), slice(first * stride + offset, (stop - 1) * stride + offset + 1, stride)
+
+
+def _taps(win, kernel_shape, grid, source, rows=None):
+    """(tap, grid slices, source slices) for each kernel tap reaching the source: grid index o meets
+    source index o * stride + tap * dilation - pad. `rows` = (lo, hi) restricts the first grid dim,
+    its slices then being relative to lo."""
+    per_dim = []
+    for d, (k, s, dil, b) in enumerate(zip(kernel_shape, win.strides, win.dilations, win.begin)):
+        lo, hi = rows if d == 0 and rows else (0, grid[d])
+        per_dim.append([(t, _span(t * dil - b, s, source[d], lo, hi)) for t in range(k)])
+    for combo in product(*per_dim):
+        if all(span is not None for _, span in combo):
+            yield tuple(t for t, _ in combo), tuple(s[0] for _, s in combo), tuple(s[1] for _, s in combo)
+
+
+def _at(spatial):
+    """An index taking every image and channel and the given spatial slices."""
+    return (slice(None), slice(None), *spatial)
+
+
+def _chunks(step, x, w, y, ws):
+    """The chunks the planner sized the workspace for (they are idempotent in its size; a pooled slot
+    larger than this step's request just gives larger chunks that still fit)."""
+    return ops.get(step.op).chunks(step, (x, w), [(y.shape, y.dtype)], 0 if ws is None else ws.nbytes)
+
+
+def _walk(chunks, batch, rows):
+    """(first image, end image, first row, end row) of each chunk, in order."""
+    for n0 in range(0, batch, chunks.images):
+        for r0 in range(0, rows, chunks.rows):
+            yield n0, min(n0 + chunks.images, batch), r0, min(r0 + chunks.rows, rows)
+
+
+def _scratch(ws, shape, dtype, start=0):
+    """An array of `shape` and `dtype` over the workspace bytes from `start`."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if ws is None or start + nbytes > ws.nbytes:
+        raise ValueError(f"the step's workspace of {0 if ws is None else ws.nbytes} bytes is smaller than "
+                         f"the {start + nbytes} bytes its kernel needs")
+    return ws[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _cupy(xp):
+    return xp.__name__ == "cupy"
+
+
+def _matmul(xp, a, b, out):
+    """out[i] = a @ b[i] for each image i. CuPy's batched matmul allocates a pointer array when an
+    operand is broadcast, so there each image is its own GEMM."""
+    if not _cupy(xp):
+        xp.matmul(a, b, out=out)
+        return
+    for i in range(out.shape[0]):
+        xp.matmul(a, b[i], out=out[i])
+
+
+def _add_bias(xp, y, b):
+    """y += b, one value per output channel (b may be omitted)."""
+    if b is not None:
+        xp.add(y, b.reshape(-1, *[1] * (y.ndim - 2)), out=y)
+
+
+def _pointwise(xp, x, w, y, group, transposed):
+    """A 1x1 stride-1 unpadded Conv or ConvTranspose: per group one batched GEMM on the images."""
+    n, cg, mg = x.shape[0], x.shape[1] // group, y.shape[1] // group
+    for g in range(group):
+        wg = w[g * cg:(g + 1) * cg].reshape(cg, mg).T if transposed else w[g * mg:(g + 1) * mg].reshape(mg, cg)
+        _matmul(xp, wg, x[:, g * cg:(g + 1) * cg].reshape(n, cg, -1), y[:, g * mg:(g + 1) * mg].reshape(n, mg, -1))
+
+
+def _zero_padding(cols, kernel_shape, taps):
+    """Zero the columns no tap's copy writes (where a window lies on padding), once per chunk: every
+    group's copies write the same places."""
+    covered = {tap: at for tap, at, _ in taps}
+    for tap in np.ndindex(*kernel_shape):
+        block = cols[(slice(None), slice(None), *tap)]
+        at = covered.get(tap)
+        if at is None:
+            block.fill(0)
+            continue
+        for d, (span, size) in enumerate(zip(at, block.shape[2:])):
+            for gap in (slice(0, span.start), slice(span.stop, size)):
+                if gap.start < gap.stop:
+                    block[(slice(None),) * (2 + d) + (gap,)].fill(0)
+
+
+@kernel("Conv")
+def conv(xp, step, ins, outs, ws):
+    """im2col + GEMM: per chunk and group, the columns (images, C/group, k..., rows, out...) are zeroed
+    where padding shows, filled tap by tap, and multiplied by the group's weights into the output."""
+    x, w, b = _padded(ins, 3)
+    y, group = outs[0], attr(step, "group")
+    chunks = _chunks(step, x, w, y, ws)
+    if chunks.nbytes == 0:
+        _pointwise(xp, x, w, y, group, transposed=False)
+    else:
+        kernel_shape, cg, mg = w.shape[2:], x.shape[1] // group, y.shape[1] // group
+        win = _window(step, x.shape[2:], kernel_shape, y.shape[2:])
+        for n0, n1, r0, r1 in _walk(chunks, x.shape[0], y.shape[2]):
+            taps = list(_taps(win, kernel_shape, y.shape[2:], x.shape[2:], (r0, r1)))
+            cols = _scratch(ws, (n1 - n0, cg, *kernel_shape, r1 - r0, *y.shape[3:]), x.dtype)
+            _zero_padding(cols, kernel_shape, taps)
+            copies = [(cols[(slice(None), slice(None), *tap, *at)], x[n0:n1][_at(source)]) for tap, at, source in taps]
+            for g in range(group):
+                for dst, src in copies:
+                    xp.copyto(dst, src[:, g * cg:(g + 1) * cg])
+                _matmul(xp, w[g * mg:(g + 1) * mg].reshape(mg, -1), cols.reshape(n1 - n0, w[0].size, -1),
+                        y[n0:n1, g * mg:(g + 1) * mg, r0:r1].reshape(n1 - n0, mg, -1))
+    _add_bias(xp, y, b)
+
+
+@kernel("ConvTranspose")
+def conv_transpose(xp, step, ins, outs, ws):
+    """GEMM + col2im: per chunk and group, the weights' transpose times the input rows gives the
+    columns (images, M/group, k..., rows, in...), which are added tap by tap into the zeroed output."""
+    x, w, b = _padded(ins, 3)
+    y, group = outs[0], attr(step, "group")
+    chunks = _chunks(step, x, w, y, ws)
+    if chunks.nbytes == 0:
+        _pointwise(xp, x, w, y, group, transposed=True)
+    else:
+        kernel_shape, cg, mg = w.shape[2:], x.shape[1] // group, y.shape[1] // group
+        win = _window(step, x.shape[2:], kernel_shape, y.shape[2:], transposed=True)
+        y.fill(0)
+        for n0, n1, r0, r1 in _walk(chunks, x.shape[0], x.shape[2]):
+            taps = list(_taps(win, kernel_shape, x.shape[2:], y.shape[2:], (r0, r1)))
+            cols = _scratch(ws, (n1 - n0, mg, *kernel_shape, r1 - r0, *x.shape[3:]), x.dtype)
+            for g in range(group):
+                rows = x[n0:n1, g * cg:(g + 1) * cg, r0:r1].reshape(n1 - n0, cg, -1)
+                _matmul(xp, w[g * cg:(g + 1) * cg].reshape(cg, -1).T, rows, cols.reshape(n1 - n0, w[0].size, -1))
+                image = y[n0:n1, g * mg:(g + 1) * mg]
+                for tap, at, target in taps:
+                    dst = image[_at(target)]
+                    xp.add(dst, cols[(slice(None), slice(None), *tap, *at)], out=dst)
+    _add_bias(xp, y, b)
+
+
+def _pool_window(step, x, y):
+    """A pool's kernel shape and window."""
+    kernel_shape = attr(step, "kernel_shape")
+    return kernel_shape, _window(step, x.shape[2:], kernel_shape, y.shape[2:])
+
+
+def _lowest(dtype):
+    """The value below every other of `dtype`: where a running maximum starts."""
+    return np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
+
+
+@kernel("MaxPool")
+def max_pool(xp, step, ins, outs, ws):
+    """The maximum over the taps reaching each output; with Indices, the flat index of the first."""
+    x, (y, indices) = ins[0], _padded(outs, 2)
+    kernel_shape, win = _pool_window(step, x, y)
+    taps = list(_taps(win, kernel_shape, y.shape[2:], x.shape[2:]))
+    y.fill(_lowest(y.dtype))
+    for _, at, source in taps:
+        dst = y[_at(at)]
+        xp.maximum(dst, x[_at(source)], out=dst)
+    if indices is not None:
+        _argmax(xp, x, y, indices, taps, win, ws, attr(step, "storage_order"))
+
+
+def _argmax(xp, x, y, indices, taps, win, ws, storage_order):
+    """Indices of the maxima into x flattened (spatial dims column-major when storage_order is 1),
+    the first tap in window order winning ties as in ONNX's reference.
+
+    Taps are walked last to first; where a tap holds the maximum, its offset in the window replaces
+    the index, as index = (index - offset) * (x != max) + offset with the comparison in the workspace
+    (one bool per output value, as many images at a time as it holds): ufuncs with a scalar, so
+    nothing is allocated. The offset of each window's start is added at the end.
+    """
+    spatial = x.shape[2:]
+    sizes = spatial[::-1] if storage_order else spatial
+    strides = [math.prod(sizes[d + 1:]) for d in range(len(sizes))]
+    strides = strides[::-1] if storage_order else strides
+    per_image = math.prod(y.shape[1:])
+    images = max(1, ws.nbytes // per_image)
+    indices.fill(0)
+    for n0 in range(0, x.shape[0], images):
+        n1 = min(n0 + images, x.shape[0])
+        mask = _scratch(ws, (n1 - n0, *y.shape[1:]), np.bool_)
+        for tap, at, source in reversed(taps):
+            offset = sum(t * dil * s for t, dil, s in zip(tap, win.dilations, strides))
+            other, where = mask[_at(at)], (slice(n0, n1), slice(None), *at)
+            index = indices[where]
+            xp.not_equal(x[n0:n1][_at(source)], y[where], out=other)
+            xp.subtract(index, offset, out=index)
+            xp.multiply(index, other, out=index)
+            xp.add(index, offset, out=index)
+    _add_window_starts(xp, indices, win, strides, math.prod(spatial))
+
+
+def _add_window_starts(xp, indices, win, strides, image_size):
+    """Add to each index the flat index its window starts at: image and channel, then each spatial dim."""
+    n, c = indices.shape[:2]
+    parts = [((i,), i * c * image_size) for i in range(n)] + [((slice(None), j), j * image_size) for j in range(c)]
+    for d, (s, b, stride) in enumerate(zip(win.strides, win.begin, strides)):
+        parts += [((slice(None),) * (2 + d) + (o,), (o * s - b) * stride) for o in range(indices.shape[2 + d])]
+    for where, start in parts:
+        part = indices[where]
+        xp.add(part, start, out=part)
+
+
+@kernel("AveragePool")
+def average_pool(xp, step, ins, outs, ws):
+    """The sum over the taps reaching each output, divided by the count of taps (padding counted
+    when count_include_pad, but never the overhang ceil_mode adds)."""
+    x, y = ins[0], outs[0]
+    kernel_shape, win = _pool_window(step, x, y)
+    y.fill(0)
+    for _, at, source in _taps(win, kernel_shape, y.shape[2:], x.shape[2:]):
+        dst = y[_at(at)]
+        xp.add(dst, x[_at(source)], out=dst)
+    include = attr(step, "count_include_pad")
+    for d, (k, s, dil, b, e) in enumerate(zip(kernel_shape, *win)):
+        low, high = (-b, x.shape[2 + d] + e) if include else (0, x.shape[2 + d])
+        counts = [sum(low <= o * s + t * dil - b < high for t in range(k)) for o in range(y.shape[2 + d])]
+        for o0, o1, count in _runs(counts):
+            dst = y[(slice(None),) * (2 + d) + (slice(o0, o1),)]
+            xp.divide(dst, count, out=dst)
+
+
+def _runs(values):
+    """(start, end, value) of each run of equal values."""
+    start = 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
+            yield start, i, values[start]
+            start = i
+
+
+@kernel("GlobalAveragePool")
+def global_average_pool(xp, step, ins, outs, ws):
+    """The mean over the spatial dims, written through an (N, C) view of the output (keepdims=True
+    with out= allocates on CuPy)."""
+    x = ins[0]
+    xp.mean(x, axis=tuple(range(2, x.ndim)), out=outs[0].reshape(x.shape[:2]))
+
+
+@kernel("GlobalMaxPool")
+def global_max_pool(xp, step, ins, outs, ws):
+    """The maximum over the spatial dims, through an (N, C) view of the output like the mean."""
+    x = ins[0]
+    xp.max(x, axis=tuple(range(2, x.ndim)), out=outs[0].reshape(x.shape[:2]))
+
+
+def _per_channel(v, ndim):
+    """A (C,) vector shaped to broadcast over (N, C, spatial...)."""
+    return v.reshape(-1, *[1] * (ndim - 2))
+
+
+@kernel("BatchNormalization")
+def batch_normalization(xp, step, ins, outs, ws):
+    """Y = (X - mean) * scale / sqrt(var + epsilon) + B; Y may be X itself.
+
+    In training (training_mode=1, or statistics outputs asked for) mean and var are the batch's,
+    kept in the workspace with the partial sums of squares (see the schema), and the running ones
+    are updated. Inference has no workspace: on CuPy one fused elementwise kernel; on NumPy the
+    per-channel factor and shift are two small temporaries (C values each).
+    """
+    x, scale, bias, mean, var = ins
+    y, eps = outs[0], attr(step, "epsilon")
+    if xp.may_share_memory(x, y):
+        x = y  # in place: one array object for both, or CuPy copies the input it sees overlapping
+    if not (attr(step, "training_mode") or any(o is not None for o in outs[1:])):
+        _normalize(xp, x, y, *(_per_channel(v, x.ndim) for v in (scale, bias, mean, var)), eps)
+        return
+    n, c = x.shape[:2]
+    batch_mean, batch_var = _scratch(ws, (c,), x.dtype), _scratch(ws, (c,), x.dtype, c * x.dtype.itemsize)
+    partial = _scratch(ws, (n, c, 1, 1), x.dtype, 2 * c * x.dtype.itemsize)
+    _batch_statistics(xp, x, y, batch_mean, batch_var, partial)
+    _running_statistics(xp, step, outs, mean, var, batch_mean, batch_var)
+    factor = batch_var  # y holds X - batch mean: scale it by scale / sqrt(var + epsilon), then shift
+    xp.add(batch_var, eps, out=factor)
+    xp.sqrt(factor, out=factor)
+    xp.divide(scale, factor, out=factor)
+    xp.multiply(y, _per_channel(factor, x.ndim), out=y)
+    xp.add(y, _per_channel(bias, x.ndim), out=y)
+
+
+def _normalize(xp, x, y, scale, bias, mean, var, eps):
+    """y = (x - mean) * scale / sqrt(var + eps) + bias, the statistics broadcasting per channel."""
+    if _cupy(xp):
+        _cupy_normalize(xp)(x, scale, bias, mean, var, x.dtype.type(eps), y)
+        return
+    factor = xp.sqrt(var + eps)
+    xp.divide(scale, factor, out=factor)
+    shift = bias - mean * factor
+    xp.multiply(x, factor, out=y)
+    xp.add(y, shift, out=y)
+
+
+@cache
+def _cupy_normalize(cupy):
+    """The fused inference BatchNormalization kernel: one pass, nothing allocated."""
+    return cupy.ElementwiseKernel("T x, T s, T b, T m, T v, T eps", "T y",
+                                  "y = (x - m) * (s / sqrt(v + eps)) + b", "memplan_batch_norm")
+
+
+def _running_statistics(xp, step, outs, mean, var, batch_mean, batch_var):
+    """The outputs after Y: running mean and variance (old * momentum + batch * (1 - momentum)),
+    then the batch's own mean and variance, each only where asked for."""
+    running_mean, running_var, saved_mean, saved_var = _padded(outs[1:], 4)
+    momentum = attr(step, "momentum")
+    for out, old, new in ((running_mean, mean, batch_mean), (running_var, var, batch_var)):
+        if out is not None:  # as new + (old - new) * momentum, needing no temporary
+            xp.subtract(old, new, out=out)
+            xp.multiply(out, momentum, out=out)
+            xp.add(out, new, out=out)
+    for out, value in ((saved_mean, batch_mean), (saved_var, batch_var)):
+        if out is not None:
+            xp.copyto(out, value)
+
+
+def _batch_statistics(xp, x, y, mean, var, partial):
+    """The per-channel mean and (population) variance of x, leaving Y = X - mean: the squares are
+    summed by a batched GEMV per image and channel, which needs no temporary."""
+    n, c = x.shape[:2]
+    count = x.size // c
+    xp.mean(x, axis=(0, *range(2, x.ndim)), out=mean)
+    xp.subtract(x, _per_channel(mean, x.ndim), out=y)
+    flat = y.reshape(n, c, 1, -1)
+    xp.matmul(flat, flat.reshape(n, c, -1, 1), out=partial)
+    xp.sum(partial.reshape(n, c), axis=0, out=var)
+    xp.divide(var, count, out=var)
+
+
+@kernel("LayerNormalization")
+def layer_normalization(xp, step, ins, outs, ws):
+    """Y = (X - mean) / sqrt(var + epsilon) * scale + B over the dims from `axis` on, the statistics
+    in the stash_type dtype, kept in the Mean and InvStdDev outputs or, for those omitted, in the
+    workspace (mean first, see the schema)."""
+    x, scale, bias = _padded(ins, 3)
+    y, mean, inv_std = _padded(outs, 3)
+    a = attr(step, "axis") % x.ndim
+    rows, stash = math.prod(x.shape[:a]), ops.get(step.op).stash_dtype(step)
+    used = 0
+    stats = []
+    for out in (mean, inv_std):
+        if out is None:
+            out = _scratch(ws, (rows,), stash, used)
+            used += out.nbytes
+        stats.append(out.reshape(rows))
+    mean, inv_std = stats
+    x2, y2 = x.reshape(rows, -1), y.reshape(rows, -1)
+    xp.mean(x2, axis=1, out=mean)
+    xp.subtract(x2, mean[:, None], out=y2)
+    xp.matmul(y2[:, None, :], y2[:, :, None], out=inv_std[:, None, None])
+    xp.divide(inv_std, y2.shape[1], out=inv_std)
+    xp.add(inv_std, attr(step, "epsilon"), out=inv_std)
+    xp.sqrt(inv_std, out=inv_std)
+    xp.divide(1, inv_std, out=inv_std)
+    xp.multiply(y2, inv_std[:, None], out=y2)
+    xp.multiply(y, scale, out=y)
+    if bias is not None:
+        xp.add(y, bias, out=y)

@@ -62,7 +62,6 @@ def gpu(batches, repeat):
                                      np.random.default_rng(0).standard_normal(s, dtype=np.float32))
                      for n, s in shapes.items()}
             ours = median_seconds(lambda: ex.run(feeds), repeat, cupy.cuda.Device().synchronize)
-            del ex
             theirs, peak = _torch_eager(torch, name, shapes, repeat)
             print(f"{name:<10} {batch:>5} {ours * 1e3:>11.2f} {theirs * 1e3:>9.2f} {plan.arena_bytes / MiB:>10.1f} "
                   f"{peak / MiB:>15.1f}")
@@ -85,7 +84,6 @@ def _torch_eager(torch, name, shapes, repeat):
     with torch.no_grad():
         seconds = median_seconds(lambda: module(*args), repeat, torch.cuda.synchronize)
     peak = torch.cuda.max_memory_allocated()
-    del module, args
     torch.cuda.empty_cache()
     return seconds, peak
 

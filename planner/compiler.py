@@ -43,6 +43,10 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
                            "version: it plans inference graphs")
     config = config or Config.from_env()
     graph = load(model, input_shapes)
+    strings = [t.name for t in graph.tensors.values() if t.dtype.kind in "OSU"]
+    if strings:
+        raise PlanError(f"tensors {', '.join(map(repr, strings[:5]))} hold strings, which have no place in a "
+                        "byte arena: memplan plans numeric and bool tensors")
     missing = [name for name in fetch if name not in graph.tensors]
     if missing:
         raise PlanError(f"fetch names tensors the graph does not have: {', '.join(map(repr, missing))}")

@@ -20,13 +20,13 @@ REFUSED = {
 }
 
 
-def params(cases):
-    """pytest params of the cases, those in REFUSED marked to fail with their error."""
+def params(cases, refused=REFUSED):
+    """pytest params of the cases, those in `refused` marked to fail with their error."""
     out = []
     for case in cases:
         marks = ()
-        if case.name in REFUSED:
-            error, reason = REFUSED[case.name]
+        if case.name in refused:
+            error, reason = refused[case.name]
             marks = pytest.mark.xfail(raises=error, reason=reason, strict=True)
         out.append(pytest.param(case, id=case.name, marks=marks))
     return out

@@ -5,12 +5,15 @@ import pytest
 
 import planner
 from executor import Executor
-from node_cases import as_planned, params, supported_cases
+from node_cases import REFUSED, as_planned, params, supported_cases
+from planner.errors import PlanError
 
 CASES = supported_cases()
+NOT_RUN = {**REFUSED, **{name: (PlanError, "strings have no place in a byte arena")
+                         for name in ("test_equal_string", "test_equal_string_broadcast")}}
 
 
-@pytest.mark.parametrize("case", params(CASES))
+@pytest.mark.parametrize("case", params(CASES, NOT_RUN))
 def test_node(case):
     model, inputs, expected = as_planned(case)
     plan = planner.compile(model, {k: np.shape(v) for k, v in inputs.items()}, schedule="file")

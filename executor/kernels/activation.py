@@ -1,1 +1,94 @@
-"""Being written."""
+"""Activation kernels: elementwise nonlinearities written into their output (which may be their
+input), Clip, and Softmax / LogSoftmax along one axis."""
+import math
+
+from . import attr, kernel
+
+
+def _erf(xp):
+    if xp.__name__ == "numpy":
+        from scipy.special import erf
+    else:
+        from cupyx.scipy.special import erf
+    return erf
+
+
+@kernel("Relu")
+def relu(xp, step, ins, outs, ws):
+    xp.maximum(ins[0], 0, out=outs[0])
+
+
+@kernel("LeakyRelu")
+def leaky_relu(xp, step, ins, outs, ws):
+    x, y = ins[0], outs[0]
+    xp.copyto(y, xp.where(x < 0, x * attr(step, "alpha"), x))
+
+
+@kernel("Sigmoid")
+def sigmoid(xp, step, ins, outs, ws):
+    y = outs[0]
+    xp.negative(ins[0], out=y)
+    xp.exp(y, out=y)
+    xp.add(y, 1, out=y)
+    xp.reciprocal(y, out=y)
+
+
+@kernel("HardSigmoid")
+def hard_sigmoid(xp, step, ins, outs, ws):
+    y = outs[0]
+    xp.multiply(ins[0], attr(step, "alpha"), out=y)
+    xp.add(y, attr(step, "beta"), out=y)
+    xp.clip(y, 0, 1, out=y)
+
+
+@kernel("HardSwish")
+def hard_swish(xp, step, ins, outs, ws):
+    x, y = ins[0], outs[0]
+    xp.copyto(y, x * xp.clip(x / 6 + 0.5, 0, 1))
+
+
+@kernel("Tanh")
+def tanh(xp, step, ins, outs, ws):
+    xp.tanh(ins[0], out=outs[0])
+
+
+@kernel("Erf")
+def erf(xp, step, ins, outs, ws):
+    _erf(xp)(ins[0], out=outs[0])
+
+
+@kernel("Gelu")
+def gelu(xp, step, ins, outs, ws):
+    """x/2 (1 + erf(x / sqrt 2)), or with tanh(sqrt(2/pi) (x + 0.044715 x^3)) when approximate="tanh"."""
+    x, y = ins[0], outs[0]
+    if attr(step, "approximate") == "tanh":
+        inner = xp.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))
+    else:
+        inner = _erf(xp)(x / math.sqrt(2))
+    xp.copyto(y, (0.5 * x * (1 + inner)).astype(y.dtype))
+
+
+@kernel("Clip")
+def clip(xp, step, ins, outs, ws):
+    lo, hi = attr(step, "min"), attr(step, "max")
+    x, y = ins[0], outs[0]
+    if lo is None and hi is None:
+        xp.copyto(y, x)
+    elif hi is None:
+        xp.maximum(x, xp.asarray(lo, dtype=x.dtype), out=y)
+    elif lo is None:
+        xp.minimum(x, xp.asarray(hi, dtype=x.dtype), out=y)
+    else:
+        xp.clip(x, xp.asarray(lo, dtype=x.dtype), xp.asarray(hi, dtype=x.dtype), out=y)
+
+
+@kernel("Softmax", "LogSoftmax")
+def softmax(xp, step, ins, outs, ws):
+    x, y = ins[0], outs[0]
+    a = attr(step, "axis") % x.ndim
+    xp.subtract(x, x.max(axis=a, keepdims=True), out=y)
+    if step.op == "LogSoftmax":
+        xp.subtract(y, xp.log(xp.exp(y).sum(axis=a, keepdims=True)), out=y)
+    else:
+        xp.exp(y, out=y)
+        xp.divide(y, y.sum(axis=a, keepdims=True), out=y)

@@ -40,13 +40,23 @@ class Executor:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.arena = Arena(plan, self.backend.xp)
         self.arena.load(plan.data)
+        self.views = {}
         self.program = [self._bind(step) for step in plan.steps]
         self.dead = _dead_after(plan) if poison else {}
+
+    def _view(self, name):
+        """The arena view of a tensor: one object per place, so that an output written in place is the
+        very array its input is (CuPy copies an input that overlaps its output but is another object)."""
+        t = self.plan.tensors[name]
+        key = (t.offset, tuple(t.shape), t.dtype)
+        if key not in self.views:
+            self.views[key] = self.arena.view(name)
+        return self.views[key]
 
     def _bind(self, step):
         """(kernel, step, input views, output views, workspace bytes), or None for a step whose outputs
         are all views of its input: its bytes are already in place."""
-        views = self.arena.view
+        views = self._view
         if step.outputs and all(not o or self.plan.tensors[o].view for o in step.outputs):
             return None
         ws = None

@@ -70,25 +70,34 @@ def gelu(xp, step, ins, outs, ws):
 
 @kernel("Clip")
 def clip(xp, step, ins, outs, ws):
+    """Bounds stay Python numbers: a device scalar would allocate."""
     lo, hi = attr(step, "min"), attr(step, "max")
     x, y = ins[0], outs[0]
     if lo is None and hi is None:
         xp.copyto(y, x)
     elif hi is None:
-        xp.maximum(x, xp.asarray(lo, dtype=x.dtype), out=y)
+        xp.maximum(x, lo, out=y)
     elif lo is None:
-        xp.minimum(x, xp.asarray(hi, dtype=x.dtype), out=y)
+        xp.minimum(x, hi, out=y)
     else:
-        xp.clip(x, xp.asarray(lo, dtype=x.dtype), xp.asarray(hi, dtype=x.dtype), out=y)
+        xp.clip(x, lo, hi, out=y)
 
 
 @kernel("Softmax", "LogSoftmax")
 def softmax(xp, step, ins, outs, ws):
+    """exp(x - max) / sum, or (x - max) - log(sum exp(x - max)); the per-row max and sum live in the
+    workspace."""
     x, y = ins[0], outs[0]
+    if not x.size:
+        return
     a = attr(step, "axis") % x.ndim
-    xp.subtract(x, x.max(axis=a, keepdims=True), out=y)
+    rows = x.shape[:a] + (1,) + x.shape[a + 1:]
+    r = ws[:y.dtype.itemsize * (x.size // max(x.shape[a], 1))].view(y.dtype).reshape(rows)
+    xp.max(x, axis=a, keepdims=True, out=r)
+    xp.subtract(x, r, out=y)
     if step.op == "LogSoftmax":
         xp.subtract(y, xp.log(xp.exp(y).sum(axis=a, keepdims=True)), out=y)
-    else:
-        xp.exp(y, out=y)
-        xp.divide(y, y.sum(axis=a, keepdims=True), out=y)
+        return
+    xp.exp(y, out=y)
+    xp.sum(y, axis=a, keepdims=True, out=r)
+    xp.divide(y, r, out=y)

@@ -54,8 +54,7 @@ def slice_(xp, step, ins, outs, ws):
 @kernel("Gather")
 def gather(xp, step, ins, outs, ws):
     data, idx = ins
-    a = attr(step, "axis") % data.ndim
-    xp.take(data, xp.where(idx < 0, idx + data.shape[a], idx), axis=a, out=outs[0])
+    xp.take(data, idx, axis=attr(step, "axis") % data.ndim, out=outs[0])  # negative indices count from the end
 
 
 @kernel("GatherElements")

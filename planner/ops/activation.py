@@ -1,4 +1,6 @@
 """Activations: elementwise nonlinearities (which may write over their input), Clip, Softmax."""
+import math
+
 import numpy as np
 
 from . import schema
@@ -75,3 +77,8 @@ class Softmax(Schema):
     def infer(self, node, ins):
         axis(self.attr(node, "axis"), ins[0].rank)
         return same_as_input(node, ins)
+
+    def workspace(self, node, ins, outs, limit):
+        """One value per row (the input without its `axis`): the row's max, then the row's sum."""
+        x = ins[0]
+        return math.prod(x.shape) // max(x.shape[axis(self.attr(node, "axis"), x.rank)], 1) * np.dtype(x.dtype).itemsize

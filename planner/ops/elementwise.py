@@ -97,7 +97,9 @@ class Unary(Schema):
 
 @schema("Where")
 class Where(Schema):
-    inplace = ((1, 0), (2, 0))
+    """Where: the output may overwrite `y` (the kernel lays y down, then x where the condition holds)."""
+
+    inplace = ((2, 0),)
 
     def infer(self, node, ins):
         if ins[0].dtype != np.bool_:

@@ -114,12 +114,8 @@ def test_gpu_matches_onnxruntime(case):
         assert rel_l2(got[name].get(), want) < 1e-4, name
 
 
-HOST_KERNELS = {"unet_resize": "Resize runs through onnx.reference on the host"}
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(reason=HOST_KERNELS[c], strict=True))
-                                  if c in HOST_KERNELS else c for c in CASES])
+@pytest.mark.parametrize("case", CASES)
 def test_gpu_run_allocates_nothing(case):
     cupy = _cupy()
     ex, inputs, _ = _gpu_executor(case)

@@ -71,11 +71,75 @@ def through_numpy(xp, step, ins, outs, ws):
 
 @kernel("Resize")
 def resize(xp, step, ins, outs, ws):
-    """Resize through ONNX's reference implementation, on the host."""
+    """Linear resizing in the common coordinate modes runs on the device, one axis at a time out of
+    the planned workspace; every other mode goes through ONNX's reference implementation on the host."""
+    x, y = ins[0], outs[0]
+    if not ops.get("Resize").native(step) or not x.size or not y.size:
+        _reference_resize(xp, step, x, y)
+        return
+    schema = ops.get("Resize")
+    axes = schema.resampled_axes(step, x.shape, y.shape)
+    if not axes:
+        xp.copyto(y, x)
+        return
+    src, bufs = x, _resize_buffers(ws, x, y, step)
+    for k, a in enumerate(axes):
+        shape = y.shape[:a + 1] + src.shape[a + 1:]
+        dst = y if k == len(axes) - 1 else bufs[k % 2][:_size(shape)].reshape(shape)
+        tap = bufs[2][:_size(shape)].reshape(shape)
+        i0, i1, w0, w1 = _linear_taps(xp, step, a, x.shape[a], y.shape[a], bufs[3:], y.dtype)
+        bcast = (1,) * a + (-1,) + (1,) * (y.ndim - a - 1)
+        xp.take(src, i0, axis=a, out=dst)
+        xp.multiply(dst, w0.reshape(bcast), out=dst)
+        xp.take(src, i1, axis=a, out=tap)
+        xp.multiply(tap, w1.reshape(bcast), out=tap)
+        xp.add(dst, tap, out=dst)
+        src = dst
+
+
+def _size(shape):
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _resize_buffers(ws, x, y, step):
+    """Two ping-pong buffers and a tap buffer of the largest pass, then room for the tables."""
+    n, tables_at = ops.get("Resize").layout(step, x.shape, y.shape, y.dtype)
+    flat = ws[:3 * n * y.dtype.itemsize].view(y.dtype)
+    return [flat[:n], flat[n:2 * n], flat[2 * n:], ws[tables_at:]]
+
+
+def _linear_taps(xp, step, a, n_in, n_out, room, dtype):
+    """Source indices and weights of each output position along axis `a`, written into the workspace."""
+    scale = ops.get("Resize").axis_scale(step, a, n_in, n_out)
+    o = np.arange(n_out, dtype=np.float64)
+    mode = attr(step, "coordinate_transformation_mode")
+    if mode == "align_corners":  # the resized length is n_in * scale, unrounded, as the spec computes it
+        pos = o * (n_in - 1) / (n_in * scale - 1) if n_in * scale != 1 else np.zeros(n_out)
+    elif mode == "asymmetric":
+        pos = o / scale
+    else:
+        pos = (o + 0.5) / scale - 0.5
+        if mode == "pytorch_half_pixel" and n_out == 1:
+            pos = np.zeros(n_out)
+    pos = np.clip(pos, 0, n_in - 1)
+    i0 = np.floor(pos).astype(np.int64)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    w1 = (pos - i0).astype(dtype)
+    tables = (i0, i1, (1 - w1).astype(dtype), w1)
+    out, at = [], 0
+    for t in tables:
+        view = room[0][at:at + t.nbytes].view(t.dtype)
+        view.set(t) if hasattr(view, "set") else view.__setitem__(Ellipsis, t)
+        out.append(view)
+        at += t.nbytes
+    return out
+
+
+def _reference_resize(xp, step, x, y):
     from onnx.reference.ops.op_resize import Resize
-    host = [None if a is None else (a if xp is np else xp.asnumpy(a)) for a in ins]
+    host = x if xp is np else xp.asnumpy(x)
     names = ("roi", "scales", "sizes")
     extra = [None if attr(step, n) is None else np.asarray(attr(step, n), np.float32 if n != "sizes" else np.int64)
              for n in names]
     kwargs = {k: v for k, v in step.attrs.items() if k not in names}
-    outs[0][...] = xp.asarray(Resize.eval(host[0], *extra, **kwargs))
+    y[...] = xp.asarray(Resize.eval(host, *extra, **kwargs))

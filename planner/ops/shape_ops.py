@@ -347,6 +347,45 @@ class Resize(Schema):
         return [(tuple(shape), ins[0].dtype)]
 
 
+    LINEAR_MODES = ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners")
+
+    def native(self, node):
+        """Whether the kernel resamples on the device: linear, no antialiasing, a plain coordinate mode."""
+        return (self.attr(node, "mode") == "linear" and not self.attr(node, "antialias")
+                and self.attr(node, "coordinate_transformation_mode") in self.LINEAR_MODES
+                and self.attr(node, "keep_aspect_ratio_policy") == "stretch")
+
+    def axis_scale(self, node, a, n_in, n_out):
+        """The scale of axis `a`: the one given, else output over input size."""
+        scales = self.attr(node, "scales") or None
+        if scales is None:
+            return n_out / n_in
+        axes = self.attr(node, "axes")
+        axes = list(range(len(scales))) if axes is None else [p % len(scales) if p < 0 else p for p in axes]
+        return scales[axes.index(a)] if a in axes else 1.0
+
+    def resampled_axes(self, node, in_shape, out_shape):
+        return [a for a in range(len(in_shape))
+                if in_shape[a] != out_shape[a] or self.axis_scale(node, a, in_shape[a], out_shape[a]) != 1]
+
+    def layout(self, node, in_shape, out_shape, dtype):
+        """(elements of the largest pass, byte offset of the index and weight tables) in the workspace."""
+        src, largest = list(in_shape), 0
+        for a in self.resampled_axes(node, in_shape, out_shape):
+            src[a] = out_shape[a]
+            largest = max(largest, math.prod(src))
+        return largest, -(-3 * largest * np.dtype(dtype).itemsize // 8) * 8
+
+    def workspace(self, node, ins, outs, limit):
+        """Linear resizing on the device: three buffers of the largest pass, and per axis its source
+        indices (two int64) and weights (two values) for every output position."""
+        (out_shape, dtype), x = outs[0], ins[0]
+        if not self.native(node) or not math.prod(out_shape):
+            return 0
+        _, tables = self.layout(node, x.shape, out_shape, dtype)
+        return tables + max(out_shape) * (16 + 2 * np.dtype(dtype).itemsize)
+
+
 @schema("Identity")
 class Identity(View):
     def view_shape(self, node, shape):

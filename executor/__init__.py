@@ -35,6 +35,9 @@ class Executor:
             if plan.arena_bytes > usable:
                 raise MemplanError(f"the arena needs {plan.arena_bytes:,} bytes but the device has {usable:,} usable "
                                    f"({free:,} free less MXNET_GPU_MEM_POOL_RESERVE={config.pool_reserve_percent}%)")
+        foreign = sorted({t.dtype for t in plan.tensors.values() if not self.backend.holds(np.dtype(t.dtype))})
+        if foreign:
+            raise MemplanError(f"backend {self.backend.NAME!r} cannot hold tensors of dtype {', '.join(foreign)}")
         missing = sorted({s.op for s in plan.steps} - set(self.backend.kernels))
         if missing:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")

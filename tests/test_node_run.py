@@ -27,3 +27,32 @@ def test_node(case):
                                        rtol=case.rtol, atol=case.atol, err_msg=name)
         else:
             np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
+ML_DTYPES = ("FLOAT8", "INT4", "UINT4", "FLOAT4", "BFLOAT16", "INT2", "UINT2")
+NOT_ON_GPU = {**NOT_RUN, **{c.name: (planner.MemplanError, "CuPy has no bfloat16, 8-, 4- or 2-bit types")
+                            for c in CASES if any(t in c.name.upper() for t in ML_DTYPES)},
+              **{f"test_mod_float_edge_cases_fmod_0_{t}": (AssertionError, "CuPy's float mod differs from NumPy's "
+                                                          "on infinities and signed zeros") for t in ("float16", "float32", "float64")}}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", params(CASES, NOT_ON_GPU))
+def test_node_on_gpu(case):
+    """The same cases on CuPy (correctness; the zoo tests check that running allocates nothing)."""
+    from executor import backends
+    try:
+        backends.get("cupy")
+    except planner.MemplanError:
+        pytest.skip("needs CuPy and a CUDA GPU")
+    model, inputs, expected = as_planned(case)
+    plan = planner.compile(model, {k: np.shape(v) for k, v in inputs.items()}, schedule="file")
+    got = Executor(plan, backend="cupy", poison=True).run({k: np.asarray(v) for k, v in inputs.items()})
+    for name, want in expected.items():
+        want, value = np.asarray(want), got[name].get()
+        assert value.shape == want.shape and value.dtype == want.dtype, name
+        if want.dtype.kind in "fc" or want.dtype.name == "bfloat16" or "float8" in want.dtype.name:
+            np.testing.assert_allclose(value.astype(np.float64), want.astype(np.float64),
+                                       rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-6), err_msg=name)
+        else:
+            np.testing.assert_array_equal(value, want, err_msg=name)

@@ -18,6 +18,9 @@ def available():
         return False
     cupy._core.set_reduction_accelerators([])
     cupy._core.set_routine_accelerators([])
+    if xp is None:
+        from .cupy_kernels import overrides
+        kernels.update(overrides(cupy))
     xp = cupy
     return True
 
@@ -34,3 +37,8 @@ def used_bytes():
     """Device memory in use, by the driver's count (all processes and pools included)."""
     free, total = xp.cuda.runtime.memGetInfo()
     return total - free
+
+
+def holds(dtype):
+    """CuPy's own dtypes: not ml_dtypes' bfloat16, 8-bit and 4-bit floats or 4-bit ints."""
+    return dtype.type.__module__ == "numpy"

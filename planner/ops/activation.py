@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from . import schema
-from .base import Schema, axis, same_as_input
+from .base import Schema, axis, no_gradient, same_as_input
 
 
 ACTIVATIONS = {
@@ -33,6 +33,16 @@ class Activation(Schema):
 
     def evaluate(self, node, x):
         return [ACTIVATIONS[self.op](x, **{k: self.attr(node, k) for k in self.defaults})]
+
+    def gradient(self, b, node, dys):
+        dy, x, y = dys[0], node.inputs[0], node.outputs[0]
+        if self.op == "Relu":
+            return [b.op("Where", b.op("Greater", x, b.const(0, x)), dy, b.const(0, x))]
+        if self.op == "Sigmoid":
+            return [b.op("Mul", dy, b.op("Mul", y, b.op("Sub", b.const(1, x), y)))]
+        if self.op == "Tanh":
+            return [b.op("Mul", dy, b.op("Sub", b.const(1, x), b.op("Mul", y, y)))]
+        return [no_gradient(node)]
 
 
 @schema("Erf")

@@ -65,6 +65,10 @@ class Schema:
         return 0
 
     evaluate = None
+    gradient = None
+    """`gradient(b, node, dys)`: given the gradient tensor of each output (None where nothing flows
+    back), the gradient of each input (None where it has none), built with the autodiff Builder `b`
+    out of ops the planner knows. None: the op is not differentiable."""
 
     def fold(self, node, ins):
         """Output values when every input's value is known and the op can be evaluated, else None."""
@@ -86,6 +90,12 @@ def broadcast(*shapes):
         return tuple(int(d) for d in np.broadcast_shapes(*shapes))
     except ValueError:
         raise ShapeError(f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
+
+
+def no_gradient(node):
+    """What a gradient rule does for a form of its op it cannot differentiate (yet)."""
+    from ..errors import ModelError
+    raise ModelError(f"node {node.name!r} ({node.op}) has no gradient rule")
 
 
 def same_as_input(node, ins):

@@ -5,7 +5,7 @@ Each family is one class; the NumPy function of each op is one table entry.
 import numpy as np
 
 from . import schema
-from .base import Schema, broadcast, same_as_input
+from .base import Schema, broadcast, no_gradient, same_as_input
 from ..errors import ShapeError
 
 
@@ -41,6 +41,19 @@ class Arithmetic(Schema):
 
     def evaluate(self, node, a, b):
         return [BINARY[self.op](a, b)]
+
+    def gradient(self, b, node, dys):
+        dy, (x, w), y = dys[0], node.inputs, node.outputs[0]
+        shape = b.shape(y)
+        if self.op == "Add":
+            dx, dw = dy, dy
+        elif self.op == "Sub":
+            dx, dw = dy, b.op("Neg", dy)
+        elif self.op == "Mul":
+            dx, dw = b.op("Mul", dy, w), b.op("Mul", dy, x)
+        else:  # y = x / w: dx = dy / w, dw = -dy * y / w
+            dx, dw = b.op("Div", dy, w), b.op("Neg", b.op("Div", b.op("Mul", dy, y), w))
+        return [b.unbroadcast(dx, shape, b.shape(x)), b.unbroadcast(dw, shape, b.shape(w))]
 
 
 @schema("Pow")
@@ -93,6 +106,14 @@ class Unary(Schema):
 
     def evaluate(self, node, x):
         return [UNARY[self.op](x)]
+
+    def gradient(self, b, node, dys):
+        dy, x, y = dys[0], node.inputs[0], node.outputs[0]
+        rule = {"Neg": lambda: b.op("Neg", dy), "Exp": lambda: b.op("Mul", dy, y),
+                "Log": lambda: b.op("Div", dy, x),
+                "Sqrt": lambda: b.op("Div", b.op("Mul", dy, b.const(0.5, x)), y),
+                "Reciprocal": lambda: b.op("Neg", b.op("Mul", dy, b.op("Mul", y, y)))}.get(self.op)
+        return [rule() if rule else no_gradient(node)]
 
 
 @schema("Where")

@@ -2,7 +2,7 @@
 import re
 
 from . import schema
-from .base import Schema, broadcast
+from .base import Schema, broadcast, no_gradient
 from ..errors import ShapeError
 
 
@@ -32,6 +32,22 @@ class Gemm(Schema):
             raise ShapeError(f"C {c.shape} does not broadcast to the result ({m}, {n})")
         return [((m, n), _same_dtype(ins))]
 
+    def gradient(self, b, node, dys):
+        """Y = alpha A'B' + beta C: A'-bar = alpha dY B'^T, B'-bar = alpha A'^T dY, each transposed back
+        when the input was; C-bar is beta dY summed to C's shape. All as Gemms."""
+        dy, (a, w, *c) = dys[0], node.inputs
+        ta, tb, alpha = self.attr(node, "transA"), self.attr(node, "transB"), self.attr(node, "alpha")
+        da = b.op("Gemm", w, dy, transA=tb, transB=1, alpha=alpha) if ta else \
+            b.op("Gemm", dy, w, transB=1 - tb, alpha=alpha)
+        dw = b.op("Gemm", dy, a, transA=1, transB=ta, alpha=alpha) if tb else \
+            b.op("Gemm", a, dy, transA=1 - ta, alpha=alpha)
+        grads = [da, dw]
+        if c and c[0]:
+            beta = self.attr(node, "beta")
+            scaled = dy if beta == 1 else b.op("Mul", dy, b.const(beta, a))
+            grads.append(b.unbroadcast(scaled, b.shape(node.outputs[0]), b.shape(c[0])))
+        return grads
+
 
 @schema("MatMul")
 class MatMul(Schema):
@@ -48,6 +64,21 @@ class MatMul(Schema):
         rows = a2[-2:-1] if len(a) > 1 else ()
         cols = b2[-1:] if len(b) > 1 else ()
         return [((*broadcast(a2[:-2], b2[:-2]), *rows, *cols), _same_dtype(ins))]
+
+    def gradient(self, b, node, dys):
+        """dA = dY B^T and dB = A^T dY over the last two dims, summed over broadcast batch dims."""
+        dy, (x, w), y = dys[0], node.inputs, node.outputs[0]
+        sx, sw = b.shape(x), b.shape(w)
+        if len(sx) < 2 or len(sw) < 2:
+            return [no_gradient(node)] * 2
+        dx = b.op("MatMul", dy, b.op("Transpose", w, perm=_swap_last(len(sw))))
+        dw = b.op("MatMul", b.op("Transpose", x, perm=_swap_last(len(sx))), dy)
+        out = b.shape(y)
+        return [b.unbroadcast(dx, out[:-1] + sx[-1:], sx), b.unbroadcast(dw, out[:-2] + sw[-2:], sw)]
+
+
+def _swap_last(rank):
+    return [*range(rank - 2), rank - 1, rank - 2]
 
 
 def _einsum_shape(equation, shapes):

@@ -1,8 +1,10 @@
 """Reductions over a set of axes: ReduceSum, ReduceMean, ReduceMax."""
+import math
+
 import numpy as np
 
 from . import schema
-from .base import Schema, axis
+from .base import Schema, axis, no_gradient
 
 
 def _max(x, axes, keepdims):
@@ -35,6 +37,21 @@ class Reduce(Schema):
         if axes is None:
             return [x]
         return [np.asarray(REDUCERS[self.op](x, axes, keepdims=bool(self.attr(node, "keepdims")))).astype(x.dtype)]
+
+    def gradient(self, b, node, dys):
+        """Sum and mean spread dY back over the reduced axes (mean divides by their size)."""
+        x, dy = node.inputs[0], dys[0]
+        shape = b.shape(x)
+        axes = self._axes(node, len(shape))
+        if axes is None:
+            return [dy]
+        if self.op == "ReduceMax":
+            return [no_gradient(node)]
+        kept = b.op("Reshape", dy, shape=[1 if k in axes else d for k, d in enumerate(shape)])
+        spread = b.op("Expand", kept, shape=list(shape))
+        if self.op == "ReduceMean":
+            spread = b.op("Mul", spread, b.const(1 / max(math.prod(shape[a] for a in axes), 1), x))
+        return [spread]
 
     def _axes(self, node, rank):
         """The reduced axes, sorted; None when the op leaves its input as it is."""

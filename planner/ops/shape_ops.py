@@ -55,6 +55,9 @@ class View(Schema):
     def evaluate(self, node, x):
         return [x.reshape(self.view_shape(node, x.shape))]
 
+    def gradient(self, b, node, dys):
+        return [b.op("Reshape", dys[0], shape=list(b.shape(node.inputs[0])))]
+
 
 @schema("Reshape")
 class Reshape(View):
@@ -88,6 +91,10 @@ class Transpose(Schema):
 
     def evaluate(self, node, x):
         return [np.transpose(x, self._perm(node, x.ndim))]
+
+    def gradient(self, b, node, dys):
+        perm = self._perm(node, len(b.shape(node.inputs[0])))
+        return [b.op("Transpose", dys[0], perm=[int(k) for k in np.argsort(perm)])]
 
     def _perm(self, node, rank):
         perm = self.attr(node, "perm")

@@ -1,0 +1,95 @@
+"""Reverse-mode gradients over the IR: the backward pass as more nodes of ops the planner and the
+executor already know, so that planning and running a training step needs nothing new.
+
+Each op's schema says how to differentiate it (`Schema.gradient(b, node, dys)`, returning one
+gradient name or None per input); this module walks the graph backwards, sums the contributions
+a tensor receives from its readers, and prunes what no requested gradient needs.
+"""
+from dataclasses import replace
+
+import numpy as np
+
+from . import ops, shapes
+from .errors import ModelError
+from .ir import Node, Tensor
+
+
+class Builder:
+    """Appends typed-later nodes to a graph under fresh names; `op` returns the output name(s)."""
+
+    def __init__(self, graph):
+        self.graph, self.nodes, self.tensors = graph, [], {}
+        self.count = 0
+
+    def shape(self, name):
+        return (self.tensors.get(name) or self.graph.tensors[name]).shape
+
+    def dtype(self, name):
+        return (self.tensors.get(name) or self.graph.tensors[name]).dtype
+
+    def _fresh(self, hint):
+        self.count += 1
+        return f"grad/{hint}/{self.count}"
+
+    def op(self, op_type, *inputs, outputs=1, **attrs):
+        name = self._fresh(op_type)
+        outs = tuple(f"{name}:{k}" for k in range(outputs))
+        self.nodes.append(Node(op_type, tuple(inputs), outs, attrs, name))
+        for out in outs:
+            self.tensors[out] = Tensor(out, None, None, "activation")
+        return outs[0] if outputs == 1 else outs
+
+    def const(self, value, like):
+        """A constant of `like`'s dtype."""
+        name = self._fresh("const")
+        value = np.asarray(value, dtype=self.dtype(like))
+        self.tensors[name] = Tensor(name, value.shape, value.dtype, "const", value)
+        return name
+
+    def unbroadcast(self, dy, dy_shape, shape):
+        """`dy` (of shape `dy_shape`) summed over the dims that broadcasting added or stretched, down to
+        the input's `shape`."""
+        lead = len(dy_shape) - len(shape)
+        axes = [k for k in range(len(dy_shape)) if k < lead or (shape[k - lead] == 1 and dy_shape[k] != 1)]
+        if not axes:
+            return dy
+        summed = self.op("ReduceSum", dy, axes=axes, keepdims=1)
+        return self.op("Reshape", summed, shape=list(shape))
+
+
+def backward(graph, loss, wrt=None):
+    """The graph with nodes computing d(sum of `loss`)/d(each of `wrt`) appended (default: every
+    param), typed; and {param: gradient tensor name}. Gradients nothing needs are not built."""
+    wrt = [t.name for t in graph.params()] if wrt is None else list(wrt)
+    needs = _depends_on(graph, set(wrt))
+    if loss not in needs:
+        raise ModelError(f"loss {loss!r} does not depend on any of the tensors to differentiate")
+    b = Builder(graph)
+    grads = {loss: b.op("ConstantOfShape", shape=list(graph.tensors[loss].shape),
+                        value=np.ones(1, graph.tensors[loss].dtype))}
+    for node in reversed(graph.nodes):
+        dys = [grads.get(o) for o in node.outputs]
+        if not any(dys) or not any(i in needs for i in node.inputs if i):
+            continue
+        schema = ops.get(node.op)
+        if schema.gradient is None:
+            raise ModelError(f"node {node.name!r} ({node.op}) has no gradient rule")
+        for i, dx in zip(node.inputs, schema.gradient(b, node, dys)):
+            if dx is None or i not in needs:
+                continue
+            grads[i] = b.op("Add", grads[i], dx) if i in grads else dx
+    tensors = {**graph.tensors, **b.tensors}
+    for w in wrt:
+        tensors[grads[w]] = replace(tensors[grads[w]], kind="output")
+    typed = shapes.infer(replace(graph, nodes=(*graph.nodes, *b.nodes), tensors=tensors,
+                                 outputs=(*graph.outputs, *(grads[w] for w in wrt))))
+    return typed, {w: grads[w] for w in wrt}
+
+
+def _depends_on(graph, sources):
+    """The tensors whose value depends on any of `sources` (the sources included)."""
+    found = set(sources)
+    for node in graph.nodes:
+        if any(i in found for i in node.inputs if i):
+            found.update(o for o in node.outputs if o)
+    return found

@@ -1,0 +1,90 @@
+"""Reverse-mode gradients built as graph nodes, planned and run by the executor, against central
+finite differences in float64."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import planner
+from executor import Executor
+from planner.autodiff import backward
+
+RNG = np.random.default_rng(0)
+
+
+def model(nodes, x_shape, params, out="y"):
+    """A float64 opset-17 model reading input x and the given params."""
+    graph = helper.make_graph(
+        [helper.make_node(op, ins, outs, name=outs[0], **attrs) for op, ins, outs, attrs in nodes], "grad",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, x_shape)],
+        [helper.make_tensor_value_info(out, TensorProto.DOUBLE, None)],
+        [numpy_helper.from_array(v, k) for k, v in params.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def run(graph, x):
+    plan = planner.compile(graph, schedule="file")
+    return Executor(plan, backend="numpy", poison=True).run({"x": x})
+
+
+def loss_of(m, x, params):
+    """sum(y) with the params replaced."""
+    for init in m.graph.initializer:
+        if init.name in params:
+            init.CopyFrom(numpy_helper.from_array(params[init.name], init.name))
+    return float(run(planner.load(m), x)["y"].sum())
+
+
+def check(m, x, eps=1e-6):
+    graph = planner.load(m)
+    trained, grads = backward(graph, "y")
+    got = run(trained, x)
+    params = {i.name: numpy_helper.to_array(i).copy() for i in m.graph.initializer}
+    for name, value in params.items():
+        numeric = np.zeros_like(value)
+        for k in np.ndindex(value.shape):
+            for sign in (1, -1):
+                moved = value.copy()
+                moved[k] += sign * eps
+                numeric[k] += sign * loss_of(m, x, {**params, name: moved}) / (2 * eps)
+        loss_of(m, x, params)
+        np.testing.assert_allclose(got[grads[name]], numeric, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def p(*shape):
+    return RNG.standard_normal(shape)
+
+
+def test_mlp_gemm_relu_sigmoid_broadcast_mean():
+    m = model([("Gemm", ["x", "w1", "b1"], ["h"], {}), ("Relu", ["h"], ["r"], {}),
+               ("Gemm", ["r", "w2", "b2"], ["z"], dict(transB=1, alpha=0.5, beta=2.0)),
+               ("Sigmoid", ["z"], ["s"], {}), ("Mul", ["s", "scale"], ["t"], {}),
+               ("ReduceMean", ["t"], ["y"], dict(axes=[1]))],
+              [4, 5], dict(w1=p(5, 3), b1=p(3), w2=p(2, 3), b2=p(1, 2), scale=p(1, 2)))
+    check(m, p(4, 5))
+
+
+def test_batched_matmul_views_transpose_and_arithmetic():
+    m = model([("MatMul", ["x", "w"], ["a"], {}), ("Tanh", ["a"], ["t"], {}),
+               ("Transpose", ["t"], ["tt"], dict(perm=[0, 2, 1])), ("Flatten", ["tt"], ["f"], {}),
+               ("Sub", ["f", "c"], ["s"], {}), ("Div", ["s", "d"], ["q"], {}), ("Exp", ["q"], ["e"], {}),
+               ("Log", ["e"], ["l"], {}), ("Mul", ["l", "l"], ["y"], {})],
+              [2, 3, 4], dict(w=p(4, 5), c=p(15), d=np.abs(p(1, 15)) + 1))
+    check(m, p(2, 3, 4))
+
+
+def test_gemm_transposed_inputs_and_unary_ops():
+    m = model([("Gemm", ["a", "x"], ["g"], dict(transA=1, transB=1, alpha=1.5)), ("Exp", ["g"], ["e"], {}),
+               ("Sqrt", ["e"], ["r"], {}), ("Reciprocal", ["r"], ["i"], {}), ("Neg", ["i"], ["n"], {}),
+               ("ReduceSum", ["n"], ["y"], dict(keepdims=0))],
+              [3, 4], dict(a=p(4, 2) * 0.3))
+    check(m, p(3, 4) * 0.3)
+
+
+def test_errors():
+    m = model([("Abs", ["x"], ["a"], {}), ("Mul", ["a", "w"], ["y"], {})], [2, 2], dict(w=p(2, 2)))
+    backward(planner.load(m), "y")  # Abs is not on the path to w's gradient
+    m = model([("Mul", ["x", "w"], ["a"], {}), ("Abs", ["a"], ["y"], {})], [2, 2], dict(w=p(2, 2)))
+    with pytest.raises(planner.ModelError, match="Abs.*no gradient rule"):
+        backward(planner.load(m), "y")
+    with pytest.raises(planner.ModelError, match="does not depend"):
+        backward(planner.load(m), "y", wrt=[])

@@ -59,8 +59,9 @@ class Builder:
 
 def backward(graph, loss, wrt=None):
     """The graph with nodes computing d(sum of `loss`)/d(each of `wrt`) appended (default: every
-    param), typed; and {param: gradient tensor name}. Gradients nothing needs are not built."""
-    wrt = [t.name for t in graph.params()] if wrt is None else list(wrt)
+    float param), typed; and {param: gradient tensor name}. Gradients nothing needs are not built; a
+    tensor in `wrt` that the loss does not depend on differentiably gets zeros."""
+    wrt = [t.name for t in graph.params() if t.dtype.kind == "f"] if wrt is None else list(wrt)
     needs = _depends_on(graph, set(wrt))
     if loss not in needs:
         raise ModelError(f"loss {loss!r} does not depend on any of the tensors to differentiate")
@@ -78,6 +79,10 @@ def backward(graph, loss, wrt=None):
             if dx is None or i not in needs:
                 continue
             grads[i] = b.op("Add", grads[i], dx) if i in grads else dx
+    for w in wrt:
+        if w not in grads:
+            grads[w] = b.op("ConstantOfShape", shape=list(graph.tensors[w].shape),
+                            value=np.zeros(1, graph.tensors[w].dtype))
     tensors = {**graph.tensors, **b.tensors}
     for w in wrt:
         tensors[grads[w]] = replace(tensors[grads[w]], kind="output")

@@ -52,6 +52,14 @@ class Erf(Schema):
     inplace = ((0, 0),)
     infer = staticmethod(same_as_input)
 
+    def gradient(self, b, node, dys):
+        """d erf(x) = 2 / sqrt(pi) exp(-x^2) dx."""
+        if node.op != "Erf":
+            return [no_gradient(node)]
+        x = node.inputs[0]
+        bell = b.op("Exp", b.op("Neg", b.op("Mul", x, x)))
+        return [b.op("Mul", dys[0], b.op("Mul", bell, b.const(2 / math.sqrt(math.pi), x)))]
+
 
 @schema("Gelu")
 class Gelu(Erf):
@@ -68,6 +76,16 @@ class Clip(Schema):
     defaults = {"min": None, "max": None}
     inplace = ((0, 0),)
     infer = staticmethod(same_as_input)
+
+    def gradient(self, b, node, dys):
+        """dY where the input lies inside the bounds, 0 where Clip held it at one."""
+        x, lo, hi = node.inputs[0], self.attr(node, "min"), self.attr(node, "max")
+        dy = dys[0]
+        if lo is not None:
+            dy = b.op("Where", b.op("Less", x, b.const(lo, x)), b.const(0, x), dy)
+        if hi is not None:
+            dy = b.op("Where", b.op("Greater", x, b.const(hi, x)), b.const(0, x), dy)
+        return [dy]
 
     def evaluate(self, node, x):
         lo, hi = self.attr(node, "min"), self.attr(node, "max")
@@ -87,6 +105,15 @@ class Softmax(Schema):
     def infer(self, node, ins):
         axis(self.attr(node, "axis"), ins[0].rank)
         return same_as_input(node, ins)
+
+    def gradient(self, b, node, dys):
+        """Softmax: y (dy - sum(dy y)); LogSoftmax: dy - exp(y) sum(dy), sums along the axis."""
+        dy, y = dys[0], node.outputs[0]
+        a = [self.attr(node, "axis")]
+        if node.op == "Softmax":
+            dot = b.op("ReduceSum", b.op("Mul", dy, y), axes=a, keepdims=1)
+            return [b.op("Mul", y, b.op("Sub", dy, dot))]
+        return [b.op("Sub", dy, b.op("Mul", b.op("Exp", y), b.op("ReduceSum", dy, axes=a, keepdims=1)))]
 
     def workspace(self, node, ins, outs, limit):
         """One value per row (the input without its `axis`): the row's max, then the row's sum."""

@@ -130,3 +130,10 @@ class Where(Schema):
 
     def evaluate(self, node, c, x, y):
         return [np.where(c, x, y)]
+
+    def gradient(self, b, node, dys):
+        """dY where the condition picks each side, zeros elsewhere; no gradient for the condition."""
+        c, x, y = node.inputs
+        zero, out = b.const(0, x), b.shape(node.outputs[0])
+        return [None, b.unbroadcast(b.op("Where", c, dys[0], zero), out, b.shape(x)),
+                b.unbroadcast(b.op("Where", c, zero, dys[0]), out, b.shape(y))]

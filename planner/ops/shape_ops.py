@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from . import schema
-from .base import Schema, axis, broadcast
+from .base import Schema, axis, broadcast, no_gradient
 from ..errors import ShapeError
 
 
@@ -123,6 +123,13 @@ class Concat(Schema):
     def evaluate(self, node, *xs):
         return [np.concatenate(xs, axis=self.attr(node, "axis"))]
 
+    def gradient(self, b, node, dys):
+        """dY split back into the inputs' extents along the axis."""
+        shapes = [b.shape(i) for i in node.inputs]
+        a = axis(self.attr(node, "axis"), len(shapes[0]))
+        parts = b.op("Split", dys[0], outputs=len(shapes), axis=a, split=[s[a] for s in shapes])
+        return list(parts) if len(shapes) > 1 else [parts]
+
 
 @schema("Split")
 class Split(Schema):
@@ -143,6 +150,11 @@ class Split(Schema):
     def evaluate(self, node, x):
         a = axis(self.attr(node, "axis"), x.ndim)
         return np.split(x, np.cumsum(self._sizes(node, x.shape[a]))[:-1], axis=a)
+
+    def gradient(self, b, node, dys):
+        """The outputs' gradients concatenated back, zeros for outputs nothing differentiates."""
+        parts = [dy if dy else b.const(np.zeros(b.shape(o)), node.inputs[0]) for dy, o in zip(dys, node.outputs)]
+        return [b.op("Concat", *parts, axis=axis(self.attr(node, "axis"), len(b.shape(node.inputs[0]))))]
 
     def _sizes(self, node, dim):
         split = self.attr(node, "split")
@@ -169,6 +181,17 @@ class Slice(Schema):
 
     def evaluate(self, node, x):
         return [x[self._index(node, x.shape)]]
+
+    def gradient(self, b, node, dys):
+        """dY padded with zeros back to the input's extent (unit steps)."""
+        shape = b.shape(node.inputs[0])
+        index = self._index(node, shape)
+        if any(s.step not in (None, 1) for s in index):
+            return [no_gradient(node)]
+        starts = [s.indices(d)[0] for s, d in zip(index, shape)]
+        ends = [s.indices(d)[1] for s, d in zip(index, shape)]
+        pads = starts + [d - max(e, st) for d, e, st in zip(shape, ends, starts)]
+        return [b.op("Pad", dys[0], pads=pads)]
 
     def _index(self, node, shape):
         """One Python slice per dim, clamped as the spec says (negative steps included)."""
@@ -265,6 +288,9 @@ class Expand(Schema):
 
     def evaluate(self, node, x):
         return [np.broadcast_to(x, broadcast(x.shape, tuple(self.attr(node, "shape")))).copy()]
+
+    def gradient(self, b, node, dys):
+        return [b.unbroadcast(dys[0], b.shape(node.outputs[0]), b.shape(node.inputs[0]))]
 
 
 @schema("Tile")

@@ -110,3 +110,15 @@ def test_concat_split_slice_expand():
                            starts=np.array([1], np.int64), ends=np.array([3], np.int64), axes=np.array([1], np.int64),
                            shape=np.array([3, 2], np.int64), k=p(3, 2)))
     check(m, p(3, 4))
+
+
+def conv_model(**attrs):
+    return model([("Conv", ["x", "w", "bias"], ["c"], attrs), ("Relu", ["c"], ["r"], {}),
+                  ("GlobalAveragePool", ["r"], ["g"], {}), ("Mul", ["g", "k"], ["y"], {})],
+                 [2, 3, 7, 6], dict(w=p(4, 3, 3, 2), bias=p(4), k=p(1, 4, 1, 1)))
+
+
+@pytest.mark.parametrize("attrs", [{}, dict(strides=[2, 1], pads=[1, 0, 1, 1]),
+                                   dict(dilations=[2, 1], pads=[0, 1, 2, 0], strides=[1, 2])])
+def test_conv_and_global_average_pool(attrs):
+    check(conv_model(**attrs), p(2, 3, 7, 6))

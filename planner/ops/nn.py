@@ -5,7 +5,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import schema
-from .base import Schema, axis, broadcast
+from .base import Schema, axis, broadcast, no_gradient
 from ..dtypes import from_onnx
 from ..errors import ShapeError
 
@@ -114,6 +114,31 @@ class Conv(Schema):
         """The column buffer, chunked to fit `limit` (see `conv_chunks` for when one row exceeds it)."""
         return self.chunks(node, ins, outs, limit).nbytes
 
+    def gradient(self, b, node, dys):
+        """dX is the transposed convolution of dY; dW correlates X with dY, as a Conv over the batch
+        (channels and batch swapped, strides and dilations exchanged), cut to the kernel; dB sums dY.
+        Explicit pads only; dW for one group."""
+        if self.transposed or self.attr(node, "auto_pad") != "NOTSET":
+            return [no_gradient(node)] * 3
+        x, w, *bias = node.inputs
+        dy, xs, ws, ys = dys[0], b.shape(x), b.shape(w), b.shape(node.outputs[0])
+        n = len(xs) - 2
+        strides, dilations = self.attr(node, "strides") or [1] * n, self.attr(node, "dilations") or [1] * n
+        pads, group = self.attr(node, "pads") or [0] * 2 * n, self.attr(node, "group")
+        reach = [s * (o - 1) + (k - 1) * d + 1 - pads[i] - pads[i + n]
+                 for i, (s, o, k, d) in enumerate(zip(strides, ys[2:], ws[2:], dilations))]
+        dx = b.op("ConvTranspose", dy, w, strides=strides, dilations=dilations, pads=pads, group=group,
+                  output_padding=[size - r for size, r in zip(xs[2:], reach)])
+        swap = [1, 0, *range(2, n + 2)]
+        dw = no_gradient(node) if group != 1 else b.op("Transpose", b.op(
+            "Slice", b.op("Conv", b.op("Transpose", x, perm=swap), b.op("Transpose", dy, perm=swap),
+                          strides=dilations, dilations=strides, pads=pads),
+            starts=[0] * n, ends=list(ws[2:]), axes=list(range(2, n + 2))), perm=swap)
+        grads = [dx, dw]
+        if bias and bias[0]:
+            grads.append(b.op("ReduceSum", dy, axes=[0, *range(2, n + 2)], keepdims=0))
+        return grads
+
     def chunks(self, node, ins, outs, limit):
         """The Chunks the kernel uses under `limit`; nbytes == 0 means no columns at all (a pointwise
         conv runs the GEMM on the images themselves).
@@ -199,6 +224,15 @@ class GlobalPool(Schema):
     def infer(self, node, ins):
         x = ins[0]
         return [((*x.shape[:2], *(1 for _ in _spatial_input(x))), x.dtype)]
+
+    def gradient(self, b, node, dys):
+        """Average: dY spread evenly over the spatial dims."""
+        if node.op != "GlobalAveragePool":
+            return [no_gradient(node)]
+        x = node.inputs[0]
+        shape = b.shape(x)
+        spread = b.op("Expand", dys[0], shape=list(shape))
+        return [b.op("Mul", spread, b.const(1 / math.prod(shape[2:]), x))]
 
 
 @schema("BatchNormalization")

@@ -122,3 +122,13 @@ def conv_model(**attrs):
                                    dict(dilations=[2, 1], pads=[0, 1, 2, 0], strides=[1, 2])])
 def test_conv_and_global_average_pool(attrs):
     check(conv_model(**attrs), p(2, 3, 7, 6))
+
+
+@pytest.mark.parametrize("a", [-1, 1])
+def test_layer_normalization(a):
+    # stash_type double: with the default float32 statistics, finite differences would see their rounding
+    m = model([("MatMul", ["x", "w"], ["h"], {}),
+               ("LayerNormalization", ["h", "scale", "bias"], ["n"], dict(axis=a, epsilon=1e-3, stash_type=11)),
+               ("Mul", ["n", "k"], ["y"], {})],
+              [2, 3, 4], dict(w=p(4, 5), scale=p(5) if a == -1 else p(3, 5), bias=p(5), k=p(2, 3, 5)))
+    check(m, p(2, 3, 4))

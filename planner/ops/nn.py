@@ -280,6 +280,29 @@ class LayerNormalization(Schema):
         omitted = sum(len(outs) <= k or outs[k] is None for k in (1, 2))
         return omitted * rows * self.stash_dtype(node).itemsize
 
+    def gradient(self, b, node, dys):
+        """Through Y: with x^ = (x - mean) / std over the normalised dims, dx = (g - mean(g)
+        - x^ mean(g x^)) / std where g = dY scale; dscale sums dY x^, dbias sums dY."""
+        x, scale, *bias = node.inputs
+        dy, shape = dys[0], b.shape(x)
+        if dy is None:
+            return [no_gradient(node)] * 3
+        axes = list(range(axis(self.attr(node, "axis"), len(shape)), len(shape)))
+
+        def mean(t):
+            return b.op("ReduceMean", t, axes=axes, keepdims=1)
+
+        centred = b.op("Sub", x, mean(x))
+        inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", mean(b.op("Mul", centred, centred)),
+                                                    b.const(self.attr(node, "epsilon"), x))))
+        xhat = b.op("Mul", centred, inv)
+        g = b.op("Mul", dy, scale)
+        dx = b.op("Mul", inv, b.op("Sub", b.op("Sub", g, mean(g)), b.op("Mul", xhat, mean(b.op("Mul", g, xhat)))))
+        grads = [dx, b.unbroadcast(b.op("Mul", dy, xhat), shape, b.shape(scale))]
+        if bias and bias[0]:
+            grads.append(b.unbroadcast(dy, shape, b.shape(bias[0])))
+        return grads
+
     def infer(self, node, ins):
         x, scale, bias = [*ins, None][:3]
         a = axis(self.attr(node, "axis"), x.rank)

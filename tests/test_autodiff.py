@@ -132,3 +132,14 @@ def test_layer_normalization(a):
                ("Mul", ["n", "k"], ["y"], {})],
               [2, 3, 4], dict(w=p(4, 5), scale=p(5) if a == -1 else p(3, 5), bias=p(5), k=p(2, 3, 5)))
     check(m, p(2, 3, 4))
+
+
+@pytest.mark.parametrize("training", [0, 1])
+def test_batch_normalization(training):
+    m = model([("Conv", ["x", "w"], ["c"], dict(pads=[1, 1, 1, 1])),
+               ("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["n"],
+                dict(epsilon=1e-3, training_mode=training)),
+               ("Mul", ["n", "k"], ["y"], {})],
+              [3, 2, 4, 4], dict(w=p(3, 2, 3, 3), scale=p(3), bias=p(3), mean=p(3), var=np.abs(p(3)) + 0.5,
+                                 k=p(3, 3, 4, 4)))
+    check(m, p(3, 2, 4, 4))

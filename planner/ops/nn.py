@@ -235,6 +235,21 @@ class GlobalPool(Schema):
         return [b.op("Mul", spread, b.const(1 / math.prod(shape[2:]), x))]
 
 
+def _normalised_gradient(b, x, dy, scale, axes, eps):
+    """For y = x^ scale + bias, x^ = (x - mean) / sqrt(var + eps) with the statistics taken over
+    `axes` of x itself: dx = (g - mean(g) - x^ mean(g x^)) / std where g = dy scale, and dy x^, which
+    summed to the scale's shape is its gradient."""
+    def mean(t):
+        return b.op("ReduceMean", t, axes=axes, keepdims=1)
+
+    centred = b.op("Sub", x, mean(x))
+    inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", mean(b.op("Mul", centred, centred)), b.const(eps, x))))
+    xhat = b.op("Mul", centred, inv)
+    g = b.op("Mul", dy, scale)
+    dx = b.op("Mul", inv, b.op("Sub", b.op("Sub", g, mean(g)), b.op("Mul", xhat, mean(b.op("Mul", g, xhat)))))
+    return dx, b.op("Mul", dy, xhat)
+
+
 @schema("BatchNormalization")
 class BatchNormalization(Schema):
     """BatchNormalization: Y, then running mean and variance (training_mode=1, or opset < 14),
@@ -251,6 +266,26 @@ class BatchNormalization(Schema):
         if not (self.attr(node, "training_mode") or any(o is not None for o in outs[1:])):
             return 0
         return (2 + x.shape[0]) * x.shape[1] * np.dtype(x.dtype).itemsize
+
+    def gradient(self, b, node, dys):
+        """Through Y, with the batch statistics in training (where the running mean and variance do
+        not reach Y) and the running ones in inference."""
+        x, scale, bias, mean, var = node.inputs
+        shape = b.shape(x)
+        per_channel = [1, shape[1], *(1 for _ in shape[2:])]
+        scale_b = b.op("Reshape", scale, shape=per_channel)
+        axes = [0, *range(2, len(shape))]
+        eps = self.attr(node, "epsilon")
+        if self.attr(node, "training_mode"):
+            dx, dy_xhat = _normalised_gradient(b, x, dys[0], scale_b, axes, eps)
+            return [dx, *(b.op("ReduceSum", t, axes=axes, keepdims=0) for t in (dy_xhat, dys[0])), None, None]
+        inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", b.op("Reshape", var, shape=per_channel), b.const(eps, x))))
+        centred = b.op("Sub", x, b.op("Reshape", mean, shape=per_channel))
+        xhat, g = b.op("Mul", centred, inv), b.op("Mul", dys[0], scale_b)
+        dx = b.op("Mul", g, inv)
+        dvar = b.op("Mul", b.op("Mul", g, centred), b.op("Mul", b.op("Mul", inv, b.op("Mul", inv, inv)), b.const(-0.5, x)))
+        return [dx, *(b.op("ReduceSum", t, axes=axes, keepdims=0)
+                      for t in (b.op("Mul", dys[0], xhat), dys[0], b.op("Neg", dx), dvar))]
 
     def infer(self, node, ins):
         x, scale, bias, mean, var = ins
@@ -281,27 +316,14 @@ class LayerNormalization(Schema):
         return omitted * rows * self.stash_dtype(node).itemsize
 
     def gradient(self, b, node, dys):
-        """Through Y: with x^ = (x - mean) / std over the normalised dims, dx = (g - mean(g)
-        - x^ mean(g x^)) / std where g = dY scale; dscale sums dY x^, dbias sums dY."""
         x, scale, *bias = node.inputs
-        dy, shape = dys[0], b.shape(x)
-        if dy is None:
+        shape = b.shape(x)
+        if dys[0] is None:
             return [no_gradient(node)] * 3
         axes = list(range(axis(self.attr(node, "axis"), len(shape)), len(shape)))
-
-        def mean(t):
-            return b.op("ReduceMean", t, axes=axes, keepdims=1)
-
-        centred = b.op("Sub", x, mean(x))
-        inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", mean(b.op("Mul", centred, centred)),
-                                                    b.const(self.attr(node, "epsilon"), x))))
-        xhat = b.op("Mul", centred, inv)
-        g = b.op("Mul", dy, scale)
-        dx = b.op("Mul", inv, b.op("Sub", b.op("Sub", g, mean(g)), b.op("Mul", xhat, mean(b.op("Mul", g, xhat)))))
-        grads = [dx, b.unbroadcast(b.op("Mul", dy, xhat), shape, b.shape(scale))]
-        if bias and bias[0]:
-            grads.append(b.unbroadcast(dy, shape, b.shape(bias[0])))
-        return grads
+        dx, dy_xhat = _normalised_gradient(b, x, dys[0], scale, axes, self.attr(node, "epsilon"))
+        grads = [dx, b.unbroadcast(dy_xhat, shape, b.shape(scale))]
+        return grads + ([b.unbroadcast(dys[0], shape, b.shape(bias[0]))] if bias and bias[0] else [])
 
     def infer(self, node, ins):
         x, scale, bias = [*ins, None][:3]

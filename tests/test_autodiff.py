@@ -143,3 +143,16 @@ def test_batch_normalization(training):
               [3, 2, 4, 4], dict(w=p(3, 2, 3, 3), scale=p(3), bias=p(3), mean=p(3), var=np.abs(p(3)) + 0.5,
                                  k=p(3, 3, 4, 4)))
     check(m, p(3, 2, 4, 4))
+
+
+def test_pad_and_pow():
+    m = model([("MatMul", ["x", "w"], ["a"], {}), ("Exp", ["a"], ["e"], {}), ("Pow", ["e", "q"], ["pw"], {}),
+               ("Pad", ["pw", "pads"], ["pd"], {}), ("Mul", ["pd", "k"], ["y"], {})],
+              [2, 3], dict(w=p(3, 4) * 0.3, q=p(1, 4), pads=np.array([1, 0, 0, 2], np.int64), k=p(3, 6)))
+    check(m, p(2, 3))
+
+
+def test_pow_with_an_integer_exponent():
+    m = model([("Mul", ["x", "w"], ["a"], {}), ("Pow", ["a", "n"], ["c"], {}), ("Mul", ["c", "k"], ["y"], {})],
+              [2, 3], dict(w=p(2, 3), n=np.array(3, np.int64), k=p(2, 3)))
+    check(m, p(2, 3))

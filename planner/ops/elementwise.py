@@ -6,6 +6,7 @@ import numpy as np
 
 from . import schema
 from .base import Schema, broadcast, no_gradient, same_as_input
+from ..dtypes import to_onnx
 from ..errors import ShapeError
 
 
@@ -67,6 +68,15 @@ class Pow(Schema):
 
     def evaluate(self, node, a, b):
         return [np.power(a, b).astype(a.dtype)]
+
+    def gradient(self, b, node, dys):
+        """y = x^p: dx = dy p x^(p-1) = dy p y / x; dp = dy y log x (for a positive base)."""
+        dy, (x, p), y = dys[0], node.inputs, node.outputs[0]
+        out, same = b.shape(y), b.dtype(p) == b.dtype(x)
+        exponent = p if same else b.op("Cast", p, to=to_onnx(b.dtype(x)))
+        dx = b.op("Mul", dy, b.op("Mul", exponent, b.op("Pow", x, b.op("Sub", exponent, b.const(1, x)))))
+        dp = b.op("Mul", dy, b.op("Mul", y, b.op("Log", x))) if same else None
+        return [b.unbroadcast(dx, out, b.shape(x)), dp and b.unbroadcast(dp, out, b.shape(p))]
 
 
 @schema("Mod")

@@ -331,6 +331,13 @@ class Pad(Schema):
             return [np.pad(x, widths, constant_values=np.asarray(self.attr(node, "constant_value"), x.dtype))]
         return [np.pad(x, widths, mode=self.attr(node, "mode"))]
 
+    def gradient(self, b, node, dys):
+        """Constant padding: the padded border cut off again (a negative pad, which crops, pads back)."""
+        if self.attr(node, "mode") != "constant":
+            return [no_gradient(node)]
+        pads = self._pads(node, len(b.shape(node.inputs[0])))
+        return [b.op("Pad", dys[0], pads=[-p for p, _ in pads] + [-p for _, p in pads])]
+
     def _pads(self, node, rank):
         """(begin, end) for every axis of the input."""
         pads, axes = self.attr(node, "pads"), self.attr(node, "axes")

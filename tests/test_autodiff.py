@@ -11,14 +11,14 @@ from planner.autodiff import backward
 RNG = np.random.default_rng(0)
 
 
-def model(nodes, x_shape, params, out="y"):
-    """A float64 opset-17 model reading input x and the given params."""
+def model(nodes, x_shape, params, out="y", opset=17):
+    """A float64 model reading input x and the given params."""
     graph = helper.make_graph(
         [helper.make_node(op, ins, outs, name=outs[0], **attrs) for op, ins, outs, attrs in nodes], "grad",
         [helper.make_tensor_value_info("x", TensorProto.DOUBLE, x_shape)],
         [helper.make_tensor_value_info(out, TensorProto.DOUBLE, None)],
         [numpy_helper.from_array(v, k) for k, v in params.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def run(graph, x):
@@ -156,3 +156,11 @@ def test_pow_with_an_integer_exponent():
     m = model([("Mul", ["x", "w"], ["a"], {}), ("Pow", ["a", "n"], ["c"], {}), ("Mul", ["c", "k"], ["y"], {})],
               [2, 3], dict(w=p(2, 3), n=np.array(3, np.int64), k=p(2, 3)))
     check(m, p(2, 3))
+
+
+@pytest.mark.parametrize("training", [0, 1])
+def test_gelu_and_dropout(training):
+    m = model([("MatMul", ["x", "w"], ["a"], {}), ("Gelu", ["a"], ["g"], {}),
+               ("Dropout", ["g", "ratio", "mode"], ["d", "mask"], dict(seed=3)), ("Mul", ["d", "k"], ["y"], {})],
+              [3, 4], dict(w=p(4, 5), ratio=np.array(0.3), mode=np.array(bool(training)), k=p(3, 5)), opset=20)
+    check(m, p(3, 4))

@@ -53,12 +53,19 @@ class Erf(Schema):
     infer = staticmethod(same_as_input)
 
     def gradient(self, b, node, dys):
-        """d erf(x) = 2 / sqrt(pi) exp(-x^2) dx."""
-        if node.op != "Erf":
-            return [no_gradient(node)]
+        """d erf(x) = 2 / sqrt(pi) exp(-x^2) dx; exact Gelu's derivative is Phi(x) + x phi(x), with Phi
+        = (1 + erf(x / sqrt 2)) / 2 and phi = exp(-x^2 / 2) / sqrt(2 pi)."""
         x = node.inputs[0]
-        bell = b.op("Exp", b.op("Neg", b.op("Mul", x, x)))
-        return [b.op("Mul", dys[0], b.op("Mul", bell, b.const(2 / math.sqrt(math.pi), x)))]
+        if node.op == "Erf":
+            bell = b.op("Exp", b.op("Neg", b.op("Mul", x, x)))
+            return [b.op("Mul", dys[0], b.op("Mul", bell, b.const(2 / math.sqrt(math.pi), x)))]
+        if self.attr(node, "approximate") != "none":
+            return [no_gradient(node)]
+        cdf = b.op("Mul", b.op("Add", b.op("Erf", b.op("Mul", x, b.const(1 / math.sqrt(2), x))), b.const(1, x)),
+                   b.const(0.5, x))
+        pdf = b.op("Mul", b.op("Exp", b.op("Mul", b.op("Mul", x, x), b.const(-0.5, x))),
+                   b.const(1 / math.sqrt(2 * math.pi), x))
+        return [b.op("Mul", dys[0], b.op("Add", cdf, b.op("Mul", x, pdf)))]
 
 
 @schema("Gelu")

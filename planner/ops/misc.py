@@ -105,6 +105,14 @@ class Dropout(Schema):
     def is_view(self, node):
         return not self._random(node)
 
+    def gradient(self, b, node, dys):
+        """dY where the mask kept a value, scaled as the forward pass scaled it; dY itself in inference."""
+        if not self._random(node):
+            return [dys[0]]
+        x, mask = node.inputs[0], node.outputs[1]
+        keep = b.op("Cast", mask, to=dtypes.to_onnx(b.dtype(x)))
+        return [b.op("Mul", dys[0], b.op("Mul", keep, b.const(1 / (1 - self.attr(node, "ratio")), x)))]
+
     def fold(self, node, ins):
         return None if self._random(node) else super().fold(node, ins)
 

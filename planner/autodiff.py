@@ -17,8 +17,8 @@ from .ir import Node, Tensor
 class Builder:
     """Appends typed-later nodes to a graph under fresh names; `op` returns the output name(s)."""
 
-    def __init__(self, graph):
-        self.graph, self.nodes, self.tensors = graph, [], {}
+    def __init__(self, graph, prefix="grad"):
+        self.graph, self.prefix, self.nodes, self.tensors = graph, prefix, [], {}
         self.count = 0
 
     def shape(self, name):
@@ -28,8 +28,12 @@ class Builder:
         return (self.tensors.get(name) or self.graph.tensors[name]).dtype
 
     def _fresh(self, hint):
-        self.count += 1
-        return f"grad/{hint}/{self.count}"
+        """A node or tensor name the graph does not use yet."""
+        while True:
+            self.count += 1
+            name = f"{self.prefix}/{hint}/{self.count}"
+            if not any(n in self.graph.tensors or n in self.tensors for n in (name, f"{name}:0")):
+                return name
 
     def op(self, op_type, *inputs, outputs=1, **attrs):
         name = self._fresh(op_type)

@@ -164,3 +164,25 @@ def test_gelu_and_dropout(training):
                ("Dropout", ["g", "ratio", "mode"], ["d", "mask"], dict(seed=3)), ("Mul", ["d", "k"], ["y"], {})],
               [3, 4], dict(w=p(4, 5), ratio=np.array(0.3), mode=np.array(bool(training)), k=p(3, 5)), opset=20)
     check(m, p(3, 4))
+
+
+def test_losses_values_and_gradients():
+    from planner.losses import append_loss
+    m = model([("Gemm", ["x", "w", "b"], ["y"], {})], [4, 3], dict(w=p(3, 5), b=p(5)))
+    x, labels, targets = p(4, 3), np.array([0, 4, 2, 2]), p(4, 5)
+    logits = x @ numpy_helper.to_array(m.graph.initializer[0]) + numpy_helper.to_array(m.graph.initializer[1])
+    shifted = logits - logits.max(1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+    expected = {"cross_entropy": -log_p[np.arange(4), labels].mean(), "mse": ((logits - targets) ** 2).mean()}
+    for kind, (name, value) in {"cross_entropy": ("labels", labels), "mse": ("targets", targets)}.items():
+        graph, added = append_loss(planner.load(m), kind)
+        assert added == name and graph.tensors["loss"].shape == ()
+        trained, grads = backward(graph, "loss")
+        out = Executor(planner.compile(trained, schedule="file"), backend="numpy", poison=True).run({"x": x, name: value})
+        np.testing.assert_allclose(out["loss"], expected[kind], rtol=1e-10)
+        softmax = np.exp(log_p)
+        want = (softmax - np.eye(5)[labels]) / 4 if kind == "cross_entropy" else 2 * (logits - targets) / 20
+        np.testing.assert_allclose(out[grads["b"]], want.sum(0), rtol=1e-8, atol=1e-12)
+        np.testing.assert_allclose(out[grads["w"]], x.T @ want, rtol=1e-8, atol=1e-12)
+    with pytest.raises(planner.ModelError, match="unknown loss"):
+        append_loss(planner.load(m), "hinge")

@@ -12,7 +12,7 @@ install-test: install
 	$(PIP) torch==2.13.0 || echo "PyTorch could not be installed: the exporter tests will be skipped"
 
 demo: install
-	$(PY) -m planner.cli inspect
+	$(PY) -m planner.cli report
 
 test: install-test
 	$(PY) -m pytest -q -n 2

@@ -186,3 +186,19 @@ def test_losses_values_and_gradients():
         np.testing.assert_allclose(out[grads["w"]], x.T @ want, rtol=1e-8, atol=1e-12)
     with pytest.raises(planner.ModelError, match="unknown loss"):
         append_loss(planner.load(m), "hinge")
+
+
+def test_gather_rows_accumulate():
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["e"], name="e"),
+         helper.make_node("Mul", ["e", "k"], ["y"], name="y")], "embed",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)],
+        [numpy_helper.from_array(p(5, 4), "table"), numpy_helper.from_array(p(2, 3, 4), "k")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ids = np.array([[0, 3, 3], [-1, 0, 2]])
+    trained, grads = backward(planner.load(m), "y")
+    out = Executor(planner.compile(trained, schedule="file"), backend="numpy", poison=True).run({"ids": ids})
+    want = np.zeros((5, 4))
+    np.add.at(want, ids % 5, numpy_helper.to_array(graph.initializer[1]))
+    np.testing.assert_allclose(out[grads["table"]], want, rtol=1e-12)

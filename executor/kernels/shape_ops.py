@@ -3,6 +3,7 @@ Expand, Tile, Pad, Shape. Each copies from a view of its input into its output."
 import numpy as np
 
 from planner import ops
+from planner.ops.shape_ops import scatter_nd
 
 from . import attr, evaluated, kernel
 
@@ -62,6 +63,14 @@ def gather_elements(xp, step, ins, outs, ws):
     data, idx = ins
     a = attr(step, "axis") % data.ndim
     xp.copyto(outs[0], xp.take_along_axis(data, xp.where(idx < 0, idx + data.shape[a], idx), axis=a))
+
+
+@kernel("ScatterND")
+def scatter(xp, step, ins, outs, ws):
+    data, idx, updates = ins
+    if outs[0] is not data:
+        xp.copyto(outs[0], data)
+    scatter_nd(xp, outs[0], idx, updates, attr(step, "reduction"))
 
 
 @kernel("Tile", "Pad")

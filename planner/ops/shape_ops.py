@@ -235,6 +235,16 @@ class Gather(Schema):
         a = axis(self.attr(node, "axis"), data.ndim)
         return [np.take(data, _indices(idx, data.shape[a]), axis=a)]
 
+    def gradient(self, b, node, dys):
+        """Along axis 0 (embeddings): dY added into zeros at the gathered rows, repeats accumulating."""
+        data, idx = node.inputs
+        shape = b.shape(data)
+        if axis(self.attr(node, "axis"), len(shape)) != 0:
+            return [no_gradient(node), None]
+        zeros = b.op("ConstantOfShape", shape=list(shape), value=np.zeros(1, b.dtype(data)))
+        rows = b.op("Where", b.op("Less", idx, b.const(0, idx)), b.op("Add", idx, b.const(shape[0], idx)), idx)
+        return [b.op("ScatterND", zeros, b.op("Unsqueeze", rows, axes=[-1]), dys[0], reduction="add"), None]
+
 
 @schema("GatherElements")
 class GatherElements(Schema):
@@ -424,6 +434,46 @@ class Resize(Schema):
             return 0
         _, tables = self.layout(node, x.shape, out_shape, dtype)
         return tables + max(out_shape) * (16 + 2 * np.dtype(dtype).itemsize)
+
+
+@schema("ScatterND")
+class ScatterND(Schema):
+    """ScatterND: data with slices at `indices` (last dim indexes data's leading dims) replaced by, or
+    combined (add, mul, max, min) with, `updates`. The gradient of Gather adds into zeros with it."""
+
+    defaults = {"reduction": "none"}
+    inplace = ((0, 0),)
+
+    def infer(self, node, ins):
+        data, idx, updates = ins
+        k = idx.shape[-1] if idx.rank else 0
+        if not 1 <= k <= data.rank or updates.shape != idx.shape[:-1] + data.shape[k:]:
+            raise ShapeError(f"indices {idx.shape} and updates {updates.shape} do not fit data {data.shape}")
+        return [(data.shape, data.dtype)]
+
+    def evaluate(self, node, data, idx, updates):
+        out = data.copy()
+        scatter_nd(np, out, idx, updates, self.attr(node, "reduction"))
+        return [out]
+
+
+def scatter_nd(xp, out, idx, updates, reduction):
+    """`out[idx[..., :]] (op)= updates` in place; repeated indices accumulate for add and mul."""
+    where = tuple(np.moveaxis(idx, -1, 0)) if xp is np else tuple(xp.moveaxis(idx, -1, 0))
+    if reduction == "none":
+        out[where] = updates
+        return
+    ufunc = {"add": xp.add, "mul": xp.multiply, "max": xp.maximum, "min": xp.minimum}.get(reduction)
+    if ufunc is None:
+        raise ShapeError(f"reduction {reduction!r} is not none, add, mul, max or min")
+    if xp is np:
+        ufunc.at(out, where, updates)
+    else:
+        import cupyx
+        scatter = {"add": cupyx.scatter_add, "max": cupyx.scatter_max, "min": cupyx.scatter_min}.get(reduction)
+        if scatter is None:
+            raise ShapeError(f"reduction {reduction!r} has no CuPy scatter")
+        scatter(out, where, updates)
 
 
 @schema("Identity")

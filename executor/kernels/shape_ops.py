@@ -1,24 +1,55 @@
-"""Kernels of ops that move data without arithmetic: views, Transpose, Concat, Split, Slice, Gather,
-Expand, Tile, Pad, Shape. Each copies from a view of its input into its output."""
+"""Kernels of ops that move data (and Resize, which moves and weighs it): views, Shape, Transpose,
+Concat, Split, Slice, Gather, GatherElements, Expand, Tile, Pad, Resize.
+
+Each copies from views of its inputs into its outputs. What else it needs (index and weight tables)
+is computed on the host from the static shapes and copied into the step's workspace, so that nothing
+is allocated on the device while a plan runs.
+"""
+import itertools
+import math
+
 import numpy as np
 
 from planner import ops
 from planner.ops.shape_ops import scatter_nd
 
-from . import attr, evaluated, kernel
+from . import attr, kernel
 
 
-@kernel("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Expand")
-def reshaping(xp, step, ins, outs, ws):
-    """Bytes unchanged (or broadcast, for Expand); the executor skips these when the plan made the
-    output a view of the input."""
-    x, y = ins[0], outs[0]
-    xp.copyto(y, x.reshape(y.shape) if x.size == y.size and step.op != "Expand" else xp.broadcast_to(x, y.shape))
+def _upload(xp, dst, host):
+    """Copy host values into the view `dst` (CuPy's `set` copies straight into it, allocating nothing)."""
+    host = np.ascontiguousarray(np.asarray(host, dtype=dst.dtype).reshape(dst.shape))
+    if xp is np:
+        dst[...] = host
+    else:
+        dst.set(host)
+
+
+def _words(ws, at, shape, dtype):
+    """The workspace bytes from offset `at` as an array of `shape` and `dtype`."""
+    dtype = np.dtype(dtype)
+    return ws[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def _along(a, index):
+    """An index taking `index` on axis `a` (and all of every axis before it)."""
+    return (slice(None),) * a + (index,)
+
+
+@kernel("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+def view(xp, step, ins, outs, ws):
+    """The input's bytes under the output's shape; runs only where the plan did not make the output a view."""
+    xp.copyto(outs[0], ins[0].reshape(outs[0].shape))
 
 
 @kernel("Shape")
 def shape(xp, step, ins, outs, ws):
-    outs[0][...] = xp.asarray(ops.get("Shape")._dims(step, ins[0].shape), dtype=outs[0].dtype)
+    _upload(xp, outs[0], ops.get("Shape")._dims(step, ins[0].shape))
+
+
+@kernel("Expand")
+def expand(xp, step, ins, outs, ws):
+    xp.copyto(outs[0], ins[0])  # copyto broadcasts its source
 
 
 @kernel("Transpose")
@@ -28,22 +59,21 @@ def transpose(xp, step, ins, outs, ws):
 
 @kernel("Concat")
 def concat(xp, step, ins, outs, ws):
-    a = attr(step, "axis") % outs[0].ndim
-    at = 0
+    """Each input into its stretch of the output along the axis."""
+    a, at = attr(step, "axis") % outs[0].ndim, 0
     for x in ins:
-        index = (slice(None),) * a + (slice(at, at + x.shape[a]),)
-        xp.copyto(outs[0][index], x)
+        xp.copyto(outs[0][_along(a, slice(at, at + x.shape[a]))], x)
         at += x.shape[a]
 
 
 @kernel("Split")
 def split(xp, step, ins, outs, ws):
-    x = ins[0]
+    """Each output from its stretch of the input along the axis (omitted outputs skipped)."""
+    x, at = ins[0], 0
     a = attr(step, "axis") % x.ndim
-    at = 0
     for y, size in zip(outs, ops.get("Split")._sizes(step, x.shape[a])):
         if y is not None:
-            xp.copyto(y, x[(slice(None),) * a + (slice(at, at + size),)])
+            xp.copyto(y, x[_along(a, slice(at, at + size))])
         at += size
 
 
@@ -60,9 +90,25 @@ def gather(xp, step, ins, outs, ws):
 
 @kernel("GatherElements")
 def gather_elements(xp, step, ins, outs, ws):
-    data, idx = ins
+    """A gather from the flattened data at offsets built in the workspace: each index (wrapped when
+    negative) times its axis's stride, plus the position along every other axis times that one's."""
+    (data, idx), y = ins, outs[0]
+    if not y.size:
+        return
     a = attr(step, "axis") % data.ndim
-    xp.copyto(outs[0], xp.take_along_axis(data, xp.where(idx < 0, idx + data.shape[a], idx), axis=a))
+    strides = [math.prod(data.shape[k + 1:]) for k in range(data.ndim)]
+    flat = _words(ws, 0, idx.shape, np.int64)
+    xp.copyto(flat, idx)
+    xp.remainder(flat, data.shape[a], out=flat)
+    xp.multiply(flat, strides[a], out=flat)
+    at = flat.nbytes
+    for k, n in enumerate(idx.shape):
+        if k != a and n > 1:
+            offsets = _words(ws, at, (n,) + (1,) * (idx.ndim - k - 1), np.int64)
+            _upload(xp, offsets, np.arange(n) * strides[k])
+            xp.add(flat, offsets, out=flat)
+            at += offsets.nbytes
+    xp.take(data.reshape(-1), flat, out=y)
 
 
 @kernel("ScatterND")
@@ -73,82 +119,114 @@ def scatter(xp, step, ins, outs, ws):
     scatter_nd(xp, outs[0], idx, updates, attr(step, "reduction"))
 
 
-@kernel("Tile", "Pad")
-def through_numpy(xp, step, ins, outs, ws):
-    evaluated(xp, step, ins, outs)
+@kernel("Tile")
+def tile(xp, step, ins, outs, ws):
+    """The output seen with each axis split into (repeat, dim): the input broadcast over the repeats."""
+    x, y = ins[0], outs[0]
+    pairs = [n for r, d in zip(attr(step, "repeats"), x.shape) for n in (r, d)]
+    xp.copyto(y.reshape(pairs), x.reshape([n for d in x.shape for n in (1, d)]))
+
+
+@kernel("Pad")
+def pad(xp, step, ins, outs, ws):
+    """Constant mode fills the output and copies the kept input (negative pads crop it) inside. The
+    other modes copy blocks of the kept input: along each axis the output splits into runs whose input
+    positions step by -1, 0 (broadcast) or 1, and each combination of runs over the axes is one copy
+    (from the input, never from the output itself, which CuPy would first copy aside)."""
+    x, y = ins[0], outs[0]
+    pads, mode = ops.get("Pad")._pads(step, x.ndim), attr(step, "mode")
+    kept = x[tuple(slice(max(-b, 0), d - max(-e, 0)) for d, (b, e) in zip(x.shape, pads))]
+    if mode == "constant":
+        y.fill(np.asarray(attr(step, "constant_value"), y.dtype).reshape(())[()])
+        xp.copyto(y[(*(slice(max(b, 0), max(b, 0) + n) for n, (b, _) in zip(kept.shape, pads)), ...)], kept)
+        return
+    if not kept.size:
+        return
+    blocks = []
+    for n, (b, _), length in zip(kept.shape, pads, y.shape):
+        source = _pad_source(mode, np.arange(length) - max(b, 0), n)
+        blocks.append([(slice(lo, hi), _taken(source[lo], stride, hi - lo)) for lo, hi, stride in _runs(source)])
+    for block in itertools.product(*blocks):
+        xp.copyto(y[(*(to for to, _ in block), ...)], kept[(*(taken for _, taken in block), ...)])
+
+
+def _pad_source(mode, j, n):
+    """The input position (of `n`) that positions `j` (counted from the input's start) copy in `mode`."""
+    if mode == "edge":
+        return np.clip(j, 0, n - 1)
+    if mode == "wrap":
+        return j % n
+    period = max(2 * (n - 1), 1)  # reflect, as NumPy repeats it past the far end
+    j = j % period
+    return np.where(j < n, j, period - j)
+
+
+def _runs(source):
+    """(start, stop, stride): runs of consecutive positions whose sources step by one same -1, 0 or 1."""
+    runs, start = [], 0
+    for p in range(1, len(source) + 1):
+        step = source[p] - source[p - 1] if p < len(source) else None
+        if step is not None and abs(step) <= 1 and (p == start + 1 or step == source[start + 1] - source[start]):
+            continue
+        runs.append((start, p, int(source[start + 1] - source[start]) if p > start + 1 else 1))
+        start = p
+    return runs
+
+
+def _taken(first, stride, length):
+    """The slice of `length` positions from `first` on by `stride` (0: the one position, to broadcast)."""
+    if stride == 0:
+        return slice(first, first + 1)
+    end = first + stride * length
+    return slice(first, end if end >= 0 else None, stride)
 
 
 @kernel("Resize")
 def resize(xp, step, ins, outs, ws):
-    """Linear resizing in the common coordinate modes runs on the device, one axis at a time out of
-    the planned workspace; every other mode goes through ONNX's reference implementation on the host."""
+    """One resized axis at a time (see planner.ops.shape_ops.ResizePass): the taps gathered, weighed and
+    summed between buffers of the workspace; integers interpolate in a float dtype, then round."""
     x, y = ins[0], outs[0]
-    if not ops.get("Resize").native(step) or not x.size or not y.size:
-        _reference_resize(xp, step, x, y)
+    if not y.size:
         return
-    schema = ops.get("Resize")
-    axes = schema.resampled_axes(step, x.shape, y.shape)
-    if not axes:
-        xp.copyto(y, x)
-        return
-    src, bufs = x, _resize_buffers(ws, x, y, step)
-    for k, a in enumerate(axes):
-        shape = y.shape[:a + 1] + src.shape[a + 1:]
-        dst = y if k == len(axes) - 1 else bufs[k % 2][:_size(shape)].reshape(shape)
-        tap = bufs[2][:_size(shape)].reshape(shape)
-        i0, i1, w0, w1 = _linear_taps(xp, step, a, x.shape[a], y.shape[a], bufs[3:], y.dtype)
-        bcast = (1,) * a + (-1,) + (1,) * (y.ndim - a - 1)
-        xp.take(src, i0, axis=a, out=dst)
-        xp.multiply(dst, w0.reshape(bcast), out=dst)
-        xp.take(src, i1, axis=a, out=tap)
-        xp.multiply(tap, w1.reshape(bcast), out=tap)
-        xp.add(dst, tap, out=dst)
+    layout = ops.get("Resize").layout(step, x.shape, y.shape, y.dtype)
+    work, at = layout.work, layout.offsets
+    src, shape = x, list(x.shape)
+    if work != y.dtype:
+        src = _words(ws, at["source"], x.shape, work)
+        xp.copyto(src, x)
+    for k, p in enumerate(layout.passes):
+        shape[p.axis] = y.shape[p.axis]
+        last = k == len(layout.passes) - 1
+        dst = y if last and work == y.dtype else _words(ws, at[("ping", "pong")[k % 2]], shape, work)
+        index = _words(ws, at[f"index{k}"], p.index.shape, np.int64)
+        _upload(xp, index, p.index)
+        weight = None if p.weight is None else _words(ws, at[f"weight{k}"], p.weight.shape, work)
+        if weight is not None:
+            _upload(xp, weight, p.weight)
+        tap = _words(ws, at["tap"], shape, work) if len(p.index) > 1 else None
+        _resample(xp, src, dst, p.axis, index, weight, tap)
+        if p.outside is not None:
+            edges = np.flatnonzero(np.diff(np.concatenate([[0], p.outside.astype(np.int8), [0]])))
+            for lo, hi in edges.reshape(-1, 2):
+                dst[_along(p.axis, slice(lo, hi))].fill(attr(step, "extrapolation_value"))
         src = dst
+    if src is not y:
+        if y.dtype.kind in "iu" and src.dtype != y.dtype:
+            info = np.iinfo(y.dtype)
+            xp.rint(src, out=src)
+            xp.clip(src, info.min, info.max, out=src)
+        xp.copyto(y, src, casting="unsafe")
 
 
-def _size(shape):
-    return int(np.prod(shape, dtype=np.int64))
-
-
-def _resize_buffers(ws, x, y, step):
-    """Two ping-pong buffers and a tap buffer of the largest pass, then room for the tables."""
-    n, tables_at = ops.get("Resize").layout(step, x.shape, y.shape, y.dtype)
-    flat = ws[:3 * n * y.dtype.itemsize].view(y.dtype)
-    return [flat[:n], flat[n:2 * n], flat[2 * n:], ws[tables_at:]]
-
-
-def _linear_taps(xp, step, a, n_in, n_out, room, dtype):
-    """Source indices and weights of each output position along axis `a`, written into the workspace."""
-    scale = ops.get("Resize").axis_scale(step, a, n_in, n_out)
-    o = np.arange(n_out, dtype=np.float64)
-    mode = attr(step, "coordinate_transformation_mode")
-    if mode == "align_corners":  # the resized length is n_in * scale, unrounded, as the spec computes it
-        pos = o * (n_in - 1) / (n_in * scale - 1) if n_in * scale != 1 else np.zeros(n_out)
-    elif mode == "asymmetric":
-        pos = o / scale
-    else:
-        pos = (o + 0.5) / scale - 0.5
-        if mode == "pytorch_half_pixel" and n_out == 1:
-            pos = np.zeros(n_out)
-    pos = np.clip(pos, 0, n_in - 1)
-    i0 = np.floor(pos).astype(np.int64)
-    i1 = np.minimum(i0 + 1, n_in - 1)
-    w1 = (pos - i0).astype(dtype)
-    tables = (i0, i1, (1 - w1).astype(dtype), w1)
-    out, at = [], 0
-    for t in tables:
-        view = room[0][at:at + t.nbytes].view(t.dtype)
-        view.set(t) if hasattr(view, "set") else view.__setitem__(Ellipsis, t)
-        out.append(view)
-        at += t.nbytes
-    return out
-
-
-def _reference_resize(xp, step, x, y):
-    from onnx.reference.ops.op_resize import Resize
-    host = x if xp is np else xp.asnumpy(x)
-    names = ("roi", "scales", "sizes")
-    extra = [None if attr(step, n) is None else np.asarray(attr(step, n), np.float32 if n != "sizes" else np.int64)
-             for n in names]
-    kwargs = {k: v for k, v in step.attrs.items() if k not in names}
-    y[...] = xp.asarray(Resize.eval(host, *extra, **kwargs))
+def _resample(xp, src, dst, a, index, weight, tap):
+    """dst = the sum over taps t of weight[t] * src gathered at index[t] along axis `a` (`tap` holds one
+    weighed tap); without weights, the one tap as it is."""
+    xp.take(src, index[0], axis=a, out=dst)
+    if weight is None:
+        return
+    along = (-1,) + (1,) * (dst.ndim - a - 1)
+    xp.multiply(dst, weight[0].reshape(along), out=dst)
+    for i, w in zip(index[1:], weight[1:]):
+        xp.take(src, i, axis=a, out=tap)
+        xp.multiply(tap, w.reshape(along), out=tap)
+        xp.add(dst, tap, out=dst)

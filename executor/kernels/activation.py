@@ -6,6 +6,7 @@ from . import attr, kernel
 
 
 def _erf(xp):
+    """erf from SciPy on the host or CuPy's on the GPU: NumPy has none."""
     if xp.__name__ == "numpy":
         from scipy.special import erf
     else:
@@ -15,17 +16,20 @@ def _erf(xp):
 
 @kernel("Relu")
 def relu(xp, step, ins, outs, ws):
+    """max(x, 0)."""
     xp.maximum(ins[0], 0, out=outs[0])
 
 
 @kernel("LeakyRelu")
 def leaky_relu(xp, step, ins, outs, ws):
+    """x, or alpha x below zero."""
     x, y = ins[0], outs[0]
     xp.copyto(y, xp.where(x < 0, x * attr(step, "alpha"), x))
 
 
 @kernel("Sigmoid")
 def sigmoid(xp, step, ins, outs, ws):
+    """1 / (1 + exp(-x)), one ufunc at a time in the output."""
     y = outs[0]
     xp.negative(ins[0], out=y)
     xp.exp(y, out=y)
@@ -35,6 +39,7 @@ def sigmoid(xp, step, ins, outs, ws):
 
 @kernel("HardSigmoid")
 def hard_sigmoid(xp, step, ins, outs, ws):
+    """clip(alpha x + beta, 0, 1), in the output."""
     y = outs[0]
     xp.multiply(ins[0], attr(step, "alpha"), out=y)
     xp.add(y, attr(step, "beta"), out=y)
@@ -43,6 +48,7 @@ def hard_sigmoid(xp, step, ins, outs, ws):
 
 @kernel("HardSwish")
 def hard_swish(xp, step, ins, outs, ws):
+    """x hard_sigmoid(x) with alpha 1/6, beta 1/2."""
     x, y = ins[0], outs[0]
     xp.copyto(y, x * xp.clip(x / 6 + 0.5, 0, 1))
 
@@ -65,7 +71,7 @@ def gelu(xp, step, ins, outs, ws):
         inner = xp.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))
     else:
         inner = _erf(xp)(x / math.sqrt(2))
-    xp.copyto(y, (0.5 * x * (1 + inner)).astype(y.dtype))
+    xp.copyto(y, 0.5 * x * (1 + inner))
 
 
 @kernel("Clip")

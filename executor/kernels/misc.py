@@ -1,26 +1,46 @@
 """Kernels of ops that make or convert values: Cast, Range, ConstantOfShape, Trilu, Dropout."""
+from planner import ops
+
 from . import attr, evaluated, kernel
 
 
 @kernel("Cast")
 def cast(xp, step, ins, outs, ws):
-    """A plain conversion; float8 and other ml_dtypes targets follow the schema's rules (saturation)."""
-    if outs[0].dtype.kind in "biuf" and outs[0].dtype.itemsize >= 2 or outs[0].dtype.kind in "biu":
+    """A plain conversion to NumPy's own dtypes; ml_dtypes' targets (float8 with saturation, int4, ...)
+    follow the schema's rules."""
+    if outs[0].dtype.type.__module__ == "numpy":
         xp.copyto(outs[0], ins[0], casting="unsafe")
     else:
         evaluated(xp, step, ins, outs)
 
 
-@kernel("Range", "ConstantOfShape")
-def constant(xp, step, ins, outs, ws):
+@kernel("Range")
+def arange(xp, step, ins, outs, ws):
+    """Computed on the host by the schema (its length was fixed when planning)."""
     evaluated(xp, step, ins, outs)
+
+
+@kernel("ConstantOfShape")
+def constant_of_shape(xp, step, ins, outs, ws):
+    """The output filled with the one-element `value`."""
+    outs[0].fill(attr(step, "value").reshape(-1)[0])
 
 
 @kernel("Trilu")
 def trilu(xp, step, ins, outs, ws):
+    """The upper (or lower) triangle from diagonal k of the last two dims, zeros elsewhere."""
     xp.copyto(outs[0], (xp.triu if attr(step, "upper") else xp.tril)(ins[0], attr(step, "k")))
 
 
 @kernel("Dropout")
 def dropout(xp, step, ins, outs, ws):
-    evaluated(xp, step, ins, outs)
+    """In inference the data passes through (usually as a view, already in place) with an all-true
+    mask; the random training form is the schema's, drawn on the host from `seed`."""
+    if not ops.get(step.op).is_view(step):
+        evaluated(xp, step, ins, outs)
+        return
+    y, mask = [*outs, None][:2]
+    if y is not None and y is not ins[0]:
+        xp.copyto(y, ins[0])
+    if mask is not None:
+        mask.fill(True)

@@ -1,20 +1,22 @@
-"""Reduction kernels: ReduceSum, ReduceMean and ReduceMax over the step's axes."""
+"""Reduction kernels: ReduceSum, ReduceMean and ReduceMax over the step's axes, straight into the output."""
 from planner import ops
 
 from . import attr, evaluated, kernel
 
+REDUCERS = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max"}
 
-@kernel("ReduceSum", "ReduceMean", "ReduceMax")
+
+@kernel(*REDUCERS)
 def reduce(xp, step, ins, outs, ws):
+    """The output is seen with the reduced axes kept (size 1), so one `out=` call fills it. An empty
+    input (max's -inf, mean's NaN) and an integer mean (whose sum would wrap in the output's dtype)
+    take the schema's NumPy form on the host."""
     x, y = ins[0], outs[0]
     axes = ops.get(step.op)._axes(step, x.ndim)
     if axes is None:
         xp.copyto(y, x)
-        return
-    if x.size == 0 or y.dtype.kind != "f":
+    elif x.size == 0 or step.op == "ReduceMean" and y.dtype.kind in "biu":
         evaluated(xp, step, ins, outs)
-        return
-    keep = bool(attr(step, "keepdims"))
-    fn = {"ReduceSum": xp.sum, "ReduceMean": xp.mean, "ReduceMax": xp.max}[step.op]
-    target = y if keep else y.reshape([1 if k in axes else d for k, d in enumerate(x.shape)])
-    fn(x, axis=axes, keepdims=True, out=target)
+    else:
+        kept = y if attr(step, "keepdims") else y.reshape([1 if k in axes else d for k, d in enumerate(x.shape)])
+        getattr(xp, REDUCERS[step.op])(x, axis=axes, keepdims=True, out=kept)

@@ -45,16 +45,9 @@ def transient(plan):
 
 
 def buffers(plan):
-    """(sizes, starts, ends) of the transient buffers the plan placed: each alias group's root and the
-    union of its members' lifetimes."""
-    spans = {}
-    for t in plan.tensors.values():
-        if t.lifetime is not None:
-            root = t.alias_of or t.name
-            lo, hi = spans.get(root, t.lifetime)
-            spans[root] = (min(lo, t.lifetime[0]), max(hi, t.lifetime[1]))
-    roots = [r for r in spans if plan.tensors[r].lifetime is not None]
-    return [plan.tensors[r].nbytes for r in roots], [spans[r][0] for r in roots], [spans[r][1] for r in roots]
+    """(sizes, starts, ends) of the transient buffers the plan placed."""
+    spans = plan.buffer_spans()
+    return [plan.tensors[r].nbytes for r in spans], [s for s, _ in spans.values()], [e for _, e in spans.values()]
 
 
 def arena_of(name, plan, alignment=256):

@@ -104,20 +104,13 @@ class Executor:
 
 def _dead_after(plan):
     """{step: [(offset, nbytes)]}: the buffers whose every tensor is dead once the step has run, and
-    the step's workspace."""
-    last = {}
-    for t in plan.tensors.values():
-        if t.lifetime is None:
-            continue
-        root = t.alias_of or t.name
-        last[root] = max(last.get(root, -1), t.lifetime[1])
+    the pooled workspace slot the step used."""
     dead = {}
-    for root, step in last.items():
-        if step < len(plan.steps) and plan.tensors[root].lifetime is not None:
-            t = plan.tensors[root]
-            dead.setdefault(step, []).append((t.offset, t.nbytes))
+    for root, (_, last) in plan.buffer_spans().items():
+        if last < len(plan.steps):
+            dead.setdefault(last, []).append((plan.tensors[root].offset, plan.tensors[root].nbytes))
     for k, step in enumerate(plan.steps):
-        if step.workspace:
+        if step.workspace and plan.tensors[step.workspace].lifetime is None:
             t = plan.tensors[step.workspace]
             dead.setdefault(k, []).append((t.offset, t.nbytes))
     return dead

@@ -86,7 +86,7 @@ def plan_graph(graph, strategy, order, config, fetch=()):
             t["offset"] = places[t["alias_of"]]["offset"]
     tensors = {n: PlannedTensor(**t) for n, t in places.items()}
     load = allocators.lower_bound(sizes, starts, ends, ALIGNMENT)
-    return Plan(strategy, order, base + total, base + load, _breakdown(tensors, base, total, ws),
+    return Plan(strategy, order, base + total, base + load, _breakdown(tensors, total, ws),
                 tensors, tuple(steps_out), tuple(graph.inputs), tuple(graph.outputs),
                 stats={"allocator": name, "steps": len(steps), "buffers": len(roots), "persistent_bytes": base,
                        "inplace": sum(1 for n in root_of if n not in views), "views": len(views),
@@ -147,15 +147,16 @@ def _allocator_options(name, config, steps, starts, ends):
     return {}
 
 
-def _breakdown(tensors, persistent, transient, ws):
+def _breakdown(tensors, transient, ws):
     """The arena by purpose: params (and consts), workspace, io (graph inputs and outputs), and the rest
-    of the transient region, which activations need given the sharing."""
+    of the transient region, which activations need given the sharing. Pooled workspace slots sit in
+    the persistent region; one-step workspace tensors share the transient one."""
     params = sum(allocators.align(t.nbytes) for t in tensors.values() if t.kind in ("param", "const")
                  and t.alias_of is None)
-    scratch = sum(allocators.align(t.nbytes) for t in tensors.values() if t.kind == "workspace_slot")
     if ws["mode"] == "tensor":
-        scratch = min(allocators.align(ws["largest"]), transient)
+        scratch = shared = min(allocators.align(ws["largest"]), transient)
+    else:
+        scratch, shared = sum(allocators.align(t.nbytes) for t in tensors.values() if t.kind == "workspace_slot"), 0
     io = min(sum(allocators.align(t.nbytes) for t in tensors.values() if t.kind in ("input", "output")
-                 and t.alias_of is None), transient - (scratch if ws["mode"] == "tensor" else 0))
-    activations = transient - io - (scratch if ws["mode"] == "tensor" else 0)
-    return {"params": params, "io": io, "activations": activations, "workspace": scratch}
+                 and t.alias_of is None), transient - shared)
+    return {"params": params, "io": io, "activations": transient - io - shared, "workspace": scratch}

@@ -64,6 +64,17 @@ class Plan:
     data: dict = field(default_factory=dict, repr=False)
     """Values of params and consts, copied into the arena once before the first run."""
 
+    def buffer_spans(self):
+        """{root tensor: (first, last)} of every transient buffer: an alias group's root and the union
+        of its members' lifetimes."""
+        spans = {}
+        for t in self.tensors.values():
+            if t.lifetime is not None:
+                root = t.alias_of or t.name
+                lo, hi = spans.get(root, t.lifetime)
+                spans[root] = (min(lo, t.lifetime[0]), max(hi, t.lifetime[1]))
+        return {r: span for r, span in spans.items() if self.tensors[r].lifetime is not None}
+
     @property
     def fragmentation_bytes(self):
         return self.arena_bytes - self.lower_bound_bytes

@@ -43,6 +43,11 @@ class Executor:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.arena = Arena(plan, self.backend.xp)
         self.arena.load(plan.data)
+        for t in plan.tensors.values():
+            if t.kind == "state":
+                self.arena.view(t.name).fill(0)
+        self.steps_taken = 0
+        self.lr = plan.training.get("args", {}).get("lr")
         self.views = {}
         self.program = [self._bind(step) for step in plan.steps]
         self.dead = _dead_after(plan) if poison else {}
@@ -72,12 +77,18 @@ class Executor:
     def run(self, feeds):
         """Run once on `feeds` ({input name: array}); returns {output name: array}, copies that the
         next run does not change."""
+        return self._run(feeds, {})
+
+    def _run(self, feeds, scalars):
+        """`run`, with the scalar inputs in `scalars` filled in place (no host array to copy)."""
         xp = self.backend.xp
-        self._check(feeds)
+        self._check(feeds, scalars)
         if self.poison:
             base = self.plan.stats.get("persistent_bytes", 0)
             self.arena.bytes(base, self.plan.arena_bytes - base).fill(POISON)
-        for name in self.plan.inputs:
+        for name, value in scalars.items():
+            self.arena.view(name).fill(value)
+        for name in feeds:
             self.arena.view(name)[...] = xp.asarray(feeds[name])
         for k, bound in enumerate(self.program):
             if bound is not None:
@@ -88,14 +99,45 @@ class Executor:
         self.backend.synchronize()
         return {name: self.arena.view(name).copy() for name in self.plan.outputs}
 
-    def _check(self, feeds):
-        """Every input fed once, with the planned shape and dtype."""
-        unknown = sorted(set(feeds) - set(self.plan.inputs))
-        missing = [n for n in self.plan.inputs if n not in feeds]
+    def train_step(self, feeds):
+        """One training step of a plan compiled with training=True: forward, backward and the optimizer
+        updating the params in the arena. `feeds` are the model's inputs and the labels (or targets);
+        the learning rate is `self.lr`. Returns the loss before the update."""
+        info = self.plan.training
+        if not info:
+            raise MemplanError("train_step needs a plan compiled with training=True")
+        scalars = {info["lr"]: float(self.lr)}
+        if info["step"]:
+            scalars[info["step"]] = float(self.steps_taken + 1)
+        loss = self._run(feeds, scalars)[info["loss"]]
+        self.steps_taken += 1
+        return float(loss)
+
+    def parameters(self):
+        """{name: host array} of the trained params (a copy of their current values in the arena)."""
+        names = self.plan.training.get("params") or [t.name for t in self.plan.tensors.values() if t.kind == "param"]
+        xp = self.backend.xp
+        return {name: np.array(self.arena.view(name).get() if xp is not np else self.arena.view(name))
+                for name in names}
+
+    def set_parameters(self, values):
+        """Write params (any of the plan's, trained or not, e.g. running statistics) into the arena."""
+        for name, value in values.items():
+            t = self.plan.tensors.get(name)
+            if t is None or t.kind != "param":
+                raise FeedError(f"{name!r} is not a param of the plan")
+            if tuple(np.shape(value)) != tuple(t.shape):
+                raise FeedError(f"param {name!r}: expected shape {tuple(t.shape)}, got {tuple(np.shape(value))}")
+            self.arena.view(name)[...] = self.backend.xp.asarray(np.asarray(value, dtype=np.dtype(t.dtype)))
+
+    def _check(self, feeds, scalars):
+        """Every input but the `scalars` fed once, with the planned shape and dtype."""
+        expected = [n for n in self.plan.inputs if n not in scalars]
+        unknown = sorted(set(feeds) - set(expected))
+        missing = [n for n in expected if n not in feeds]
         if unknown or missing:
-            raise FeedError(f"feeds must name exactly the inputs {list(self.plan.inputs)}; "
-                            f"missing {missing}, unknown {unknown}")
-        for name in self.plan.inputs:
+            raise FeedError(f"feeds must name exactly the inputs {expected}; missing {missing}, unknown {unknown}")
+        for name in expected:
             t, value = self.plan.tensors[name], feeds[name]
             if tuple(value.shape) != tuple(t.shape) or np.dtype(value.dtype) != np.dtype(t.dtype):
                 raise FeedError(f"input {name!r}: expected shape {tuple(t.shape)} {t.dtype}, "

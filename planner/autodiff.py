@@ -15,10 +15,11 @@ from .ir import Node, Tensor
 
 
 class Builder:
-    """Appends typed-later nodes to a graph under fresh names; `op` returns the output name(s)."""
+    """Appends typed-later nodes to a graph under fresh names; `op` returns the output name(s). Nodes
+    are tagged with `phase` in their meta ("backward", "optimizer"), which the plan's breakdown reads."""
 
-    def __init__(self, graph, prefix="grad"):
-        self.graph, self.prefix, self.nodes, self.tensors = graph, prefix, [], {}
+    def __init__(self, graph, prefix="grad", phase="backward"):
+        self.graph, self.prefix, self.phase, self.nodes, self.tensors = graph, prefix, phase, [], {}
         self.count = 0
 
     def shape(self, name):
@@ -38,7 +39,7 @@ class Builder:
     def op(self, op_type, *inputs, outputs=1, **attrs):
         name = self._fresh(op_type)
         outs = tuple(f"{name}:{k}" for k in range(outputs))
-        self.nodes.append(Node(op_type, tuple(inputs), outs, attrs, name))
+        self.nodes.append(Node(op_type, tuple(inputs), outs, attrs, name, {"phase": self.phase} if self.phase else {}))
         for out in outs:
             self.tensors[out] = Tensor(out, None, None, "activation")
         return outs[0] if outputs == 1 else outs
@@ -62,9 +63,18 @@ class Builder:
 
 
 def backward(graph, loss, wrt=None):
+    """The typed graph with the gradients of `loss` (see `gradients`) as extra outputs, and
+    {param: gradient tensor name}."""
+    graph, grads = gradients(graph, loss, wrt)
+    tensors = {**graph.tensors, **{g: replace(graph.tensors[g], kind="output") for g in grads.values()}}
+    return replace(graph, tensors=tensors, outputs=(*graph.outputs, *grads.values())), grads
+
+
+def gradients(graph, loss, wrt=None):
     """The graph with nodes computing d(sum of `loss`)/d(each of `wrt`) appended (default: every
     float param), typed; and {param: gradient tensor name}. Gradients nothing needs are not built; a
-    tensor in `wrt` that the loss does not depend on differentiably gets zeros."""
+    tensor in `wrt` that the loss does not depend on differentiably gets zeros. Shape inference
+    prunes what no output or update reads: the caller adds the gradients' readers before planning."""
     wrt = [t.name for t in graph.params() if t.dtype.kind == "f"] if wrt is None else list(wrt)
     needs = _depends_on(graph, set(wrt))
     if loss not in needs:
@@ -87,12 +97,10 @@ def backward(graph, loss, wrt=None):
         if w not in grads:
             grads[w] = b.op("ConstantOfShape", shape=list(graph.tensors[w].shape),
                             value=np.zeros(1, graph.tensors[w].dtype))
-    tensors = {**graph.tensors, **b.tensors}
-    for w in wrt:
-        tensors[grads[w]] = replace(tensors[grads[w]], kind="output")
-    typed = shapes.infer(replace(graph, nodes=(*graph.nodes, *b.nodes), tensors=tensors,
-                                 outputs=(*graph.outputs, *(grads[w] for w in wrt))))
-    return typed, {w: grads[w] for w in wrt}
+    grads = {w: grads[w] for w in wrt}
+    typed = shapes.infer(replace(graph, nodes=(*graph.nodes, *b.nodes), tensors={**graph.tensors, **b.tensors},
+                                 outputs=(*graph.outputs, *grads.values())))
+    return replace(typed, outputs=graph.outputs), grads
 
 
 def _depends_on(graph, sources):

@@ -11,6 +11,7 @@ DEFAULT_MODEL = "zoo:resnet50"
 EXAMPLES = """examples:
   memplan inspect                                   # the built-in default model (zoo:resnet50, batch 1)
   memplan report zoo:resnet50 --batch 32            # arena per strategy and the lower bound
+  memplan report zoo:resnet50 --batch 32 --training --loss cross_entropy --optimizer adam
   memplan plan zoo:gpt2_small --input input_ids:8x128 --strategy share -o plan.json
   memplan inspect zoo:bert_base --batch 8 --input input_ids:8x128 --input attention_mask:8x128
   memplan inspect model.onnx --input input:8x3x224x224
@@ -69,20 +70,33 @@ def inspect(args):
     return 0
 
 
+def training_options(args):
+    """compile()'s training keywords from --training, --loss, --optimizer and --lr."""
+    if not args.training:
+        if args.loss or args.optimizer or args.lr is not None:
+            raise MemplanError("--loss, --optimizer and --lr apply with --training")
+        return {}
+    return {"training": True, "loss": args.loss or "cross_entropy", "optimizer": args.optimizer or "sgd",
+            "optimizer_args": {} if args.lr is None else {"lr": args.lr}}
+
+
 def report(args):
-    """Print one row per strategy: arena, x LOAD, saving vs naive, plan time."""
+    """Print one row per strategy: arena, x LOAD, saving vs naive, plan time (and the breakdown when training)."""
     from . import report as rep
+    training = training_options(args)
     graph = load_graph(args)
-    rows = rep.report(graph, time_limit=args.time_limit, schedule=args.schedule)
-    modes = rep.workspace_modes(graph, schedule=args.schedule)
-    print(json.dumps(rep.as_dict(rows, graph, modes), indent=1) if args.json else rep.format_table(rows, graph, modes))
+    rows = rep.report(graph, time_limit=args.time_limit, schedule=args.schedule, **training)
+    modes = rep.workspace_modes(graph, schedule=args.schedule, **training)
+    updates = rep.update_modes(graph, schedule=args.schedule, **training) if training else None
+    print(json.dumps(rep.as_dict(rows, graph, modes, updates), indent=1) if args.json
+          else rep.format_table(rows, graph, modes, updates))
     return 0
 
 
 def plan(args):
     """Compile one plan, verify it and write it as JSON (params and consts beside it, .npz)."""
     from .compiler import compile
-    result = compile(load_graph(args), strategy=args.strategy, schedule=args.schedule)
+    result = compile(load_graph(args), strategy=args.strategy, schedule=args.schedule, **training_options(args))
     path = result.to_json(args.output)
     print(f"{path}: {result.strategy}, {result.schedule} schedule, arena {_mib(result.arena_bytes)} "
           f"(LOAD {_mib(result.lower_bound_bytes)}), {len(result.steps)} steps, {len(result.tensors)} tensors")
@@ -98,18 +112,19 @@ def run(args):
 
     from executor import Executor, backends
     from .compiler import compile
-    plan = compile(load_graph(args), strategy=args.strategy)
+    plan = compile(load_graph(args), strategy=args.strategy, **training_options(args))
     rng = np.random.default_rng(0)
+    scalars = (plan.training.get("lr"), plan.training.get("step"))
     feeds = {n: (rng.standard_normal(plan.tensors[n].shape).astype(plan.tensors[n].dtype)
                  if np.dtype(plan.tensors[n].dtype).kind == "f" else np.zeros(plan.tensors[n].shape, plan.tensors[n].dtype))
-             for n in plan.inputs}
+             for n in plan.inputs if n not in scalars}
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     device_before = backends.get(args.backend).used_bytes()
     ex = Executor(plan, backend=args.backend)
     times = []
     for _ in range(args.repeat + 1):
         start = time.perf_counter()
-        ex.run(feeds)
+        ex.train_step(feeds) if plan.training else ex.run(feeds)
         times.append(time.perf_counter() - start)
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     device = ex.backend.used_bytes()
@@ -121,9 +136,15 @@ def run(args):
 
 
 def _model_args(p):
+    from .losses import LOSSES
+    from .training import OPTIMIZERS
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="an .onnx file or zoo:NAME")
     p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS", help="bind an input, e.g. input:8x3x224x224")
     p.add_argument("--batch", type=int, default=None, help="batch size for inputs whose other dims are known")
+    p.add_argument("--training", action="store_true", help="plan a training step: forward, loss, backward, optimizer")
+    p.add_argument("--loss", choices=LOSSES, default=None, help="the loss on the first output (default cross_entropy)")
+    p.add_argument("--optimizer", choices=list(OPTIMIZERS), default=None, help="the optimizer (default sgd)")
+    p.add_argument("--lr", type=float, default=None, help="the learning rate (default: the optimizer's)")
 
 
 def build_parser():

@@ -6,13 +6,16 @@
 import sys
 import time
 
-from . import allocators, workspace
+import numpy as np
+
+from . import allocators, ops, workspace
 from .config import Config
 from .errors import MemplanError, PlanError
 from .inplace import aliases
 from .liveness import lifetimes
 from .plan import ALIGNMENT, Plan, PlannedTensor, Step
 from .schedule import schedule as make_schedule
+from .training import training_graph
 
 STRATEGIES = {  # name: (allocator, in-place allowed)
     "naive": ("naive", False),
@@ -25,12 +28,18 @@ SCHEDULES = ("file", "memory", "auto")
 
 
 def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", training=False, loss=None,
-            optimizer=None, remat=None, memory_budget=None, config=None, fetch=()):
+            optimizer=None, optimizer_args=None, loss_output=None, frozen=(), update="eager", remat=None,
+            memory_budget=None, config=None, fetch=()):
     """Plan `model` (a path, onnx.ModelProto, Symbol, typed Graph or "zoo:NAME") into one arena.
 
     `schedule="auto"` plans both the file's order and the memory-aware one and keeps the smaller
     arena. `fetch` names intermediate tensors the caller wants to read after the run; like graph
     outputs they live to the end and are never overwritten.
+
+    `training=True` plans one training step (planner.training): `loss` ("cross_entropy" or "mse") on
+    `loss_output` (default the first output), gradients of every float param not `frozen`, and
+    `optimizer` ("sgd", "momentum", "adam", "adamw") with `optimizer_args`, each param updated in place
+    as soon as its gradient is complete (`update="eager"`) or after the backward pass.
     """
     from . import load
     start = time.perf_counter()
@@ -38,11 +47,16 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
         raise PlanError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if schedule not in SCHEDULES:
         raise PlanError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if training or loss or optimizer or remat or memory_budget is not None:
-        raise MemplanError("training graphs, rematerialisation and memory budgets are not available in this "
-                           "version: it plans inference graphs")
+    if remat or memory_budget is not None:
+        raise MemplanError("rematerialisation and memory budgets are not available in this version")
+    if not training and (loss or optimizer or optimizer_args or loss_output or frozen):
+        raise PlanError("loss, optimizer, optimizer_args, loss_output and frozen apply to training=True")
     config = config or Config.from_env()
     graph = load(model, input_shapes)
+    info = {}
+    if training:
+        graph, info = training_graph(graph, loss or "cross_entropy", loss_output, optimizer or "sgd",
+                                     optimizer_args, frozen, update)
     strings = [t.name for t in graph.tensors.values() if t.dtype.kind in "OSU"]
     if strings:
         raise PlanError(f"tensors {', '.join(map(repr, strings[:5]))} hold strings, which have no place in a "
@@ -51,9 +65,10 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
     if missing:
         raise PlanError(f"fetch names tensors the graph does not have: {', '.join(map(repr, missing))}")
     orders = ("file", "memory") if schedule == "auto" else (schedule,)
-    plans = [plan_graph(graph, strategy, order, config, tuple(fetch)) for order in orders]
+    plans = [plan_graph(graph, strategy, order, config, tuple(fetch), info) for order in orders]
     plan = min(plans, key=lambda p: p.arena_bytes)
-    plan.stats["plan_seconds"] = time.perf_counter() - start
+    plan.training = info
+    plan.stats.update(_flops(graph), plan_seconds=time.perf_counter() - start)
     if config.debug:
         unshared = sum(allocators.align(t.nbytes, ALIGNMENT) for t in plan.tensors.values())
         print(f"memplan: {strategy}, {plan.schedule} schedule: memory {unshared / 2**20:.2f} MiB -> "
@@ -61,15 +76,21 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
     return plan.verify()
 
 
-def plan_graph(graph, strategy, order, config, fetch=()):
+def plan_graph(graph, strategy, order, config, fetch=(), training=None):
     """One Plan of a typed graph for one strategy and one schedule order."""
     name, inplace_allowed = STRATEGIES[strategy]
     held = (*graph.outputs, *fetch)
-    steps = make_schedule(graph, order, held)
+    last = ()
+    if training and training["update"] == "after_backward":
+        last = {n.name for n in graph.nodes if n.meta.get("phase") == "optimizer"}
+    steps = make_schedule(graph, order, held, last)
     life = lifetimes(graph, steps, held)
     root_of, views = aliases(graph, steps, held) if inplace_allowed and config.enable_inplace else ({}, set())
+    root_of.update(graph.updates)
     scratch = workspace.requests(graph, steps, config.workspace_limit)
     places, spans, steps_out, ws = _tensors(graph, steps, life, root_of, views, scratch, config)
+    for tensor, role in _roles(graph, training).items():
+        places[tensor]["role"] = role
     persistent = [t for t in places.values() if t["lifetime"] is None and t["alias_of"] is None]
     base = 0
     for t in persistent:
@@ -86,7 +107,7 @@ def plan_graph(graph, strategy, order, config, fetch=()):
             t["offset"] = places[t["alias_of"]]["offset"]
     tensors = {n: PlannedTensor(**t) for n, t in places.items()}
     load = allocators.lower_bound(sizes, starts, ends, ALIGNMENT)
-    return Plan(strategy, order, base + total, base + load, _breakdown(tensors, total, ws),
+    return Plan(strategy, order, base + total, base + load, _breakdown(tensors, total, ws, steps_out),
                 tensors, tuple(steps_out), tuple(graph.inputs), tuple(graph.outputs),
                 stats={"allocator": name, "steps": len(steps), "buffers": len(roots), "persistent_bytes": base,
                        "inplace": sum(1 for n in root_of if n not in views), "views": len(views),
@@ -147,16 +168,72 @@ def _allocator_options(name, config, steps, starts, ends):
     return {}
 
 
-def _breakdown(tensors, transient, ws):
-    """The arena by purpose: params (and consts), workspace, io (graph inputs and outputs), and the rest
-    of the transient region, which activations need given the sharing. Pooled workspace slots sit in
-    the persistent region; one-step workspace tensors share the transient one."""
-    params = sum(allocators.align(t.nbytes) for t in tensors.values() if t.kind in ("param", "const")
-                 and t.alias_of is None)
+def _breakdown(tensors, transient, ws, steps):
+    """The arena by purpose. Persistent: params (and consts), optimizer state, pooled workspace slots.
+    Transient: one-step workspaces (the largest, as they share the region), then what is live at the
+    step with the most live bytes: io (graph inputs and outputs), activations saved for backward,
+    gradients, and activations, which also take the rest of the region (sharing's fragmentation)."""
+    persistent = {"params": ("param", "const"), "optimizer": ("state",)}
+    parts = {key: sum(allocators.align(t.nbytes) for t in tensors.values() if t.kind in kinds and t.alias_of is None)
+             for key, kinds in persistent.items()}
     if ws["mode"] == "tensor":
         scratch = shared = min(allocators.align(ws["largest"]), transient)
     else:
         scratch, shared = sum(allocators.align(t.nbytes) for t in tensors.values() if t.kind == "workspace_slot"), 0
-    io = min(sum(allocators.align(t.nbytes) for t in tensors.values() if t.kind in ("input", "output")
-                 and t.alias_of is None), transient - shared)
-    return {"params": params, "io": io, "activations": transient - io - shared, "workspace": scratch}
+    live = _live_at_peak(tensors, len(steps))
+    training = any(t.role for t in tensors.values())
+    parts["io"] = min(live["io"], transient - shared)
+    if training:
+        parts["saved"] = min(live["saved"], transient - shared - parts["io"])
+        parts["grads"] = min(live["grads"], transient - shared - parts["io"] - parts["saved"])
+    else:
+        del parts["optimizer"]
+    parts["activations"] = transient - shared - sum(parts[k] for k in ("io", "saved", "grads") if k in parts)
+    parts["workspace"] = scratch
+    return parts
+
+
+def _live_at_peak(tensors, nsteps):
+    """{category: bytes} live at the step where the transient buffers hold the most. Each buffer counts
+    its aligned bytes once, in the category of the member that last took it over (in-place writes)."""
+    categories = ("io", "saved", "grads", "activations")
+    live = np.zeros((len(categories), nsteps + 2), np.int64)
+    groups = {}
+    for t in tensors.values():
+        if t.lifetime is not None and t.kind != "workspace" and t.role != "update":
+            groups.setdefault(t.alias_of or t.name, []).append(t)
+    for root, members in groups.items():
+        members.sort(key=lambda t: t.lifetime)
+        size = allocators.align(tensors[root].nbytes)
+        end = max(t.lifetime[1] for t in members)
+        for k, t in enumerate(members):
+            stop = members[k + 1].lifetime[0] - 1 if k + 1 < len(members) else end
+            category = {"saved": 1, "gradient": 2}.get(t.role, 0 if t.kind in ("input", "output") else 3)
+            live[category, t.lifetime[0]] += size
+            live[category, max(stop, t.lifetime[0]) + 1] -= size
+    live = np.cumsum(live, axis=1)
+    peak = int(np.argmax(live.sum(axis=0))) if nsteps else 0
+    return {c: int(live[k, peak]) for k, c in enumerate(categories)}
+
+
+def _roles(graph, training):
+    """{tensor: role} of a training graph (see plan.ROLES): gradients, updates, and activations of the
+    forward pass that a backward node reads."""
+    if not training:
+        return {}
+    roles = {g: "gradient" for g in training["grads"].values() if graph.tensors[g].kind == "activation"}
+    roles.update((new, "update") for new, _ in graph.updates)
+    forward = {o for n in graph.nodes if "phase" not in n.meta for o in n.outputs}
+    for node in graph.nodes:
+        if node.meta.get("phase") == "backward":
+            roles.update((i, "saved") for i in node.inputs if i in forward and graph.tensors[i].kind == "activation"
+                         and roles.get(i) != "update")
+    return roles
+
+
+def _flops(graph):
+    """Forward (loss included) and backward (optimizer included) FLOPs, from the op schemas."""
+    totals = {"forward_flops": 0, "backward_flops": 0}
+    for node in graph.nodes:
+        totals["backward_flops" if "phase" in node.meta else "forward_flops"] += ops.node_flops(graph, node)
+    return totals

@@ -13,7 +13,8 @@ import numpy as np
 
 from .errors import ModelError
 
-KINDS = ("input", "param", "const", "activation", "output")
+KINDS = ("input", "param", "const", "state", "activation", "output")
+"""`state`: persistent values that start at zero and that the graph itself updates (optimizer moments)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,7 +66,12 @@ class Node:
 
 @dataclass(frozen=True, eq=False)
 class Graph:
-    """Nodes in a topological order, the tensors they read and write, and the graph's inputs and outputs."""
+    """Nodes in a topological order, the tensors they read and write, and the graph's inputs and outputs.
+
+    `updates` pairs (new value, persistent tensor): after a run the persistent tensor (a param or
+    state) holds the new value, written into its bytes once every other reader of it has run, as a
+    training step updates its weights in place.
+    """
 
     nodes: tuple
     tensors: dict
@@ -73,6 +79,7 @@ class Graph:
     outputs: tuple
     name: str = "graph"
     opset: int = 17
+    updates: tuple = ()
 
     @cached_property
     def producers(self):
@@ -111,7 +118,7 @@ def validate(graph):
     if dup_nodes:
         raise ModelError(f"duplicate node names: {', '.join(dup_nodes[:10])}")
     writers = Counter(o for n in graph.nodes for o in n.outputs if o)
-    sources = {t.name for t in graph.tensors.values() if t.kind in ("input", "param", "const")}
+    sources = {t.name for t in graph.tensors.values() if t.kind in ("input", "param", "const", "state")}
     dup = sorted(o for o, c in writers.items() if c > 1 or o in sources)
     if dup:
         raise ModelError(f"tensors written more than once (or both an input/initializer and a node output): {', '.join(dup[:10])}")

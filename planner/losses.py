@@ -23,7 +23,7 @@ def append_loss(graph, kind, output=None):
     if output not in graph.tensors:
         raise ModelError(f"loss_output {output!r} is not a tensor of the model")
     out = graph.tensors[output]
-    b = Builder(graph, prefix="loss")
+    b = Builder(graph, prefix="loss", phase=None)
     if kind == "cross_entropy":
         if len(out.shape) < 2:
             raise ModelError(f"cross_entropy needs (batch, classes, ...) logits; {output!r} is {out.shape}")

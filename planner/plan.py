@@ -15,14 +15,17 @@ import numpy as np
 from .errors import PlanError
 
 ALIGNMENT = 256
-PERSISTENT = ("param", "const", "workspace_slot")
+PERSISTENT = ("param", "const", "state", "workspace_slot")
+ROLES = ("", "saved", "gradient", "update")
+"""A transient tensor's part in a training step: a forward value that backward reads ("saved"), a
+parameter's gradient, or the new value of a param or state written over it ("update")."""
 
 
 @dataclass(frozen=True)
 class PlannedTensor:
     """One tensor's place: `offset` into the arena, `lifetime` (first, last) steps inclusive (None
     for persistent tensors, alive the whole run), and `alias_of`, the tensor whose buffer it shares
-    (an in-place write, or a `view` that writes nothing)."""
+    (an in-place write, or a `view` that writes nothing); `role` as in ROLES."""
 
     name: str
     shape: tuple
@@ -33,6 +36,7 @@ class PlannedTensor:
     lifetime: tuple | None
     alias_of: str | None = None
     view: bool = False
+    role: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,9 @@ class Plan:
     stats: dict = field(default_factory=dict)
     data: dict = field(default_factory=dict, repr=False)
     """Values of params and consts, copied into the arena once before the first run."""
+    training: dict = field(default_factory=dict)
+    """For a training step: the loss output, the labels input, the trained params and their gradients,
+    the optimizer, its arguments and hyperparameter inputs (see planner.training)."""
 
     def buffer_spans(self):
         """{root tensor: (first, last)} of every transient buffer: an alias group's root and the union
@@ -91,7 +98,8 @@ class Plan:
         """Write the plan as JSON at `path`, and the params' and consts' values beside it (.npz)."""
         path = Path(path)
         doc = {"format": "memplan-plan/1", **{k: getattr(self, k) for k in (
-            "strategy", "schedule", "arena_bytes", "lower_bound_bytes", "breakdown", "inputs", "outputs", "stats")},
+            "strategy", "schedule", "arena_bytes", "lower_bound_bytes", "breakdown", "inputs", "outputs", "stats",
+            "training")},
             "tensors": [asdict(t) for t in self.tensors.values()],
             "steps": [{**asdict(s), "attrs": {k: _encode(v) for k, v in s.attrs.items()}} for s in self.steps]}
         path.write_text(json.dumps(doc, indent=1))
@@ -191,15 +199,27 @@ def _check_overlaps(plan):
 
 
 def _check_aliases(plan):
-    """A member written in place must find every earlier member of its buffer dead, and a graph input,
-    param or const buffer never written."""
+    """A member written in place must find every earlier member of its buffer dead, a graph input or
+    const buffer never written, and a param or state only by its update, after its last reader."""
+    reads = {}
+    for k, step in enumerate(plan.steps):
+        for name in step.inputs:
+            t = plan.tensors.get(name)
+            reads[name] = k
+            if t is not None and t.view and t.alias_of:
+                reads[t.alias_of] = k
     for root, members in _groups(plan).items():
         kind = plan.tensors[root].kind
         longest = None
         for m in sorted(members, key=lambda t: _span(plan, t)):
             first = _span(plan, m)[0]
             if m.name != root and not m.view:
-                if kind in ("input", "param", "const"):
+                if m.role == "update" and kind in ("param", "state"):
+                    if reads.get(root, -1) > first:
+                        raise PlanError(f"update {m.name!r} overwrites {kind} {root!r} at step {first}, before its "
+                                        f"reader at step {reads[root]}")
+                    continue
+                if kind in ("input", "param", "const", "state"):
                     raise PlanError(f"tensor {m.name!r} is written in place into {kind} {root!r}")
                 if longest is not None and _span(plan, longest)[0] < first < _span(plan, longest)[1]:
                     what = "graph output" if longest.name in plan.outputs else "tensor"

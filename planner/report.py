@@ -13,9 +13,9 @@ ROWS = (  # label, strategy, Config changes
 )
 
 
-def report(graph, config=None, time_limit=2.0, schedule="auto"):
+def report(graph, config=None, time_limit=2.0, schedule="auto", **training):
     """One row per strategy for a typed graph: the plan, and its label. `optimal` searches for at
-    most `time_limit` seconds."""
+    most `time_limit` seconds. `training` (training=True, loss=, optimizer=, ...) plans training steps."""
     from .compiler import compile
     config = config or Config.from_env()
     rows = []
@@ -24,17 +24,25 @@ def report(graph, config=None, time_limit=2.0, schedule="auto"):
             changes = {**changes, "time_limit": time_limit}
         if strategy == "share" and not changes and config.auto_search_match_range:
             changes = {"auto_search_match_range": False}
-        plan = compile(graph, strategy=strategy, schedule=schedule, config=replace(config, **changes))
+        plan = compile(graph, strategy=strategy, schedule=schedule, config=replace(config, **changes), **training)
         rows.append((label, plan))
     return rows
 
 
-def workspace_modes(graph, config=None, schedule="auto"):
+def workspace_modes(graph, config=None, schedule="auto", **training):
     """{mode: bestfit plan} for both workspace modes: MXNet's pooled slots and one-step tensors."""
     from .compiler import compile
     config = config or Config.from_env()
-    return {mode: compile(graph, schedule=schedule, config=replace(config, workspace_mode=mode))
+    return {mode: compile(graph, schedule=schedule, config=replace(config, workspace_mode=mode), **training)
             for mode in ("pool", "tensor")}
+
+
+def update_modes(graph, config=None, schedule="auto", **training):
+    """{update: bestfit plan} of a training step: each param updated as soon as its gradient is complete
+    ("eager"), and every gradient first, then the optimizer ("after_backward", PyTorch's usual loop)."""
+    from .compiler import compile
+    return {mode: compile(graph, schedule=schedule, config=config, **{**training, "update": mode})
+            for mode in ("eager", "after_backward")}
 
 
 def lower_bound(rows):
@@ -42,9 +50,12 @@ def lower_bound(rows):
     return min(plan.lower_bound_bytes for label, plan in rows if plan.strategy != "naive")
 
 
-def as_dict(rows, graph, modes):
+def as_dict(rows, graph, modes, updates=None):
     load, naive = lower_bound(rows), rows[0][1].arena_bytes
-    return {"model": graph.name, "inputs": {n: list(graph.tensors[n].shape) for n in graph.inputs},
+    extra = {} if not updates else {"training": rows[0][1].training["optimizer"], "update_modes": {
+        m: {"arena_bytes": p.arena_bytes, "breakdown": p.breakdown} for m, p in updates.items()},
+        "forward_flops": rows[0][1].stats["forward_flops"], "backward_flops": rows[0][1].stats["backward_flops"]}
+    return {"model": graph.name, "inputs": {n: list(graph.tensors[n].shape) for n in graph.inputs}, **extra,
             "lower_bound_bytes": load,
             "workspace_modes": {m: {"arena_bytes": p.arena_bytes, "workspace_bytes": p.breakdown["workspace"],
                                     "slots": p.stats["workspace"].get("slots", [])} for m, p in modes.items()},
@@ -53,16 +64,21 @@ def as_dict(rows, graph, modes):
                       "schedule": p.schedule, "breakdown": p.breakdown} for label, p in rows]}
 
 
-def format_table(rows, graph, modes):
-    """The rows as an aligned text table, then the LOAD row, the best plan's breakdown and the
-    bestfit arena under both workspace modes."""
-    d = as_dict(rows, graph, modes)
+def format_table(rows, graph, modes, updates=None):
+    """The rows as an aligned text table (for training with the breakdown in MiB as columns), then the
+    LOAD row, the best plan's breakdown, the bestfit arena under both workspace modes and, for
+    training, under both update modes."""
+    d = as_dict(rows, graph, modes, updates)
     shapes = ", ".join(f"{n} {tuple(s)}" for n, s in d["inputs"].items())
-    lines = [f"{graph.name}: {shapes}",
-             f"{'strategy':<21} {'arena MiB':>11} {'x LOAD':>7} {'saving':>7} {'plan s':>7}  schedule"]
+    parts = list(d["rows"][0]["breakdown"]) if updates else []
+    title = f"{graph.name}: {shapes}" + (f"; training step with {d['training']}, forward {d['forward_flops'] / 1e9:.2f} "
+                                         f"GFLOP, backward {d['backward_flops'] / 1e9:.2f} GFLOP" if updates else "")
+    lines = [title, f"{'strategy':<21} {'arena MiB':>11} {'x LOAD':>7} {'saving':>7} {'plan s':>7}  {'schedule':<8}"
+             + "".join(f" {p:>11}" for p in parts)]
     for r in d["rows"]:
         lines.append(f"{r['strategy']:<21} {r['arena_bytes'] / 2**20:>11.2f} {r['x_load']:>7.3f} "
-                     f"{r['saving_vs_naive']:>7.1%} {r['plan_seconds']:>7.2f}  {r['schedule']}")
+                     f"{r['saving_vs_naive']:>7.1%} {r['plan_seconds']:>7.2f}  {r['schedule']:<8}"
+                     + "".join(f" {r['breakdown'][p] / 2**20:>11.2f}" for p in parts))
     lines.append(f"{'LOAD (lower bound)':<21} {d['lower_bound_bytes'] / 2**20:>11.2f} {1:>7.3f}")
     best = min(d["rows"], key=lambda r: r["arena_bytes"])
     parts = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in best["breakdown"].items())
@@ -71,4 +87,10 @@ def format_table(rows, graph, modes):
     lines.append(f"workspace as {len(pool['slots'])} pooled slot(s) of {pool['workspace_bytes'] / 2**20:.2f} MiB: "
                  f"arena {pool['arena_bytes'] / 2**20:.2f} MiB; as one-step tensors: arena "
                  f"{tensor['arena_bytes'] / 2**20:.2f} MiB (bestfit)")
+    if updates:
+        eager, after = d["update_modes"]["eager"], d["update_modes"]["after_backward"]
+        lines.append(f"params updated as each gradient completes: arena {eager['arena_bytes'] / 2**20:.2f} MiB "
+                     f"(gradients {eager['breakdown']['grads'] / 2**20:.2f} MiB at the peak); all gradients, then "
+                     f"the step: {after['arena_bytes'] / 2**20:.2f} MiB (gradients "
+                     f"{after['breakdown']['grads'] / 2**20:.2f} MiB) (bestfit)")
     return "\n".join(lines)

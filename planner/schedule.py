@@ -14,21 +14,26 @@ differs from it only when strictly better. Views (identity ops) are counted as n
 as `liveness.peak_bytes` counts them.
 """
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from . import ops
 from .errors import PlanError
 from .liveness import TRANSIENT, peak_bytes
 
 ORDERS = ("file", "memory")
 
 
-def schedule(graph, order="file", held=()):
+def schedule(graph, order="file", held=(), last=()):
     """The nodes of a typed graph in a topological order: "file" or "memory".
 
-    `held` names tensors (graph outputs, fetched ones) that are never freed.
+    `held` names tensors (graph outputs, fetched ones) that are never freed; the nodes named in `last`
+    run after all the others, in file order (a training step's optimizer after the whole backward).
     """
     if order not in ORDERS:
         raise PlanError(f"unknown schedule {order!r}; choose one of {', '.join(map(repr, ORDERS))}")
+    if last:
+        head = replace(graph, nodes=tuple(n for n in graph.nodes if n.name not in last))
+        return schedule(head, order, held) + tuple(n for n in graph.nodes if n.name in last)
     steps = tuple(graph.nodes)
     if order == "file" or not steps:
         return steps
@@ -42,7 +47,11 @@ def schedule(graph, order="file", held=()):
 class _Dag:
     """The graph as index lists, with the bytes a scheduler weighs.
 
-    `reads[k]`: the distinct tensors node k reads; `deps[k]`: the distinct nodes writing them;
+    `reads[k]`: the distinct tensors node k reads; `deps[k]`: the distinct nodes writing them, and for
+    a node writing an update (Graph.updates) every other node reading the tensor it overwrites, and
+    for a backward node (meta phase) the forward pass's last node: a gradient rule's work on forward
+    values alone (BatchNormalization's centred input) waits for the backward pass, as in PyTorch,
+    instead of being hoisted into the forward pass where it would live until used;
     `outputs[k]`: the tensors it writes; `readers[t]`: the nodes reading tensor t; `writer[t]`: the
     node writing it; `free[t]`: bytes freed after t's last reader (0 for params, consts and held
     tensors); `made[k]`: bytes node k writes that outlive its step (read later, or held).
@@ -64,10 +73,28 @@ class _Dag:
         free = {t: v.nbytes if v.kind in TRANSIENT and t not in keep else 0 for t, v in graph.tensors.items()}
         writer = {t: index[id(node)] for t, node in graph.producers.items()}
         reads = [tuple(dict.fromkeys(i for i in node.inputs if i)) for node in graph.nodes]
-        deps = [tuple(dict.fromkeys(writer[i] for i in r if i in writer)) for r in reads]
+        deps = [[writer[i] for i in r if i in writer] for r in reads]
+        for new, old in ((n, o) for n, o in graph.updates if n in writer):
+            deps[writer[new]] += [index[id(c)] for c in _readers_of_bytes(graph, old) if index[id(c)] != writer[new]]
+        forward = [k for k, node in enumerate(graph.nodes) if "phase" not in node.meta]
+        for k, node in enumerate(graph.nodes):
+            if forward and node.meta.get("phase") == "backward":
+                deps[k].append(forward[-1])
+        deps = [tuple(dict.fromkeys(d)) for d in deps]
         outputs = [tuple(o for o in node.outputs if o) for node in graph.nodes]
         made = [sum(graph.tensors[o].nbytes for o in outs if readers[o] or o in keep) for outs in outputs]
         return cls(reads, deps, readers, writer, free, made, outputs)
+
+
+def _readers_of_bytes(graph, name):
+    """The nodes reading `name` or a view of it (Reshape and the like may share its bytes)."""
+    found, todo = [], [name]
+    while todo:
+        for node in graph.consumers[todo.pop()]:
+            found.append(node)
+            if ops.get(node.op).is_view(node) and node.outputs[0]:
+                todo.append(node.outputs[0])
+    return found
 
 
 def _greedy(dag):
@@ -77,7 +104,11 @@ def _greedy(dag):
     pushed anew and the stale, lower entry is skipped when it surfaces.
     """
     remaining = {t: len(r) for t, r in dag.readers.items()}
-    waiting = [sum(1 for t in r if t in dag.writer) for r in dag.reads]
+    waiting = [len(d) for d in dag.deps]
+    after = [[] for _ in waiting]
+    for k, deps in enumerate(dag.deps):
+        for d in deps:
+            after[d].append(k)
     done, order = [False] * len(waiting), []
 
     def score(k):
@@ -97,11 +128,10 @@ def _greedy(dag):
                 last = next(c for c in dag.readers[t] if not done[c])
                 if not waiting[last]:
                     heapq.heappush(heap, (-score(last), last))
-        for t in dag.outputs[k]:
-            for c in dag.readers[t]:
-                waiting[c] -= 1
-                if not waiting[c]:
-                    heapq.heappush(heap, (-score(c), c))
+        for c in after[k]:
+            waiting[c] -= 1
+            if not waiting[c]:
+                heapq.heappush(heap, (-score(c), c))
     return order
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import ops
 from .errors import INPUT_SYNTAX, ModelError, ShapeError
-from .ir import Graph, Tensor, validate
+from .ir import Tensor, validate
 from .ops import Info
 
 FOLD_LIMIT = 1 << 16
@@ -22,6 +22,7 @@ def infer(graph, input_shapes=None):
     ops.check_supported(node.op for node in graph.nodes)
     infos, dims = _bind_inputs(graph, input_shapes or {})
     nodes, folded = [], {}
+    kept = {*graph.outputs, *(new for new, _ in graph.updates)}
     for node in graph.nodes:
         schema = ops.get(node.op)
         node = _static_attrs(schema, node, graph, infos)
@@ -40,7 +41,7 @@ def infer(graph, input_shapes=None):
             if out:
                 value = None if values is None else np.asarray(values[k], dtype=outs[k][1]).reshape(outs[k][0])
                 infos[out] = Info(*outs[k], value)
-        if values is not None and not set(node.outputs) & set(graph.outputs):
+        if values is not None and not set(node.outputs) & kept:
             folded.update((out, infos[out].value) for out in node.outputs if out)
         else:
             nodes.append(node)
@@ -98,6 +99,8 @@ def _bind_inputs(graph, input_shapes):
             weight = t.kind == "param" and t.dtype.kind == "f" and t.data.size > 1
             value = None if weight else t.data
             infos[t.name] = Info(tuple(t.data.shape), t.data.dtype, value)
+        elif t.kind == "state":
+            infos[t.name] = Info(t.shape, t.dtype)
     return infos, dims
 
 
@@ -136,17 +139,16 @@ def _check_declared(tensor, info, dims):
 
 def _prune(graph):
     """Drop nodes no graph output depends on, and tensors nothing reads or writes."""
-    needed = set(graph.outputs)
+    needed = set(graph.outputs) | {new for new, _ in graph.updates}
     keep = []
     for node in reversed(graph.nodes):
         if needed.intersection(node.outputs):
             keep.append(node)
             needed.update(i for i in node.inputs if i)
     nodes = tuple(reversed(keep))
-    used = set(graph.inputs) | set(graph.outputs)
+    used = set(graph.inputs) | set(graph.outputs) | {t for pair in graph.updates for t in pair}
     used.update(x for n in nodes for x in (*n.inputs, *n.outputs) if x)
-    return Graph(nodes, {k: t for k, t in graph.tensors.items() if k in used},
-                 graph.inputs, graph.outputs, graph.name, graph.opset)
+    return replace(graph, nodes=nodes, tensors={k: t for k, t in graph.tensors.items() if k in used})
 
 
 def _show(shape):

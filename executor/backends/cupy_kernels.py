@@ -1,6 +1,7 @@
 """GPU overrides: fused CuPy kernels for ops whose NumPy form needs temporaries, which would allocate
 device memory while a plan runs."""
 from ..kernels import attr
+from ..kernels.optim import in_place
 
 ELEMENTWISE = {  # op: (extra parameters, body on double v, read from x)
     "LeakyRelu": ("float64 alpha", "v < 0 ? alpha * v : v"),
@@ -38,4 +39,31 @@ def overrides(cupy):
         xp.subtract(y, r, out=y)
 
     return {**dict.fromkeys(("LeakyRelu", "HardSigmoid", "HardSwish", "Gelu"), elementwise),
-            "LogSoftmax": log_softmax}
+            "LogSoftmax": log_softmax, **_optimizers(cupy)}
+
+
+def _optimizers(cupy):
+    """memplan.SGD and memplan.Adam as one kernel each, updating parameter and state in place; the
+    hyperparameter tensors are read on the device, so a step never waits for the host."""
+    sgd = cupy.ElementwiseKernel(
+        "S lr, T g, float64 decay, float64 momentum, bool nesterov", "T x, T buf",
+        "double d = (double)g + decay * (double)x; if (momentum != 0) { double b = momentum * (double)buf + d;"
+        " buf = (T)b; d = nesterov ? d + momentum * b : b; } x = (T)((double)x - (double)lr * d);", "memplan_sgd")
+    adam = cupy.ElementwiseKernel(
+        "S lr, S t, T g, float64 b1, float64 b2, float64 eps, float64 decay, bool decoupled", "T x, T m, T v",
+        "double p = (double)x, d = (double)g; if (decoupled) p *= 1 - (double)lr * decay; else d += decay * p;"
+        " double mm = (double)m + (d - (double)m) * (1 - b1), vv = b2 * (double)v + (1 - b2) * d * d;"
+        " m = (T)mm; v = (T)vv; double c1 = 1 - pow(b1, (double)t), c2 = 1 - pow(b2, (double)t);"
+        " x = (T)(p - (double)lr / c1 * mm / (sqrt(vv) / sqrt(c2) + eps));", "memplan_adam")
+
+    def run_sgd(xp, step, ins, outs, ws):
+        x, buf = (*in_place(xp, ins, outs, 1), outs[0])[:2]
+        sgd(ins[0], ins[2], attr(step, "weight_decay"), attr(step, "momentum"), bool(attr(step, "nesterov")), x, buf)
+
+    def run_adam(xp, step, ins, outs, ws):
+        in_place(xp, ins, outs, 2)
+        adam(ins[0], ins[1], ins[3], *(attr(step, k) for k in ("beta1", "beta2", "epsilon", "weight_decay")),
+             bool(attr(step, "decoupled")), *outs)
+
+    return {"memplan.SGD": run_sgd, "memplan.Adam": run_adam}
+

@@ -1,0 +1,145 @@
+"""One training step as a graph: training-mode semantics, the loss, its gradients, and an optimizer
+node per parameter whose results the plan writes over the parameter and its state (Graph.updates).
+
+    model -> training mode -> + loss -> + gradients -> + optimizer -> typed graph
+
+Each parameter is updated as soon as its gradient is complete ("eager", so gradient buffers are
+transient), or after the whole backward pass ("after_backward", as `loss.backward(); opt.step()`).
+"""
+from dataclasses import replace
+
+import numpy as np
+
+from . import shapes
+from .autodiff import Builder, gradients
+from .errors import ModelError
+from .ir import Tensor
+from .losses import append_loss
+
+OPTIMIZERS = {  # name: (op, defaults of optimizer_args, state tensors per parameter)
+    "sgd": ("memplan.SGD", {"lr": 0.01, "weight_decay": 0.0}, ()),
+    "momentum": ("memplan.SGD", {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.0, "nesterov": False}, ("momentum",)),
+    "adam": ("memplan.Adam", {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}, ("exp_avg", "exp_avg_sq")),
+    "adamw": ("memplan.Adam", {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
+              ("exp_avg", "exp_avg_sq")),
+}
+UPDATES = ("eager", "after_backward")
+LR, STEP = "optimizer/lr", "optimizer/step"
+
+
+def training_graph(graph, loss="cross_entropy", loss_output=None, optimizer="sgd", optimizer_args=None,
+                   frozen=(), update="eager"):
+    """The typed graph of one training step of a typed inference `graph`, and what the executor needs
+    to drive it: {"loss", "labels", "params", "grads", "optimizer", "args", "update", "lr", "step"}."""
+    if optimizer not in OPTIMIZERS:
+        raise ModelError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+    if update not in UPDATES:
+        raise ModelError(f"unknown update {update!r}; choose one of {', '.join(UPDATES)}")
+    args = _arguments(optimizer, optimizer_args or {})
+    unknown = sorted(set(frozen) - {t.name for t in graph.params()})
+    if unknown:
+        raise ModelError(f"frozen names {', '.join(map(repr, unknown))}, which are not params of the model")
+    graph = training_mode(graph)
+    graph, labels = append_loss(graph, loss, loss_output)
+    graph = replace(graph, outputs=("loss",))
+    stats = {t for _, t in graph.updates}
+    reached = _reaching(graph, "loss")
+    params = [t.name for t in graph.params()
+              if t.dtype.kind == "f" and t.name in reached and t.name not in stats and t.name not in frozen]
+    if not params:
+        raise ModelError("the model has no trainable float params that the loss depends on")
+    graph, grads = gradients(graph, "loss", params)
+    graph = _append_optimizer(graph, grads, optimizer, args, update)
+    return graph, {"loss": "loss", "labels": labels, "params": params, "grads": grads, "optimizer": optimizer,
+                   "args": args, "update": update, "lr": LR, "step": STEP if OPTIMIZERS[optimizer][0] == "memplan.Adam"
+                   else None}
+
+
+def training_mode(graph):
+    """BatchNormalization with batch statistics, its running mean and variance written back into their
+    params; Dropout drawing its mask (kept for backward). A model exported in training mode keeps its
+    own outputs for these."""
+    nodes, tensors, updates = [], dict(graph.tensors), list(graph.updates)
+    for node in graph.nodes:
+        if node.op == "BatchNormalization":
+            outs = [*node.outputs, "", ""][:3]
+            for k, (stat, suffix) in enumerate(((node.inputs[3], "running_mean"), (node.inputs[4], "running_var")), 1):
+                if not outs[k]:
+                    outs[k] = f"{node.name or node.outputs[0]}/{suffix}"
+                    tensors[outs[k]] = Tensor(outs[k], None, None, "activation")
+                updates.append((outs[k], stat))
+            node = replace(node, attrs={**node.attrs, "training_mode": 1}, outputs=(*outs, *node.outputs[3:]))
+        elif node.op == "Dropout":
+            mask = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] else f"{node.outputs[0]}/mask"
+            tensors.setdefault(mask, Tensor(mask, None, None, "activation"))
+            node = replace(node, attrs={**node.attrs, "training_mode": 1}, outputs=(node.outputs[0], mask))
+        nodes.append(node)
+    return shapes.infer(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates)))
+
+
+def _arguments(optimizer, given):
+    """optimizer_args over the optimizer's defaults; unknown keys are an error, not ignored."""
+    defaults = OPTIMIZERS[optimizer][1]
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ModelError(f"optimizer {optimizer!r} takes optimizer_args {', '.join(defaults)}; "
+                         f"got unknown {', '.join(unknown)}")
+    return {**defaults, **given}
+
+
+def _append_optimizer(graph, grads, optimizer, args, update):
+    """One optimizer node per parameter, reading the hyperparameter inputs, the parameter, its gradient
+    and its state, placed in the file right after the last node it must follow (eager) or at the end."""
+    op, _, state_names = OPTIMIZERS[optimizer]
+    b = Builder(graph, prefix="optimizer", phase="optimizer")
+    scalars = [LR, STEP] if op == "memplan.Adam" else [LR]
+    for name in scalars:
+        b.tensors[name] = Tensor(name, (), np.dtype(np.float64), "input")
+    attrs = _attributes(optimizer, args)
+    updates = []
+    for param, grad in grads.items():
+        p = graph.tensors[param]
+        state = [f"{param}/{s}" for s in state_names]
+        for s in state:
+            b.tensors[s] = Tensor(s, p.shape, p.dtype, "state")
+        outs = b.op(op, *scalars, param, grad, *state, outputs=1 + len(state), **attrs)
+        updates += zip((outs,) if isinstance(outs, str) else outs, (param, *state))
+    nodes = list(graph.nodes)
+    if update == "eager":
+        nodes = _interleave(nodes, b.nodes, {n.name: n.inputs[len(scalars)] for n in b.nodes})
+    else:
+        nodes += b.nodes
+    return shapes.infer(replace(graph, nodes=tuple(nodes), tensors={**graph.tensors, **b.tensors},
+                                inputs=(*graph.inputs, *scalars), updates=(*graph.updates, *updates)))
+
+
+def _attributes(optimizer, args):
+    if OPTIMIZERS[optimizer][0] == "memplan.SGD":
+        return {"momentum": float(args.get("momentum", 0.0)), "weight_decay": float(args["weight_decay"]),
+                "nesterov": int(bool(args.get("nesterov", False)))}
+    beta1, beta2 = args["betas"]
+    return {"beta1": float(beta1), "beta2": float(beta2), "epsilon": float(args["eps"]),
+            "weight_decay": float(args["weight_decay"]), "decoupled": int(optimizer == "adamw")}
+
+
+def _interleave(nodes, steps, param_of):
+    """`nodes` with each optimizer step inserted after the last node that reads its parameter or writes
+    its gradient, so the file's own order already updates every parameter as early as it may."""
+    index = {}
+    for k, node in enumerate(nodes):
+        for name in (*node.inputs, *node.outputs):
+            index[name] = k
+    after = {}
+    for step in steps:
+        grad = step.inputs[step.inputs.index(param_of[step.name]) + 1]
+        after.setdefault(max(index.get(param_of[step.name], -1), index.get(grad, -1)), []).append(step)
+    return [*after.get(-1, []), *(n for k, node in enumerate(nodes) for n in (node, *after.get(k, [])))]
+
+
+def _reaching(graph, target):
+    """The tensors `target` depends on (itself included)."""
+    found = {target}
+    for node in reversed(graph.nodes):
+        if found.intersection(node.outputs):
+            found.update(i for i in node.inputs if i)
+    return found

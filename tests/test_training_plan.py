@@ -1,0 +1,212 @@
+"""Training steps as plans: parameters and optimizer state updated in place in the arena, the
+breakdown, the two update modes, training-mode BatchNormalization, the CLI, and the errors."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import planner
+from executor import Executor, FeedError
+from planner import MemplanError, Plan, cli
+from zoo_cases import input_shapes, small_model
+
+BATCH = 4
+
+
+def compiled(case="mlp", **kw):
+    m = small_model(case)
+    options = {"training": True, "loss": "cross_entropy", "optimizer": "momentum", **kw}
+    return planner.compile(m, input_shapes(m, BATCH), **options)
+
+
+def data(plan, seed=0):
+    rng = np.random.default_rng(seed)
+    feeds = {n: rng.standard_normal(plan.tensors[n].shape, dtype=np.float32) for n in plan.inputs
+             if n not in (plan.training["lr"], plan.training["step"], plan.training["labels"])}
+    feeds[plan.training["labels"]] = rng.integers(0, 5, plan.tensors[plan.training["labels"]].shape)
+    return feeds
+
+
+@pytest.mark.parametrize("optimizer,state", [("sgd", 0), ("momentum", 1), ("adam", 2), ("adamw", 2)])
+@pytest.mark.parametrize("case", ["mlp", "resnet_deep"])
+def test_plans_verify_and_break_down(case, optimizer, state):
+    plan = compiled(case, optimizer=optimizer)
+    params = sum(plan.tensors[p].nbytes for p in plan.training["params"])
+    assert sum(plan.breakdown.values()) == plan.arena_bytes
+    assert state * params <= plan.breakdown["optimizer"] <= state * (params + 256 * len(plan.training["params"]))
+    assert plan.stats["backward_flops"] > plan.stats["forward_flops"] > 0
+    for param in plan.training["params"]:
+        assert plan.tensors[plan.training["grads"][param]].role == "gradient"
+    updates = [t for t in plan.tensors.values() if t.role == "update"]
+    assert updates and all(t.offset == plan.tensors[t.alias_of].offset for t in updates)
+    assert any(t.role == "saved" for t in plan.tensors.values())
+
+
+def test_eager_updates_keep_fewer_gradients_than_after_backward():
+    eager, after = (compiled("resnet_deep", update=mode) for mode in ("eager", "after_backward"))
+    assert eager.breakdown["grads"] < after.breakdown["grads"]
+    assert eager.arena_bytes <= after.arena_bytes
+    last_backward = max(k for k, s in enumerate(after.steps) if not s.op.startswith("memplan."))
+    assert all(s.op.startswith("memplan.") for s in after.steps[last_backward + 1:])
+
+
+def test_update_modes_train_alike():
+    """Each param's update sees the same gradient whenever it runs: the same params, bit for bit."""
+    results = []
+    for mode in ("eager", "after_backward"):
+        plan = compiled("resnet_deep", optimizer="adam", update=mode)
+        ex = Executor(plan, backend="numpy", poison=True)
+        losses = [ex.train_step(data(plan, seed)) for seed in range(3)]
+        results.append((losses, ex.parameters()))
+    (losses_a, params_a), (losses_b, params_b) = results
+    assert losses_a == losses_b
+    assert all(np.array_equal(params_a[k], params_b[k]) for k in params_a)
+
+
+def test_parameters_persist_across_steps_and_can_be_set():
+    plan = compiled("mlp", optimizer="sgd", optimizer_args={"lr": 0.1})
+    ex = Executor(plan, backend="numpy", poison=True)
+    start = ex.parameters()
+    first = ex.train_step(data(plan))
+    moved = ex.parameters()
+    assert all(not np.array_equal(start[k], moved[k]) for k in start)
+    ex.set_parameters(start)
+    assert ex.train_step(data(plan)) == first
+    with pytest.raises(FeedError, match="not a param"):
+        ex.set_parameters({"nope": np.zeros(1)})
+
+
+def test_frozen_params_stay():
+    m = small_model("mlp")
+    frozen = [t.name for t in planner.load(m, input_shapes(m, BATCH)).params()][:2]
+    plan = compiled("mlp", frozen=frozen)
+    assert not set(frozen) & set(plan.training["params"])
+    ex = Executor(plan, backend="numpy")
+    before = {k: np.array(ex.arena.view(k)) for k in frozen}
+    ex.train_step(data(plan))
+    assert all(np.array_equal(before[k], ex.arena.view(k)) for k in frozen)
+
+
+def test_loss_decreases_with_sgd_under_poison():
+    plan = compiled("mlp", optimizer="sgd", optimizer_args={"lr": 0.2})
+    ex = Executor(plan, backend="numpy", poison=True)
+    feeds = data(plan)
+    losses = [ex.train_step(feeds) for _ in range(30)]
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def batchnorm_model(momentum=0.8):
+    """x -> BatchNormalization (exported for inference) -> y, with a learnable scale."""
+    c = 3
+    inits = [numpy_helper.from_array(v, k) for k, v in {
+        "scale": np.full(c, 1.5, np.float32), "bias": np.zeros(c, np.float32),
+        "mean": np.full(c, 0.25, np.float32), "var": np.full(c, 2.0, np.float32)}.items()]
+    node = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"], momentum=momentum)
+    graph = helper.make_graph([node], "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, c, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, c, 5])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+
+
+def test_batchnorm_trains_with_batch_statistics_and_updates_running_ones():
+    m = batchnorm_model()
+    plan = planner.compile(m, training=True, loss="mse", optimizer="sgd", optimizer_args={"lr": 0.0})
+    x = np.random.default_rng(1).standard_normal((4, 3, 5), dtype=np.float32) * 3 + 1
+    ex = Executor(plan, backend="numpy", poison=True)
+    loss = ex.train_step({"x": x, "targets": np.zeros_like(x)})
+    training = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"],
+                                ["y", "running_mean", "running_var"], momentum=0.8, training_mode=1)
+    m.graph.node[0].CopyFrom(training)
+    m.graph.output.extend([helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                           for n in ("running_mean", "running_var")])
+    y, mean, var = ReferenceEvaluator(m).run(None, {"x": x})
+    np.testing.assert_allclose(loss, np.mean(y ** 2), rtol=1e-5)
+    np.testing.assert_allclose(ex.arena.view("mean"), mean, rtol=1e-5)
+    np.testing.assert_allclose(ex.arena.view("var"), var, rtol=1e-5)
+    assert set(plan.training["params"]) == {"scale", "bias"}
+
+
+def test_plan_round_trips_through_json(tmp_path):
+    plan = compiled("mlp", optimizer="adam")
+    again = Plan.from_json(plan.to_json(tmp_path / "step.json"))
+    assert again.training["params"] == plan.training["params"]
+    feeds = data(plan)
+    assert Executor(again, backend="numpy").train_step(feeds) == Executor(plan, backend="numpy").train_step(feeds)
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"optimizer": "rmsprop"}, "unknown optimizer 'rmsprop'"),
+    ({"optimizer_args": {"learning_rate": 1}}, "unknown learning_rate"),
+    ({"frozen": ["nope"]}, "frozen names 'nope'"),
+    ({"update": "later"}, "unknown update 'later'"),
+    ({"loss": "hinge"}, "unknown loss 'hinge'"),
+])
+def test_bad_training_options(kw, message):
+    with pytest.raises(MemplanError, match=message):
+        compiled("mlp", **kw)
+
+
+def test_training_options_need_training():
+    with pytest.raises(MemplanError, match="apply to training=True"):
+        planner.compile(small_model("mlp"), input_shapes(small_model("mlp"), 1), optimizer="adam")
+    with pytest.raises(MemplanError, match="training=True"):
+        Executor(planner.compile(small_model("mlp"), input_shapes(small_model("mlp"), 1))).train_step({})
+
+
+def test_cli_report_training_adds_the_breakdown(capsys):
+    assert cli.main(["report", "zoo:mlp", "--batch", "4", "--training", "--optimizer", "adam", "--time-limit", "0.5"]) == 0
+    out = capsys.readouterr().out
+    for word in ("grads", "optimizer", "saved", "training step with adam", "all gradients, then the step"):
+        assert word in out
+    assert cli.main(["report", "zoo:mlp", "--optimizer", "adam"]) == 2
+    assert "apply with --training" in capsys.readouterr().err
+
+
+def test_verify_catches_an_update_before_a_reader():
+    from dataclasses import replace
+    plan = compiled("mlp", schedule="file")
+    k, step = next((k, s) for k, s in enumerate(plan.steps) if s.op == "memplan.SGD")
+    param = step.inputs[1]
+    reader = next(j for j, s in enumerate(plan.steps) if param in s.inputs and j != k)
+    steps = list(plan.steps)
+    steps.insert(reader, steps.pop(k))
+    update = plan.tensors[step.outputs[0]]
+    tensors = {**plan.tensors, update.name: replace(update, lifetime=(reader, reader))}
+    with pytest.raises(planner.PlanError, match="overwrites param"):
+        replace(plan, steps=tuple(steps), tensors=tensors).verify()
+
+
+GPU_CASES = ["mlp", "lenet", "resnet18", "resnet_deep", "mobilenet_v2"]
+
+
+def _cupy():
+    from executor import backends
+    try:
+        return backends.get("cupy").xp
+    except MemplanError:
+        pytest.skip("needs CuPy and a CUDA GPU")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_gpu_train_step_matches_numpy_and_allocates_nothing(case, optimizer):
+    cupy = _cupy()
+    plan = compiled(case, optimizer=optimizer)
+    cpu, gpu = Executor(plan, backend="numpy"), Executor(plan, backend="cupy")
+    for seed in range(3):
+        feeds = data(plan, seed)
+        assert gpu.train_step(feeds) == pytest.approx(cpu.train_step(feeds), rel=1e-4)
+    for name, value in cpu.parameters().items():
+        got = gpu.parameters()[name]
+        assert np.abs(got - value).max() <= 1e-4 * max(np.abs(value).max(), 1e-3), name
+
+    def refuse(size):
+        raise AssertionError(f"the executor allocated {size} bytes during a training step")
+
+    with cupy.cuda.using_allocator(refuse):
+        for bound in filter(None, gpu.program):
+            fn, step, ins, outs, ws = bound
+            try:
+                fn(cupy, step, ins, outs, ws)
+            except AssertionError as e:
+                raise AssertionError(f"step {step.name!r} ({step.op}): {e}") from None

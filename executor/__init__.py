@@ -106,9 +106,7 @@ class Executor:
         info = self.plan.training
         if not info:
             raise MemplanError("train_step needs a plan compiled with training=True")
-        scalars = {info["lr"]: float(self.lr)}
-        if info["step"]:
-            scalars[info["step"]] = float(self.steps_taken + 1)
+        scalars = {info["lr"]: float(self.lr), info["step"]: float(self.steps_taken + 1)}
         loss = self._run(feeds, scalars)[info["loss"]]
         self.steps_taken += 1
         return float(loss)

@@ -6,7 +6,6 @@ import numpy as np
 
 from . import shapes
 from .autodiff import Builder
-from .dtypes import to_onnx
 from .errors import ModelError
 from .ir import Tensor
 
@@ -16,7 +15,8 @@ LOSSES = ("cross_entropy", "mse")
 def append_loss(graph, kind, output=None):
     """The typed graph with the loss added as its first output named "loss", and the name of the
     input it adds: "labels" (int64 class indices, the output's shape without its class dim 1) for
-    cross_entropy, "targets" (the output's shape and dtype) for mse. Both average over the batch."""
+    cross_entropy (one fused SoftmaxCrossEntropyLoss), "targets" (the output's shape and dtype) for
+    mse. Both average over the batch (and the positions)."""
     if kind not in LOSSES:
         raise ModelError(f"unknown loss {kind!r}; choose one of {', '.join(LOSSES)}")
     output = output or graph.outputs[0]
@@ -28,10 +28,7 @@ def append_loss(graph, kind, output=None):
         if len(out.shape) < 2:
             raise ModelError(f"cross_entropy needs (batch, classes, ...) logits; {output!r} is {out.shape}")
         name = _input(b, graph, "labels", (out.shape[0], *out.shape[2:]), np.dtype(np.int64))
-        classes = b.const(np.arange(out.shape[1]).reshape(1, -1, *(1 for _ in out.shape[2:])), name)
-        onehot = b.op("Cast", b.op("Equal", b.op("Unsqueeze", name, axes=[1]), classes), to=to_onnx(out.dtype))
-        picked = b.op("ReduceSum", b.op("Mul", onehot, b.op("LogSoftmax", output, axis=1)), axes=[1], keepdims=0)
-        total = b.op("Neg", b.op("ReduceMean", picked, keepdims=0))
+        total = b.op("SoftmaxCrossEntropyLoss", output, name, reduction="mean")
     else:
         name = _input(b, graph, "targets", out.shape, out.dtype)
         diff = b.op("Sub", output, name)

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import shapes
+from . import ops, shapes
 from .autodiff import Builder, gradients
 from .errors import ModelError
 from .ir import Tensor
@@ -51,8 +51,7 @@ def training_graph(graph, loss="cross_entropy", loss_output=None, optimizer="sgd
     graph, grads = gradients(graph, "loss", params)
     graph = _append_optimizer(graph, grads, optimizer, args, update)
     return graph, {"loss": "loss", "labels": labels, "params": params, "grads": grads, "optimizer": optimizer,
-                   "args": args, "update": update, "lr": LR, "step": STEP if OPTIMIZERS[optimizer][0] == "memplan.Adam"
-                   else None}
+                   "args": args, "update": update, "lr": LR, "step": STEP}
 
 
 def training_mode(graph):
@@ -69,12 +68,16 @@ def training_mode(graph):
                     tensors[outs[k]] = Tensor(outs[k], None, None, "activation")
                 updates.append((outs[k], stat))
             node = replace(node, attrs={**node.attrs, "training_mode": 1}, outputs=(*outs, *node.outputs[3:]))
-        elif node.op == "Dropout":
+        elif node.op == "Dropout" and ops.get("Dropout").attr(node, "ratio"):
             mask = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] else f"{node.outputs[0]}/mask"
             tensors.setdefault(mask, Tensor(mask, None, None, "activation"))
-            node = replace(node, attrs={**node.attrs, "training_mode": 1}, outputs=(node.outputs[0], mask))
+            seed = node.attrs.get("seed")
+            node = replace(node, op="memplan.Dropout", inputs=(node.inputs[0], STEP), outputs=(node.outputs[0], mask),
+                           attrs={"ratio": node.attrs.get("ratio", 0.5), "seed": len(nodes) if seed is None else seed})
         nodes.append(node)
-    return shapes.infer(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates)))
+    tensors[STEP] = Tensor(STEP, (), np.dtype(np.float64), "input")
+    return shapes.infer(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates),
+                                inputs=(*graph.inputs, STEP)))
 
 
 def _arguments(optimizer, given):
@@ -93,8 +96,7 @@ def _append_optimizer(graph, grads, optimizer, args, update):
     op, _, state_names = OPTIMIZERS[optimizer]
     b = Builder(graph, prefix="optimizer", phase="optimizer")
     scalars = [LR, STEP] if op == "memplan.Adam" else [LR]
-    for name in scalars:
-        b.tensors[name] = Tensor(name, (), np.dtype(np.float64), "input")
+    b.tensors[LR] = Tensor(LR, (), np.dtype(np.float64), "input")
     attrs = _attributes(optimizer, args)
     updates = []
     for param, grad in grads.items():
@@ -110,7 +112,7 @@ def _append_optimizer(graph, grads, optimizer, args, update):
     else:
         nodes += b.nodes
     return shapes.infer(replace(graph, nodes=tuple(nodes), tensors={**graph.tensors, **b.tensors},
-                                inputs=(*graph.inputs, *scalars), updates=(*graph.updates, *updates)))
+                                inputs=(*graph.inputs, LR), updates=(*graph.updates, *updates)))
 
 
 def _attributes(optimizer, args):

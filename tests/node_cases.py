@@ -89,3 +89,16 @@ def feeds(case):
 def _array(x):
     """Cases keep values numpy cannot hold natively (float8, int4, ...) as TensorProtos."""
     return numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x
+
+
+def assert_outputs(got, expected, rtol, atol):
+    """Each output (host arrays) has the expected shape and dtype; floats are within the tolerances, the
+    rest exactly equal."""
+    for name, want in expected.items():
+        value, want = got[name], np.asarray(want)
+        assert value.shape == want.shape and value.dtype == want.dtype, name
+        if want.dtype.kind in "fc" or want.dtype.name == "bfloat16" or "float8" in want.dtype.name:
+            np.testing.assert_allclose(value.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol,
+                                       err_msg=name)
+        else:
+            np.testing.assert_array_equal(value, want, err_msg=name)

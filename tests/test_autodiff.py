@@ -35,20 +35,29 @@ def loss_of(m, x, params):
 
 
 def check(m, x, eps=1e-6):
+    """The gradients of sum(y) with respect to x and every float param against central differences."""
     graph = planner.load(m)
-    trained, grads = backward(graph, "y")
+    trained, grads = backward(graph, "y", wrt=[*(t.name for t in graph.params() if t.dtype.kind == "f"), "x"])
     got = run(trained, x)
     params = {i.name: numpy_helper.to_array(i).copy() for i in m.graph.initializer}
     for name in grads:  # float params still in the graph (Clip's bounds, say, became attributes)
-        value = params[name]
+        value = x if name == "x" else params[name]
         numeric = np.zeros_like(value)
         for k in np.ndindex(value.shape):
             for sign in (1, -1):
                 moved = value.copy()
                 moved[k] += sign * eps
-                numeric[k] += sign * loss_of(m, x, {**params, name: moved}) / (2 * eps)
+                numeric[k] += sign * (loss_of(m, moved, params) if name == "x" else
+                                      loss_of(m, x, {**params, name: moved})) / (2 * eps)
         loss_of(m, x, params)
         np.testing.assert_allclose(got[grads[name]], numeric, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def weighted(nodes, x_shape, params, opset=17):
+    """`model` of the nodes with the last one's output times a random k of its shape as y."""
+    last = nodes[-1][2][0]
+    shape = planner.load(model(nodes, x_shape, params, out=last, opset=opset)).tensors[last].shape
+    return model([*nodes, ("Mul", [last, "k"], ["y"], {})], x_shape, {**params, "k": p(*shape)}, opset=opset)
 
 
 def p(*shape):
@@ -84,8 +93,9 @@ def test_gemm_transposed_inputs_and_unary_ops():
 def test_errors():
     m = model([("Abs", ["x"], ["a"], {}), ("Mul", ["a", "w"], ["y"], {})], [2, 2], dict(w=p(2, 2)))
     backward(planner.load(m), "y")  # Abs is not on the path to w's gradient
-    m = model([("Mul", ["x", "w"], ["a"], {}), ("Abs", ["a"], ["y"], {})], [2, 2], dict(w=p(2, 2)))
-    with pytest.raises(planner.ModelError, match="Abs.*no gradient rule"):
+    m = model([("Mul", ["x", "w"], ["a"], {}), ("Einsum", ["a"], ["y"], dict(equation="ii->i"))], [2, 2],
+              dict(w=p(2, 2)))
+    with pytest.raises(planner.ModelError, match="Einsum.*no gradient rule"):
         backward(planner.load(m), "y")
     with pytest.raises(planner.ModelError, match="does not depend"):
         backward(planner.load(m), "y", wrt=[])
@@ -202,3 +212,160 @@ def test_gather_rows_accumulate():
     want = np.zeros((5, 4))
     np.add.at(want, ids % 5, numpy_helper.to_array(graph.initializer[1]))
     np.testing.assert_allclose(out[grads["table"]], want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
+    dict(kernel_shape=[2, 3], dilations=[2, 1]),  # overlapping windows
+    dict(kernel_shape=[3, 2], strides=[2, 1], pads=[0, 1, 1, 0], indices=True),
+    dict(kernel_shape=[2, 2], strides=[2, 2], storage_order=1, indices=True),
+    dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")])
+def test_max_pool(attrs):
+    outs = ["m", "i"] if attrs.pop("indices", False) else ["m"]
+    check(weighted([("MaxPool", ["x"], outs, attrs)], [2, 2, 5, 6], {}), p(2, 2, 5, 6))
+
+
+def test_max_pool_1d_and_ties():
+    check(weighted([("MaxPool", ["x"], ["m"], dict(kernel_shape=[3], strides=[2], pads=[1, 1], ceil_mode=1))],
+                   [2, 3, 8], {}), p(2, 3, 8))
+    # ties go to the first maximum in window order, as in PyTorch
+    import torch
+    m = weighted([("MaxPool", ["x"], ["m"], dict(kernel_shape=[2, 2], strides=[1, 1]))], [1, 1, 3, 4], {})
+    x = RNG.integers(0, 2, (1, 1, 3, 4)).astype(np.float64)
+    trained, grads = backward(planner.load(m), "y", wrt=["x"])
+    t, k = torch.tensor(x, requires_grad=True), torch.tensor(numpy_helper.to_array(m.graph.initializer[0]))
+    (torch.nn.functional.max_pool2d(t, 2, 1) * k).sum().backward()
+    np.testing.assert_allclose(run(trained, x)[grads["x"]], t.grad.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1]),
+    dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1),
+    dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 0, 0, 1], ceil_mode=1),
+    dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1),
+    dict(kernel_shape=[2, 3], dilations=[2, 1], strides=[1, 2]),
+    dict(kernel_shape=[3, 2], strides=[2, 2], auto_pad="SAME_LOWER")])
+def test_average_pool(attrs):
+    check(weighted([("AveragePool", ["x"], ["a"], attrs)], [2, 2, 6, 5], {}, opset=19), p(2, 2, 6, 5))
+
+
+def test_average_pool_1d():
+    check(weighted([("AveragePool", ["x"], ["a"], dict(kernel_shape=[3], strides=[2], ceil_mode=1))], [1, 2, 8], {}),
+          p(1, 2, 8))
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(group=2), dict(group=4, strides=[2, 1], pads=[1, 1, 0, 1]), dict(auto_pad="SAME_UPPER", strides=[2, 2]),
+    dict(auto_pad="SAME_LOWER", dilations=[1, 2]), dict(auto_pad="VALID", strides=[1, 2])])
+def test_conv_groups_and_auto_pad(attrs):
+    w = p(4, 4 // attrs.get("group", 1), 3, 2)
+    check(weighted([("Conv", ["x", "w", "bias"], ["c"], attrs)], [2, 4, 5, 5], dict(w=w, bias=p(4))), p(2, 4, 5, 5))
+
+
+@pytest.mark.parametrize("attrs", [
+    {}, dict(strides=[2, 1], pads=[1, 0, 0, 1], output_padding=[1, 0]),
+    dict(group=2, strides=[2, 2], dilations=[1, 2], output_padding=[1, 1]),
+    dict(strides=[2, 2], dilations=[3, 1], output_padding=[2, 0]),  # output_padding past the stride
+    dict(strides=[2, 2], auto_pad="SAME_UPPER"), dict(strides=[2, 1], output_shape=[6, 5], group=4)])
+def test_conv_transpose(attrs):
+    per_group = {2: 2, 4: 1}.get(attrs.get("group"), 3)
+    w, bias = p(4, per_group, 3, 2), p(per_group * attrs.get("group", 1))
+    check(weighted([("ConvTranspose", ["x", "w", "bias"], ["c"], attrs)], [2, 4, 3, 4], dict(w=w, bias=bias)),
+          p(2, 4, 3, 4))
+
+
+def test_conv_1d_and_3d():
+    check(weighted([("Conv", ["x", "w"], ["c"], dict(strides=[2], pads=[1, 2], group=2))], [2, 4, 7],
+                   dict(w=p(2, 2, 3))), p(2, 4, 7))
+    check(weighted([("ConvTranspose", ["x", "w"], ["c"], dict(strides=[2, 1, 2]))], [1, 2, 2, 3, 2],
+                   dict(w=p(2, 1, 2, 2, 2))), p(1, 2, 2, 3, 2))
+
+
+@pytest.mark.parametrize("a, ids", [(1, [[0, -1, 2], [2, 2, 1]]), (-1, 3), (2, [-4, 0, 0]), (0, [[[1]], [[-2]]])])
+def test_gather_any_axis(a, ids):
+    check(weighted([("Gather", ["x", "ids"], ["g"], dict(axis=a))], [2, 3, 4], dict(ids=np.array(ids))), p(2, 3, 4))
+
+
+@pytest.mark.parametrize("a", [0, 1, -1])
+def test_gather_elements(a):
+    ids = RNG.integers(-3, 3, (3, 2, 3))
+    check(weighted([("GatherElements", ["x", "ids"], ["g"], dict(axis=a))], [3, 3, 3], dict(ids=ids)), p(3, 3, 3))
+
+
+@pytest.mark.parametrize("reduction", ["none", "add"])
+def test_scatter_nd(reduction):
+    ids = np.array([[0, 1], [-1, 0], [1, 2]] if reduction == "none" else [[0, 1], [-2, 1], [1, 2]])
+    check(weighted([("ScatterND", ["x", "ids", "u"], ["s"], dict(reduction=reduction))], [2, 3, 4],
+                   dict(ids=ids, u=p(3, 4))), p(2, 3, 4))
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor", scales=[1, 1, 2, 1.5]),
+    dict(mode="nearest", sizes=[1, 2, 3, 7]),
+    dict(mode="linear", coordinate_transformation_mode="align_corners", sizes=[1, 2, 7, 9]),  # as zoo's unet
+    dict(mode="linear", scales=[1, 1, 0.5, 0.6]),
+    dict(mode="cubic", coordinate_transformation_mode="pytorch_half_pixel", scales=[1, 1, 1.5, 1]),
+    dict(mode="linear", coordinate_transformation_mode="tf_crop_and_resize", sizes=[1, 2, 5, 3],
+         roi=[0, 0, 0.2, -0.3, 1, 1, 0.9, 1.2], extrapolation_value=1.5)])
+def test_resize(attrs):
+    inputs = {k: np.array(attrs.pop(k), np.float32 if k != "sizes" else np.int64)
+              for k in ("roi", "scales", "sizes") if k in attrs}
+    names = ["x", *(k if k in inputs else "" for k in ("roi", "scales", "sizes"))]
+    while not names[-1]:
+        names.pop()
+    check(weighted([("Resize", names, ["r"], attrs)], [1, 2, 4, 6], inputs), p(1, 2, 4, 6))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
+def test_pad_modes(mode):
+    check(weighted([("Pad", ["x", "pads"], ["d"], dict(mode=mode))], [2, 3, 4],
+                   dict(pads=np.array([0, 2, -1, 1, 1, 3]))), p(2, 3, 4))
+
+
+@pytest.mark.parametrize("starts, ends, axes, steps", [
+    ([4, 0], [0, 9], [1, 2], [-1, 2]), ([-1, 1], [-10, 3], [2, 0], [-3, 1]), ([1], [9], [1], [3])])
+def test_slice_steps(starts, ends, axes, steps):
+    check(weighted([("Slice", ["x", "starts", "ends", "axes", "steps"], ["s"], {})], [3, 5, 7],
+                   {k: np.array(v) for k, v in dict(starts=starts, ends=ends, axes=axes, steps=steps).items()}),
+          p(3, 5, 7))
+
+
+@pytest.mark.parametrize("equation, shapes", [
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 2)]), ("ij,jk", [(3, 4), (4, 2)]), ("ij,kj->i", [(3, 4), (2, 4)]),
+    ("...ij,...jk->...ik", [(2, 3, 4), (1, 4, 2)]), ("i...j,jk->k...i", [(3, 2, 4), (4, 2)]), ("ij->ji", [(3, 4)])])
+def test_einsum(equation, shapes):
+    check(weighted([("Einsum", ["x", *(f"w{k}" for k in range(1, len(shapes)))], ["e"], dict(equation=equation))],
+                   list(shapes[0]), {f"w{k}": p(*s) for k, s in enumerate(shapes[1:], 1)}), p(*shapes[0]))
+
+
+def test_matmul_vectors():
+    check(weighted([("MatMul", ["x", "w"], ["a"], {}), ("MatMul", ["a", "v"], ["b"], {}),
+                    ("MatMul", ["u", "t"], ["c"], {}), ("Mul", ["b", "c"], ["d"], {})],
+                   [4], dict(w=p(2, 4, 3), v=p(3), u=p(2), t=p(2, 2, 2))), p(4))
+
+
+def test_elementwise_and_activations():
+    m = weighted([("Abs", ["x"], ["a"], {}), ("Mod", ["x", "w"], ["m"], dict(fmod=1)), ("Mod", ["a", "w"], ["n"], {}),
+                  ("LeakyRelu", ["x"], ["l"], dict(alpha=0.2)), ("HardSigmoid", ["m"], ["h"], dict(alpha=0.7)),
+                  ("HardSwish", ["x"], ["s"], {}), ("Gelu", ["x"], ["g"], dict(approximate="tanh")),
+                  ("Add", ["a", "l"], ["al"], {}), ("Add", ["h", "s"], ["hs"], {}), ("Add", ["n", "hs"], ["t"], {}),
+                  ("Add", ["al", "t"], ["u"], {}), ("Mul", ["u", "g"], ["e"], {})],
+                 [3, 5], dict(w=np.abs(p(1, 5)) + 0.5), opset=20)
+    check(m, p(3, 5) * 3)
+
+
+def test_reductions_tile_trilu_views():
+    m = weighted([("ReduceMax", ["x"], ["r"], dict(axes=[1], keepdims=0)), ("Tile", ["r", "reps"], ["t"], {}),
+                  ("GlobalMaxPool", ["x"], ["g"], {}), ("Squeeze", ["g", "ax"], ["q"], {}),
+                  ("Trilu", ["x"], ["u"], dict(upper=0)), ("Flatten", ["u"], ["f"], {}),
+                  ("Concat", ["t", "q", "f"], ["c"], dict(axis=1)), ("Unsqueeze", ["c", "ax"], ["z"], {})],
+                 [2, 3, 4], dict(reps=np.array([1, 2]), ax=np.array([2])))
+    check(m, p(2, 3, 4))
+
+
+def test_cast_between_floats():
+    m = model([("Cast", ["x"], ["c"], dict(to=TensorProto.FLOAT)), ("Cast", ["c"], ["d"], dict(to=TensorProto.DOUBLE)),
+               ("Mul", ["d", "k"], ["y"], {})], [2, 3], dict(k=p(2, 3)))
+    trained, grads = backward(planner.load(m), "y", wrt=["x"])
+    want = numpy_helper.to_array(m.graph.initializer[0]).astype(np.float32)
+    np.testing.assert_array_equal(run(trained, p(2, 3))[grads["x"]], want)

@@ -132,8 +132,10 @@ def test_bad_arguments():
         plan(chain(), "tetris")
     with pytest.raises(PlanError, match="file, memory, auto"):
         planner.compile(chain(), schedule="random")
-    with pytest.raises(planner.MemplanError, match="inference"):
+    with pytest.raises(planner.MemplanError, match="no trainable float params"):
         planner.compile(chain(), training=True)
+    with pytest.raises(planner.MemplanError, match="not available"):
+        planner.compile(chain(), remat="sublinear")
 
 
 @settings(derandomize=True, max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

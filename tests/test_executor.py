@@ -9,24 +9,11 @@ import planner
 from executor import Executor, FeedError, backends
 from planner import Config
 from planner.compiler import STRATEGIES
-from zoo_cases import CASES, feeds, input_shapes, small_model
+from zoo_cases import CASES, input_shapes, reference, rel_l2, small_model
 
 ort = pytest.importorskip("onnxruntime")
 FAST = Config(time_limit=1.0)
 BATCH = 2
-
-
-def rel_l2(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
-
-
-def reference(case):
-    model = small_model(case)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    inputs = feeds(model, BATCH)
-    names = [o.name for o in model.graph.output]
-    return model, inputs, dict(zip(names, session.run(None, inputs)))
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -5,7 +5,7 @@ import pytest
 
 import planner
 from executor import Executor
-from node_cases import REFUSED, as_planned, params, supported_cases
+from node_cases import REFUSED, as_planned, assert_outputs, params, supported_cases
 from planner.errors import PlanError
 
 CASES = supported_cases()
@@ -18,15 +18,7 @@ def test_node(case):
     model, inputs, expected = as_planned(case)
     plan = planner.compile(model, {k: np.shape(v) for k, v in inputs.items()}, schedule="file")
     feeds = {k: np.asarray(v) for k, v in inputs.items()}
-    got = Executor(plan, backend="numpy", poison=True).run(feeds)
-    for name, want in expected.items():
-        want = np.asarray(want)
-        assert got[name].shape == want.shape and got[name].dtype == want.dtype, name
-        if want.dtype.kind in "fc" or want.dtype.name in ("bfloat16",) or "float8" in want.dtype.name:
-            np.testing.assert_allclose(got[name].astype(np.float64), want.astype(np.float64),
-                                       rtol=case.rtol, atol=case.atol, err_msg=name)
-        else:
-            np.testing.assert_array_equal(got[name], want, err_msg=name)
+    assert_outputs(Executor(plan, backend="numpy", poison=True).run(feeds), expected, case.rtol, case.atol)
 
 
 ML_DTYPES = ("FLOAT8", "INT4", "UINT4", "FLOAT4", "BFLOAT16", "INT2", "UINT2")
@@ -49,11 +41,4 @@ def test_node_on_gpu(case):
     model, inputs, expected = as_planned(case)
     plan = planner.compile(model, {k: np.shape(v) for k, v in inputs.items()}, schedule="file")
     got = Executor(plan, backend="cupy", poison=True).run({k: np.asarray(v) for k, v in inputs.items()})
-    for name, want in expected.items():
-        want, value = np.asarray(want), got[name].get()
-        assert value.shape == want.shape and value.dtype == want.dtype, name
-        if want.dtype.kind in "fc" or want.dtype.name == "bfloat16" or "float8" in want.dtype.name:
-            np.testing.assert_allclose(value.astype(np.float64), want.astype(np.float64),
-                                       rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-6), err_msg=name)
-        else:
-            np.testing.assert_array_equal(value, want, err_msg=name)
+    assert_outputs({k: v.get() for k, v in got.items()}, expected, max(case.rtol, 1e-5), max(case.atol, 1e-6))

@@ -33,9 +33,10 @@ def test_shapes_and_values(case):
 
 
 def test_every_op_has_cases():
-    """Each supported op is exercised by at least one backend node test."""
+    """Each supported ONNX op is exercised by at least one backend node test (memplan's own training
+    ops, named memplan.*, by tests/test_training_plan.py)."""
     covered = {n.op_type for c in CASES for n in c.model.graph.node}
-    assert set(ops.SCHEMAS) - covered == set()
+    assert {op for op in ops.SCHEMAS if not op.startswith("memplan.")} - covered == set()
 
 
 def test_views_are_the_reshaping_ops():

@@ -210,3 +210,65 @@ def test_gpu_train_step_matches_numpy_and_allocates_nothing(case, optimizer):
                 fn(cupy, step, ins, outs, ws)
             except AssertionError as e:
                 raise AssertionError(f"step {step.name!r} ({step.op}): {e}") from None
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cross_entropy_gradient_matches_finite_differences(reduction, weighted):
+    from planner.autodiff import backward
+    rng = np.random.default_rng(3)
+    scores, labels = rng.standard_normal((3, 4, 2)), np.array([[0, 3], [2, -1], [1, 1]])
+    weights = {"w": rng.uniform(0.5, 2, 4)} if weighted else {}
+    node = helper.make_node("SoftmaxCrossEntropyLoss", ["s", "labels", *weights], ["l"], reduction=reduction,
+                            ignore_index=-1)
+    sum_node = helper.make_node("ReduceSum", ["l"], ["y"], keepdims=0)
+    graph = helper.make_graph([node, sum_node], "sce", [helper.make_tensor_value_info("labels", TensorProto.INT64, [3, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [])],
+                              [numpy_helper.from_array(v, k) for k, v in {"s": scores, **weights}.items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    trained, grads = backward(planner.load(m), "y", ["s"])
+    got = Executor(planner.compile(trained, schedule="file"), backend="numpy", poison=True).run({"labels": labels})
+    want = np.zeros_like(scores)
+    for index in np.ndindex(scores.shape):
+        values = []
+        for step in (1e-6, -1e-6):
+            shifted = scores.copy()
+            shifted[index] += step
+            m.graph.initializer[0].CopyFrom(numpy_helper.from_array(shifted, "s"))
+            values.append(Executor(planner.compile(m, schedule="file"), backend="numpy").run({"labels": labels})["y"])
+        want[index] = (values[0] - values[1]) / 2e-6
+    np.testing.assert_allclose(got[grads["s"]], want, atol=1e-7)
+    assert not got[grads["s"]][1, :, 1].any()
+
+
+def dropout_graph(ratio=0.3, size=4000):
+    """x -> Dropout(ratio) -> Mul by a param w -> y, switched to training semantics."""
+    from planner.training import training_mode
+    nodes = [helper.make_node("Dropout", ["x", "r"], ["d"]), helper.make_node("Mul", ["d", "w"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(ratio, np.float64), "r"),
+             numpy_helper.from_array(np.random.default_rng(0).standard_normal(size), "w")]
+    graph = helper.make_graph(nodes, "drop", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [size])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [size])], inits)
+    return training_mode(planner.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
+
+
+def test_training_dropout_draws_a_new_mask_each_step_and_keeps_it_for_backward():
+    from planner.autodiff import backward
+    from planner.training import STEP
+    graph = dropout_graph()
+    assert [n.op for n in graph.nodes] == ["memplan.Dropout", "Mul"]
+    trained, grads = backward(graph, "y", ["x"])
+    ex = Executor(planner.compile(trained, schedule="file", fetch=["d/mask"]), backend="numpy", poison=True)
+    x = np.ones(4000)
+
+    def run(step):
+        out = ex.run({"x": x, STEP: np.array(step, np.float64)})
+        return {**out, "d/mask": ex.arena.view("d/mask").copy()}
+
+    one, two, again = run(1.0), run(2.0), run(1.0)
+    assert abs(1 - one["d/mask"].mean() - 0.3) < 0.03
+    assert (one["d/mask"] != two["d/mask"]).mean() > 0.3
+    assert np.array_equal(one["y"], again["y"])
+    w = graph.tensors["w"].data
+    np.testing.assert_allclose(one[grads["x"]], one["d/mask"] * w / 0.7)
+    np.testing.assert_allclose(one["y"], one["d/mask"] * w / 0.7)

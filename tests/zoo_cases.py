@@ -1,4 +1,5 @@
-"""The zoo models at reduced sizes that the tests plan and run, with their input shapes and feeds."""
+"""The zoo models at reduced sizes that the tests plan and run, with their input shapes, feeds and
+onnxruntime's outputs."""
 from functools import lru_cache
 
 import numpy as np
@@ -49,3 +50,19 @@ def feeds(model, batch):
         else:
             feeds[name] = rng.standard_normal(shape, dtype=np.float32)
     return feeds
+
+
+def reference(case, batch=2):
+    """The case's model, its feeds at `batch`, and onnxruntime's outputs {name: array} on them."""
+    import onnxruntime as ort
+    model = small_model(case)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    inputs = feeds(model, batch)
+    names = [o.name for o in model.graph.output]
+    return model, inputs, dict(zip(names, session.run(None, inputs)))
+
+
+def rel_l2(got, want):
+    """||got - want|| / ||want||, in float64."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)

@@ -1,6 +1,7 @@
 """GPU overrides: fused CuPy kernels for ops whose NumPy form needs temporaries, which would allocate
 device memory while a plan runs."""
 from ..kernels import attr
+from ..kernels import loss
 from ..kernels.optim import in_place
 
 ELEMENTWISE = {  # op: (extra parameters, body on double v, read from x)
@@ -39,7 +40,54 @@ def overrides(cupy):
         xp.subtract(y, r, out=y)
 
     return {**dict.fromkeys(("LeakyRelu", "HardSigmoid", "HardSwish", "Gelu"), elementwise),
-            "LogSoftmax": log_softmax, **_optimizers(cupy)}
+            "LogSoftmax": log_softmax, "SoftmaxCrossEntropyLoss": _cross_entropy(cupy, sum_exp),
+            "memplan.Dropout": _dropout(cupy), **_optimizers(cupy)}
+
+
+def _dropout(cupy):
+    """memplan.Dropout's hash (planner.ops.misc.dropout_keep) as one kernel, the key made from the
+    step on the device."""
+    body = ("unsigned int h = (unsigned int)i ^ (unsigned int)(seed * 0x9E3779B9ull + (unsigned long long)step"
+            " * 0x85EBCA6Bull); h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;"
+            " bool keep = h >= threshold; y = keep ? (T)((double)x * scale) : (T)0;")
+    params = "T x, S step, uint64 seed, uint32 threshold, float64 scale"
+    with_mask = cupy.ElementwiseKernel(params, "T y, bool mask", body + " mask = keep;", "memplan_dropout_mask")
+    without = cupy.ElementwiseKernel(params, "T y", body, "memplan_dropout")
+
+    def run(xp, step, ins, outs, ws):
+        ratio = attr(step, "ratio")
+        args = (*ins, attr(step, "seed"), min(int(ratio * 2**32), 2**32 - 1), 1 / (1 - ratio))
+        mask = outs[1] if len(outs) > 1 else None
+        with_mask(*args, outs[0], mask) if mask is not None else without(*args, outs[0])
+
+    return run
+
+
+def _cross_entropy(cupy, sum_exp):
+    """SoftmaxCrossEntropyLoss with the log-softmax through the workspace and one kernel taking each
+    position's log-probability and weight, so that nothing is allocated."""
+    take = cupy.ElementwiseKernel(
+        "raw T log_prob, I label, raw T w, int64 classes, int64 inner, int64 ignore, bool has_ignore, bool has_w",
+        "T loss, T weight",
+        "bool skip = has_ignore && label == ignore; long long c = skip ? 0 : (long long)label;"
+        " weight = skip ? (T)0 : (has_w ? w[c] : (T)1);"
+        " loss = -log_prob[((i / inner) * classes + c) * inner + i % inner] * weight;", "memplan_take_log_prob")
+
+    def run(xp, step, ins, outs, ws):
+        scores, labels, class_weights = [*ins, None][:3]
+        rows, losses, weights, log_prob, total = loss.scratch(step, ins, outs, ws)
+        xp.max(scores, axis=1, keepdims=True, out=rows)
+        xp.subtract(scores, rows, out=log_prob)
+        sum_exp(log_prob, axis=1, keepdims=True, out=rows)
+        xp.log(rows, out=rows)
+        xp.subtract(log_prob, rows, out=log_prob)
+        ignore = attr(step, "ignore_index")
+        take(log_prob, labels, log_prob if class_weights is None else class_weights, scores.shape[1],
+             labels.size // labels.shape[0], 0 if ignore is None else ignore, ignore is not None,
+             class_weights is not None, losses, weights)
+        loss.reduce(xp, step, losses, weights, outs[0], total)
+
+    return run
 
 
 def _optimizers(cupy):

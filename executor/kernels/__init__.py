@@ -34,4 +34,4 @@ def evaluated(xp, step, ins, outs):
             out[...] = xp.asarray(value)
 
 
-from . import elementwise, activation, nn, linalg, reduce, shape_ops, misc, optim  # noqa: E402,F401
+from . import elementwise, activation, nn, linalg, reduce, shape_ops, misc, optim, loss  # noqa: E402,F401

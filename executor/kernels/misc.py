@@ -1,5 +1,6 @@
-"""Kernels of ops that make or convert values: Cast, Range, ConstantOfShape, Trilu, Dropout."""
+"""Kernels of ops that make or convert values: Cast, Range, ConstantOfShape, Trilu, Dropout, memplan.Dropout."""
 from planner import ops
+from planner.ops.misc import dropout_keep
 
 from . import attr, evaluated, kernel
 
@@ -44,3 +45,17 @@ def dropout(xp, step, ins, outs, ws):
         xp.copyto(y, ins[0])
     if mask is not None:
         mask.fill(True)
+
+
+@kernel("memplan.Dropout")
+def step_dropout(xp, step, ins, outs, ws):
+    """The step's mask from the hash (one fused kernel on the GPU: backends/cupy_kernels.py)."""
+    x, t = ins
+    y, mask = [*outs, None][:2]
+    ratio = attr(step, "ratio")
+    keep = dropout_keep(xp, x.size, attr(step, "seed"), float(t), ratio).reshape(x.shape)
+    if mask is not None:
+        xp.copyto(mask, keep)
+    xp.multiply(x, keep, out=y)
+    xp.multiply(y, y.dtype.type(1 / (1 - ratio)), out=y)
+

@@ -11,11 +11,11 @@ the workspace limit), whose output is not contiguous.
 import math
 from functools import cache
 from itertools import product
-from typing import NamedTuple
 
 import numpy as np
 
 from planner import ops
+from planner.ops.nn import window
 
 from . import attr, kernel
 
@@ -25,36 +25,9 @@ def _padded(items, n):
     return [*items, *[None] * (n - len(items))][:n]
 
 
-class _Window(NamedTuple):
-    """Per spatial dim: stride, dilation, and the padding applied before and after (auto_pad resolved)."""
-
-    strides: tuple
-    dilations: tuple
-    begin: tuple
-    end: tuple
-
-
 def _window(step, in_spatial, kernel_shape, out_spatial, transposed=False):
-    """The window of a Conv, ConvTranspose or pool step, its auto_pad padding worked out as ONNX does."""
-    n = len(kernel_shape)
-    strides = attr(step, "strides") or [1] * n
-    dilations = attr(step, "dilations") or [1] * n
-    auto_pad = attr(step, "auto_pad")
-    if auto_pad.startswith("SAME"):
-        spans = [(k - 1) * d + 1 for k, d in zip(kernel_shape, dilations)]
-        if transposed:
-            extra = attr(step, "output_padding") or [0] * n
-            total = [s * (i - 1) + e + k - o for s, i, e, k, o in zip(strides, in_spatial, extra, spans, out_spatial)]
-        else:
-            total = [max(0, (o - 1) * s + k - i) for o, s, k, i in zip(out_spatial, strides, spans, in_spatial)]
-        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
-        end = [t - b for t, b in zip(total, begin)]
-    elif auto_pad == "VALID":
-        begin = end = [0] * n
-    else:
-        pads = attr(step, "pads") or [0] * 2 * n
-        begin, end = pads[:n], pads[n:]
-    return _Window(tuple(strides), tuple(dilations), tuple(begin), tuple(end))
+    """The window of a Conv, ConvTranspose or pool step (see planner.ops.nn.window)."""
+    return window(ops.get(step.op), step, in_spatial, kernel_shape, out_spatial, transposed)
 
 
 def _span(offset, stride, n_source, lo, hi):
@@ -278,10 +251,7 @@ def average_pool(xp, step, ins, outs, ws):
     for _, at, source in _taps(win, kernel_shape, y.shape[2:], x.shape[2:]):
         dst = y[_at(at)]
         xp.add(dst, x[_at(source)], out=dst)
-    include = attr(step, "count_include_pad")
-    for d, (k, s, dil, b, e) in enumerate(zip(kernel_shape, *win)):
-        low, high = (-b, x.shape[2 + d] + e) if include else (0, x.shape[2 + d])
-        counts = [sum(low <= o * s + t * dil - b < high for t in range(k)) for o in range(y.shape[2 + d])]
+    for d, counts in enumerate(ops.get(step.op).counts(step, win, kernel_shape, x.shape[2:], y.shape[2:])):
         for o0, o1, count in _runs(counts):
             dst = y[(slice(None),) * (2 + d) + (slice(o0, o1),)]
             xp.divide(dst, count, out=dst)

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from planner import ops
-from planner.ops.shape_ops import scatter_nd
+from planner.ops.shape_ops import pad_source, scatter_nd
 
 from . import attr, kernel
 
@@ -144,21 +144,10 @@ def pad(xp, step, ins, outs, ws):
         return
     blocks = []
     for n, (b, _), length in zip(kept.shape, pads, y.shape):
-        source = _pad_source(mode, np.arange(length) - max(b, 0), n)
+        source = pad_source(mode, np.arange(length) - max(b, 0), n)
         blocks.append([(slice(lo, hi), _taken(source[lo], stride, hi - lo)) for lo, hi, stride in _runs(source)])
     for block in itertools.product(*blocks):
         xp.copyto(y[(*(to for to, _ in block), ...)], kept[(*(taken for _, taken in block), ...)])
-
-
-def _pad_source(mode, j, n):
-    """The input position (of `n`) that positions `j` (counted from the input's start) copy in `mode`."""
-    if mode == "edge":
-        return np.clip(j, 0, n - 1)
-    if mode == "wrap":
-        return j % n
-    period = max(2 * (n - 1), 1)  # reflect, as NumPy repeats it past the far end
-    j = j % period
-    return np.where(j < n, j, period - j)
 
 
 def _runs(source):

@@ -33,6 +33,13 @@ def check_supported(op_types):
         raise UnsupportedOpError(missing)
 
 
-from . import elementwise, activation, nn, linalg, shape_ops, reduce, misc  # noqa: E402,F401  (registration)
+def node_flops(graph, node):
+    """Floating-point operations of one run of `node` in the typed `graph` (see `Schema.flops`)."""
+    ins = [Info(graph.tensors[i].shape, graph.tensors[i].dtype) if i else None for i in node.inputs]
+    outs = [(graph.tensors[o].shape, graph.tensors[o].dtype) if o else None for o in node.outputs]
+    return int(get(node.op).flops(node, ins, outs))
 
-__all__ = ["SCHEMAS", "schema", "get", "check_supported", "Info", "Schema"]
+
+from . import elementwise, activation, nn, linalg, shape_ops, reduce, misc, optim, loss  # noqa: E402,F401  (registration)
+
+__all__ = ["SCHEMAS", "schema", "get", "check_supported", "node_flops", "Info", "Schema"]

@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from . import schema
-from .base import Schema, axis, no_gradient, same_as_input
+from .base import Schema, axis, no_gradient, per_input_element, same_as_input
 
 
 ACTIVATIONS = {
@@ -37,12 +37,23 @@ class Activation(Schema):
     def gradient(self, b, node, dys):
         dy, x, y = dys[0], node.inputs[0], node.outputs[0]
         if self.op == "Relu":
-            return [b.op("Where", b.op("Greater", x, b.const(0, x)), dy, b.const(0, x))]
+            return [b.op("Where", b.op("Greater", y, b.const(0, x)), dy, b.const(0, x))]  # y, not x: x may die
         if self.op == "Sigmoid":
             return [b.op("Mul", dy, b.op("Mul", y, b.op("Sub", b.const(1, x), y)))]
         if self.op == "Tanh":
             return [b.op("Mul", dy, b.op("Sub", b.const(1, x), b.op("Mul", y, y)))]
-        return [no_gradient(node)]
+        zero = b.const(0, x)
+        if self.op in ("LeakyRelu", "HardSigmoid"):
+            scaled = b.op("Mul", dy, b.const(self.attr(node, "alpha"), x))
+        if self.op == "LeakyRelu":
+            return [b.op("Where", b.op("Less", x, zero), scaled, dy)]
+        if self.op == "HardSigmoid":  # alpha on the ramp, where 0 < y < 1
+            inside = b.op("Where", b.op("Less", y, b.const(1, x)), scaled, zero)
+            return [b.op("Where", b.op("Greater", y, zero), inside, zero)]
+        # HardSwish: x / 3 + 1/2 on (-3, 3), 0 below, 1 above
+        ramp = b.op("Mul", dy, b.op("Add", b.op("Mul", x, b.const(1 / 3, x)), b.const(0.5, x)))
+        return [b.op("Where", b.op("Less", x, b.const(-3, x)), zero,
+                     b.op("Where", b.op("Greater", x, b.const(3, x)), dy, ramp))]
 
 
 @schema("Erf")
@@ -54,11 +65,19 @@ class Erf(Schema):
 
     def gradient(self, b, node, dys):
         """d erf(x) = 2 / sqrt(pi) exp(-x^2) dx; exact Gelu's derivative is Phi(x) + x phi(x), with Phi
-        = (1 + erf(x / sqrt 2)) / 2 and phi = exp(-x^2 / 2) / sqrt(2 pi)."""
+        = (1 + erf(x / sqrt 2)) / 2 and phi = exp(-x^2 / 2) / sqrt(2 pi). The tanh Gelu, with
+        t = tanh(c (x + k x^3)), c = sqrt(2 / pi), k = 0.044715: (1 + t + x (1 - t^2) c (1 + 3 k x^2)) / 2."""
         x = node.inputs[0]
         if node.op == "Erf":
             bell = b.op("Exp", b.op("Neg", b.op("Mul", x, x)))
             return [b.op("Mul", dys[0], b.op("Mul", bell, b.const(2 / math.sqrt(math.pi), x)))]
+        if self.attr(node, "approximate") == "tanh":
+            c, k, square = math.sqrt(2 / math.pi), 0.044715, b.op("Mul", x, x)
+            t = b.op("Tanh", b.op("Mul", x, b.op("Add", b.op("Mul", square, b.const(k * c, x)), b.const(c, x))))
+            slope = b.op("Mul", b.op("Mul", x, b.op("Sub", b.const(1, x), b.op("Mul", t, t))),
+                         b.op("Add", b.op("Mul", square, b.const(3 * k * c, x)), b.const(c, x)))
+            half = b.op("Mul", b.op("Add", b.op("Add", t, b.const(1, x)), slope), b.const(0.5, x))
+            return [b.op("Mul", dys[0], half)]
         if self.attr(node, "approximate") != "none":
             return [no_gradient(node)]
         cdf = b.op("Mul", b.op("Add", b.op("Erf", b.op("Mul", x, b.const(1 / math.sqrt(2), x))), b.const(1, x)),
@@ -108,6 +127,7 @@ class Softmax(Schema):
     """Softmax and LogSoftmax along one axis (opset 13 semantics; the frontend rewrites older ones)."""
 
     defaults = {"axis": -1}
+    flops = per_input_element(5)
 
     def infer(self, node, ins):
         axis(self.attr(node, "axis"), ins[0].rank)

@@ -1,4 +1,5 @@
 """The interface every op schema implements, and helpers the shape rules share."""
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,7 @@ class Schema:
       inputs are known (shape arithmetic); None when the op is not folded.
     - `workspace(node, ins, outs, limit)`: scratch bytes the kernel needs besides its inputs
       and outputs.
+    - `flops(node, ins, outs)`: floating-point operations of one run (a multiply-add counts 2).
     """
 
     op = ""
@@ -64,6 +66,11 @@ class Schema:
         """
         return 0
 
+    def flops(self, node, ins, outs):
+        """Floating-point operations of one run, a multiply-add counting 2; `ins` and `outs` as for
+        `workspace`. By default one per output element, and none for a view of input 0."""
+        return 0 if self.is_view(node) else elements(outs)
+
     evaluate = None
     gradient = None
     """`gradient(b, node, dys)`: given the gradient tensor of each output (None where nothing flows
@@ -90,6 +97,22 @@ def broadcast(*shapes):
         return tuple(int(d) for d in np.broadcast_shapes(*shapes))
     except ValueError:
         raise ShapeError(f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
+
+
+def elements(outs):
+    """The number of elements of (shape, dtype) pairs, summed (None: an omitted output)."""
+    return sum(math.prod(o[0]) for o in outs if o is not None)
+
+
+def no_flops(node, ins, outs):
+    """The cost of ops that only describe or fill values (Shape, ConstantOfShape, Range): none."""
+    return 0
+
+
+def per_input_element(k):
+    """A `flops` rule of `k` per element of input 0: 1 for reductions; about 5 for normalisations and
+    softmax (subtract the mean or max, square or exponentiate, sum, scale, shift)."""
+    return staticmethod(lambda node, ins, outs: k * math.prod(ins[0].shape))
 
 
 def no_gradient(node):

@@ -91,6 +91,13 @@ class Mod(Schema):
     def evaluate(self, node, a, b):
         return [_mod(a, b, self.attr(node, "fmod"))]
 
+    def gradient(self, b, node, dys):
+        """y = x - w n, with n the whole quotient (truncated for fmod, floored otherwise) and flat where
+        differentiable: dx = dY, dw = -dY n = -dY (x - y) / w."""
+        dy, (x, w), y = dys[0], node.inputs, node.outputs[0]
+        dw = b.op("Neg", b.op("Mul", dy, b.op("Div", b.op("Sub", x, y), w)))
+        return [b.unbroadcast(dy, b.shape(y), b.shape(x)), b.unbroadcast(dw, b.shape(y), b.shape(w))]
+
 
 COMPARE = {"Equal": np.equal, "Less": np.less, "Greater": np.greater}
 
@@ -122,7 +129,8 @@ class Unary(Schema):
         rule = {"Neg": lambda: b.op("Neg", dy), "Exp": lambda: b.op("Mul", dy, y),
                 "Log": lambda: b.op("Div", dy, x),
                 "Sqrt": lambda: b.op("Div", b.op("Mul", dy, b.const(0.5, x)), y),
-                "Reciprocal": lambda: b.op("Neg", b.op("Mul", dy, b.op("Mul", y, y)))}.get(self.op)
+                "Reciprocal": lambda: b.op("Neg", b.op("Mul", dy, b.op("Mul", y, y))),
+                "Abs": lambda: b.op("Where", b.op("Less", x, b.const(0, x)), b.op("Neg", dy), dy)}.get(self.op)
         return [rule() if rule else no_gradient(node)]
 
 

@@ -1,4 +1,5 @@
 """Matrix products: Gemm, MatMul (NumPy matmul semantics) and Einsum."""
+import math
 import re
 
 from . import schema
@@ -31,6 +32,11 @@ class Gemm(Schema):
         if c is not None and broadcast((m, n), c.shape) != (m, n):
             raise ShapeError(f"C {c.shape} does not broadcast to the result ({m}, {n})")
         return [((m, n), _same_dtype(ins))]
+
+    def flops(self, node, ins, outs):
+        """2 M N K, and M N more to add C."""
+        (m, n), k = outs[0][0], ins[0].shape[0 if self.attr(node, "transA") else 1]
+        return 2 * m * n * k + (m * n if len(ins) > 2 and ins[2] is not None else 0)
 
     def gradient(self, b, node, dys):
         """Y = alpha A'B' + beta C: A'-bar = alpha dY B'^T, B'-bar = alpha A'^T dY, each transposed back
@@ -65,24 +71,33 @@ class MatMul(Schema):
         cols = b2[-1:] if len(b) > 1 else ()
         return [((*broadcast(a2[:-2], b2[:-2]), *rows, *cols), _same_dtype(ins))]
 
+    def flops(self, node, ins, outs):
+        """2 K per output element, K the inner dim."""
+        return 2 * math.prod(outs[0][0]) * ins[0].shape[-1]
+
     def gradient(self, b, node, dys):
-        """dA = dY B^T and dB = A^T dY over the last two dims, summed over broadcast batch dims."""
-        dy, (x, w), y = dys[0], node.inputs, node.outputs[0]
+        """dA = dY B^T and dB = A^T dY over the last two dims, summed over broadcast batch dims; a 1-D
+        operand is taken as the one-row (A) or one-column (B) matrix it stands for."""
+        dy, (x, w) = dys[0], node.inputs
         sx, sw = b.shape(x), b.shape(w)
-        if len(sx) < 2 or len(sw) < 2:
-            return [no_gradient(node)] * 2
-        dx = b.op("MatMul", dy, b.op("Transpose", w, perm=_swap_last(len(sw))))
-        dw = b.op("MatMul", b.op("Transpose", x, perm=_swap_last(len(sx))), dy)
-        out = b.shape(y)
-        return [b.unbroadcast(dx, out[:-1] + sx[-1:], sx), b.unbroadcast(dw, out[:-2] + sw[-2:], sw)]
+        mx, mw = ((1, *sx) if len(sx) == 1 else sx), ((*sw, 1) if len(sw) == 1 else sw)
+        out = (*broadcast(mx[:-2], mw[:-2]), mx[-2], mw[-1])
+        if mx != sx or mw != sw:
+            dy, x, w = (b.op("Reshape", t, shape=list(s)) for t, s in ((dy, out), (x, mx), (w, mw)))
+        dx = b.op("MatMul", dy, b.op("Transpose", w, perm=_swap_last(len(mw))))
+        dw = b.op("MatMul", b.op("Transpose", x, perm=_swap_last(len(mx))), dy)
+        dx, dw = b.unbroadcast(dx, out[:-1] + mx[-1:], mx), b.unbroadcast(dw, out[:-2] + mw[-2:], mw)
+        return [t if m == s else b.op("Reshape", t, shape=list(s)) for t, m, s in ((dx, mx, sx), (dw, mw, sw))]
 
 
 def _swap_last(rank):
     return [*range(rank - 2), rank - 1, rank - 2]
 
 
-def _einsum_shape(equation, shapes):
-    """Output shape of an einsum equation (explicit or implicit output, '...' broadcast dims)."""
+def _parse(equation, shapes):
+    """An einsum equation read against its inputs' shapes: (input terms, output term, {index: size},
+    each input's '...' dims, their broadcast). An implicit output is made explicit: '...' (when an
+    input has it), then the indices appearing once, sorted."""
     lhs, arrow, rhs = equation.replace(" ", "").partition("->")
     terms = lhs.split(",")
     if len(terms) != len(shapes) or not all(re.fullmatch(r"[a-zA-Z]*(\.\.\.)?[a-zA-Z]*", t) for t in terms):
@@ -97,14 +112,18 @@ def _einsum_shape(equation, shapes):
         for letter, size in zip(head + tail, shape[:len(head)] + shape[len(head) + n:]):
             if sizes.setdefault(letter, size) != size:
                 raise ShapeError(f"index {letter!r} of {equation!r} is both {sizes[letter]} and {size}")
-    batch = broadcast(*ellipses)
     if not arrow:
-        letters = "".join(sorted(c for c in sizes if lhs.count(c) == 1))
-        return (*batch, *(sizes[c] for c in letters))
-    head, dots, tail = rhs.partition("...")
-    letters = head + tail
+        rhs = "..." * ("..." in lhs) + "".join(sorted(c for c in sizes if lhs.count(c) == 1))
+    letters = rhs.replace("...", "", 1)
     if len(set(letters)) != len(letters) or not set(letters) <= set(sizes) or "." in letters:
         raise ShapeError(f"output {rhs!r} of {equation!r} repeats an index, or names one no input has")
+    return terms, rhs, sizes, ellipses, broadcast(*ellipses)
+
+
+def _einsum_shape(equation, shapes):
+    """Output shape of an einsum equation (explicit or implicit output, '...' broadcast dims)."""
+    _, rhs, sizes, _, batch = _parse(equation, shapes)
+    head, dots, tail = rhs.partition("...")
     return (*(sizes[c] for c in head), *(batch if dots else ()), *(sizes[c] for c in tail))
 
 
@@ -112,3 +131,35 @@ def _einsum_shape(equation, shapes):
 class Einsum(Schema):
     def infer(self, node, ins):
         return [(_einsum_shape(self.attr(node, "equation"), [i.shape for i in ins]), _same_dtype(ins))]
+
+    def flops(self, node, ins, outs):
+        """Evaluated naively: over every combination of the indices (and broadcast dims), one multiply
+        per operand after the first and one add, so 2 (operands - 1) each (1 for a single operand)."""
+        _, _, sizes, _, batch = _parse(self.attr(node, "equation"), [i.shape for i in ins])
+        return math.prod(sizes.values()) * math.prod(batch) * max(2 * (len(ins) - 1), 1)
+
+    def gradient(self, b, node, dys):
+        """Each operand's gradient is an Einsum of dY with the other operands onto the operand's term.
+        Indices only that operand has (summed away) come back by Expand; its '...' dims are summed down
+        where they were broadcast. Not for a term repeating an index (a diagonal)."""
+        shapes = [b.shape(i) for i in node.inputs]
+        terms, out, sizes, ellipses, batch = _parse(self.attr(node, "equation"), shapes)
+        ell, grads = "..." * ("..." in out), []
+        for k, (term, shape, dims) in enumerate(zip(terms, shapes, ellipses)):
+            head, _, tail = term.partition("...")
+            if len(set(head + tail)) < len(head + tail):
+                return [no_gradient(node)] * len(terms)
+            others = terms[:k] + terms[k + 1:]
+            only = set(head + tail) - set(out + "".join(others))
+            head2, tail2 = ("".join(c for c in t if c not in only) for t in (head, tail))
+            g = b.op("Einsum", dys[0], *node.inputs[:k], *node.inputs[k + 1:],
+                     equation=f"{','.join([out, *others])}->{head2}{ell}{tail2}")
+            lead = len(batch) - len(dims)
+            axes = [len(head2) + j for j, n in enumerate(batch) if j < lead or dims[j - lead] == 1 and n != 1]
+            if ell and axes:
+                g = b.op("ReduceSum", g, axes=axes, keepdims=1)
+            if only or lead:
+                g = b.op("Reshape", g, shape=[*(1 if c in only else sizes[c] for c in head), *dims,
+                                               *(1 if c in only else sizes[c] for c in tail)])
+            grads.append(b.op("Expand", g, shape=list(shape)) if only else g)
+        return grads

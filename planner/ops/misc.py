@@ -1,9 +1,10 @@
-"""Ops that make or convert values: Cast, Range, ConstantOfShape, Trilu, Dropout."""
+"""Ops that make or convert values: Cast, Range, ConstantOfShape, Trilu, Dropout (and memplan.Dropout,
+its training-step form)."""
 import numpy as np
 from onnx import numpy_helper
 
 from . import schema
-from .base import Schema, same_as_input
+from .base import Schema, no_flops, same_as_input
 from .. import dtypes
 from ..errors import ShapeError
 
@@ -28,6 +29,13 @@ class Cast(Schema):
             return [numpy_helper.to_float8e8m0(x, saturate, self.attr(node, "round_mode"))]
         return [x.astype(dtype)]
 
+    def gradient(self, b, node, dys):
+        """dY cast back, from one float dtype to another; none to or from other dtypes."""
+        x = node.inputs[0]
+        if not (dtypes.is_float(b.dtype(x)) and dtypes.is_float(dtypes.from_onnx(self.attr(node, "to")))):
+            return [None]
+        return [b.op("Cast", dys[0], to=dtypes.to_onnx(b.dtype(x)))]
+
 
 def _range(start, limit, delta):
     """start, start + delta, ... up to limit (excluded), in start's dtype."""
@@ -48,6 +56,8 @@ class Range(Schema):
                              "but they depend on input data")
         return [(_range(*(i.value for i in ins)).shape, ins[0].dtype)]
 
+    flops = staticmethod(no_flops)
+
     def evaluate(self, node, start, limit, delta):
         return [_range(start, limit, delta)]
 
@@ -64,6 +74,8 @@ class ConstantOfShape(Schema):
         if min(shape, default=0) < 0:
             raise ShapeError(f"shape {shape} has a negative dimension")
         return [(shape, self.attr(node, "value").dtype)]
+
+    flops = staticmethod(no_flops)
 
     def evaluate(self, node):
         value = self.attr(node, "value")
@@ -85,6 +97,10 @@ class Trilu(Schema):
 
     def evaluate(self, node, x):
         return [(np.triu if self.attr(node, "upper") else np.tril)(x, self.attr(node, "k"))]
+
+    def gradient(self, b, node, dys):
+        """dY on the same triangle, zeros elsewhere."""
+        return [b.op("Trilu", dys[0], k=self.attr(node, "k"), upper=self.attr(node, "upper"))]
 
 
 @schema("Dropout")
@@ -125,3 +141,48 @@ class Dropout(Schema):
 
     def _random(self, node):
         return bool(self.attr(node, "training_mode")) and self.attr(node, "ratio") != 0
+
+
+@schema("memplan.Dropout")
+class StepDropout(Dropout):
+    """Dropout in a training step: inputs (X, step), a fresh mask each step, drawn by hashing
+    (seed, step, element index) (dropout_keep), so that it needs no generator state and the
+    CPU and the GPU draw the same mask. Outputs (Y, mask); the mask is kept for backward."""
+
+    attr_inputs = ()
+    defaults = {"ratio": 0.5, "seed": 0}
+
+    def infer(self, node, ins):
+        if ins[1].shape != ():
+            raise ShapeError(f"step must be a scalar, got shape {ins[1].shape}")
+        return super().infer(node, ins[:1])
+
+    def _random(self, node):
+        return True
+
+    def gradient(self, b, node, dys):
+        return [*super().gradient(b, node, dys), None]
+
+    def evaluate(self, node, x, step):
+        mask = dropout_keep(np, x.size, self.attr(node, "seed"), float(step), self.attr(node, "ratio")).reshape(x.shape)
+        return [(mask * x / (1 - self.attr(node, "ratio"))).astype(x.dtype), mask]
+
+    def fold(self, node, ins):
+        return None
+
+
+def dropout_key(seed, step):
+    """The 32-bit key of one step's mask."""
+    return (int(seed) * 0x9E3779B9 + int(step) * 0x85EBCA6B) & 0xFFFFFFFF
+
+
+def dropout_keep(xp, size, seed, step, ratio):
+    """The keep mask of `size` elements: murmur3's 32-bit finaliser of (index ^ key) at or above
+    ratio * 2^32 (the GPU kernel computes the same)."""
+    h = xp.arange(size, dtype=np.uint32) ^ np.uint32(dropout_key(seed, step))
+    for shift, multiplier in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+        h ^= h >> np.uint32(shift)
+        h *= np.uint32(multiplier)
+    h ^= h >> np.uint32(16)
+    return h >= np.uint32(min(int(ratio * 2**32), 2**32 - 1))
+

@@ -1,11 +1,14 @@
 """Convolutions, pooling and normalisations over the (N, C, spatial...) layout."""
+import functools
 import math
 from typing import NamedTuple
 
 import numpy as np
 
 from . import schema
-from .base import Schema, axis, broadcast, no_gradient
+from .base import Schema, axis, broadcast, no_gradient, per_input_element
+from .reduce import max_gradient
+from .shape_ops import scatter_add_flat
 from ..dtypes import from_onnx
 from ..errors import ShapeError
 
@@ -53,6 +56,80 @@ def _window(schema, node, spatial, kernel, ceil_mode=0, transposed=False):
     if min(out) <= 0:
         raise ShapeError(f"spatial dims {tuple(spatial)} are too small for a window of {tuple(spans)}")
     return out
+
+
+class Window(NamedTuple):
+    """Per spatial dim: stride, dilation, and the padding applied before and after (auto_pad resolved)."""
+
+    strides: tuple
+    dilations: tuple
+    begin: tuple
+    end: tuple
+
+
+def window(schema, node, in_spatial, kernel, out_spatial, transposed=False):
+    """The window of a Conv, ConvTranspose or pool node, its auto_pad padding (or, for a ConvTranspose
+    with output_shape, all of its padding) worked out as ONNX does from the input, kernel and output
+    spatial sizes."""
+    n = len(kernel)
+    strides = schema.attr(node, "strides") or [1] * n
+    dilations = schema.attr(node, "dilations") or [1] * n
+    auto_pad = schema.attr(node, "auto_pad")
+    if auto_pad.startswith("SAME") or transposed and schema.attr(node, "output_shape"):
+        spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+        if transposed:
+            extra = schema.attr(node, "output_padding") or [0] * n
+            total = [s * (i - 1) + e + k - o for s, i, e, k, o in zip(strides, in_spatial, extra, spans, out_spatial)]
+        else:
+            total = [max(0, (o - 1) * s + k - i) for o, s, k, i in zip(out_spatial, strides, spans, in_spatial)]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+        end = [t - b for t, b in zip(total, begin)]
+    elif auto_pad == "VALID":
+        begin = end = [0] * n
+    else:
+        pads = schema.attr(node, "pads") or [0] * 2 * n
+        begin, end = pads[:n], pads[n:]
+    return Window(tuple(strides), tuple(dilations), tuple(begin), tuple(end))
+
+
+def _overhang(win, kernel, grid, source):
+    """Per spatial dim, how far the windows of a `grid` of positions reach past the end of the
+    `source` they read: positive where they overhang its end padding included, negative where the
+    last source positions lie beyond every window."""
+    return [s * (g - 1) + (k - 1) * d + 1 - p - i
+            for s, g, k, d, p, i in zip(win.strides, grid, kernel, win.dilations, win.begin, source)]
+
+
+def _spread(b, dy, w, win, over, group):
+    """A ConvTranspose of `dy` over the window (`over` from `_overhang`) back to its source's extent:
+    the input gradient of a Conv, and of a pool with a ones kernel."""
+    return b.op("ConvTranspose", dy, w, strides=list(win.strides), dilations=list(win.dilations), group=group,
+                pads=[*win.begin, *(max(e, 0) for e in over)], output_padding=[max(-e, 0) for e in over])
+
+
+def _correlate(b, signal, ss, kernel, ks, group, win, over, taps):
+    """The weight gradient of Conv (signal X, kernel dY) and ConvTranspose (signal dY, kernel X): the sum
+    over images and grid positions o of signal[c, o * stride + t * dilation - pad] * kernel[m, o], shaped
+    (kernel channels, signal channels / group, *taps), `ss` and `ks` being the shapes of signal and
+    kernel. A grouped Conv with images as channels, strides and dilations exchanged, cut to the taps."""
+    rest, sg = list(range(3, len(ss) + 1)), ss[1] // group
+    signal = b.op("Reshape", b.op("Transpose", b.op("Reshape", signal, shape=[ss[0], group, sg, *ss[2:]]),
+                                  perm=[2, 1, 0, *rest]), shape=[sg, group * ss[0], *ss[2:]])
+    kernel = b.op("Reshape", b.op("Transpose", b.op("Reshape", kernel, shape=[ks[0], group, ks[1] // group, *ks[2:]]),
+                                  perm=[1, 2, 0, *rest]), shape=[ks[1], ks[0], *ks[2:]])
+    ends = [max(e, 0) for e in over]
+    out = b.op("Conv", signal, kernel, strides=list(win.dilations), dilations=list(win.strides),
+               pads=[*win.begin, *ends], group=group)
+    sizes = [(i + p + e - (g - 1) * s - 1) // d + 1
+             for i, p, e, g, s, d in zip(ss[2:], win.begin, ends, ks[2:], win.strides, win.dilations)]
+    return b.op("Transpose", _cut(b, out, sizes, taps), perm=[1, 0, *range(2, len(ss))])
+
+
+def _cut(b, t, sizes, wanted):
+    """`t` (N, C, spatial...) with spatial `sizes`, sliced down to the `wanted` ones."""
+    if list(sizes) == list(wanted):
+        return t
+    return b.op("Slice", t, starts=[0] * len(sizes), ends=list(wanted), axes=list(range(2, len(sizes) + 2)))
 
 
 def _spatial_input(x):
@@ -114,27 +191,33 @@ class Conv(Schema):
         """The column buffer, chunked to fit `limit` (see `conv_chunks` for when one row exceeds it)."""
         return self.chunks(node, ins, outs, limit).nbytes
 
+    def flops(self, node, ins, outs):
+        """2 per multiply-add: each output element (input element, for ConvTranspose) meets
+        W.shape[1] * prod(kernel) weights; and one per output element for the bias."""
+        x, w, bias = [*ins, None][:3]
+        y = outs[0][0]
+        pixels = math.prod(x.shape) if self.transposed else math.prod(y)
+        return 2 * pixels * math.prod(w.shape[1:]) + (math.prod(y) if bias is not None else 0)
+
     def gradient(self, b, node, dys):
-        """dX is the transposed convolution of dY; dW correlates X with dY, as a Conv over the batch
-        (channels and batch swapped, strides and dilations exchanged), cut to the kernel; dB sums dY.
-        Explicit pads only; dW for one group."""
-        if self.transposed or self.attr(node, "auto_pad") != "NOTSET":
-            return [no_gradient(node)] * 3
+        """Conv and ConvTranspose give each other's input gradient, with the same weights, window and
+        groups; the weight gradient correlates the input with dY (`_correlate`); dB sums dY. auto_pad
+        and output_padding become explicit extents, worked out from the shapes."""
         x, w, *bias = node.inputs
         dy, xs, ws, ys = dys[0], b.shape(x), b.shape(w), b.shape(node.outputs[0])
-        n = len(xs) - 2
-        strides, dilations = self.attr(node, "strides") or [1] * n, self.attr(node, "dilations") or [1] * n
-        pads, group = self.attr(node, "pads") or [0] * 2 * n, self.attr(node, "group")
-        reach = [s * (o - 1) + (k - 1) * d + 1 - pads[i] - pads[i + n]
-                 for i, (s, o, k, d) in enumerate(zip(strides, ys[2:], ws[2:], dilations))]
-        dx = b.op("ConvTranspose", dy, w, strides=strides, dilations=dilations, pads=pads, group=group,
-                  output_padding=[size - r for size, r in zip(xs[2:], reach)])
-        swap = [1, 0, *range(2, n + 2)]
-        dw = no_gradient(node) if group != 1 else b.op("Transpose", b.op(
-            "Slice", b.op("Conv", b.op("Transpose", x, perm=swap), b.op("Transpose", dy, perm=swap),
-                          strides=dilations, dilations=strides, pads=pads),
-            starts=[0] * n, ends=list(ws[2:]), axes=list(range(2, n + 2))), perm=swap)
-        grads = [dx, dw]
+        group, n = self.attr(node, "group"), len(xs) - 2
+        win = window(self, node, xs[2:], ws[2:], ys[2:], self.transposed)
+        grid, source = (xs, ys) if self.transposed else (ys, xs)
+        over = _overhang(win, ws[2:], grid[2:], source[2:])
+        if self.transposed:
+            ends = [max(e, 0) for e in over]
+            dx = b.op("Conv", dy, w, strides=list(win.strides), dilations=list(win.dilations),
+                      pads=[*win.begin, *ends], group=group)
+            dx = _cut(b, dx, [(i + p + e - (k - 1) * d - 1) // s + 1 for i, p, e, k, d, s in
+                              zip(ys[2:], win.begin, ends, ws[2:], win.dilations, win.strides)], xs[2:])
+            grads = [dx, _correlate(b, dy, ys, x, xs, group, win, over, ws[2:])]
+        else:
+            grads = [_spread(b, dy, w, win, over, group), _correlate(b, x, xs, dy, ys, group, win, over, ws[2:])]
         if bias and bias[0]:
             grads.append(b.op("ReduceSum", dy, axes=[0, *range(2, n + 2)], keepdims=0))
         return grads
@@ -186,6 +269,10 @@ class ConvTranspose(Conv):
 
 
 class _Pool(Schema):
+    def flops(self, node, ins, outs):
+        """One per tap of each output's window."""
+        return math.prod(outs[0][0]) * math.prod(self.attr(node, "kernel_shape"))
+
     def infer(self, node, ins):
         x = ins[0]
         out = _window(self, node, _spatial_input(x), self.attr(node, "kernel_shape"), self.attr(node, "ceil_mode"))
@@ -195,6 +282,26 @@ class _Pool(Schema):
 @schema("AveragePool")
 class AveragePool(_Pool):
     defaults = {**WINDOW, "ceil_mode": 0, "count_include_pad": 0}
+
+    def counts(self, node, win, kernel, in_spatial, out_spatial):
+        """Per spatial dim, how many taps each output position averages: those on the input, and on
+        the padding too when count_include_pad (never the overhang ceil_mode adds)."""
+        include, counts = self.attr(node, "count_include_pad"), []
+        for k, s, dil, b, e, i, o in zip(kernel, *win, in_spatial, out_spatial):
+            low, high = (-b, i + e) if include else (0, i)
+            counts.append([sum(low <= p * s + t * dil - b < high for t in range(k)) for p in range(o)])
+        return counts
+
+    def gradient(self, b, node, dys):
+        """dY over each output's count, spread back over its window: a ConvTranspose with a kernel of
+        ones, images and channels folded into its batch."""
+        x = node.inputs[0]
+        xs, ys, kernel = b.shape(x), b.shape(node.outputs[0]), self.attr(node, "kernel_shape")
+        win = window(self, node, xs[2:], kernel, ys[2:])
+        counts = functools.reduce(np.multiply, np.ix_(*self.counts(node, win, kernel, xs[2:], ys[2:])))
+        folded = b.op("Mul", b.op("Reshape", dys[0], shape=[xs[0] * xs[1], 1, *ys[2:]]), b.const(1 / counts, x))
+        dx = _spread(b, folded, b.const(np.ones((1, 1, *kernel)), x), win, _overhang(win, kernel, ys[2:], xs[2:]), 1)
+        return [b.op("Reshape", dx, shape=list(xs))]
 
 
 @schema("MaxPool")
@@ -206,6 +313,16 @@ class MaxPool(_Pool):
     def infer(self, node, ins):
         y = super().infer(node, ins)[0]
         return [y, (y[0], np.int64)]
+
+    def gradient(self, b, node, dys):
+        """dY added at the input element each output took, by its Indices (the first maximum in window
+        order wins ties): the node's own when it has them with storage_order 0, else a MaxPool's redone."""
+        if dys[0] is None:
+            return [None]
+        x, indices = node.inputs[0], node.outputs[1:2]
+        if not (indices and indices[0]) or self.attr(node, "storage_order"):
+            indices = b.op("MaxPool", x, outputs=2, **{**node.attrs, "storage_order": 0})[1:]
+        return [scatter_add_flat(b, indices[0], dys[0], b.shape(x), b.dtype(x))]
 
     def workspace(self, node, ins, outs, limit):
         """With Indices, one bool per output value to mark where a tap holds the maximum, for as many
@@ -221,16 +338,18 @@ class MaxPool(_Pool):
 class GlobalPool(Schema):
     """Global average or max pooling: one value per channel over all spatial dims."""
 
+    flops = per_input_element(1)
+
     def infer(self, node, ins):
         x = ins[0]
         return [((*x.shape[:2], *(1 for _ in _spatial_input(x))), x.dtype)]
 
     def gradient(self, b, node, dys):
-        """Average: dY spread evenly over the spatial dims."""
-        if node.op != "GlobalAveragePool":
-            return [no_gradient(node)]
+        """Average: dY spread evenly over the spatial dims; max: see `max_gradient`."""
         x = node.inputs[0]
         shape = b.shape(x)
+        if node.op == "GlobalMaxPool":
+            return [max_gradient(b, x, node.outputs[0], dys[0], list(range(2, len(shape))))]
         spread = b.op("Expand", dys[0], shape=list(shape))
         return [b.op("Mul", spread, b.const(1 / math.prod(shape[2:]), x))]
 
@@ -257,6 +376,7 @@ class BatchNormalization(Schema):
 
     defaults = {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}
     inplace = ((0, 0),)
+    flops = per_input_element(5)
 
     def workspace(self, node, ins, outs, limit):
         """Inference needs none. Training (training_mode=1, or statistics outputs asked for) keeps the
@@ -302,6 +422,7 @@ class LayerNormalization(Schema):
     leading dims and have 1 on the normalised ones, in the stash_type dtype."""
 
     defaults = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
+    flops = per_input_element(5)
 
     def stash_dtype(self, node):
         """The dtype of the statistics (Mean, InvStdDev) and of the arithmetic producing them."""

@@ -4,13 +4,21 @@ import math
 import numpy as np
 
 from . import schema
-from .base import Schema, axis, no_gradient
+from .base import Schema, axis, per_input_element
+from ..dtypes import to_onnx
 
 
 def _max(x, axes, keepdims):
     """np.max with ONNX's value on an empty set: the dtype's lowest value (-inf, False, ...)."""
     lowest = False if x.dtype == bool else np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
     return np.max(x, axes, keepdims=keepdims, initial=lowest)
+
+
+def max_gradient(b, x, y, dy, axes):
+    """The input gradient of a maximum `y` of `x` over `axes` (y and dy keeping them): dY shared evenly
+    by the elements equal to the maximum."""
+    hit = b.op("Cast", b.op("Equal", x, y), to=to_onnx(b.dtype(x)))
+    return b.op("Mul", hit, b.op("Div", dy, b.op("ReduceSum", hit, axes=axes, keepdims=1)))
 
 
 REDUCERS = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": _max}
@@ -23,6 +31,7 @@ class Reduce(Schema):
 
     attr_inputs = (("axes", 1, 18),)
     defaults = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}
+    flops = per_input_element(1)
 
     def infer(self, node, ins):
         x = ins[0]
@@ -39,15 +48,17 @@ class Reduce(Schema):
         return [np.asarray(REDUCERS[self.op](x, axes, keepdims=bool(self.attr(node, "keepdims")))).astype(x.dtype)]
 
     def gradient(self, b, node, dys):
-        """Sum and mean spread dY back over the reduced axes (mean divides by their size)."""
+        """Sum and mean spread dY back over the reduced axes (mean divides by their size); max, see
+        `max_gradient`."""
         x, dy = node.inputs[0], dys[0]
         shape = b.shape(x)
         axes = self._axes(node, len(shape))
         if axes is None:
             return [dy]
+        kept_shape = [1 if k in axes else d for k, d in enumerate(shape)]
+        kept = b.op("Reshape", dy, shape=kept_shape)
         if self.op == "ReduceMax":
-            return [no_gradient(node)]
-        kept = b.op("Reshape", dy, shape=[1 if k in axes else d for k, d in enumerate(shape)])
+            return [max_gradient(b, x, b.op("Reshape", node.outputs[0], shape=kept_shape), kept, list(axes))]
         spread = b.op("Expand", kept, shape=list(shape))
         if self.op == "ReduceMean":
             spread = b.op("Mul", spread, b.const(1 / max(math.prod(shape[a] for a in axes), 1), x))

@@ -5,13 +5,14 @@ from typing import NamedTuple
 import numpy as np
 
 from . import schema
-from .base import Schema, axis, broadcast, no_gradient
+from .base import Schema, axis, broadcast, no_flops, no_gradient
 from ..errors import ShapeError
 
 
 @schema("Shape")
 class Shape(Schema):
     defaults = {"start": 0, "end": None}
+    flops = staticmethod(no_flops)
 
     def infer(self, node, ins):
         return [((len(self._dims(node, ins[0].shape)),), np.int64)]
@@ -184,15 +185,23 @@ class Slice(Schema):
         return [x[self._index(node, x.shape)]]
 
     def gradient(self, b, node, dys):
-        """dY padded with zeros back to the input's extent (unit steps)."""
-        shape = b.shape(node.inputs[0])
-        index = self._index(node, shape)
-        if any(s.step not in (None, 1) for s in index):
-            return [no_gradient(node)]
-        starts = [s.indices(d)[0] for s, d in zip(index, shape)]
-        ends = [s.indices(d)[1] for s, d in zip(index, shape)]
-        pads = starts + [d - max(e, st) for d, e, st in zip(shape, ends, starts)]
-        return [b.op("Pad", dys[0], pads=pads)]
+        """dY padded with zeros back to the input's extent. Along an axis of step k != 1, dY is first put
+        in increasing order (reversed, for k < 0) and spread k apart, zeros between."""
+        dy, shape, out = dys[0], b.shape(node.inputs[0]), list(b.shape(node.outputs[0]))
+        begins, ends = [], []
+        for a, (s, n) in enumerate(zip(self._index(node, shape), shape)):
+            start, _, step = s.indices(n)
+            m, k = out[a], abs(step)
+            if step < 0:
+                dy = b.op("Slice", dy, starts=[-1], ends=[-m - 1], axes=[a], steps=[-1])
+                start += (m - 1) * step
+            if k != 1:
+                apart = b.op("Pad", b.op("Unsqueeze", dy, axes=[a + 1]), pads=[0, k - 1], axes=[a + 1])
+                out[a] = m * k
+                dy = b.op("Reshape", apart, shape=out)
+            begins.append(start)
+            ends.append(n - start - out[a])
+        return [b.op("Pad", dy, pads=begins + ends)]
 
     def _index(self, node, shape):
         """One Python slice per dim, clamped as the spec says (negative steps included)."""
@@ -237,14 +246,17 @@ class Gather(Schema):
         return [np.take(data, _indices(idx, data.shape[a]), axis=a)]
 
     def gradient(self, b, node, dys):
-        """Along axis 0 (embeddings): dY added into zeros at the gathered rows, repeats accumulating."""
+        """dY added into zeros at the gathered places, repeats accumulating: a ScatterND into the data
+        with the axis moved first (and dY with the indices' dims first)."""
         data, idx = node.inputs
-        shape = b.shape(data)
-        if axis(self.attr(node, "axis"), len(shape)) != 0:
-            return [no_gradient(node), None]
-        zeros = b.op("ConstantOfShape", shape=list(shape), value=np.zeros(1, b.dtype(data)))
-        rows = b.op("Where", b.op("Less", idx, b.const(0, idx)), b.op("Add", idx, b.const(shape[0], idx)), idx)
-        return [b.op("ScatterND", zeros, b.op("Unsqueeze", rows, axes=[-1]), dys[0], reduction="add"), None]
+        shape, r = b.shape(data), len(b.shape(idx))
+        a = axis(self.attr(node, "axis"), len(shape))
+        dy, first = dys[0], [shape[a], *shape[:a], *shape[a + 1:]]
+        if a:
+            dy = b.op("Transpose", dy, perm=[*range(a, a + r), *range(a), *range(a + r, len(shape) + r - 1)])
+        dx = b.op("ScatterND", zeros(b, first, b.dtype(data)), b.op("Unsqueeze", wrapped(b, idx, shape[a]), axes=[-1]),
+                  dy, reduction="add")
+        return [b.op("Transpose", dx, perm=[*range(1, a + 1), 0, *range(a + 1, len(shape))]) if a else dx, None]
 
 
 @schema("GatherElements")
@@ -261,6 +273,20 @@ class GatherElements(Schema):
     def evaluate(self, node, data, idx):
         a = axis(self.attr(node, "axis"), data.ndim)
         return [np.take_along_axis(data, _indices(idx, data.shape[a]), axis=a)]
+
+    def gradient(self, b, node, dys):
+        """dY added into zeros at the gathered elements, by their flat offsets into the data: each index
+        (wrapped) times its axis's stride, plus the position along every other axis times that one's."""
+        data, idx = node.inputs
+        shape, positions = b.shape(data), b.shape(idx)
+        a = axis(self.attr(node, "axis"), len(shape))
+        strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+        flat = b.op("Mul", wrapped(b, idx, shape[a]), b.const(strides[a], idx))
+        for k, n in enumerate(positions):
+            if k != a and n > 1:
+                along = (np.arange(n) * strides[k]).reshape(-1, *[1] * (len(shape) - k - 1))
+                flat = b.op("Add", flat, b.const(along, idx))
+        return [scatter_add_flat(b, flat, dys[0], shape, b.dtype(data)), None]
 
     def workspace(self, node, ins, outs, limit):
         """The kernel gathers by flat offsets: one int64 per index, then each axis's position offsets."""
@@ -322,6 +348,12 @@ class Tile(Schema):
     def evaluate(self, node, x):
         return [np.tile(x, self.attr(node, "repeats"))]
 
+    def gradient(self, b, node, dys):
+        """dY seen with each axis split into (repeat, dim), summed over the repeats."""
+        shape, repeats = b.shape(node.inputs[0]), self.attr(node, "repeats")
+        split = b.op("Reshape", dys[0], shape=[n for r, d in zip(repeats, shape) for n in (r, d)])
+        return [b.op("ReduceSum", split, axes=list(range(0, 2 * len(shape), 2)), keepdims=0)]
+
 
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
@@ -348,11 +380,23 @@ class Pad(Schema):
         return [np.pad(x, widths, mode=self.attr(node, "mode"))]
 
     def gradient(self, b, node, dys):
-        """Constant padding: the padded border cut off again (a negative pad, which crops, pads back)."""
-        if self.attr(node, "mode") != "constant":
-            return [no_gradient(node)]
-        pads = self._pads(node, len(b.shape(node.inputs[0])))
-        return [b.op("Pad", dys[0], pads=[-p for p, _ in pads] + [-p for _, p in pads])]
+        """Constant padding: the padded border cut off again (a negative pad, which crops, pads back).
+        The other modes copy input positions along each axis (`pad_source`): dY goes back through that
+        copy's matrix, axis by axis."""
+        x, mode = node.inputs[0], self.attr(node, "mode")
+        pads = self._pads(node, len(b.shape(x)))
+        if mode == "constant":
+            return [b.op("Pad", dys[0], pads=[-p for p, _ in pads] + [-p for _, p in pads])]
+        dy, shape = dys[0], list(b.shape(node.outputs[0]))
+        for a, (n, (begin, end)) in enumerate(zip(b.shape(x), pads)):
+            if begin or end:
+                lo = max(-begin, 0)
+                source = lo + pad_source(mode, np.arange(shape[a]) - max(begin, 0), n - lo - max(-end, 0))
+                copy = np.zeros((shape[a], n))
+                copy[np.arange(shape[a]), source] = 1
+                dy = transposed_along(b, dy, shape, a, copy, x)
+                shape[a] = n
+        return [dy]
 
     def _pads(self, node, rank):
         """(begin, end) for every axis of the input."""
@@ -366,6 +410,28 @@ class Pad(Schema):
         for k, a in enumerate(axes):
             per_axis[a] = (pads[k], pads[k + len(axes)])
         return per_axis
+
+
+def pad_source(mode, j, n):
+    """The input position (of `n`) that positions `j` (counted from the input's start) copy in `mode`."""
+    if mode == "edge":
+        return np.clip(j, 0, n - 1)
+    if mode == "wrap":
+        return j % n
+    period = max(2 * (n - 1), 1)  # reflect, as NumPy repeats it past the far end
+    j = j % period
+    return np.where(j < n, j, period - j)
+
+
+def transposed_along(b, dy, shape, a, matrix, like):
+    """`dy` (of `shape`) times `matrix` (out, in) along axis `a`, transposed: the gradient of a linear map
+    of that axis (Resize's passes, Pad's copies). A MatMul over dY with the axis last or, seen as
+    (before, out, after), one from the left; the matrix a constant of `like`'s dtype."""
+    if a == len(shape) - 1:
+        return b.op("MatMul", dy, b.const(matrix, like))
+    before, after = math.prod(shape[:a]), math.prod(shape[a + 1:])
+    out = b.op("MatMul", b.const(matrix.T, like), b.op("Reshape", dy, shape=[before, shape[a], after]))
+    return b.op("Reshape", out, shape=[*shape[:a], matrix.shape[1], *shape[a + 1:]])
 
 
 @schema("Resize")
@@ -460,6 +526,22 @@ class Resize(Schema):
         for region, n in nbytes.items():
             offsets[region], at = at, at + -(-n // 256) * 256
         return ResizeLayout(passes, work, offsets, at)
+
+    def gradient(self, b, node, dys):
+        """Each pass is a linear map of its axis (see ResizePass): dY goes back through their matrices,
+        transposed, axis by axis; positions set to extrapolation_value take none."""
+        x, dy = node.inputs[0], dys[0]
+        in_shape = b.shape(x)
+        shape = list(b.shape(node.outputs[0]))
+        for p in reversed(self.passes(node, in_shape, shape)):
+            matrix = np.zeros((shape[p.axis], in_shape[p.axis]))
+            rows = np.broadcast_to(np.arange(shape[p.axis]), p.index.shape)
+            np.add.at(matrix, (rows, p.index), 1.0 if p.weight is None else p.weight)
+            if p.outside is not None:
+                matrix[p.outside] = 0
+            dy = transposed_along(b, dy, shape, p.axis, matrix, x)
+            shape[p.axis] = in_shape[p.axis]
+        return [dy]
 
     def workspace(self, node, ins, outs, limit):
         """The layout's bytes (not chunked to `limit`: the passes are not split)."""
@@ -581,6 +663,39 @@ class ScatterND(Schema):
         out = data.copy()
         scatter_nd(np, out, idx, updates, self.attr(node, "reduction"))
         return [out]
+
+    def gradient(self, b, node, dys):
+        """For the none and add reductions. Data: dY, with zeros where `none` overwrote it; updates: dY
+        at their places, gathered by flat offset into data's leading dims."""
+        data, idx, updates = node.inputs
+        reduction, dy = self.attr(node, "reduction"), dys[0]
+        if reduction not in ("none", "add"):
+            return [no_gradient(node)] * 3
+        shape, k = b.shape(data), b.shape(idx)[-1]
+        if reduction == "none":
+            dy = b.op("ScatterND", dy, idx, zeros(b, b.shape(updates), b.dtype(data)))
+        lead = shape[:k]
+        strides = [math.prod(lead[j + 1:]) for j in range(k)]
+        flat = b.op("ReduceSum", b.op("Mul", wrapped(b, idx, list(lead)), b.const(strides, idx)), axes=[-1], keepdims=0)
+        rows = b.op("Reshape", dys[0], shape=[math.prod(lead), *shape[k:]])
+        return [dy, None, b.op("Gather", rows, flat)]
+
+
+def zeros(b, shape, dtype):
+    """A new tensor of zeros."""
+    return b.op("ConstantOfShape", shape=list(shape), value=np.zeros(1, dtype))
+
+
+def wrapped(b, idx, dims):
+    """Indices in [0, dim) from ONNX's [-dim, dim), `dims` broadcasting against them."""
+    return b.op("Where", b.op("Less", idx, b.const(0, idx)), b.op("Add", idx, b.const(dims, idx)), idx)
+
+
+def scatter_add_flat(b, flat, dy, shape, dtype):
+    """Zeros of `shape` with dY added at the flat offsets `flat` (of dY's shape), repeats accumulating."""
+    total = b.op("ScatterND", zeros(b, [math.prod(shape)], dtype), b.op("Unsqueeze", flat, axes=[-1]), dy,
+                 reduction="add")
+    return b.op("Reshape", total, shape=list(shape))
 
 
 def scatter_nd(xp, out, idx, updates, reduction):

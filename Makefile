@@ -22,3 +22,4 @@ bench: install-test
 	$(PY) benchmarks/load_time.py
 	$(PY) benchmarks/plan_quality.py
 	$(PY) benchmarks/run_latency.py cpu
+	$(PY) benchmarks/train_memory.py --device cpu

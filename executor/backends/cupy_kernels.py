@@ -91,12 +91,16 @@ def _cross_entropy(cupy, sum_exp):
 
 
 def _optimizers(cupy):
-    """memplan.SGD and memplan.Adam as one kernel each, updating parameter and state in place; the
-    hyperparameter tensors are read on the device, so a step never waits for the host."""
+    """memplan.SGD (with and without momentum) and memplan.Adam as one kernel each, updating parameter
+    and state in place; the hyperparameter tensors are read on the device, so a step never waits for
+    the host."""
     sgd = cupy.ElementwiseKernel(
+        "S lr, T g, float64 decay", "T x", "x = (T)((double)x - (double)lr * ((double)g + decay * (double)x));",
+        "memplan_sgd")
+    momentum_sgd = cupy.ElementwiseKernel(
         "S lr, T g, float64 decay, float64 momentum, bool nesterov", "T x, T buf",
-        "double d = (double)g + decay * (double)x; if (momentum != 0) { double b = momentum * (double)buf + d;"
-        " buf = (T)b; d = nesterov ? d + momentum * b : b; } x = (T)((double)x - (double)lr * d);", "memplan_sgd")
+        "double d = (double)g + decay * (double)x, b = momentum * (double)buf + d; buf = (T)b;"
+        " x = (T)((double)x - (double)lr * (nesterov ? d + momentum * b : b));", "memplan_momentum_sgd")
     adam = cupy.ElementwiseKernel(
         "S lr, S t, T g, float64 b1, float64 b2, float64 eps, float64 decay, bool decoupled", "T x, T m, T v",
         "double p = (double)x, d = (double)g; if (decoupled) p *= 1 - (double)lr * decay; else d += decay * p;"
@@ -105,8 +109,12 @@ def _optimizers(cupy):
         " x = (T)(p - (double)lr / c1 * mm / (sqrt(vv) / sqrt(c2) + eps));", "memplan_adam")
 
     def run_sgd(xp, step, ins, outs, ws):
-        x, buf = (*in_place(xp, ins, outs, 1), outs[0])[:2]
-        sgd(ins[0], ins[2], attr(step, "weight_decay"), attr(step, "momentum"), bool(attr(step, "nesterov")), x, buf)
+        in_place(xp, ins, outs, 1)
+        if len(outs) == 1:
+            sgd(ins[0], ins[2], attr(step, "weight_decay"), *outs)
+        else:
+            momentum_sgd(ins[0], ins[2], attr(step, "weight_decay"), attr(step, "momentum"),
+                         bool(attr(step, "nesterov")), *outs)
 
     def run_adam(xp, step, ins, outs, ws):
         in_place(xp, ins, outs, 2)

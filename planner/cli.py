@@ -12,6 +12,7 @@ EXAMPLES = """examples:
   memplan inspect                                   # the built-in default model (zoo:resnet50, batch 1)
   memplan report zoo:resnet50 --batch 32            # arena per strategy and the lower bound
   memplan report zoo:resnet50 --batch 32 --training --loss cross_entropy --optimizer adam
+  memplan run zoo:resnet_deep --batch 8 --training --remat sublinear --backend numpy
   memplan plan zoo:gpt2_small --input input_ids:8x128 --strategy share -o plan.json
   memplan inspect zoo:bert_base --batch 8 --input input_ids:8x128 --input attention_mask:8x128
   memplan inspect model.onnx --input input:8x3x224x224
@@ -73,11 +74,11 @@ def inspect(args):
 def training_options(args):
     """compile()'s training keywords from --training, --loss, --optimizer and --lr."""
     if not args.training:
-        if args.loss or args.optimizer or args.lr is not None:
-            raise MemplanError("--loss, --optimizer and --lr apply with --training")
+        if args.loss or args.optimizer or args.lr is not None or args.remat:
+            raise MemplanError("--loss, --optimizer, --lr and --remat apply with --training")
         return {}
     return {"training": True, "loss": args.loss or "cross_entropy", "optimizer": args.optimizer or "sgd",
-            "optimizer_args": {} if args.lr is None else {"lr": args.lr}}
+            "optimizer_args": {} if args.lr is None else {"lr": args.lr}, "remat": args.remat}
 
 
 def report(args):
@@ -88,8 +89,9 @@ def report(args):
     rows = rep.report(graph, time_limit=args.time_limit, schedule=args.schedule, **training)
     modes = rep.workspace_modes(graph, schedule=args.schedule, **training)
     updates = rep.update_modes(graph, schedule=args.schedule, **training) if training else None
-    print(json.dumps(rep.as_dict(rows, graph, modes, updates), indent=1) if args.json
-          else rep.format_table(rows, graph, modes, updates))
+    remats = rep.remat_modes(graph, schedule=args.schedule, **training) if training else None
+    print(json.dumps(rep.as_dict(rows, graph, modes, updates, remats), indent=1) if args.json
+          else rep.format_table(rows, graph, modes, updates, remats))
     return 0
 
 
@@ -137,6 +139,7 @@ def run(args):
 
 def _model_args(p):
     from .losses import LOSSES
+    from .remat import REMATS
     from .training import OPTIMIZERS
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="an .onnx file or zoo:NAME")
     p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS", help="bind an input, e.g. input:8x3x224x224")
@@ -145,6 +148,7 @@ def _model_args(p):
     p.add_argument("--loss", choices=LOSSES, default=None, help="the loss on the first output (default cross_entropy)")
     p.add_argument("--optimizer", choices=list(OPTIMIZERS), default=None, help="the optimizer (default sgd)")
     p.add_argument("--lr", type=float, default=None, help="the learning rate (default: the optimizer's)")
+    p.add_argument("--remat", choices=REMATS, default=None, help="recompute forward tensors in backward")
 
 
 def build_parser():

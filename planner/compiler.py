@@ -15,6 +15,7 @@ from .inplace import aliases
 from .liveness import lifetimes
 from .plan import ALIGNMENT, Plan, PlannedTensor, Step
 from .schedule import schedule as make_schedule
+from .remat import rematerialize
 from .training import training_graph
 
 STRATEGIES = {  # name: (allocator, in-place allowed)
@@ -39,7 +40,9 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
     `training=True` plans one training step (planner.training): `loss` ("cross_entropy" or "mse") on
     `loss_output` (default the first output), gradients of every float param not `frozen`, and
     `optimizer` ("sgd", "momentum", "adam", "adamw") with `optimizer_args`, each param updated in place
-    as soon as its gradient is complete (`update="eager"`) or after the backward pass.
+    as soon as its gradient is complete (`update="eager"`) or after the backward pass; `remat`
+    ("mirror", "sublinear", see planner.remat) recomputes forward tensors in backward instead of
+    keeping them (MXNET_BACKWARD_DO_MIRROR=1 means "mirror").
     """
     from . import load
     start = time.perf_counter()
@@ -47,16 +50,19 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
         raise PlanError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if schedule not in SCHEDULES:
         raise PlanError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if remat or memory_budget is not None:
-        raise MemplanError("rematerialisation and memory budgets are not available in this version")
-    if not training and (loss or optimizer or optimizer_args or loss_output or frozen):
-        raise PlanError("loss, optimizer, optimizer_args, loss_output and frozen apply to training=True")
+    if memory_budget is not None:
+        raise MemplanError("memory budgets are not available in this version")
+    if not training and (loss or optimizer or optimizer_args or loss_output or frozen or remat):
+        raise PlanError("loss, optimizer, optimizer_args, loss_output, frozen and remat apply to training=True")
     config = config or Config.from_env()
     graph = load(model, input_shapes)
+    orders = ("file", "memory") if schedule == "auto" else (schedule,)
     info = {}
     if training:
         graph, info = training_graph(graph, loss or "cross_entropy", loss_output, optimizer or "sgd",
                                      optimizer_args, frozen, update)
+        graph, info["remat"] = rematerialize(graph, remat or ("mirror" if config.backward_do_mirror else None), lambda g: min(
+            plan_graph(g, strategy, order, config, tuple(fetch), info).arena_bytes for order in orders))
     strings = [t.name for t in graph.tensors.values() if t.dtype.kind in "OSU"]
     if strings:
         raise PlanError(f"tensors {', '.join(map(repr, strings[:5]))} hold strings, which have no place in a "
@@ -64,7 +70,6 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
     missing = [name for name in fetch if name not in graph.tensors]
     if missing:
         raise PlanError(f"fetch names tensors the graph does not have: {', '.join(map(repr, missing))}")
-    orders = ("file", "memory") if schedule == "auto" else (schedule,)
     plans = [plan_graph(graph, strategy, order, config, tuple(fetch), info) for order in orders]
     plan = min(plans, key=lambda p: p.arena_bytes)
     plan.training = info
@@ -223,6 +228,7 @@ def _roles(graph, training):
         return {}
     roles = {g: "gradient" for g in training["grads"].values() if graph.tensors[g].kind == "activation"}
     roles.update((new, "update") for new, _ in graph.updates)
+    roles.update((o, "recomputed") for n in graph.nodes if n.meta.get("recompute") for o in n.outputs if o)
     forward = {o for n in graph.nodes if "phase" not in n.meta for o in n.outputs}
     for node in graph.nodes:
         if node.meta.get("phase") == "backward":
@@ -232,8 +238,10 @@ def _roles(graph, training):
 
 
 def _flops(graph):
-    """Forward (loss included) and backward (optimizer included) FLOPs, from the op schemas."""
-    totals = {"forward_flops": 0, "backward_flops": 0}
+    """Forward (loss included), backward (optimizer included) and recomputation FLOPs, from the op schemas."""
+    totals = {"forward_flops": 0, "backward_flops": 0, "recompute_flops": 0}
     for node in graph.nodes:
-        totals["backward_flops" if "phase" in node.meta else "forward_flops"] += ops.node_flops(graph, node)
+        key = "recompute_flops" if node.meta.get("recompute") else "backward_flops" if "phase" in node.meta \
+            else "forward_flops"
+        totals[key] += ops.node_flops(graph, node)
     return totals

@@ -45,6 +45,9 @@ class Config:
     workspace_mode: str = "pool"
     """MEMPLAN_WORKSPACE_MODE: "pool" (MXNet: num_temp shared slots, kept for the whole run) or
     "tensor" (each op's scratch is a tensor living one step, placed by the allocator)."""
+    backward_do_mirror: bool = False
+    """MXNET_BACKWARD_DO_MIRROR: training steps recompute cheap ops in backward (remat="mirror") when
+    compile() is given no remat."""
     time_limit: float = 10.0
     """MEMPLAN_TIME_LIMIT: seconds the `optimal` allocator may search."""
     debug: bool = False
@@ -93,6 +96,7 @@ ENV = {"enable_inplace": "MXNET_EXEC_ENABLE_INPLACE", "match_range": "MXNET_EXEC
        "auto_search_match_range": "NNVM_AUTO_SEARCH_MATCH_RANGE", "num_temp": "MXNET_EXEC_NUM_TEMP",
        "gpu_worker_nthreads": "MXNET_GPU_WORKER_NTHREADS", "pool_reserve_percent": "MXNET_GPU_MEM_POOL_RESERVE",
        "workspace_limit": "MEMPLAN_WORKSPACE_LIMIT", "workspace_mode": "MEMPLAN_WORKSPACE_MODE",
+       "backward_do_mirror": "MXNET_BACKWARD_DO_MIRROR",
        "time_limit": "MEMPLAN_TIME_LIMIT", "debug": "MEMPLAN_DEBUG"}
 """The environment variable behind each field."""
 
@@ -100,4 +104,4 @@ _ACCEPTS = {"enable_inplace": "a boolean", "match_range": "an integer >= 0",
             "auto_search_match_range": "a boolean", "num_temp": "an integer >= 1",
             "gpu_worker_nthreads": "an integer >= 1", "pool_reserve_percent": "a number in [0, 100)",
             "workspace_limit": "a number of bytes >= 1", "workspace_mode": '"pool" or "tensor"',
-            "time_limit": "seconds > 0", "debug": "a boolean"}
+            "backward_do_mirror": "a boolean", "time_limit": "seconds > 0", "debug": "a boolean"}

@@ -16,9 +16,10 @@ from .errors import PlanError
 
 ALIGNMENT = 256
 PERSISTENT = ("param", "const", "state", "workspace_slot")
-ROLES = ("", "saved", "gradient", "update")
+ROLES = ("", "saved", "gradient", "update", "recomputed")
 """A transient tensor's part in a training step: a forward value that backward reads ("saved"), a
-parameter's gradient, or the new value of a param or state written over it ("update")."""
+parameter's gradient, the new value of a param or state written over it ("update"), or a forward
+value computed again for backward ("recomputed")."""
 
 
 @dataclass(frozen=True)

@@ -45,16 +45,30 @@ def update_modes(graph, config=None, schedule="auto", **training):
             for mode in ("eager", "after_backward")}
 
 
+def remat_modes(graph, config=None, schedule="auto", **training):
+    """{remat: bestfit plan} of a training step without recomputation and under each strategy."""
+    from .compiler import compile
+    from .remat import REMATS
+    return {mode: compile(graph, schedule=schedule, config=config, **{**training, "remat": mode})
+            for mode in (None, *REMATS)}
+
+
 def lower_bound(rows):
     """The LOAD row: the smallest lower bound among the plans that reuse memory in place."""
     return min(plan.lower_bound_bytes for label, plan in rows if plan.strategy != "naive")
 
 
-def as_dict(rows, graph, modes, updates=None):
+def as_dict(rows, graph, modes, updates=None, remats=None):
     load, naive = lower_bound(rows), rows[0][1].arena_bytes
     extra = {} if not updates else {"training": rows[0][1].training["optimizer"], "update_modes": {
         m: {"arena_bytes": p.arena_bytes, "breakdown": p.breakdown} for m, p in updates.items()},
         "forward_flops": rows[0][1].stats["forward_flops"], "backward_flops": rows[0][1].stats["backward_flops"]}
+    if remats:
+        step = rows[0][1].stats["forward_flops"] + rows[0][1].stats["backward_flops"]
+        extra["remat"] = [{"remat": m or "none", "arena_bytes": p.arena_bytes, "x_load": p.arena_bytes / load,
+                           "saved_bytes": p.breakdown["saved"], "recompute_flops": p.stats["recompute_flops"],
+                           "recompute_share": p.stats["recompute_flops"] / step, "plan_seconds": p.stats["plan_seconds"]}
+                          for m, p in remats.items()]
     return {"model": graph.name, "inputs": {n: list(graph.tensors[n].shape) for n in graph.inputs}, **extra,
             "lower_bound_bytes": load,
             "workspace_modes": {m: {"arena_bytes": p.arena_bytes, "workspace_bytes": p.breakdown["workspace"],
@@ -64,11 +78,11 @@ def as_dict(rows, graph, modes, updates=None):
                       "schedule": p.schedule, "breakdown": p.breakdown} for label, p in rows]}
 
 
-def format_table(rows, graph, modes, updates=None):
+def format_table(rows, graph, modes, updates=None, remats=None):
     """The rows as an aligned text table (for training with the breakdown in MiB as columns), then the
     LOAD row, the best plan's breakdown, the bestfit arena under both workspace modes and, for
-    training, under both update modes."""
-    d = as_dict(rows, graph, modes, updates)
+    training, under both update modes and each recomputation strategy."""
+    d = as_dict(rows, graph, modes, updates, remats)
     shapes = ", ".join(f"{n} {tuple(s)}" for n, s in d["inputs"].items())
     parts = list(d["rows"][0]["breakdown"]) if updates else []
     title = f"{graph.name}: {shapes}" + (f"; training step with {d['training']}, forward {d['forward_flops'] / 1e9:.2f} "
@@ -93,4 +107,9 @@ def format_table(rows, graph, modes, updates=None):
                      f"(gradients {eager['breakdown']['grads'] / 2**20:.2f} MiB at the peak); all gradients, then "
                      f"the step: {after['arena_bytes'] / 2**20:.2f} MiB (gradients "
                      f"{after['breakdown']['grads'] / 2**20:.2f} MiB) (bestfit)")
+    if remats:
+        lines.append(f"{'remat':<21} {'arena MiB':>11} {'x LOAD':>7} {'saved MiB':>11} {'recompute':>10} {'plan s':>7}")
+        for r in d["remat"]:
+            lines.append(f"{r['remat']:<21} {r['arena_bytes'] / 2**20:>11.2f} {r['x_load']:>7.3f} "
+                         f"{r['saved_bytes'] / 2**20:>11.2f} {r['recompute_share']:>10.1%} {r['plan_seconds']:>7.2f}")
     return "\n".join(lines)

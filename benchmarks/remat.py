@@ -1,0 +1,65 @@
+"""Recomputation against keeping everything, for one training step (momentum SGD).
+
+    python benchmarks/remat.py [--model resnet_deep] [--batch 32] [--time]
+
+Per strategy: the arena, its transient part (activations, gradients and workspace: the arena less
+params and optimizer state), that part against no recomputation, the activations saved for backward
+at the peak, the recomputed FLOPs as a share of the step's forward + backward FLOPs, and the plan
+time. `--time` also runs three steps on the NumPy backend and prints the median step time.
+Targets (Chen et al.): sublinear transient <= 1/4 of none with <= 35% extra FLOPs; mirror 30-50% less.
+"""
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import planner
+from frontends import zoo
+
+MiB = 2 ** 20
+
+
+def shapes(name, batch):
+    return {"resnet_deep": {"input": (batch, 3, 32, 32)}, "resnet50": {"input": (batch, 3, 224, 224)}}[name]
+
+
+def step_seconds(plan):
+    """Median of three training steps on the NumPy backend, after a warm-up one."""
+    from executor import Executor
+    ex = Executor(plan, backend="numpy")
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(plan.tensors[n].shape, dtype=np.float32) for n in plan.inputs
+             if plan.tensors[n].dtype == "float32"}
+    feeds[plan.training["labels"]] = rng.integers(0, 10, plan.tensors[plan.training["labels"]].shape)
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        ex.train_step(feeds)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="resnet_deep", choices=["resnet_deep", "resnet50"])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--time", action="store_true", help="also time steps on the NumPy backend")
+    args = parser.parse_args()
+    model = zoo.build(args.model)
+    print(f"{args.model}, batch {args.batch}, training step with momentum SGD")
+    print(f"{'remat':<10} {'arena MiB':>10} {'transient MiB':>14} {'x none':>7} {'saved MiB':>10} "
+          f"{'recompute':>10} {'plan s':>7}" + (f" {'step s':>7}" if args.time else ""))
+    base = None
+    for remat in (None, "mirror", "sublinear"):
+        plan = planner.compile(model, shapes(args.model, args.batch), training=True, optimizer="momentum", remat=remat)
+        transient = plan.arena_bytes - plan.breakdown["params"] - plan.breakdown["optimizer"]
+        base = base or transient
+        share = plan.stats["recompute_flops"] / (plan.stats["forward_flops"] + plan.stats["backward_flops"])
+        print(f"{remat or 'none':<10} {plan.arena_bytes / MiB:>10,.1f} {transient / MiB:>14,.1f} {transient / base:>7.3f} "
+              f"{plan.breakdown['saved'] / MiB:>10,.1f} {share:>10.1%} {plan.stats['plan_seconds']:>7.1f}"
+              + (f" {step_seconds(plan):>7.2f}" if args.time else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -21,9 +21,23 @@ def need_mirror(node, enabled=True):
     return forced(node) or enabled and node.op not in NEVER
 
 
-def mirror(graph, enabled=True):
-    """The tensors to recompute: the droppable outputs of the forward nodes that need mirroring
-    (with `enabled=False`, only those annotated `force_mirroring`)."""
+DEPTH = 4
+"""The longest chain of recomputations one recomputed tensor may need. Without a bound, a residual
+network's identity shortcuts chain every block's Add and Relu to the first block: recomputing the
+last block would recompute them all, at the start of backward, and keep them to the end."""
+
+
+def mirror(graph, enabled=True, depth=DEPTH):
+    """The tensors to recompute: the droppable outputs of the forward nodes that need mirroring (with
+    `enabled=False`, only those annotated `force_mirroring`), except where recomputing one would take
+    a chain of more than `depth` recomputations; there the output is kept, which ends the chain."""
     candidates = droppable(graph)
-    return {o for n in graph.nodes if "phase" not in n.meta and need_mirror(n, enabled)
-            for o in n.outputs if o in candidates}
+    chain, drop = {}, set()
+    for node in (n for n in graph.nodes if "phase" not in n.meta):
+        length = 1 + max((chain.get(i, 0) for i in node.inputs), default=0)
+        if need_mirror(node, enabled) and (length <= depth or forced(node)):
+            for o in node.outputs:
+                if o in candidates:
+                    drop.add(o)
+                    chain[o] = length
+    return drop

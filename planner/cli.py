@@ -71,14 +71,27 @@ def inspect(args):
     return 0
 
 
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text):
+    """'2GiB' -> 2147483648; '1.5 GB' -> 1500000000; '4096' -> 4096."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in UNITS:
+        raise MemplanError(f"--budget {text!r}: expected a size such as 2GiB, 512MiB, 1.5GB or 4096 (bytes)")
+    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+
+
 def training_options(args):
     """compile()'s training keywords from --training, --loss, --optimizer and --lr."""
     if not args.training:
-        if args.loss or args.optimizer or args.lr is not None or args.remat:
-            raise MemplanError("--loss, --optimizer, --lr and --remat apply with --training")
+        if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget:
+            raise MemplanError("--loss, --optimizer, --lr, --remat and --budget apply with --training")
         return {}
     return {"training": True, "loss": args.loss or "cross_entropy", "optimizer": args.optimizer or "sgd",
-            "optimizer_args": {} if args.lr is None else {"lr": args.lr}, "remat": args.remat}
+            "optimizer_args": {} if args.lr is None else {"lr": args.lr}, "remat": args.remat,
+            "memory_budget": None if args.budget is None else parse_bytes(args.budget)}
 
 
 def report(args):
@@ -86,10 +99,12 @@ def report(args):
     from . import report as rep
     training = training_options(args)
     graph = load_graph(args)
+    recompute = {k: training.pop(k) for k in ("remat", "memory_budget") if k in training}
     rows = rep.report(graph, time_limit=args.time_limit, schedule=args.schedule, **training)
     modes = rep.workspace_modes(graph, schedule=args.schedule, **training)
     updates = rep.update_modes(graph, schedule=args.schedule, **training) if training else None
-    remats = rep.remat_modes(graph, schedule=args.schedule, **training) if training else None
+    remats = rep.remat_modes(graph, schedule=args.schedule, memory_budget=recompute.get("memory_budget"),
+                             **training) if training else None
     print(json.dumps(rep.as_dict(rows, graph, modes, updates, remats), indent=1) if args.json
           else rep.format_table(rows, graph, modes, updates, remats))
     return 0
@@ -149,6 +164,8 @@ def _model_args(p):
     p.add_argument("--optimizer", choices=list(OPTIMIZERS), default=None, help="the optimizer (default sgd)")
     p.add_argument("--lr", type=float, default=None, help="the learning rate (default: the optimizer's)")
     p.add_argument("--remat", choices=REMATS, default=None, help="recompute forward tensors in backward")
+    p.add_argument("--budget", default=None, metavar="SIZE",
+                   help="with --training: the least recomputation whose arena fits SIZE (e.g. 2GiB)")
 
 
 def build_parser():

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import allocators, ops, workspace
 from .config import Config
-from .errors import MemplanError, PlanError
+from .errors import PlanError
 from .inplace import aliases
 from .liveness import lifetimes
 from .plan import ALIGNMENT, Plan, PlannedTensor, Step
@@ -41,8 +41,9 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
     `loss_output` (default the first output), gradients of every float param not `frozen`, and
     `optimizer` ("sgd", "momentum", "adam", "adamw") with `optimizer_args`, each param updated in place
     as soon as its gradient is complete (`update="eager"`) or after the backward pass; `remat`
-    ("mirror", "sublinear", see planner.remat) recomputes forward tensors in backward instead of
-    keeping them (MXNET_BACKWARD_DO_MIRROR=1 means "mirror").
+    ("mirror", "sublinear", "budget", see planner.remat) recomputes forward tensors in backward instead
+    of keeping them; `memory_budget` (bytes) asks for the least recomputation whose arena fits it
+    (remat="budget"; InfeasibleBudgetError when none does). MXNET_BACKWARD_DO_MIRROR=1 means "mirror".
     """
     from . import load
     start = time.perf_counter()
@@ -50,10 +51,10 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
         raise PlanError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if schedule not in SCHEDULES:
         raise PlanError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if memory_budget is not None:
-        raise MemplanError("memory budgets are not available in this version")
-    if not training and (loss or optimizer or optimizer_args or loss_output or frozen or remat):
-        raise PlanError("loss, optimizer, optimizer_args, loss_output, frozen and remat apply to training=True")
+    if not training and (loss or optimizer or optimizer_args or loss_output or frozen or remat
+                         or memory_budget is not None):
+        raise PlanError("loss, optimizer, optimizer_args, loss_output, frozen, remat and memory_budget apply to "
+                        "training=True")
     config = config or Config.from_env()
     graph = load(model, input_shapes)
     orders = ("file", "memory") if schedule == "auto" else (schedule,)
@@ -61,8 +62,9 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
     if training:
         graph, info = training_graph(graph, loss or "cross_entropy", loss_output, optimizer or "sgd",
                                      optimizer_args, frozen, update)
-        graph, info["remat"] = rematerialize(graph, remat or ("mirror" if config.backward_do_mirror else None), lambda g: min(
-            plan_graph(g, strategy, order, config, tuple(fetch), info).arena_bytes for order in orders))
+        remat = remat or ("budget" if memory_budget is not None else "mirror" if config.backward_do_mirror else None)
+        graph, info["remat"] = rematerialize(graph, remat, lambda g: min(
+            plan_graph(g, strategy, order, config, tuple(fetch), info).arena_bytes for order in orders), memory_budget)
     strings = [t.name for t in graph.tensors.values() if t.dtype.kind in "OSU"]
     if strings:
         raise PlanError(f"tensors {', '.join(map(repr, strings[:5]))} hold strings, which have no place in a "

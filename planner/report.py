@@ -45,12 +45,21 @@ def update_modes(graph, config=None, schedule="auto", **training):
             for mode in ("eager", "after_backward")}
 
 
-def remat_modes(graph, config=None, schedule="auto", **training):
-    """{remat: bestfit plan} of a training step without recomputation and under each strategy."""
+def remat_modes(graph, config=None, schedule="auto", memory_budget=None, **training):
+    """{label: bestfit plan} of a training step without recomputation, under mirror and sublinear,
+    and under `memory_budget` when given (a budget no plan fits gives no row)."""
     from .compiler import compile
-    from .remat import REMATS
-    return {mode: compile(graph, schedule=schedule, config=config, **{**training, "remat": mode})
-            for mode in (None, *REMATS)}
+    from .errors import InfeasibleBudgetError
+    modes = {"none": {"remat": None}, "mirror": {"remat": "mirror"}, "sublinear": {"remat": "sublinear"}}
+    if memory_budget is not None:
+        modes[f"budget({memory_budget / 2**20:.0f} MiB)"] = {"remat": "budget", "memory_budget": memory_budget}
+    plans = {}
+    for label, options in modes.items():
+        try:
+            plans[label] = compile(graph, schedule=schedule, config=config, **{**training, **options})
+        except InfeasibleBudgetError:
+            continue
+    return plans
 
 
 def lower_bound(rows):
@@ -65,7 +74,7 @@ def as_dict(rows, graph, modes, updates=None, remats=None):
         "forward_flops": rows[0][1].stats["forward_flops"], "backward_flops": rows[0][1].stats["backward_flops"]}
     if remats:
         step = rows[0][1].stats["forward_flops"] + rows[0][1].stats["backward_flops"]
-        extra["remat"] = [{"remat": m or "none", "arena_bytes": p.arena_bytes, "x_load": p.arena_bytes / load,
+        extra["remat"] = [{"remat": m, "arena_bytes": p.arena_bytes, "x_load": p.arena_bytes / load,
                            "saved_bytes": p.breakdown["saved"], "recompute_flops": p.stats["recompute_flops"],
                            "recompute_share": p.stats["recompute_flops"] / step, "plan_seconds": p.stats["plan_seconds"]}
                           for m, p in remats.items()]

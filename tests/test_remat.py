@@ -102,3 +102,22 @@ def test_env_mirror_and_errors():
         planner.compile(m, input_shapes(m, BATCH), training=True, remat="magic")
     with pytest.raises(PlanError, match="apply to training=True"):
         planner.compile(m, input_shapes(m, BATCH), remat="mirror")
+
+
+def test_budget_fits_with_the_least_recomputation_or_says_the_minimum():
+    m = small_model("resnet_deep")
+    shapes = input_shapes(m, 8)
+    plans = {r: planner.compile(m, shapes, training=True, remat=r) for r in (None, "mirror", "sublinear")}
+    roomy = planner.compile(m, shapes, training=True, memory_budget=plans[None].arena_bytes)
+    assert roomy.arena_bytes == plans[None].arena_bytes and roomy.stats["recompute_flops"] == 0
+    for budget in (plans["mirror"].arena_bytes, (plans["mirror"].arena_bytes + plans["sublinear"].arena_bytes) // 2,
+                   plans["sublinear"].arena_bytes):
+        plan = planner.compile(m, shapes, training=True, memory_budget=budget)
+        assert plan.arena_bytes <= budget and plan.training["remat"]["budget"] == budget
+        assert plan.stats["recompute_flops"] <= plans["sublinear"].stats["recompute_flops"]
+    assert planner.compile(m, shapes, training=True, memory_budget=plans["mirror"].arena_bytes
+                           ).stats["recompute_flops"] <= plans["mirror"].stats["recompute_flops"]
+    with pytest.raises(planner.InfeasibleBudgetError) as error:
+        planner.compile(m, shapes, training=True, memory_budget=plans["sublinear"].arena_bytes // 2)
+    assert error.value.minimum <= plans["sublinear"].arena_bytes
+    assert planner.compile(m, shapes, training=True, memory_budget=error.value.minimum).arena_bytes <= error.value.minimum

@@ -64,7 +64,8 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
                                      optimizer_args, frozen, update)
         remat = remat or ("budget" if memory_budget is not None else "mirror" if config.backward_do_mirror else None)
         graph, info["remat"] = rematerialize(graph, remat, lambda g: min(
-            plan_graph(g, strategy, order, config, tuple(fetch), info).arena_bytes for order in orders), memory_budget)
+            plan_graph(g, strategy, order, config, tuple(fetch), info).arena_bytes for order in orders), memory_budget,
+            config)
     strings = [t.name for t in graph.tensors.values() if t.dtype.kind in "OSU"]
     if strings:
         raise PlanError(f"tensors {', '.join(map(repr, strings[:5]))} hold strings, which have no place in a "

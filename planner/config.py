@@ -48,6 +48,20 @@ class Config:
     backward_do_mirror: bool = False
     """MXNET_BACKWARD_DO_MIRROR: training steps recompute cheap ops in backward (remat="mirror") when
     compile() is given no remat."""
+    sublinear_search: str = "memonger"
+    """MEMPLAN_SUBLINEAR_SEARCH: remat="sublinear" searches thresholds as memonger does, or as MegEngine
+    does ("megengine": threshold samples, then the genetic search when its iterations are > 0)."""
+    sublinear_thresh_nr_try: int = 10
+    """MGB_SUBLINEAR_MEMORY_THRESH_NR_TRY: threshold samples in MegEngine's search."""
+    sublinear_genetic_nr_iter: int = 0
+    """MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER: generations of MegEngine's genetic search (0: off)."""
+    sublinear_genetic_pool_size: int = 20
+    """MGB_SUBLINEAR_MEMORY_GENETIC_POOL_SIZE: the genetic population."""
+    sublinear_lower_bound_mb: int = 0
+    """MGB_SUBLINEAR_MEMORY_LOWER_BOUND_MB: arenas at most this big count as small enough, and the
+    least recomputation among them wins."""
+    sublinear_workers: int = max(1, (os.cpu_count() or 2) // 2)
+    """MGB_SUBLINEAR_MEMORY_WORKERS: processes scoring MegEngine's candidates in parallel."""
     time_limit: float = 10.0
     """MEMPLAN_TIME_LIMIT: seconds the `optimal` allocator may search."""
     debug: bool = False
@@ -59,7 +73,13 @@ class Config:
                   "pool_reserve_percent": 0 <= self.pool_reserve_percent < 100,
                   "workspace_limit": self.workspace_limit >= 1,
                   "workspace_mode": self.workspace_mode in ("pool", "tensor"),
-                  "time_limit": self.time_limit > 0}
+                  "time_limit": self.time_limit > 0,
+                  "sublinear_search": self.sublinear_search in ("memonger", "megengine"),
+                  "sublinear_thresh_nr_try": self.sublinear_thresh_nr_try >= 1,
+                  "sublinear_genetic_nr_iter": self.sublinear_genetic_nr_iter >= 0,
+                  "sublinear_genetic_pool_size": self.sublinear_genetic_pool_size >= 2,
+                  "sublinear_lower_bound_mb": self.sublinear_lower_bound_mb >= 0,
+                  "sublinear_workers": self.sublinear_workers >= 1}
         for f in fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, f.type if f.type is not float else (int, float)) or \
@@ -96,7 +116,11 @@ ENV = {"enable_inplace": "MXNET_EXEC_ENABLE_INPLACE", "match_range": "MXNET_EXEC
        "auto_search_match_range": "NNVM_AUTO_SEARCH_MATCH_RANGE", "num_temp": "MXNET_EXEC_NUM_TEMP",
        "gpu_worker_nthreads": "MXNET_GPU_WORKER_NTHREADS", "pool_reserve_percent": "MXNET_GPU_MEM_POOL_RESERVE",
        "workspace_limit": "MEMPLAN_WORKSPACE_LIMIT", "workspace_mode": "MEMPLAN_WORKSPACE_MODE",
-       "backward_do_mirror": "MXNET_BACKWARD_DO_MIRROR",
+       "backward_do_mirror": "MXNET_BACKWARD_DO_MIRROR", "sublinear_search": "MEMPLAN_SUBLINEAR_SEARCH",
+       "sublinear_thresh_nr_try": "MGB_SUBLINEAR_MEMORY_THRESH_NR_TRY",
+       "sublinear_genetic_nr_iter": "MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER",
+       "sublinear_genetic_pool_size": "MGB_SUBLINEAR_MEMORY_GENETIC_POOL_SIZE",
+       "sublinear_lower_bound_mb": "MGB_SUBLINEAR_MEMORY_LOWER_BOUND_MB", "sublinear_workers": "MGB_SUBLINEAR_MEMORY_WORKERS",
        "time_limit": "MEMPLAN_TIME_LIMIT", "debug": "MEMPLAN_DEBUG"}
 """The environment variable behind each field."""
 
@@ -104,4 +128,7 @@ _ACCEPTS = {"enable_inplace": "a boolean", "match_range": "an integer >= 0",
             "auto_search_match_range": "a boolean", "num_temp": "an integer >= 1",
             "gpu_worker_nthreads": "an integer >= 1", "pool_reserve_percent": "a number in [0, 100)",
             "workspace_limit": "a number of bytes >= 1", "workspace_mode": '"pool" or "tensor"',
-            "backward_do_mirror": "a boolean", "time_limit": "seconds > 0", "debug": "a boolean"}
+            "backward_do_mirror": "a boolean", "sublinear_search": '"memonger" or "megengine"',
+            "sublinear_thresh_nr_try": "an integer >= 1", "sublinear_genetic_nr_iter": "an integer >= 0",
+            "sublinear_genetic_pool_size": "an integer >= 2", "sublinear_lower_bound_mb": "an integer >= 0",
+            "sublinear_workers": "an integer >= 1", "time_limit": "seconds > 0", "debug": "a boolean"}

@@ -121,3 +121,24 @@ def test_budget_fits_with_the_least_recomputation_or_says_the_minimum():
         planner.compile(m, shapes, training=True, memory_budget=plans["sublinear"].arena_bytes // 2)
     assert error.value.minimum <= plans["sublinear"].arena_bytes
     assert planner.compile(m, shapes, training=True, memory_budget=error.value.minimum).arena_bytes <= error.value.minimum
+
+
+def test_megengine_search_with_genetic_steps_in_worker_processes():
+    m = small_model("resnet_deep")
+    config = Config(sublinear_search="megengine", sublinear_thresh_nr_try=4, sublinear_genetic_nr_iter=2,
+                    sublinear_genetic_pool_size=4, sublinear_workers=2)
+    memonger = planner.compile(m, input_shapes(m, BATCH), training=True, remat="sublinear")
+    plan = planner.compile(m, input_shapes(m, BATCH), training=True, remat="sublinear", config=config)
+    assert len(plan.training["remat"]["search"]) > 4 + 4
+    assert plan.arena_bytes <= memonger.arena_bytes
+    _, losses, params = step_results(m, "sublinear", config=config)
+    _, base_losses, base_params = step_results(m, None)
+    assert losses == base_losses and all(np.array_equal(params[k], base_params[k]) for k in params)
+
+
+def test_megengine_knobs_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER", "3")
+    monkeypatch.setenv("MGB_SUBLINEAR_MEMORY_WORKERS", "2")
+    monkeypatch.setenv("MEMPLAN_SUBLINEAR_SEARCH", "megengine")
+    config = Config.from_env()
+    assert (config.sublinear_genetic_nr_iter, config.sublinear_workers, config.sublinear_search) == (3, 2, "megengine")

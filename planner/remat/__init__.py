@@ -3,24 +3,26 @@ keeping, by strategy; every strategy ends in the same rewrite (recompute.recompu
 
 - "mirror": MXNet's mirror, every cheap op recomputed (mirror.py);
 - "sublinear": Chen et al.'s checkpoints with memonger's threshold search, scored by real plans
-  (sublinear.py);
+  (sublinear.py), or MegEngine's threshold samples and genetic search (megengine.py);
 - "budget": the least recomputation (in FLOPs) whose plan fits `memory_budget` (budget.py).
 
 Nodes annotated `force_mirroring` are recomputed under every strategy, as in MXNet.
 """
 import sys
 
+from ..config import Config
 from ..errors import PlanError
-from . import budget, mirror, sublinear
-from .recompute import recompute
+from . import budget, megengine, mirror, sublinear
+from .recompute import droppable, recompute
 
 REMATS = ("mirror", "sublinear", "budget")
 
 
-def rematerialize(graph, remat, score, memory_budget=None):
+def rematerialize(graph, remat, score, memory_budget=None, config=None):
     """The training graph with the strategy's recomputation, and what was decided: {"remat",
     "recomputed" (tensor names), "search" [(threshold, arena bytes)], "budget"}. `score(graph)` plans
-    a candidate graph and returns its arena bytes."""
+    a candidate graph and returns its arena bytes; `config` holds the sublinear search's knobs."""
+    config = config or Config()
     if remat is not None and remat not in REMATS:
         raise PlanError(f"unknown remat {remat!r}; choose one of {', '.join(REMATS)}")
     if (remat == "budget") != (memory_budget is not None):
@@ -34,14 +36,26 @@ def rematerialize(graph, remat, score, memory_budget=None):
         forced = drop
         chosen, _, info["search"] = sublinear.search(graph, lambda d: score(recompute(graph, d | forced)),
                                                      progress=_progress)
+        if config.sublinear_search == "megengine":
+            candidates = droppable(graph)
+
+            def measure(kept):
+                rewritten = recompute(graph, (candidates - kept) | forced)
+                return score(rewritten), budget.recompute_flops(rewritten)
+
+            kept, info["search"] = megengine.search(
+                graph, measure, config.sublinear_thresh_nr_try, config.sublinear_genetic_nr_iter,
+                config.sublinear_genetic_pool_size, config.sublinear_lower_bound_mb * 2**20, config.sublinear_workers,
+                seeds=[frozenset(candidates - chosen)], progress=_progress)
+            chosen = candidates - kept
         drop = chosen | forced
     info["recomputed"] = sorted(drop)
     return recompute(graph, drop), info
 
 
 def _progress(done, total):
-    """A one-line progress bar on a terminal's stderr."""
+    """A one-line progress bar (a count when the total is not known) on a terminal's stderr."""
     if sys.stderr.isatty():
-        bar = "#" * (20 * done // total)
-        print(f"\rmemplan: sublinear search [{bar:<20}] {done}/{total}", end="\n" if done == total else "",
-              file=sys.stderr, flush=True)
+        bar = "" if total is None else f"[{'#' * (20 * done // total):<20}] "
+        print(f"\rmemplan: sublinear search {bar}{done}" + ("" if total is None else f"/{total}"),
+              end="\n" if done == total else "", file=sys.stderr, flush=True)

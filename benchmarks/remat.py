@@ -1,11 +1,13 @@
 """Recomputation against keeping everything, for one training step (momentum SGD).
 
-    python benchmarks/remat.py [--model resnet_deep] [--batch 32] [--time]
+    python benchmarks/remat.py [--model resnet_deep] [--batch 32] [--time] [--max-batch GIB]
 
 Per strategy: the arena, its transient part (activations, gradients and workspace: the arena less
 params and optimizer state), that part against no recomputation, the activations saved for backward
 at the peak, the recomputed FLOPs as a share of the step's forward + backward FLOPs, and the plan
 time. `--time` also runs three steps on the NumPy backend and prints the median step time.
+`--max-batch G` instead finds, per strategy, the largest batch whose arena fits G GiB (doubling, then
+bisection).
 Targets (Chen et al.): sublinear transient <= 1/4 of none with <= 35% extra FLOPs; mirror 30-50% less.
 """
 import argparse
@@ -40,13 +42,38 @@ def step_seconds(plan):
     return statistics.median(times[1:])
 
 
+def arena(model, name, batch, remat):
+    return planner.compile(model, shapes(name, batch), training=True, optimizer="momentum", remat=remat).arena_bytes
+
+
+def max_batch(model, name, remat, budget):
+    """The largest batch whose training step's arena fits `budget` bytes (0 when batch 1 does not)."""
+    lo, hi = 0, 1
+    while arena(model, name, hi, remat) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if arena(model, name, mid, remat) <= budget else (lo, mid)
+    return lo
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet_deep", choices=["resnet_deep", "resnet50"])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--time", action="store_true", help="also time steps on the NumPy backend")
+    parser.add_argument("--max-batch", type=float, default=None, metavar="GIB",
+                        help="the largest batch fitting GIB GiB per strategy, instead of the table")
     args = parser.parse_args()
     model = zoo.build(args.model)
+    if args.max_batch:
+        print(f"{args.model}: largest training batch (momentum SGD) whose arena fits {args.max_batch:g} GiB")
+        base = None
+        for remat in (None, "mirror", "sublinear"):
+            batch = max_batch(model, args.model, remat, int(args.max_batch * 2**30))
+            base = base or batch
+            print(f"{remat or 'none':<10} {batch:>6} {batch / base:>6.2f}x", flush=True)
+        return
     print(f"{args.model}, batch {args.batch}, training step with momentum SGD")
     print(f"{'remat':<10} {'arena MiB':>10} {'transient MiB':>14} {'x none':>7} {'saved MiB':>10} "
           f"{'recompute':>10} {'plan s':>7}" + (f" {'step s':>7}" if args.time else ""))

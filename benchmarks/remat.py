@@ -1,11 +1,12 @@
 """Recomputation against keeping everything, for one training step (momentum SGD).
 
-    python benchmarks/remat.py [--model resnet_deep] [--batch 32] [--time] [--max-batch GIB]
+    python benchmarks/remat.py [--model resnet_deep] [--batch 32] [--time] [--budget MIB ...] [--max-batch GIB]
 
 Per strategy: the arena, its transient part (activations, gradients and workspace: the arena less
 params and optimizer state), that part against no recomputation, the activations saved for backward
 at the peak, the recomputed FLOPs as a share of the step's forward + backward FLOPs, and the plan
-time. `--time` also runs three steps on the NumPy backend and prints the median step time.
+time. `--budget` adds a row per budget (MiB) planned with memory_budget=. `--time` also runs three
+steps on the NumPy backend and prints the median step time.
 `--max-batch G` instead finds, per strategy, the largest batch whose arena fits G GiB (doubling, then
 bisection).
 Targets (Chen et al.): sublinear transient <= 1/4 of none with <= 35% extra FLOPs; mirror 30-50% less.
@@ -62,6 +63,8 @@ def main():
     parser.add_argument("--model", default="resnet_deep", choices=["resnet_deep", "resnet50"])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--time", action="store_true", help="also time steps on the NumPy backend")
+    parser.add_argument("--budget", type=float, nargs="*", default=[], metavar="MIB",
+                        help="also plan under each of these budgets (MiB)")
     parser.add_argument("--max-batch", type=float, default=None, metavar="GIB",
                         help="the largest batch fitting GIB GiB per strategy, instead of the table")
     args = parser.parse_args()
@@ -78,12 +81,19 @@ def main():
     print(f"{'remat':<10} {'arena MiB':>10} {'transient MiB':>14} {'x none':>7} {'saved MiB':>10} "
           f"{'recompute':>10} {'plan s':>7}" + (f" {'step s':>7}" if args.time else ""))
     base = None
-    for remat in (None, "mirror", "sublinear"):
-        plan = planner.compile(model, shapes(args.model, args.batch), training=True, optimizer="momentum", remat=remat)
+    rows = [(remat or "none", {"remat": remat}) for remat in (None, "mirror", "sublinear")]
+    rows += [(f"{mib:g} MiB", {"memory_budget": int(mib * MiB)}) for mib in args.budget]
+    for label, options in rows:
+        try:
+            plan = planner.compile(model, shapes(args.model, args.batch), training=True, optimizer="momentum",
+                                   **options)
+        except planner.InfeasibleBudgetError as e:
+            print(f"{label:<10} does not fit: {e}")
+            continue
         transient = plan.arena_bytes - plan.breakdown["params"] - plan.breakdown["optimizer"]
         base = base or transient
         share = plan.stats["recompute_flops"] / (plan.stats["forward_flops"] + plan.stats["backward_flops"])
-        print(f"{remat or 'none':<10} {plan.arena_bytes / MiB:>10,.1f} {transient / MiB:>14,.1f} {transient / base:>7.3f} "
+        print(f"{label:<10} {plan.arena_bytes / MiB:>10,.1f} {transient / MiB:>14,.1f} {transient / base:>7.3f} "
               f"{plan.breakdown['saved'] / MiB:>10,.1f} {share:>10.1%} {plan.stats['plan_seconds']:>7.1f}"
               + (f" {step_seconds(plan):>7.2f}" if args.time else ""), flush=True)
 

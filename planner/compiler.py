@@ -61,7 +61,7 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
     info = {}
     if training:
         graph, info = training_graph(graph, loss or "cross_entropy", loss_output, optimizer or "sgd",
-                                     optimizer_args, frozen, update)
+                                     optimizer_args, frozen, update, config.inplace_update)
         remat = remat or ("budget" if memory_budget is not None else "mirror" if config.backward_do_mirror else None)
         graph, info["remat"] = rematerialize(graph, remat, lambda g: min(
             plan_graph(g, strategy, order, config, tuple(fetch), info).arena_bytes for order in orders), memory_budget,
@@ -88,9 +88,9 @@ def plan_graph(graph, strategy, order, config, fetch=(), training=None):
     """One Plan of a typed graph for one strategy and one schedule order."""
     name, inplace_allowed = STRATEGIES[strategy]
     held = (*graph.outputs, *fetch)
-    last = ()
+    last = {n.name for n in graph.nodes if n.meta.get("assign")}
     if training and training["update"] == "after_backward":
-        last = {n.name for n in graph.nodes if n.meta.get("phase") == "optimizer"}
+        last |= {n.name for n in graph.nodes if n.meta.get("phase") == "optimizer"}
     steps = make_schedule(graph, order, held, last)
     life = lifetimes(graph, steps, held)
     root_of, views = aliases(graph, steps, held) if inplace_allowed and config.enable_inplace else ({}, set())

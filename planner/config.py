@@ -45,6 +45,9 @@ class Config:
     workspace_mode: str = "pool"
     """MEMPLAN_WORKSPACE_MODE: "pool" (MXNet: num_temp shared slots, kept for the whole run) or
     "tensor" (each op's scratch is a tensor living one step, placed by the allocator)."""
+    inplace_update: bool = True
+    """MEGENGINE_INPLACE_UPDATE: optimizers write each param in place (MegEngine's default is off; off
+    here, new params are tensors of their own, copied over the params at the end of the step)."""
     backward_do_mirror: bool = False
     """MXNET_BACKWARD_DO_MIRROR: training steps recompute cheap ops in backward (remat="mirror") when
     compile() is given no remat."""
@@ -116,6 +119,7 @@ ENV = {"enable_inplace": "MXNET_EXEC_ENABLE_INPLACE", "match_range": "MXNET_EXEC
        "auto_search_match_range": "NNVM_AUTO_SEARCH_MATCH_RANGE", "num_temp": "MXNET_EXEC_NUM_TEMP",
        "gpu_worker_nthreads": "MXNET_GPU_WORKER_NTHREADS", "pool_reserve_percent": "MXNET_GPU_MEM_POOL_RESERVE",
        "workspace_limit": "MEMPLAN_WORKSPACE_LIMIT", "workspace_mode": "MEMPLAN_WORKSPACE_MODE",
+       "inplace_update": "MEGENGINE_INPLACE_UPDATE",
        "backward_do_mirror": "MXNET_BACKWARD_DO_MIRROR", "sublinear_search": "MEMPLAN_SUBLINEAR_SEARCH",
        "sublinear_thresh_nr_try": "MGB_SUBLINEAR_MEMORY_THRESH_NR_TRY",
        "sublinear_genetic_nr_iter": "MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER",
@@ -128,7 +132,7 @@ _ACCEPTS = {"enable_inplace": "a boolean", "match_range": "an integer >= 0",
             "auto_search_match_range": "a boolean", "num_temp": "an integer >= 1",
             "gpu_worker_nthreads": "an integer >= 1", "pool_reserve_percent": "a number in [0, 100)",
             "workspace_limit": "a number of bytes >= 1", "workspace_mode": '"pool" or "tensor"',
-            "backward_do_mirror": "a boolean", "sublinear_search": '"memonger" or "megengine"',
+            "inplace_update": "a boolean", "backward_do_mirror": "a boolean", "sublinear_search": '"memonger" or "megengine"',
             "sublinear_thresh_nr_try": "an integer >= 1", "sublinear_genetic_nr_iter": "an integer >= 0",
             "sublinear_genetic_pool_size": "an integer >= 2", "sublinear_lower_bound_mb": "an integer >= 0",
             "sublinear_workers": "an integer >= 1", "time_limit": "seconds > 0", "debug": "a boolean"}

@@ -28,9 +28,11 @@ LR, STEP = "optimizer/lr", "optimizer/step"
 
 
 def training_graph(graph, loss="cross_entropy", loss_output=None, optimizer="sgd", optimizer_args=None,
-                   frozen=(), update="eager"):
+                   frozen=(), update="eager", inplace_update=True):
     """The typed graph of one training step of a typed inference `graph`, and what the executor needs
-    to drive it: {"loss", "labels", "params", "grads", "optimizer", "args", "update", "lr", "step"}."""
+    to drive it: {"loss", "labels", "params", "grads", "optimizer", "args", "update", "lr", "step"}.
+    With `inplace_update=False` (MEGENGINE_INPLACE_UPDATE=0) each new param is a tensor of its own,
+    copied over the param at the end of the step (memplan.Assign), which costs a copy of the params."""
     if optimizer not in OPTIMIZERS:
         raise ModelError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
     if update not in UPDATES:
@@ -49,7 +51,7 @@ def training_graph(graph, loss="cross_entropy", loss_output=None, optimizer="sgd
     if not params:
         raise ModelError("the model has no trainable float params that the loss depends on")
     graph, grads = gradients(graph, "loss", params)
-    graph = _append_optimizer(graph, grads, optimizer, args, update)
+    graph = _append_optimizer(graph, grads, optimizer, args, update, inplace_update)
     return graph, {"loss": "loss", "labels": labels, "params": params, "grads": grads, "optimizer": optimizer,
                    "args": args, "update": update, "lr": LR, "step": STEP}
 
@@ -90,27 +92,38 @@ def _arguments(optimizer, given):
     return {**defaults, **given}
 
 
-def _append_optimizer(graph, grads, optimizer, args, update):
+def _append_optimizer(graph, grads, optimizer, args, update, inplace_update=True):
     """One optimizer node per parameter, reading the hyperparameter inputs, the parameter, its gradient
-    and its state, placed in the file right after the last node it must follow (eager) or at the end."""
+    and its state, placed in the file right after the last node it must follow (eager) or at the end;
+    out of place, an Assign per parameter at the very end."""
     op, _, state_names = OPTIMIZERS[optimizer]
     b = Builder(graph, prefix="optimizer", phase="optimizer")
     scalars = [LR, STEP] if op == "memplan.Adam" else [LR]
     b.tensors[LR] = Tensor(LR, (), np.dtype(np.float64), "input")
     attrs = _attributes(optimizer, args)
-    updates = []
+    updates, fresh = [], []
     for param, grad in grads.items():
         p = graph.tensors[param]
         state = [f"{param}/{s}" for s in state_names]
         for s in state:
             b.tensors[s] = Tensor(s, p.shape, p.dtype, "state")
         outs = b.op(op, *scalars, param, grad, *state, outputs=1 + len(state), **attrs)
-        updates += zip((outs,) if isinstance(outs, str) else outs, (param, *state))
+        outs = (outs,) if isinstance(outs, str) else outs
+        updates += zip(outs[1:], state)
+        if inplace_update:
+            updates.append((outs[0], param))
+        else:
+            fresh.append((outs[0], param))
+    steps = list(b.nodes)
+    for new, param in fresh:
+        updates.append((b.op("memplan.Assign", new), param))
+    b.nodes[len(steps):] = [replace(n, meta={**n.meta, "assign": 1}) for n in b.nodes[len(steps):]]
     nodes = list(graph.nodes)
     if update == "eager":
-        nodes = _interleave(nodes, b.nodes, {n.name: n.inputs[len(scalars)] for n in b.nodes})
+        nodes = _interleave(nodes, steps, {n.name: n.inputs[len(scalars)] for n in steps})
     else:
-        nodes += b.nodes
+        nodes += steps
+    nodes += b.nodes[len(steps):]
     return shapes.infer(replace(graph, nodes=tuple(nodes), tensors={**graph.tensors, **b.tensors},
                                 inputs=(*graph.inputs, LR), updates=(*graph.updates, *updates)))
 

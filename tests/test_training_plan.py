@@ -272,3 +272,17 @@ def test_training_dropout_draws_a_new_mask_each_step_and_keeps_it_for_backward()
     w = graph.tensors["w"].data
     np.testing.assert_allclose(one[grads["x"]], one["d/mask"] * w / 0.7)
     np.testing.assert_allclose(one["y"], one["d/mask"] * w / 0.7)
+
+
+def test_out_of_place_updates_cost_a_copy_of_the_params_and_train_alike():
+    from planner import Config
+    results = []
+    for inplace in (True, False):
+        plan = compiled("resnet_deep", optimizer="adam", config=Config(inplace_update=inplace))
+        ex = Executor(plan, backend="numpy", poison=True)
+        results.append((plan, [ex.train_step(data(plan, seed)) for seed in range(2)], ex.parameters()))
+    (inplace, losses_a, params_a), (copied, losses_b, params_b) = results
+    assert losses_a == losses_b and all(np.array_equal(params_a[k], params_b[k]) for k in params_a)
+    count = len(copied.training["params"])
+    assert [s.op for s in copied.steps[-count:]] == ["memplan.Assign"] * count
+    assert copied.arena_bytes >= inplace.arena_bytes  # here the copies live in backward, below the peak

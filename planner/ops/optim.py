@@ -3,7 +3,7 @@ its gradient and its state, and writes the new parameter and state, which the pl
 old ones' bytes (Graph.updates). PyTorch's update rules (torch.optim.SGD and Adam), so that a model
 trains here as it does there; ONNX's preview-training Adam places epsilon differently."""
 from . import schema
-from .base import Schema
+from .base import Schema, same_as_input
 from ..errors import ShapeError
 
 
@@ -44,3 +44,12 @@ class Adam(_Optimizer):
 
     scalars = ("lr", "step")
     defaults = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "weight_decay": 0.0, "decoupled": 0}
+
+
+@schema("memplan.Assign")
+class Assign(Schema):
+    """Y = X, a copy: the new value of a param computed out of place (MEGENGINE_INPLACE_UPDATE=0),
+    written over the param at the end of the step."""
+
+    infer = staticmethod(same_as_input)
+

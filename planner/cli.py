@@ -105,8 +105,9 @@ def report(args):
     updates = rep.update_modes(graph, schedule=args.schedule, **training) if training else None
     remats = rep.remat_modes(graph, schedule=args.schedule, memory_budget=recompute.get("memory_budget"),
                              **training) if training else None
-    print(json.dumps(rep.as_dict(rows, graph, modes, updates, remats), indent=1) if args.json
-          else rep.format_table(rows, graph, modes, updates, remats))
+    budget = recompute.get("memory_budget")
+    print(json.dumps(rep.as_dict(rows, graph, modes, updates, remats, budget), indent=1) if args.json
+          else rep.format_table(rows, graph, modes, updates, remats, budget))
     return 0
 
 

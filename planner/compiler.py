@@ -157,7 +157,8 @@ def _tensors(graph, steps, life, root_of, views, scratch, config):
                                     nbytes=scratch[node.name], offset=0, lifetime=(step, step), alias_of=None,
                                     view=False)
                 spans[used] = (step, step)
-        steps_out.append(Step(node.name, node.op, node.inputs, node.outputs, dict(node.attrs), used))
+        phase = "recompute" if node.meta.get("recompute") else node.meta.get("phase", "")
+        steps_out.append(Step(node.name, node.op, node.inputs, node.outputs, dict(node.attrs), used, phase))
     return places, spans, steps_out, ws
 
 

@@ -42,7 +42,8 @@ class PlannedTensor:
 
 @dataclass(frozen=True)
 class Step:
-    """One node to run: its op, tensors, attributes and the workspace tensor it may use as scratch."""
+    """One node to run: its op, tensors, attributes, the workspace tensor it may use as scratch, and
+    its part of a training step: "" (forward), "backward", "recompute" or "optimizer"."""
 
     name: str
     op: str
@@ -50,6 +51,7 @@ class Step:
     outputs: tuple
     attrs: dict
     workspace: str | None = None
+    phase: str = ""
 
 
 @dataclass

@@ -47,7 +47,7 @@ def update_modes(graph, config=None, schedule="auto", **training):
 
 def remat_modes(graph, config=None, schedule="auto", memory_budget=None, **training):
     """{label: bestfit plan} of a training step without recomputation, under mirror and sublinear,
-    and under `memory_budget` when given (a budget no plan fits gives no row)."""
+    and under `memory_budget` when given (InfeasibleBudgetError in place of a plan no budget fits)."""
     from .compiler import compile
     from .errors import InfeasibleBudgetError
     modes = {"none": {"remat": None}, "mirror": {"remat": "mirror"}, "sublinear": {"remat": "sublinear"}}
@@ -57,8 +57,8 @@ def remat_modes(graph, config=None, schedule="auto", memory_budget=None, **train
     for label, options in modes.items():
         try:
             plans[label] = compile(graph, schedule=schedule, config=config, **{**training, **options})
-        except InfeasibleBudgetError:
-            continue
+        except InfeasibleBudgetError as e:
+            plans[label] = e
     return plans
 
 
@@ -67,17 +67,25 @@ def lower_bound(rows):
     return min(plan.lower_bound_bytes for label, plan in rows if plan.strategy != "naive")
 
 
-def as_dict(rows, graph, modes, updates=None, remats=None):
+def as_dict(rows, graph, modes, updates=None, remats=None, budget=None):
+    """The report as plain data; with `budget`, DTR simulated under it on the plan without recomputation."""
     load, naive = lower_bound(rows), rows[0][1].arena_bytes
     extra = {} if not updates else {"training": rows[0][1].training["optimizer"], "update_modes": {
         m: {"arena_bytes": p.arena_bytes, "breakdown": p.breakdown} for m, p in updates.items()},
         "forward_flops": rows[0][1].stats["forward_flops"], "backward_flops": rows[0][1].stats["backward_flops"]}
     if remats:
         step = rows[0][1].stats["forward_flops"] + rows[0][1].stats["backward_flops"]
-        extra["remat"] = [{"remat": m, "arena_bytes": p.arena_bytes, "x_load": p.arena_bytes / load,
+        extra["remat"] = [{"remat": m, "error": str(p)} if isinstance(p, Exception) else
+                          {"remat": m, "arena_bytes": p.arena_bytes, "x_load": p.arena_bytes / load,
                            "saved_bytes": p.breakdown["saved"], "recompute_flops": p.stats["recompute_flops"],
                            "recompute_share": p.stats["recompute_flops"] / step, "plan_seconds": p.stats["plan_seconds"]}
                           for m, p in remats.items()]
+        if budget is not None:
+            from .remat import dtr
+            none = remats["none"]
+            result = dtr.simulate(none, budget - none.stats["persistent_bytes"])
+            extra["dtr"] = {"budget_bytes": budget, "feasible": result.feasible, "evictions": result.evictions,
+                            "recompute_flops": result.recompute_flops, "recompute_share": result.recompute_flops / step}
     return {"model": graph.name, "inputs": {n: list(graph.tensors[n].shape) for n in graph.inputs}, **extra,
             "lower_bound_bytes": load,
             "workspace_modes": {m: {"arena_bytes": p.arena_bytes, "workspace_bytes": p.breakdown["workspace"],
@@ -87,11 +95,11 @@ def as_dict(rows, graph, modes, updates=None, remats=None):
                       "schedule": p.schedule, "breakdown": p.breakdown} for label, p in rows]}
 
 
-def format_table(rows, graph, modes, updates=None, remats=None):
+def format_table(rows, graph, modes, updates=None, remats=None, budget=None):
     """The rows as an aligned text table (for training with the breakdown in MiB as columns), then the
     LOAD row, the best plan's breakdown, the bestfit arena under both workspace modes and, for
     training, under both update modes and each recomputation strategy."""
-    d = as_dict(rows, graph, modes, updates, remats)
+    d = as_dict(rows, graph, modes, updates, remats, budget)
     shapes = ", ".join(f"{n} {tuple(s)}" for n, s in d["inputs"].items())
     parts = list(d["rows"][0]["breakdown"]) if updates else []
     title = f"{graph.name}: {shapes}" + (f"; training step with {d['training']}, forward {d['forward_flops'] / 1e9:.2f} "
@@ -119,6 +127,14 @@ def format_table(rows, graph, modes, updates=None, remats=None):
     if remats:
         lines.append(f"{'remat':<21} {'arena MiB':>11} {'x LOAD':>7} {'saved MiB':>11} {'recompute':>10} {'plan s':>7}")
         for r in d["remat"]:
+            if "error" in r:
+                lines.append(f"{r['remat']:<21} {r['error']}")
+                continue
             lines.append(f"{r['remat']:<21} {r['arena_bytes'] / 2**20:>11.2f} {r['x_load']:>7.3f} "
                          f"{r['saved_bytes'] / 2**20:>11.2f} {r['recompute_share']:>10.1%} {r['plan_seconds']:>7.2f}")
+        if "dtr" in d:
+            r = d["dtr"]
+            lines.append(f"dtr({r['budget_bytes'] / 2**20:.0f} MiB), simulated on the plan without recomputation: "
+                         + (f"recomputes {r['recompute_share']:.1%} of the step's FLOPs ({r['evictions']} evictions)"
+                            if r["feasible"] else "does not fit"))
     return "\n".join(lines)

@@ -142,3 +142,25 @@ def test_megengine_knobs_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("MEMPLAN_SUBLINEAR_SEARCH", "megengine")
     config = Config.from_env()
     assert (config.sublinear_genetic_nr_iter, config.sublinear_workers, config.sublinear_search) == (3, 2, "megengine")
+
+
+def test_dtr_simulation_under_a_budget():
+    from planner.remat import dtr
+    m = small_model("resnet_deep")
+    plan = planner.compile(m, input_shapes(m, 8), training=True)
+    transient = plan.arena_bytes - plan.stats["persistent_bytes"]
+    roomy = dtr.simulate(plan, transient)
+    assert roomy.feasible and roomy.recompute_flops == 0 and roomy.evictions == 0 and roomy.peak <= transient
+    tight = dtr.simulate(plan, int(0.6 * transient))
+    assert tight.feasible and tight.evictions > 0 and tight.recompute_flops > 0 and tight.peak <= 0.6 * transient
+    assert not dtr.simulate(plan, transient // 50).feasible
+
+
+def test_cli_report_with_a_budget_lists_budget_and_dtr(capsys):
+    from planner import cli
+    assert cli.main(["report", "zoo:lenet", "--batch", "64", "--training", "--budget", "3MiB",
+                     "--time-limit", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "budget(3 MiB)" in out and "dtr(3 MiB)" in out and "sublinear" in out
+    assert cli.main(["report", "zoo:mlp", "--batch", "2", "--training", "--budget", "12 parsecs"]) == 2
+    assert "--budget '12 parsecs'" in capsys.readouterr().err

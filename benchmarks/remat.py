@@ -5,7 +5,8 @@
 Per strategy: the arena, its transient part (activations, gradients and workspace: the arena less
 params and optimizer state), that part against no recomputation, the activations saved for backward
 at the peak, the recomputed FLOPs as a share of the step's forward + backward FLOPs, and the plan
-time. `--budget` adds a row per budget (MiB) planned with memory_budget=. `--time` also runs three
+time. `--budget` adds a row per budget (MiB) planned with memory_budget=, and DTR simulated under
+the same budget on the plan without recomputation. `--time` also runs three
 steps on the NumPy backend and prints the median step time.
 `--max-batch G` instead finds, per strategy, the largest batch whose arena fits G GiB (doubling, then
 bisection).
@@ -19,6 +20,7 @@ import numpy as np
 
 import planner
 from frontends import zoo
+from planner.remat import dtr
 
 MiB = 2 ** 20
 
@@ -80,7 +82,7 @@ def main():
     print(f"{args.model}, batch {args.batch}, training step with momentum SGD")
     print(f"{'remat':<10} {'arena MiB':>10} {'transient MiB':>14} {'x none':>7} {'saved MiB':>10} "
           f"{'recompute':>10} {'plan s':>7}" + (f" {'step s':>7}" if args.time else ""))
-    base = None
+    base = none = None
     rows = [(remat or "none", {"remat": remat}) for remat in (None, "mirror", "sublinear")]
     rows += [(f"{mib:g} MiB", {"memory_budget": int(mib * MiB)}) for mib in args.budget]
     for label, options in rows:
@@ -90,12 +92,18 @@ def main():
         except planner.InfeasibleBudgetError as e:
             print(f"{label:<10} does not fit: {e}")
             continue
+        none = none or plan
         transient = plan.arena_bytes - plan.breakdown["params"] - plan.breakdown["optimizer"]
         base = base or transient
         share = plan.stats["recompute_flops"] / (plan.stats["forward_flops"] + plan.stats["backward_flops"])
         print(f"{label:<10} {plan.arena_bytes / MiB:>10,.1f} {transient / MiB:>14,.1f} {transient / base:>7.3f} "
               f"{plan.breakdown['saved'] / MiB:>10,.1f} {share:>10.1%} {plan.stats['plan_seconds']:>7.1f}"
               + (f" {step_seconds(plan):>7.2f}" if args.time else ""), flush=True)
+    for mib in args.budget:
+        result = dtr.simulate(none, int(mib * MiB) - none.stats["persistent_bytes"])
+        flops = none.stats["forward_flops"] + none.stats["backward_flops"]
+        print(f"dtr {mib:g} MiB: " + (f"recomputes {result.recompute_flops / flops:.1%} of the step's FLOPs "
+                                      f"({result.evictions} evictions)" if result.feasible else "does not fit"))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import planner
 from executor import Executor, FeedError, backends
 from planner import Config
 from planner.compiler import STRATEGIES
-from zoo_cases import CASES, input_shapes, reference, rel_l2, small_model
+from zoo_cases import CASES, assert_program_allocates_nothing, input_shapes, reference, rel_l2, small_model
 
 ort = pytest.importorskip("onnxruntime")
 FAST = Config(time_limit=1.0)
@@ -107,14 +107,4 @@ def test_gpu_run_allocates_nothing(case):
     cupy = _cupy()
     ex, inputs, _ = _gpu_executor(case)
     ex.run(inputs)
-
-    def refuse(size):
-        raise AssertionError(f"the executor allocated {size} bytes while running")
-
-    with cupy.cuda.using_allocator(refuse):
-        for bound in filter(None, ex.program):
-            fn, step, ins, outs, ws = bound
-            try:
-                fn(cupy, step, ins, outs, ws)
-            except AssertionError as e:
-                raise AssertionError(f"step {step.name!r} ({step.op}): {e}") from None
+    assert_program_allocates_nothing(cupy, ex)

@@ -8,7 +8,7 @@ from onnx.reference import ReferenceEvaluator
 import planner
 from executor import Executor, FeedError
 from planner import MemplanError, Plan, cli
-from zoo_cases import input_shapes, small_model
+from zoo_cases import assert_program_allocates_nothing, input_shapes, small_model
 
 BATCH = 4
 
@@ -199,17 +199,7 @@ def test_gpu_train_step_matches_numpy_and_allocates_nothing(case, optimizer):
     for name, value in cpu.parameters().items():
         got = gpu.parameters()[name]
         assert np.abs(got - value).max() <= 1e-4 * max(np.abs(value).max(), 1e-3), name
-
-    def refuse(size):
-        raise AssertionError(f"the executor allocated {size} bytes during a training step")
-
-    with cupy.cuda.using_allocator(refuse):
-        for bound in filter(None, gpu.program):
-            fn, step, ins, outs, ws = bound
-            try:
-                fn(cupy, step, ins, outs, ws)
-            except AssertionError as e:
-                raise AssertionError(f"step {step.name!r} ({step.op}): {e}") from None
+    assert_program_allocates_nothing(cupy, gpu)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -66,3 +66,19 @@ def rel_l2(got, want):
     """||got - want|| / ||want||, in float64."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+
+
+def assert_program_allocates_nothing(cupy, ex):
+    """Run every kernel of a CuPy executor's program once under an allocator that raises, naming the
+    step that allocated."""
+    def refuse(size):
+        raise AssertionError(f"the executor allocated {size} bytes while running")
+
+    with cupy.cuda.using_allocator(refuse):
+        for bound in filter(None, ex.program):
+            fn, step, ins, outs, ws = bound
+            try:
+                fn(cupy, step, ins, outs, ws)
+            except AssertionError as e:
+                raise AssertionError(f"step {step.name!r} ({step.op}): {e}") from None
+

@@ -2,6 +2,8 @@
 
 Adding an op is one class with `@schema("OpType")` in the module of its family.
 """
+import numpy as np
+
 from ..errors import UnsupportedOpError
 from .base import Info, Schema
 
@@ -34,9 +36,13 @@ def check_supported(op_types):
 
 
 def node_flops(graph, node):
-    """Floating-point operations of one run of `node` in the typed `graph` (see `Schema.flops`)."""
-    ins = [Info(graph.tensors[i].shape, graph.tensors[i].dtype) if i else None for i in node.inputs]
-    outs = [(graph.tensors[o].shape, graph.tensors[o].dtype) if o else None for o in node.outputs]
+    """Floating-point operations of one run of `node` (a Node, or a Plan's Step) given `graph.tensors`
+    (a typed Graph's or a Plan's), see `Schema.flops`."""
+    def typed(name):
+        t = graph.tensors[name]
+        return tuple(t.shape), np.dtype(t.dtype)
+    ins = [Info(*typed(i)) if i else None for i in node.inputs]
+    outs = [typed(o) if o else None for o in node.outputs]
     return int(get(node.op).flops(node, ins, outs))
 
 

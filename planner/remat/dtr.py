@@ -11,8 +11,6 @@ step reads it. Views are free.
 """
 from dataclasses import dataclass
 
-import numpy as np
-
 from .. import ops
 
 
@@ -28,7 +26,7 @@ def simulate(plan, budget):
     """DTR's run of a training plan's steps with at most `budget` transient bytes resident."""
     steps, tensors = plan.steps, plan.tensors
     producer = {o: n for n in steps for o in n.outputs if o}
-    cost = {n.name: _flops(plan, n) for n in steps}
+    cost = {n.name: ops.node_flops(plan, n) for n in steps}
     last = {}
     for k, node in enumerate(steps):
         for i in node.inputs:
@@ -113,13 +111,4 @@ def simulate(plan, budget):
         for t in [t for t in resident if last.get(t, -1) <= k and t not in keep]:
             state["bytes"] -= resident.pop(t)
     return DtrResult(feasible and state["peak"] <= budget, state["flops"], state["evictions"], state["peak"])
-
-
-def _flops(plan, step):
-    """The step's FLOPs, from its op's schema and the planned shapes."""
-    def info(name):
-        t = plan.tensors[name]
-        return (t.shape, np.dtype(t.dtype))
-    ins = [ops.Info(*info(i)) if i else None for i in step.inputs]
-    return int(ops.get(step.op).flops(step, ins, [info(o) if o else None for o in step.outputs]))
 

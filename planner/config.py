@@ -66,7 +66,10 @@ class Config:
     sublinear_workers: int = max(1, (os.cpu_count() or 2) // 2)
     """MGB_SUBLINEAR_MEMORY_WORKERS: processes scoring MegEngine's candidates in parallel."""
     time_limit: float = 10.0
-    """MEMPLAN_TIME_LIMIT: seconds the `optimal` allocator may search."""
+    """MEMPLAN_TIME_LIMIT: seconds the `optimal` allocator may search, and remat="optimal"'s solver per try."""
+    remat_solver: str = "milp"
+    """MEMPLAN_REMAT_SOLVER: remat="optimal" solves Checkmate's program with HiGHS ("milp") or OR-Tools
+    CP-SAT ("cpsat")."""
     debug: bool = False
     """MEMPLAN_DEBUG: `compile` prints "memory X MiB -> Y MiB" (every tensor its own buffer -> the plan)."""
 
@@ -76,7 +79,7 @@ class Config:
                   "pool_reserve_percent": 0 <= self.pool_reserve_percent < 100,
                   "workspace_limit": self.workspace_limit >= 1,
                   "workspace_mode": self.workspace_mode in ("pool", "tensor"),
-                  "time_limit": self.time_limit > 0,
+                  "time_limit": self.time_limit > 0, "remat_solver": self.remat_solver in ("milp", "cpsat"),
                   "sublinear_search": self.sublinear_search in ("memonger", "megengine"),
                   "sublinear_thresh_nr_try": self.sublinear_thresh_nr_try >= 1,
                   "sublinear_genetic_nr_iter": self.sublinear_genetic_nr_iter >= 0,
@@ -125,7 +128,7 @@ ENV = {"enable_inplace": "MXNET_EXEC_ENABLE_INPLACE", "match_range": "MXNET_EXEC
        "sublinear_genetic_nr_iter": "MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER",
        "sublinear_genetic_pool_size": "MGB_SUBLINEAR_MEMORY_GENETIC_POOL_SIZE",
        "sublinear_lower_bound_mb": "MGB_SUBLINEAR_MEMORY_LOWER_BOUND_MB", "sublinear_workers": "MGB_SUBLINEAR_MEMORY_WORKERS",
-       "time_limit": "MEMPLAN_TIME_LIMIT", "debug": "MEMPLAN_DEBUG"}
+       "time_limit": "MEMPLAN_TIME_LIMIT", "remat_solver": "MEMPLAN_REMAT_SOLVER", "debug": "MEMPLAN_DEBUG"}
 """The environment variable behind each field."""
 
 _ACCEPTS = {"enable_inplace": "a boolean", "match_range": "an integer >= 0",
@@ -135,4 +138,5 @@ _ACCEPTS = {"enable_inplace": "a boolean", "match_range": "an integer >= 0",
             "inplace_update": "a boolean", "backward_do_mirror": "a boolean", "sublinear_search": '"memonger" or "megengine"',
             "sublinear_thresh_nr_try": "an integer >= 1", "sublinear_genetic_nr_iter": "an integer >= 0",
             "sublinear_genetic_pool_size": "an integer >= 2", "sublinear_lower_bound_mb": "an integer >= 0",
-            "sublinear_workers": "an integer >= 1", "time_limit": "seconds > 0", "debug": "a boolean"}
+            "sublinear_workers": "an integer >= 1", "time_limit": "seconds > 0",
+            "remat_solver": '"milp" or "cpsat"', "debug": "a boolean"}

@@ -47,19 +47,28 @@ def update_modes(graph, config=None, schedule="auto", **training):
 
 def remat_modes(graph, config=None, schedule="auto", memory_budget=None, **training):
     """{label: bestfit plan} of a training step without recomputation, under mirror and sublinear,
-    and under `memory_budget` when given (InfeasibleBudgetError in place of a plan no budget fits)."""
+    and under `memory_budget` when given, by the budget planner and by the optimal solver (the error
+    in place of a plan when none fits or the solver cannot answer)."""
     from .compiler import compile
-    from .errors import InfeasibleBudgetError
+    from .errors import InfeasibleBudgetError, PlanError
     modes = {"none": {"remat": None}, "mirror": {"remat": "mirror"}, "sublinear": {"remat": "sublinear"}}
     if memory_budget is not None:
-        modes[f"budget({memory_budget / 2**20:.0f} MiB)"] = {"remat": "budget", "memory_budget": memory_budget}
+        for remat in ("budget", "optimal"):
+            modes[f"{remat}({mib(memory_budget)} MiB)"] = {"remat": remat, "memory_budget": memory_budget}
     plans = {}
     for label, options in modes.items():
         try:
             plans[label] = compile(graph, schedule=schedule, config=config, **{**training, **options})
-        except InfeasibleBudgetError as e:
+        except (InfeasibleBudgetError, PlanError) as e:
+            if options["remat"] not in ("budget", "optimal"):
+                raise
             plans[label] = e
     return plans
+
+
+def mib(nbytes):
+    """Bytes in MiB for a label: whole MiB from 10 MiB up, else two decimals."""
+    return f"{nbytes / 2**20:.0f}" if nbytes >= 10 * 2**20 else f"{nbytes / 2**20:.2f}"
 
 
 def lower_bound(rows):
@@ -78,7 +87,8 @@ def as_dict(rows, graph, modes, updates=None, remats=None, budget=None):
         extra["remat"] = [{"remat": m, "error": str(p)} if isinstance(p, Exception) else
                           {"remat": m, "arena_bytes": p.arena_bytes, "x_load": p.arena_bytes / load,
                            "saved_bytes": p.breakdown["saved"], "recompute_flops": p.stats["recompute_flops"],
-                           "recompute_share": p.stats["recompute_flops"] / step, "plan_seconds": p.stats["plan_seconds"]}
+                           "recompute_share": p.stats["recompute_flops"] / step, "plan_seconds": p.stats["plan_seconds"],
+                           **({"gap": p.training["remat"]["solver"]["gap"]} if "solver" in p.training["remat"] else {})}
                           for m, p in remats.items()]
         if budget is not None:
             from .remat import dtr
@@ -127,14 +137,15 @@ def format_table(rows, graph, modes, updates=None, remats=None, budget=None):
     if remats:
         lines.append(f"{'remat':<21} {'arena MiB':>11} {'x LOAD':>7} {'saved MiB':>11} {'recompute':>10} {'plan s':>7}")
         for r in d["remat"]:
+            if "dtr" in d and r["remat"].startswith("optimal"):
+                t = d["dtr"]
+                lines.append(f"dtr({mib(t['budget_bytes'])} MiB), simulated on the plan without recomputation: "
+                             + (f"recomputes {t['recompute_share']:.1%} of the step's FLOPs ({t['evictions']} "
+                                "evictions)" if t["feasible"] else "does not fit"))
             if "error" in r:
                 lines.append(f"{r['remat']:<21} {r['error']}")
                 continue
             lines.append(f"{r['remat']:<21} {r['arena_bytes'] / 2**20:>11.2f} {r['x_load']:>7.3f} "
-                         f"{r['saved_bytes'] / 2**20:>11.2f} {r['recompute_share']:>10.1%} {r['plan_seconds']:>7.2f}")
-        if "dtr" in d:
-            r = d["dtr"]
-            lines.append(f"dtr({r['budget_bytes'] / 2**20:.0f} MiB), simulated on the plan without recomputation: "
-                         + (f"recomputes {r['recompute_share']:.1%} of the step's FLOPs ({r['evictions']} evictions)"
-                            if r["feasible"] else "does not fit"))
+                         f"{r['saved_bytes'] / 2**20:>11.2f} {r['recompute_share']:>10.1%} {r['plan_seconds']:>7.2f}"
+                         + (f"  gap {r['gap']:.1%}" if "gap" in r else ""))
     return "\n".join(lines)

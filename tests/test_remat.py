@@ -161,6 +161,6 @@ def test_cli_report_with_a_budget_lists_budget_and_dtr(capsys):
     assert cli.main(["report", "zoo:lenet", "--batch", "64", "--training", "--budget", "3MiB",
                      "--time-limit", "0.5"]) == 0
     out = capsys.readouterr().out
-    assert "budget(3 MiB)" in out and "dtr(3 MiB)" in out and "sublinear" in out
+    assert "budget(3.00 MiB)" in out and "dtr(3.00 MiB)" in out and "sublinear" in out and "optimal(3.00 MiB)" in out
     assert cli.main(["report", "zoo:mlp", "--batch", "2", "--training", "--budget", "12 parsecs"]) == 2
     assert "--budget '12 parsecs'" in capsys.readouterr().err

@@ -4,30 +4,39 @@ keeping, by strategy; every strategy ends in the same rewrite (recompute.recompu
 - "mirror": MXNet's mirror, every cheap op recomputed (mirror.py);
 - "sublinear": Chen et al.'s checkpoints with memonger's threshold search, scored by real plans
   (sublinear.py), or MegEngine's threshold samples and genetic search (megengine.py);
-- "budget": the least recomputation (in FLOPs) whose plan fits `memory_budget` (budget.py).
+- "budget": the least recomputation (in FLOPs) whose plan fits `memory_budget` (budget.py);
+- "optimal": the same by Checkmate's integer program, for steps of up to optimal.MAX_NODES nodes
+  (optimal.py, checkmate.py), to measure how far the heuristics are from the best.
 
-Nodes annotated `force_mirroring` are recomputed under every strategy, as in MXNet.
+Nodes annotated `force_mirroring` are recomputed under every strategy but optimal, as in MXNet.
 """
 import sys
 
 from ..config import Config
 from ..errors import PlanError
-from . import budget, megengine, mirror, sublinear
-from .recompute import droppable, recompute
+from . import budget, megengine, mirror, optimal, sublinear
+from .recompute import SUFFIX, droppable, recompute
 
-REMATS = ("mirror", "sublinear", "budget")
+REMATS = ("mirror", "sublinear", "budget", "optimal")
 
 
 def rematerialize(graph, remat, score, memory_budget=None, config=None):
     """The training graph with the strategy's recomputation, and what was decided: {"remat",
-    "recomputed" (tensor names), "search" [(threshold, arena bytes)], "budget"}. `score(graph)` plans
-    a candidate graph and returns its arena bytes; `config` holds the sublinear search's knobs."""
+    "recomputed" (tensor names), "search" [(threshold, arena bytes)], "budget", "solver" (optimal's
+    status, gap and seconds)}. `score(graph)` plans a candidate graph and returns its arena bytes;
+    `config` holds the searches' knobs."""
     config = config or Config()
     if remat is not None and remat not in REMATS:
         raise PlanError(f"unknown remat {remat!r}; choose one of {', '.join(REMATS)}")
-    if (remat == "budget") != (memory_budget is not None):
-        raise PlanError("remat='budget' and memory_budget= go together")
+    if (remat in ("budget", "optimal")) != (memory_budget is not None):
+        raise PlanError("memory_budget= goes with remat='budget' or remat='optimal', and they need it")
     info = {"remat": remat}
+    if remat == "optimal":
+        rewritten, info["solver"] = optimal.plan_optimal(graph, memory_budget, score, config.time_limit,
+                                                         config.remat_solver)
+        info.update(budget=memory_budget, recomputed=sorted({o.rsplit(SUFFIX, 1)[0] for n in rewritten.nodes
+                                                             if n.meta.get("recompute") for o in n.outputs if o}))
+        return rewritten, info
     drop = mirror.mirror(graph, enabled=remat == "mirror")
     if remat == "budget":
         info["budget"] = memory_budget

@@ -1,11 +1,12 @@
 """Budget-driven recomputation: the cheapest set of forward tensors to recompute (in FLOPs, from the
 op schemas) such that the whole planned arena fits `budget` bytes.
 
-Three families of candidates, each ordered from no recomputation to the most: Chen's checkpoint
+Four families of candidates, each ordered from no recomputation to the most: Chen's checkpoint
 splits at growing thresholds, alone and together with the mirror set (cheap ops, recomputed for
-almost nothing), and the mirror set with every k-th expensive output (STRIDES). Along a family the recompute cost grows with the threshold while the arena first
-falls; a bisection (on a log scale of bytes) over thresholds up to the memory-minimising one finds
-the smallest that fits, every candidate scored by the real planner. The cheapest answer wins.
+almost nothing), the mirror set with every k-th expensive output (STRIDES), and the droppable
+tensors cheapest per byte first. Along a family the recompute cost grows while the arena first
+falls; a bisection finds the least that fits, every candidate scored by the real planner. The
+cheapest answer wins, then keeps back the dearest of its tensors that it can (REFINE).
 """
 import math
 
@@ -14,6 +15,9 @@ from ..errors import InfeasibleBudgetError
 from . import mirror, sublinear
 from .recompute import droppable, recompute
 
+
+REFINE = 48
+"""The most dropped tensors, dearest first, that the planner tries to keep after all (one plan each)."""
 
 STRIDES = (16, 8, 6, 4, 3, 2)
 """The third family: the mirror set and every k-th output of an expensive op (a convolution, a matrix
@@ -54,11 +58,11 @@ def plan_budget(graph, budget, score, steps=12):
             continue
         if not fits(top):
             continue
-        lo, hi = math.log(min(sizes)), math.log(top)  # fits(e^hi) holds; bisect on a log scale of bytes
+        lo, hi = min(sizes), top  # fits(hi) holds; bisect on a log scale of bytes
         for _ in range(steps):
-            mid = (lo + hi) / 2
-            lo, hi = (lo, mid) if fits(int(math.exp(mid))) else (mid, hi)
-        drop = sublinear.split(graph, int(math.exp(hi)))[0] | extra
+            mid = int(math.sqrt(lo * hi))
+            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+        drop = sublinear.split(graph, hi)[0] | extra
         answers.append((evaluate(drop)[1], drop))
     expensive = [o for n in graph.nodes if "phase" not in n.meta for o in n.outputs
                  if o in candidates and o not in cheap]
@@ -67,7 +71,23 @@ def plan_budget(graph, budget, score, steps=12):
         if evaluate(drop)[0] <= budget:
             answers.append((evaluate(drop)[1], drop))
             break
+    by_price = sorted(candidates, key=lambda t: (_price(graph, t), t))
+    lo, hi = 0, len(by_price)  # the shortest prefix of the cheapest-per-byte tensors that fits
+    if evaluate(set(by_price))[0] <= budget:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if evaluate(set(by_price[:mid]))[0] <= budget else (mid, hi)
+        answers.append((evaluate(set(by_price[:hi]))[1], set(by_price[:hi])))
     if not answers:
         raise InfeasibleBudgetError(budget, min(arena for arena, _ in evaluated.values()))
     cost, drop = min(answers, key=lambda a: a[0])
+    for t in sorted(drop, key=lambda t: -_price(graph, t))[:REFINE]:
+        arena, smaller = evaluate(drop - {t})
+        if arena <= budget and smaller < cost:
+            cost, drop = smaller, drop - {t}
     return drop, evaluate(drop)[0], cost
+
+
+def _price(graph, tensor):
+    """FLOPs per byte of recomputing a tensor from its producer's inputs."""
+    return ops.node_flops(graph, graph.producers[tensor]) / max(graph.tensors[tensor].nbytes, 1)

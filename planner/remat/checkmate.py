@@ -84,22 +84,25 @@ def check(solution, sizes, deps):
         raise ValueError(f"peak {peak} bytes (solution says {solution.peak}, budget {solution.budget})")
 
 
-def solve(sizes, costs, deps, budget, time_limit=60.0, solver="milp"):
+def solve(sizes, costs, deps, budget, time_limit=60.0, solver="milp", allowed=None):
     """The least-compute schedule whose peak fits `budget` bytes: Checkmate's MILP solved by HiGHS
     (scipy.optimize.milp) or, with solver="cpsat", by OR-Tools CP-SAT (memory counted in units of
-    ceil(budget / 2**20) bytes, sizes rounded up: conservative). Infeasible budgets give feasible=False."""
+    ceil(budget / 2**20) bytes, sizes rounded up: conservative). `allowed` (n x n bool) limits
+    recomputation: stage t may compute node i < t again only where allowed[t, i] (default: anywhere).
+    Infeasible budgets give feasible=False."""
     start, n = time.perf_counter(), len(sizes)
+    allowed = np.ones((n, n), bool) if allowed is None else np.asarray(allowed, bool)
     if solver not in ("milp", "cpsat"):
         raise ValueError(f"unknown solver {solver!r}; choose milp or cpsat")
     if budget < min_budget(sizes, deps):
         return _infeasible(budget, "budget below min_budget", start)
     if solver == "milp":
         scale = max(max(sizes), 1)
-        model = _model([s / scale for s in sizes], deps, budget / scale)
+        model = _model([s / scale for s in sizes], deps, budget / scale, allowed)
         x, status, gap = _milp(model, costs, time_limit)
     else:
         unit = max(1, math.ceil(budget / 2**20))
-        model = _model([math.ceil(s / unit) for s in sizes], deps, budget // unit)
+        model = _model([math.ceil(s / unit) for s in sizes], deps, budget // unit, allowed)
         x, status, gap = _cpsat(model, costs, time_limit)
     if x is None:
         return _infeasible(budget, status, start)
@@ -124,17 +127,23 @@ def _users(deps):
     return users
 
 
-def _model(mem, deps, cap):
-    """Checkmate's MILP over [R | S | U | FREE] (R, S and U lower-triangular, row by row; one FREE per
+def _model(mem, deps, cap, allowed):
+    """Checkmate's MILP over [R | S | U | FREE] (R, S and U lower-triangular, row by row; FREE per
     stage t, node k <= t and tensor i in deps[k] + {k}): a sparse constraint matrix with row bounds,
-    variable bounds and which variables are binary, for memory `mem` per node and U <= `cap`."""
+    variable bounds and which variables are binary, for memory `mem` per node and U <= `cap`.
+
+    Exact reductions where `allowed` fixes R[t, k] at 0: such a k frees nothing (no FREE variables),
+    U[t, k] equals the U before it (U kept only where stage t may compute), its input rows hold
+    trivially (left out); a tensor never recomputed whose readers are never recomputed is held from
+    its node to its last reader, no longer (S fixed)."""
     n, users = len(mem), _users(deps)
+    may = np.tril(allowed, -1) | np.eye(n, dtype=bool)  # where R[t, k] can be 1
     r, s, u = (np.full((n, n), -1) for _ in range(3))
     nr = n * (n + 1) // 2
     r[np.tril_indices(n)] = np.arange(nr)
     s[np.tril_indices(n, -1)] = nr + np.arange(nr - n)
     u[np.tril_indices(n)] = 2 * nr - n + np.arange(nr)
-    frees = [(t, i, k) for t in range(n) for k in range(t + 1) for i in sorted(set(deps[k]) | {k})]
+    frees = [(t, i, k) for t in range(n) for k in np.flatnonzero(may[t]) for i in sorted(set(deps[k]) | {k})]
     f0 = 3 * nr - n
     freed = {}
     for f, (t, i, k) in enumerate(frees):
@@ -149,26 +158,38 @@ def _model(mem, deps, cap):
         lo.append(lb)
         hi.append(ub)
 
+    last = [max([k] + users[k]) for k in range(n)]
+    recomputed = may.sum(axis=0) > 1
+    fixed = ~recomputed & np.array([not recomputed[users[k]].any() for k in range(n)], bool)
     for t in range(n):
-        for j in range(t + 1):  # inputs computed or held: R[t,j] <= R[t,i] + S[t,i]
+        for j in np.flatnonzero(may[t]):  # inputs computed or held: R[t,j] <= R[t,i] + S[t,i]
             for i in set(deps[j]):
                 row([(r[t, j], 1), (r[t, i], -1), (s[t, i], -1)], -np.inf, 0)
         for i in range(t + 1 if t + 1 < n else 0):  # held tensors: S[t+1,i] <= R[t,i] + S[t,i]
-            row([(s[t + 1, i], 1), (r[t, i], -1)] + ([(s[t, i], -1)] if i < t else []), -np.inf, 0)
-        # memory: U[t,0] = mem[0] R[t,0] + sum_i mem[i] S[t,i]; U[t,k] = U[t,k-1] + mem[k] R[t,k] - freed after k-1
-        row([(u[t, 0], 1), (r[t, 0], -mem[0])] + [(s[t, i], -mem[i]) for i in range(t)], 0, 0)
-        for k in range(1, t + 1):
-            row([(u[t, k], 1), (u[t, k - 1], -1), (r[t, k], -mem[k])] + freed[t, k - 1], 0, 0)
+            if not fixed[i]:
+                row([(s[t + 1, i], 1), (r[t, i], -1)] + ([(s[t, i], -1)] if i < t else []), -np.inf, 0)
+        # memory after each computation: U[t,k] = U[t,k'] + mem[k] R[t,k] - freed after k' (k' the
+        # stage's computation before k), the first U[t,k] = mem[k] R[t,k] + sum_i mem[i] S[t,i]
+        before = None
+        for k in np.flatnonzero(may[t]):
+            held = [(s[t, i], -mem[i]) for i in range(t)] if before is None else [(u[t, before], -1)] + freed[t, before]
+            row([(u[t, k], 1), (r[t, k], -mem[k])] + held, 0, 0)
+            before = k
     for f, (t, i, k) in enumerate(frees):
         # FREE[t,i,k] = 1 exactly when h = (1 - R[t,k]) + S[t+1,i] + sum_{j in users(i), k<j<=t} R[t,j]
         # is 0: 1 - FREE <= h <= kappa (1 - FREE), kappa = len(terms) the most h can be (terms = h - 1)
         terms = [(r[t, k], -1)] + ([(s[t + 1, i], 1)] if t + 1 < n else []) + \
-            [(r[t, j], 1) for j in users[i] if k < j <= t]
+            [(r[t, j], 1) for j in users[i] if k < j <= t and may[t, j]]
         row([(c, -v) for c, v in terms] + [(f0 + f, -1)], -np.inf, 0)
         row(terms + [(f0 + f, len(terms))], -np.inf, len(terms) - 1)
     nvar = f0 + len(frees)
     lb, ub = np.zeros(nvar), np.ones(nvar)
     lb[np.diagonal(r)] = 1
+    ub[r[~may & (r >= 0)]] = 0
+    t, i = np.tril_indices(n, -1)
+    hold = fixed[i] & (t <= np.array(last)[i])
+    lb[s[t[hold], i[hold]]] = 1
+    ub[s[t[fixed[i] & ~hold], i[fixed[i] & ~hold]]] = 0
     ub[u[np.tril_indices(n)]] = cap
     binary = np.ones(nvar, int)
     binary[u[np.tril_indices(n)]] = 0

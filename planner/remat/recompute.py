@@ -1,10 +1,10 @@
-"""The one rewrite every rematerialisation strategy ends in: forward tensors in `drop` are not kept
-for the backward pass; each backward reader reads a clone, computed again from the tensors that are
-kept (checkpoints, params, inputs), so the forward value dies at its last forward reader.
+"""The one rewrite every rematerialisation strategy ends in: forward tensors are not kept for the
+backward pass; backward readers read clones, computed again from the tensors that are kept
+(checkpoints, params, inputs), so the forward value dies at its last forward reader.
 
-Each dropped tensor is recomputed once, by a clone of its producer placed in the file just before
-its first backward reader; the clones are backward nodes (they run after the forward pass) marked
-`recompute` in their meta.
+`replay` places clones of forward nodes just before given backward nodes (a node may be recomputed
+several times); `recompute` is the common case where each tensor of a drop set is recomputed once,
+just before its first backward reader. Clones are backward nodes marked `recompute` in their meta.
 """
 from dataclasses import replace
 
@@ -28,43 +28,52 @@ def recompute(graph, drop):
     drop = set(drop) & droppable(graph)
     if not drop:
         return graph
-    producer = graph.producers
-    clones, tensors, emitted = {}, dict(graph.tensors), []
-    # A node that updates a param it reads (training BatchNormalization's running statistics, which its
-    # output does not depend on) is recomputed reading the new value, as the old one is gone by then.
-    own = {(producer[new].name, old): new for new, old in graph.updates}
-
-    def clone(name):
-        """The name of `name`'s recomputation; its producer's clone is made (after the clones it reads,
-        depth first without recursion: chains of dropped tensors can be thousands long) if not yet."""
-        stack = [producer[name]]
+    producer, done, before = graph.producers, set(), {}
+    for node in graph.nodes:
+        if "phase" not in node.meta:
+            continue
+        # the producers of the dropped tensors it reads, after those of the dropped tensors they read:
+        # depth first without recursion, as chains of dropped tensors can be thousands long
+        order, stack = [], [producer[i] for i in reversed(node.inputs) if i in drop]
         while stack:
-            node = stack[-1]
-            if node.name in clones:
+            top = stack[-1]
+            if top.name in done:
                 stack.pop()
                 continue
-            missing = [producer[i] for i in node.inputs if i in drop and producer[i].name not in clones]
+            missing = [producer[i] for i in top.inputs if i in drop and producer[i].name not in done]
             if missing:
                 stack.extend(missing)
                 continue
             stack.pop()
-            inputs = tuple(i + SUFFIX if i in drop else own.get((node.name, i), i) for i in node.inputs)
-            outputs = tuple(o + SUFFIX if o in drop else "" for o in node.outputs)
-            while outputs and not outputs[-1]:
-                outputs = outputs[:-1]
-            for o in filter(None, outputs):
-                tensors[o] = Tensor(o, None, None, "activation")
-            clones[node.name] = replace(node, name=node.name + SUFFIX, inputs=inputs, outputs=outputs,
-                                        meta={**node.meta, "phase": "backward", "recompute": 1})
-            emitted.append(clones[node.name])
-        return name + SUFFIX
+            done.add(top.name)
+            order.append((top, frozenset(o for o in top.outputs if o in drop)))
+        if order:
+            before[node.name] = order
+    return replay(graph, before)
 
-    nodes = []
+
+def replay(graph, before):
+    """The typed graph with, just before each backward node named in `before`, clones of the forward
+    nodes it lists ((node, outputs to compute again), in order). Every backward read, clones' included,
+    takes the latest computation of a tensor; the k-th clone of a node has the suffix SUFFIX + k (k > 1)."""
+    # A node that updates a param it reads (training BatchNormalization's running statistics, which its
+    # output does not depend on) is recomputed reading the new value, as the old one is gone by then.
+    own = {(graph.producers[new].name, old): new for new, old in graph.updates}
+    tensors, nodes, latest, count = dict(graph.tensors), [], {}, {}
     for node in graph.nodes:
+        for source, outputs in before.get(node.name, ()):
+            count[source.name] = count.get(source.name, 0) + 1
+            suffix = SUFFIX + (str(count[source.name]) if count[source.name] > 1 else "")
+            inputs = tuple(latest.get(i) or own.get((source.name, i), i) for i in source.inputs)
+            outs = tuple(o + suffix if o in outputs else "" for o in source.outputs)
+            while outs and not outs[-1]:
+                outs = outs[:-1]
+            for o in filter(None, outs):
+                tensors[o] = Tensor(o, None, None, "activation")
+                latest[o[:-len(suffix)]] = o
+            nodes.append(replace(source, name=source.name + suffix, inputs=inputs, outputs=outs,
+                                 meta={**source.meta, "phase": "backward", "recompute": 1}))
         if "phase" in node.meta:
-            emitted.clear()
-            inputs = tuple(clone(i) if i in drop else i for i in node.inputs)
-            nodes += emitted
-            node = replace(node, inputs=inputs)
+            node = replace(node, inputs=tuple(latest.get(i, i) for i in node.inputs))
         nodes.append(node)
     return shapes.infer(replace(graph, nodes=tuple(nodes), tensors=tensors))

@@ -93,7 +93,8 @@ def test_optimal_needs_a_budget_and_a_small_graph():
 def test_the_dag_counts_only_what_can_be_freed(none):
     from planner.training import training_graph
     graph, _ = training_graph(planner.load(deep_mlp(), SHAPES), optimizer="adam")
-    sizes, costs, deps, allowed = optimal.dag(graph)
+    sizes, costs, deps, allowed, inplace = optimal.dag(graph)
+    assert all(p < k and p in deps[k] for k, p in inplace.items()) and inplace
     nodes = graph.nodes
     assert len(sizes) == len(nodes) and min(costs) >= 1
     for t, i in zip(*np.nonzero(allowed)):

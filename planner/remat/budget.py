@@ -9,6 +9,7 @@ falls; a bisection finds the least that fits, every candidate scored by the real
 cheapest answer wins, then keeps back the dearest of its tensors that it can (REFINE).
 """
 import math
+import time
 
 from .. import ops
 from ..errors import InfeasibleBudgetError
@@ -17,7 +18,8 @@ from .recompute import droppable, recompute
 
 
 REFINE = 48
-"""The most dropped tensors, dearest first, that the planner tries to keep after all (one plan each)."""
+"""The most dropped tensors, dearest first, that the planner tries to keep after all (one plan each,
+for no longer than the search took, or a second)."""
 
 STRIDES = (16, 8, 6, 4, 3, 2)
 """The third family: the mirror set and every k-th output of an expensive op (a convolution, a matrix
@@ -33,6 +35,7 @@ def plan_budget(graph, budget, score, steps=12):
     """(drop set, arena bytes, recompute FLOPs) of the cheapest candidate fitting `budget`;
     InfeasibleBudgetError, with the smallest arena found, when none fits. `score(graph)` plans a
     rewritten graph and returns its arena bytes."""
+    start = time.perf_counter()
     cheap = mirror.mirror(graph)
     evaluated = {}
 
@@ -81,7 +84,10 @@ def plan_budget(graph, budget, score, steps=12):
     if not answers:
         raise InfeasibleBudgetError(budget, min(arena for arena, _ in evaluated.values()))
     cost, drop = min(answers, key=lambda a: a[0])
+    deadline = time.perf_counter() + max(time.perf_counter() - start, 1.0)  # at most as long as the search
     for t in sorted(drop, key=lambda t: -_price(graph, t))[:REFINE]:
+        if time.perf_counter() > deadline:
+            break
         arena, smaller = evaluate(drop - {t})
         if arena <= budget and smaller < cost:
             cost, drop = smaller, drop - {t}

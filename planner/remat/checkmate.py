@@ -41,11 +41,12 @@ def schedule_cost(R, costs):
     return float(np.asarray(R, float).sum(axis=0) @ np.asarray(costs, float))
 
 
-def simulate(R, S, sizes, deps):
+def simulate(R, S, sizes, deps, inplace=None):
     """The peak bytes of schedule R/S under Checkmate's accounting: a stage starts holding S[t],
     allocates each tensor it computes, and frees a tensor (input or output) after the last node of the
-    stage that reads it, unless S[t+1] keeps it. A tensor both held and recomputed counts twice."""
-    n, users = len(sizes), _users(deps)
+    stage that reads it, unless S[t+1] keeps it. A tensor both held and recomputed counts twice.
+    Node k with inplace[k] = p writes over p's tensor when that is freed at k: p is freed first."""
+    n, users, inplace = len(sizes), _users(deps), inplace or {}
     peak = 0
     for t in range(n):
         kept = S[t + 1] if t + 1 < n else np.zeros(n, bool)
@@ -53,15 +54,17 @@ def simulate(R, S, sizes, deps):
         for k in range(t + 1):
             if not R[t, k]:
                 continue
+            gone = [i for i in set(deps[k]) | {k} if not kept[i] and not any(R[t, j] for j in users[i] if k < j <= t)]
+            if inplace.get(k) in gone:
+                mem -= sizes[inplace[k]]
+                gone.remove(inplace[k])
             mem += sizes[k]
             peak = max(peak, mem)
-            for i in set(deps[k]) | {k}:
-                if not kept[i] and not any(R[t, j] for j in users[i] if k < j <= t):
-                    mem -= sizes[i]
+            mem -= sum(sizes[i] for i in gone)
     return peak
 
 
-def check(solution, sizes, deps):
+def check(solution, sizes, deps, inplace=None):
     """Raise ValueError unless the solution is a valid schedule: stage t computes node t and nothing
     later, every computation's inputs are computed earlier in its stage or held, a held tensor was
     computed or held the stage before, and the schedule's peak fits the budget and matches `peak`."""
@@ -79,37 +82,39 @@ def check(solution, sizes, deps):
                 raise ValueError(f"stage {t} computes {j} without its inputs {missing}")
         if t + 1 < n and (S[t + 1] & ~(R[t] | S[t])).any():
             raise ValueError(f"stage {t + 1} holds tensors stage {t} had not")
-    peak = simulate(R, S, sizes, deps)
+    peak = simulate(R, S, sizes, deps, inplace)
     if peak != solution.peak or peak > solution.budget:
         raise ValueError(f"peak {peak} bytes (solution says {solution.peak}, budget {solution.budget})")
 
 
-def solve(sizes, costs, deps, budget, time_limit=60.0, solver="milp", allowed=None):
+def solve(sizes, costs, deps, budget, time_limit=60.0, solver="milp", allowed=None, inplace=None):
     """The least-compute schedule whose peak fits `budget` bytes: Checkmate's MILP solved by HiGHS
     (scipy.optimize.milp) or, with solver="cpsat", by OR-Tools CP-SAT (memory counted in units of
     ceil(budget / 2**20) bytes, sizes rounded up: conservative). `allowed` (n x n bool) limits
-    recomputation: stage t may compute node i < t again only where allowed[t, i] (default: anywhere).
+    recomputation: stage t may compute node i < t again only where allowed[t, i] (default: anywhere);
+    `inplace` {k: p}: node k writes over node p's tensor when p is freed at k (see simulate).
     Infeasible budgets give feasible=False."""
     start, n = time.perf_counter(), len(sizes)
     allowed = np.ones((n, n), bool) if allowed is None else np.asarray(allowed, bool)
+    inplace = inplace or {}
     if solver not in ("milp", "cpsat"):
         raise ValueError(f"unknown solver {solver!r}; choose milp or cpsat")
     if budget < min_budget(sizes, deps):
         return _infeasible(budget, "budget below min_budget", start)
     if solver == "milp":
         scale = max(max(sizes), 1)
-        model = _model([s / scale for s in sizes], deps, budget / scale, allowed)
+        model = _model([s / scale for s in sizes], deps, budget / scale, allowed, inplace)
         x, status, gap = _milp(model, costs, time_limit)
     else:
         unit = max(1, math.ceil(budget / 2**20))
-        model = _model([math.ceil(s / unit) for s in sizes], deps, budget // unit, allowed)
+        model = _model([math.ceil(s / unit) for s in sizes], deps, budget // unit, allowed, inplace)
         x, status, gap = _cpsat(model, costs, time_limit)
     if x is None:
         return _infeasible(budget, status, start)
     R, S = np.zeros((n, n), bool), np.zeros((n, n), bool)
     R[np.tril_indices(n)] = x[model["r"]] > 0.5
     S[np.tril_indices(n, -1)] = x[model["s"]] > 0.5
-    cost, peak = schedule_cost(R, costs), simulate(R, S, sizes, deps)
+    cost, peak = schedule_cost(R, costs), simulate(R, S, sizes, deps, inplace)
     if peak > budget:
         return _infeasible(budget, f"{status}; the rounded plan needs {peak} bytes", start)
     return Solution(True, cost, cost - float(sum(costs)), R, S, peak, gap, status, time.perf_counter() - start, budget)
@@ -127,7 +132,7 @@ def _users(deps):
     return users
 
 
-def _model(mem, deps, cap, allowed):
+def _model(mem, deps, cap, allowed, inplace):
     """Checkmate's MILP over [R | S | U | FREE] (R, S and U lower-triangular, row by row; FREE per
     stage t, node k <= t and tensor i in deps[k] + {k}): a sparse constraint matrix with row bounds,
     variable bounds and which variables are binary, for memory `mem` per node and U <= `cap`.
@@ -145,9 +150,9 @@ def _model(mem, deps, cap, allowed):
     u[np.tril_indices(n)] = 2 * nr - n + np.arange(nr)
     frees = [(t, i, k) for t in range(n) for k in np.flatnonzero(may[t]) for i in sorted(set(deps[k]) | {k})]
     f0 = 3 * nr - n
-    freed = {}
+    freed, early = {}, {}
     for f, (t, i, k) in enumerate(frees):
-        freed.setdefault((t, k), []).append((f0 + f, mem[i]))
+        (early if inplace.get(k) == i else freed).setdefault((t, k), []).append((f0 + f, mem[i]))
     rows, cols, vals, lo, hi = [], [], [], [], []
 
     def row(terms, lb, ub):
@@ -172,8 +177,9 @@ def _model(mem, deps, cap, allowed):
         # stage's computation before k), the first U[t,k] = mem[k] R[t,k] + sum_i mem[i] S[t,i]
         before = None
         for k in np.flatnonzero(may[t]):
-            held = [(s[t, i], -mem[i]) for i in range(t)] if before is None else [(u[t, before], -1)] + freed[t, before]
-            row([(u[t, k], 1), (r[t, k], -mem[k])] + held, 0, 0)
+            held = [(s[t, i], -mem[i]) for i in range(t)] if before is None else \
+                [(u[t, before], -1)] + freed.get((t, before), [])
+            row([(u[t, k], 1), (r[t, k], -mem[k])] + held + early.get((t, k), []), 0, 0)
             before = k
     for f, (t, i, k) in enumerate(frees):
         # FREE[t,i,k] = 1 exactly when h = (1 - R[t,k]) + S[t+1,i] + sum_{j in users(i), k<j<=t} R[t,j]

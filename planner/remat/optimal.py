@@ -4,7 +4,8 @@
 
 Node k of the file is Checkmate's node k: its tensor is the bytes of its outputs that can be freed
 (activations other than graph outputs and updates), its cost its FLOPs (+1, so free ops are not
-recomputed for nothing). Params, inputs, optimizer state, graph outputs and workspaces are the rest
+recomputed for nothing). Where the planner writes an output over its input (in place, or as a view),
+the input's bytes are freed before the output's are taken, when nothing reads the input later. Params, inputs, optimizer state, graph outputs and workspaces are the rest
 of the arena: the solver gets the budget less what they took in the plan without recomputation, and
 less any overshoot the real planner then measures (fragmentation, in-place sharing, workspaces).
 As in every other strategy, only forward nodes are recomputed, and only by backward stages.
@@ -12,6 +13,7 @@ As in every other strategy, only forward nodes are recomputed, and only by backw
 import numpy as np
 
 from .. import allocators, ops
+from ..inplace import aliases
 from ..errors import InfeasibleBudgetError, PlanError
 from . import checkmate
 from .budget import plan_budget
@@ -21,24 +23,33 @@ MAX_NODES = 200
 """The largest training step the solver is given: the program grows with the square of the nodes."""
 
 TRIES = 4
-"""How many times the solver's budget is lowered by the real planner's overshoot before giving up."""
+"""How many schedules the solver proposes before giving up when the real planner finds each over budget
+(fragmentation, aliasing the solver's accounting misses); each try asks for a peak below the last one
+by the overshoot."""
 
 
 def dag(graph):
-    """The training step as Checkmate's plain data: (sizes, costs, deps, allowed), node k being the
-    file's k-th node and allowed[t, i] whether stage t may compute forward node i again."""
+    """The training step as Checkmate's plain data: (sizes, costs, deps, allowed, inplace), node k
+    being the file's k-th node, allowed[t, i] whether stage t may compute forward node i again, and
+    inplace {k: p} the nodes whose output the planner writes over (or views) node p's."""
     free = droppable(graph) | {o for n in graph.nodes if "phase" in n.meta for o in n.outputs}
     free -= {new for new, _ in graph.updates} | set(graph.outputs)
-    producer, sizes, costs, deps = {}, [], [], []
+    root_of, _ = aliases(graph, graph.nodes)
+    producer, sizes, costs, deps, inplace = {}, [], [], [], {}
     for k, node in enumerate(graph.nodes):
         deps.append(sorted({producer[i] for i in node.inputs if i in producer}))
         outputs = [o for o in node.outputs if o in free and graph.tensors[o].kind == "activation"]
         sizes.append(sum(allocators.align(graph.tensors[o].nbytes) for o in outputs))
         costs.append(ops.node_flops(graph, node) + 1)
+        over = [producer[i] for o in outputs if o in root_of for i in node.inputs
+                if i in producer and root_of.get(i, i) == root_of[o]]
+        if over:
+            inplace[k] = over[0]
         producer.update((o, k) for o in outputs)
+    keep = droppable(graph)
     backward = np.array(["phase" in n.meta for n in graph.nodes])
-    forward = ~backward & (np.array(sizes) > 0)
-    return sizes, costs, deps, np.tril(np.outer(backward, forward), -1)
+    forward = np.array([not b and any(o in keep for o in n.outputs) for b, n in zip(backward, graph.nodes)])
+    return sizes, costs, deps, np.tril(np.outer(backward, forward), -1), inplace
 
 
 def as_replay(graph, R):
@@ -51,9 +62,10 @@ def as_replay(graph, R):
 
 def plan_optimal(graph, budget, score, time_limit=10.0, solver="milp"):
     """(rewritten graph, info) of the least recomputation fitting `budget` bytes that the solver finds
-    within `time_limit` seconds per try; info holds the solver's status, gap, seconds and the bytes it
-    was given. InfeasibleBudgetError, with the smallest arena found, when the solver proves no
-    schedule fits."""
+    within `time_limit` seconds per try; info holds the solver's status, gap, seconds, tries and the
+    accounting that won. Both accountings are solved, aliasing modelled ("aliased") and every output its
+    own bytes ("separate"), as the real plan may fall on either side. InfeasibleBudgetError, with the
+    smallest arena found, when no schedule fits."""
     if len(graph.nodes) > MAX_NODES:
         raise PlanError(f"remat='optimal' solves training steps of up to {MAX_NODES} nodes; this one has "
                         f"{len(graph.nodes)}: use remat='budget'")
@@ -61,48 +73,63 @@ def plan_optimal(graph, budget, score, time_limit=10.0, solver="milp"):
     info = {"solver": solver, "tries": 0, "seconds": 0.0, "gap": 0.0, "status": "no recomputation needed"}
     if arena <= budget:
         return graph, info
-    sizes, costs, deps, allowed = dag(graph)
-    kept = checkmate.simulate(np.eye(len(sizes), dtype=bool), _held(deps), sizes, deps)
-    target = budget - (arena - kept)
-    for _ in range(TRIES):
-        solution = checkmate.solve(sizes, costs, deps, target, time_limit, solver, allowed)
-        info.update(tries=info["tries"] + 1, seconds=info["seconds"] + solution.seconds, status=solution.status,
-                    gap=solution.gap, solver_budget=target)
-        if not solution.feasible:
-            break
-        rewritten = replay(graph, as_replay(graph, solution.R))
-        arena = score(rewritten)
-        if arena <= budget:
-            return rewritten, {**info, "solver_peak": solution.peak}
-        target -= arena - budget
-    if "time limit" in info["status"].lower():
+    sizes, costs, deps, allowed, inplace = dag(graph)
+    found, statuses = [], []
+    for accounting, aliasing in (("aliased", inplace), ("separate", {})):
+        problem = (sizes, costs, deps, allowed, aliasing)
+        kept = checkmate.simulate(np.eye(len(sizes), dtype=bool), _held(deps), sizes, deps, aliasing)
+        target = budget - (arena - kept)
+        for _ in range(TRIES):
+            solution = _solve(problem, target, time_limit, solver)
+            info.update(tries=info["tries"] + 1, seconds=info["seconds"] + solution.seconds)
+            statuses.append(solution.status)
+            if not solution.feasible:
+                break
+            rewritten = replay(graph, as_replay(graph, solution.R))
+            used = score(rewritten)
+            if used <= budget:
+                found.append((solution.cost, rewritten, {"status": solution.status, "gap": solution.gap,
+                                                         "accounting": accounting, "solver_budget": target,
+                                                         "solver_peak": solution.peak}))
+                break
+            target = min(target, solution.peak) - (used - budget)
+    if found:
+        _, rewritten, best = min(found, key=lambda f: f[0])
+        return rewritten, {**info, **best}
+    if any("time limit" in status.lower() for status in statuses):
         raise PlanError(f"the {solver} solver found no schedule fitting {budget} bytes within {time_limit:g} s "
                         f"(MEMPLAN_TIME_LIMIT); allow it more time or use remat='budget'")
-    smallest = _smallest(graph, score, (sizes, costs, deps, allowed), kept, time_limit, solver)
+    smallest = _smallest(graph, score, (sizes, costs, deps, allowed, {}), time_limit, solver)
     if smallest > budget:
         raise InfeasibleBudgetError(budget, smallest)
-    raise PlanError(f"the solver found no schedule fitting {budget} bytes by Checkmate's accounting, which "
-                    "counts views and in-place outputs as tensors of their own; remat='budget' finds one")
+    raise PlanError(f"each schedule the solver found for {budget} bytes came out over it in the real plan "
+                    "(fragmentation, aliasing), and the cheapest proof is out of reach; remat='budget' fits it")
 
 
-def _smallest(graph, score, problem, kept, time_limit, solver, steps=6):
+def _smallest(graph, score, problem, time_limit, solver, steps=6):
     """The smallest arena found: the budget planner's, or that of the solver's schedules as its budget
-    is bisected between Checkmate's lower bound and `kept` (the peak without recomputation)."""
+    is bisected between Checkmate's lower bound and the peak without recomputation."""
     try:
         plan_budget(graph, 0, score)
     except InfeasibleBudgetError as e:
         smallest = e.minimum
-    sizes, costs, deps, allowed = problem
-    lo, hi = checkmate.min_budget(sizes, deps), kept
+    sizes, _, deps, _, aliasing = problem
+    lo = checkmate.min_budget(sizes, deps)
+    hi = checkmate.simulate(np.eye(len(sizes), dtype=bool), _held(deps), sizes, deps, aliasing)
     for _ in range(steps):
         mid = (lo + hi) // 2
-        solution = checkmate.solve(sizes, costs, deps, mid, time_limit, solver, allowed)
+        solution = _solve(problem, mid, time_limit, solver)
         if not solution.feasible:
             lo = mid
             continue
         hi = mid
         smallest = min(smallest, score(replay(graph, as_replay(graph, solution.R))))
     return smallest
+
+
+def _solve(problem, budget, time_limit, solver):
+    sizes, costs, deps, allowed, inplace = problem
+    return checkmate.solve(sizes, costs, deps, budget, time_limit, solver, allowed, inplace)
 
 
 def _held(deps):

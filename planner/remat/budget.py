@@ -6,7 +6,8 @@ splits at growing thresholds, alone and together with the mirror set (cheap ops,
 almost nothing), the mirror set with every k-th expensive output (STRIDES), and the droppable
 tensors cheapest per byte first. Along a family the recompute cost grows while the arena first
 falls; a bisection finds the least that fits, every candidate scored by the real planner. The
-cheapest answer wins, then keeps back the dearest of its tensors that it can (REFINE).
+cheapest answer wins, then keeps back the dearest of its tensors that it can (REFINE). When no
+candidate fits, the families are tried again recomputing afresh for each backward reader.
 """
 import math
 import time
@@ -31,23 +32,45 @@ def recompute_flops(graph):
     return sum(ops.node_flops(graph, n) for n in graph.nodes if n.meta.get("recompute"))
 
 
-def plan_budget(graph, budget, score, steps=12):
-    """(drop set, arena bytes, recompute FLOPs) of the cheapest candidate fitting `budget`;
+def plan_budget(graph, budget, score, steps=12, forced=frozenset()):
+    """(drop set, reuse, arena bytes, recompute FLOPs) of the cheapest candidate fitting `budget`;
     InfeasibleBudgetError, with the smallest arena found, when none fits. `score(graph)` plans a
-    rewritten graph and returns its arena bytes."""
+    rewritten graph and returns its arena bytes. Candidates first recompute each dropped tensor once
+    for all its backward readers (reuse); only when none of those fits, afresh for each reader (more
+    FLOPs, but each clone dies at its reader). Tensors in `forced` are dropped in every candidate."""
     start = time.perf_counter()
-    cheap = mirror.mirror(graph)
     evaluated = {}
 
-    def evaluate(drop):
-        key = frozenset(drop)
+    def evaluate(drop, reuse):
+        key = (frozenset(drop) | forced, reuse)
         if key not in evaluated:
-            rewritten = recompute(graph, drop)
+            rewritten = recompute(graph, key[0], reuse)
             evaluated[key] = (score(rewritten), recompute_flops(rewritten))
         return evaluated[key]
 
-    if evaluate(set())[0] <= budget:
-        return set(), *evaluate(set())
+    if evaluate(set(), True)[0] <= budget:
+        return set(forced), True, *evaluate(set(), True)
+    for reuse in (True, False):
+        answers = _candidates(graph, budget, lambda drop: evaluate(drop, reuse), steps)
+        if answers:
+            break
+    else:
+        raise InfeasibleBudgetError(budget, min(arena for arena, _ in evaluated.values()))
+    cost, drop = min(answers, key=lambda a: a[0])
+    deadline = time.perf_counter() + max(time.perf_counter() - start, 1.0)  # at most as long as the search
+    for t in sorted(drop, key=lambda t: -_price(graph, t))[:REFINE]:
+        if time.perf_counter() > deadline:
+            break
+        arena, smaller = evaluate(drop - {t}, reuse)
+        if arena <= budget and smaller < cost:
+            cost, drop = smaller, drop - {t}
+    return drop | forced, reuse, evaluate(drop, reuse)[0], cost
+
+
+def _candidates(graph, budget, evaluate, steps):
+    """[(recompute FLOPs, drop set)]: the least of each family that fits; `evaluate(drop)` gives
+    (arena bytes, recompute FLOPs)."""
+    cheap = mirror.mirror(graph)
     _, _, tried = sublinear.search(graph, lambda d: evaluate(d)[0])
     top = min(tried, key=lambda tried_one: tried_one[1])[0]
     candidates = droppable(graph)
@@ -81,17 +104,7 @@ def plan_budget(graph, budget, score, steps=12):
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if evaluate(set(by_price[:mid]))[0] <= budget else (mid, hi)
         answers.append((evaluate(set(by_price[:hi]))[1], set(by_price[:hi])))
-    if not answers:
-        raise InfeasibleBudgetError(budget, min(arena for arena, _ in evaluated.values()))
-    cost, drop = min(answers, key=lambda a: a[0])
-    deadline = time.perf_counter() + max(time.perf_counter() - start, 1.0)  # at most as long as the search
-    for t in sorted(drop, key=lambda t: -_price(graph, t))[:REFINE]:
-        if time.perf_counter() > deadline:
-            break
-        arena, smaller = evaluate(drop - {t})
-        if arena <= budget and smaller < cost:
-            cost, drop = smaller, drop - {t}
-    return drop, evaluate(drop)[0], cost
+    return answers
 
 
 def _price(graph, tensor):

@@ -4,7 +4,7 @@ backward pass; backward readers read clones, computed again from the tensors tha
 
 `replay` places clones of forward nodes just before given backward nodes (a node may be recomputed
 several times); `recompute` is the common case where each tensor of a drop set is recomputed once,
-just before its first backward reader. Clones are backward nodes marked `recompute` in their meta.
+just before its first backward reader (or once for each backward reader). Clones are backward nodes marked `recompute` in their meta.
 """
 from dataclasses import replace
 
@@ -23,8 +23,10 @@ def droppable(graph):
             if o and o not in kept and graph.tensors[o].kind == "activation"}
 
 
-def recompute(graph, drop):
-    """The typed graph with every backward read of a tensor in `drop` redirected to its recomputation."""
+def recompute(graph, drop, reuse=True):
+    """The typed graph with every backward read of a tensor in `drop` redirected to its recomputation:
+    one for all readers (`reuse`), or one for each backward node that reads it, directly or through
+    other clones (less memory, as each clone dies at its reader; more FLOPs)."""
     drop = set(drop) & droppable(graph)
     if not drop:
         return graph
@@ -32,6 +34,8 @@ def recompute(graph, drop):
     for node in graph.nodes:
         if "phase" not in node.meta:
             continue
+        if not reuse:
+            done = set()
         # the producers of the dropped tensors it reads, after those of the dropped tensors they read:
         # depth first without recursion, as chains of dropped tensors can be thousands long
         order, stack = [], [producer[i] for i in reversed(node.inputs) if i in drop]

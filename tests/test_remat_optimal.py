@@ -101,3 +101,23 @@ def test_the_dag_counts_only_what_can_be_freed(none):
         assert i < t and "phase" in nodes[t].meta and "phase" not in nodes[i].meta
     updates = [k for k, n in enumerate(nodes) if n.meta.get("phase") == "optimizer"]
     assert updates and all(sizes[k] == 0 for k in updates if all(o in dict(graph.updates) for o in nodes[k].outputs))
+
+
+def test_budget_beyond_one_clone_per_tensor_uses_nearby_clones_and_trains_exactly(none):
+    budget = int(0.8 * none.arena_bytes)
+    plan = compile_mlp(remat="budget", memory_budget=budget)
+    assert plan.arena_bytes <= budget and plan.training["remat"]["horizon"] is not None
+    assert any(s.name.endswith("/recompute2") for s in plan.steps)
+    losses, params = train(plan)
+    base_losses, base_params = train(none)
+    assert losses == base_losses and all(np.array_equal(params[k], base_params[k]) for k in params)
+
+
+def test_a_shorter_horizon_recomputes_more():
+    from planner.remat import budget
+    from planner.remat.recompute import droppable, recompute
+    from planner.training import training_graph
+    graph, _ = training_graph(planner.load(deep_mlp(), SHAPES), optimizer="adam")
+    drop = droppable(graph)
+    flops = [budget.recompute_flops(recompute(graph, drop, horizon)) for horizon in (None, 16, 4, 0)]
+    assert flops == sorted(flops) and flops[0] < flops[-1]

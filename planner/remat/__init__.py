@@ -40,9 +40,9 @@ def rematerialize(graph, remat, score, memory_budget=None, config=None):
     drop = mirror.mirror(graph, enabled=remat == "mirror")
     if remat == "budget":
         info["budget"] = memory_budget
-        drop, info["reuse"], _, _ = budget.plan_budget(graph, memory_budget, score, forced=frozenset(drop))
+        drop, info["horizon"], _, _ = budget.plan_budget(graph, memory_budget, score, forced=frozenset(drop))
         info["recomputed"] = sorted(drop)
-        return recompute(graph, drop, info["reuse"]), info
+        return recompute(graph, drop, info["horizon"]), info
     if remat == "sublinear":
         forced = drop
         chosen, _, info["search"] = sublinear.search(graph, lambda d: score(recompute(graph, d | forced)),

@@ -7,7 +7,7 @@ almost nothing), the mirror set with every k-th expensive output (STRIDES), and 
 tensors cheapest per byte first. Along a family the recompute cost grows while the arena first
 falls; a bisection finds the least that fits, every candidate scored by the real planner. The
 cheapest answer wins, then keeps back the dearest of its tensors that it can (REFINE). When no
-candidate fits, the families are tried again recomputing afresh for each backward reader.
+candidate fits, the families are tried again with clones that serve only nearby readers (HORIZONS).
 """
 import math
 import time
@@ -22,6 +22,10 @@ REFINE = 48
 """The most dropped tensors, dearest first, that the planner tries to keep after all (one plan each,
 for no longer than the search took, or a second)."""
 
+HORIZONS = (16, 4, 0)
+"""When no candidate fits with clones that serve every later backward reader, how long (in nodes) a
+clone serves them instead: each horizon is tried, and the cheapest fit wins."""
+
 STRIDES = (16, 8, 6, 4, 3, 2)
 """The third family: the mirror set and every k-th output of an expensive op (a convolution, a matrix
 product), k from these, fewest first: each recomputed one is a single op away from a kept one."""
@@ -33,38 +37,39 @@ def recompute_flops(graph):
 
 
 def plan_budget(graph, budget, score, steps=12, forced=frozenset()):
-    """(drop set, reuse, arena bytes, recompute FLOPs) of the cheapest candidate fitting `budget`;
+    """(drop set, horizon, arena bytes, recompute FLOPs) of the cheapest candidate fitting `budget`;
     InfeasibleBudgetError, with the smallest arena found, when none fits. `score(graph)` plans a
     rewritten graph and returns its arena bytes. Candidates first recompute each dropped tensor once
-    for all its backward readers (reuse); only when none of those fits, afresh for each reader (more
-    FLOPs, but each clone dies at its reader). Tensors in `forced` are dropped in every candidate."""
+    for all its backward readers (horizon None); only when none of those fits, again for readers
+    more than a horizon later (HORIZONS: more FLOPs, clones die sooner). Tensors in `forced` are
+    dropped in every candidate."""
     start = time.perf_counter()
     evaluated = {}
 
-    def evaluate(drop, reuse):
-        key = (frozenset(drop) | forced, reuse)
+    def evaluate(drop, horizon):
+        key = (frozenset(drop) | forced, horizon)
         if key not in evaluated:
-            rewritten = recompute(graph, key[0], reuse)
+            rewritten = recompute(graph, key[0], horizon)
             evaluated[key] = (score(rewritten), recompute_flops(rewritten))
         return evaluated[key]
 
-    if evaluate(set(), True)[0] <= budget:
-        return set(forced), True, *evaluate(set(), True)
-    for reuse in (True, False):
-        answers = _candidates(graph, budget, lambda drop: evaluate(drop, reuse), steps)
-        if answers:
-            break
-    else:
+    if evaluate(set(), None)[0] <= budget:
+        return set(forced), None, *evaluate(set(), None)
+    answers = [(cost, drop, None) for cost, drop in _candidates(graph, budget, lambda d: evaluate(d, None), steps)]
+    for horizon in HORIZONS if not answers else ():
+        answers += [(cost, drop, horizon) for cost, drop in
+                    _candidates(graph, budget, lambda d: evaluate(d, horizon), steps)]
+    if not answers:
         raise InfeasibleBudgetError(budget, min(arena for arena, _ in evaluated.values()))
-    cost, drop = min(answers, key=lambda a: a[0])
+    cost, drop, horizon = min(answers, key=lambda a: a[0])
     deadline = time.perf_counter() + max(time.perf_counter() - start, 1.0)  # at most as long as the search
     for t in sorted(drop, key=lambda t: -_price(graph, t))[:REFINE]:
         if time.perf_counter() > deadline:
             break
-        arena, smaller = evaluate(drop - {t}, reuse)
+        arena, smaller = evaluate(drop - {t}, horizon)
         if arena <= budget and smaller < cost:
             cost, drop = smaller, drop - {t}
-    return drop | forced, reuse, evaluate(drop, reuse)[0], cost
+    return drop | forced, horizon, evaluate(drop, horizon)[0], cost
 
 
 def _candidates(graph, budget, evaluate, steps):

@@ -4,7 +4,7 @@ backward pass; backward readers read clones, computed again from the tensors tha
 
 `replay` places clones of forward nodes just before given backward nodes (a node may be recomputed
 several times); `recompute` is the common case where each tensor of a drop set is recomputed once,
-just before its first backward reader (or once for each backward reader). Clones are backward nodes marked `recompute` in their meta.
+just before its first backward reader (or again for readers more than a horizon later). Clones are backward nodes marked `recompute` in their meta.
 """
 from dataclasses import replace
 
@@ -23,33 +23,35 @@ def droppable(graph):
             if o and o not in kept and graph.tensors[o].kind == "activation"}
 
 
-def recompute(graph, drop, reuse=True):
+def recompute(graph, drop, horizon=None):
     """The typed graph with every backward read of a tensor in `drop` redirected to its recomputation:
-    one for all readers (`reuse`), or one for each backward node that reads it, directly or through
-    other clones (less memory, as each clone dies at its reader; more FLOPs)."""
+    one for all backward readers (horizon None), or a clone serves the readers up to `horizon` nodes
+    after it and later ones get a new one (less memory, as clones die sooner; more FLOPs)."""
     drop = set(drop) & droppable(graph)
     if not drop:
         return graph
-    producer, done, before = graph.producers, set(), {}
-    for node in graph.nodes:
+    producer, made, before = graph.producers, {}, {}  # made: node name -> position of its latest clone
+    for position, node in enumerate(graph.nodes):
         if "phase" not in node.meta:
             continue
-        if not reuse:
-            done = set()
+
+        def fresh(n):
+            return n.name in made and (horizon is None or position - made[n.name] <= horizon)
+
         # the producers of the dropped tensors it reads, after those of the dropped tensors they read:
         # depth first without recursion, as chains of dropped tensors can be thousands long
         order, stack = [], [producer[i] for i in reversed(node.inputs) if i in drop]
         while stack:
             top = stack[-1]
-            if top.name in done:
+            if fresh(top):
                 stack.pop()
                 continue
-            missing = [producer[i] for i in top.inputs if i in drop and producer[i].name not in done]
+            missing = [producer[i] for i in top.inputs if i in drop and not fresh(producer[i])]
             if missing:
                 stack.extend(missing)
                 continue
             stack.pop()
-            done.add(top.name)
+            made[top.name] = position
             order.append((top, frozenset(o for o in top.outputs if o in drop)))
         if order:
             before[node.name] = order

@@ -22,9 +22,10 @@ REFINE = 48
 """The most dropped tensors, dearest first, that the planner tries to keep after all (one plan each,
 for no longer than the search took, or a second)."""
 
-HORIZONS = (16, 4, 0)
+HORIZONS = (32, 16, 8, 6, 4, 2, 0)
 """When no candidate fits with clones that serve every later backward reader, how long (in nodes) a
-clone serves them instead: each horizon is tried, and the cheapest fit wins."""
+clone serves them instead: each horizon is tried (for up to four times as long as the first search
+took, or two seconds), and the cheapest fit wins."""
 
 STRIDES = (16, 8, 6, 4, 3, 2)
 """The third family: the mirror set and every k-th output of an expensive op (a convolution, a matrix
@@ -56,7 +57,10 @@ def plan_budget(graph, budget, score, steps=12, forced=frozenset()):
     if evaluate(set(), None)[0] <= budget:
         return set(forced), None, *evaluate(set(), None)
     answers = [(cost, drop, None) for cost, drop in _candidates(graph, budget, lambda d: evaluate(d, None), steps)]
+    deadline = time.perf_counter() + max(4 * (time.perf_counter() - start), 2.0)
     for horizon in HORIZONS if not answers else ():
+        if time.perf_counter() > deadline:
+            break
         answers += [(cost, drop, horizon) for cost, drop in
                     _candidates(graph, budget, lambda d: evaluate(d, horizon), steps)]
     if not answers:

@@ -1,13 +1,14 @@
 """Recomputation against keeping everything, for one training step (momentum SGD).
 
-    python benchmarks/remat.py [--model resnet_deep] [--batch 32] [--time] [--budget MIB ...] [--max-batch GIB]
+    python benchmarks/remat.py [--model resnet_deep] [--batch 32] [--time [--backend cupy]] [--budget MIB ...]
+                               [--max-batch GIB]
 
 Per strategy: the arena, its transient part (activations, gradients and workspace: the arena less
 params and optimizer state), that part against no recomputation, the activations saved for backward
 at the peak, the recomputed FLOPs as a share of the step's forward + backward FLOPs, and the plan
 time. `--budget` adds a row per budget (MiB) planned with memory_budget=, and DTR simulated under
 the same budget on the plan without recomputation. `--time` also runs three
-steps on the NumPy backend and prints the median step time.
+steps on the NumPy backend (`--backend cupy`: on the GPU) and prints the median step time.
 `--max-batch G` instead finds, per strategy, the largest batch whose arena fits G GiB (doubling, then
 bisection).
 Targets (Chen et al.): sublinear transient <= 1/4 of none with <= 35% extra FLOPs; mirror 30-50% less.
@@ -29,10 +30,11 @@ def shapes(name, batch):
     return {"resnet_deep": {"input": (batch, 3, 32, 32)}, "resnet50": {"input": (batch, 3, 224, 224)}}[name]
 
 
-def step_seconds(plan):
-    """Median of three training steps on the NumPy backend, after a warm-up one."""
+def step_seconds(plan, backend):
+    """Median of three training steps on `backend`, after a warm-up one (each returns its loss, so a
+    GPU step has finished when it is timed)."""
     from executor import Executor
-    ex = Executor(plan, backend="numpy")
+    ex = Executor(plan, backend=backend)
     rng = np.random.default_rng(0)
     feeds = {n: rng.standard_normal(plan.tensors[n].shape, dtype=np.float32) for n in plan.inputs
              if plan.tensors[n].dtype == "float32"}
@@ -64,7 +66,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet_deep", choices=["resnet_deep", "resnet50"])
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--time", action="store_true", help="also time steps on the NumPy backend")
+    parser.add_argument("--time", action="store_true", help="also time training steps")
+    parser.add_argument("--backend", default="numpy", choices=["numpy", "cupy"], help="where --time runs the steps")
     parser.add_argument("--budget", type=float, nargs="*", default=[], metavar="MIB",
                         help="also plan under each of these budgets (MiB)")
     parser.add_argument("--max-batch", type=float, default=None, metavar="GIB",
@@ -98,7 +101,7 @@ def main():
         share = plan.stats["recompute_flops"] / (plan.stats["forward_flops"] + plan.stats["backward_flops"])
         print(f"{label:<10} {plan.arena_bytes / MiB:>10,.1f} {transient / MiB:>14,.1f} {transient / base:>7.3f} "
               f"{plan.breakdown['saved'] / MiB:>10,.1f} {share:>10.1%} {plan.stats['plan_seconds']:>7.1f}"
-              + (f" {step_seconds(plan):>7.2f}" if args.time else ""), flush=True)
+              + (f" {step_seconds(plan, args.backend):>7.2f}" if args.time else ""), flush=True)
     for mib in args.budget:
         result = dtr.simulate(none, int(mib * MiB) - none.stats["persistent_bytes"])
         flops = none.stats["forward_flops"] + none.stats["backward_flops"]

@@ -121,3 +121,12 @@ def test_a_shorter_horizon_recomputes_more():
     drop = droppable(graph)
     flops = [budget.recompute_flops(recompute(graph, drop, horizon)) for horizon in (None, 16, 4, 0)]
     assert flops == sorted(flops) and flops[0] < flops[-1]
+
+
+def test_cpsat_solves_the_same_step(none):
+    pytest.importorskip("ortools")
+    budget = int(0.8 * none.arena_bytes)
+    milp = compile_mlp(remat="optimal", memory_budget=budget)
+    cpsat = compile_mlp(remat="optimal", memory_budget=budget, config=planner.Config(remat_solver="cpsat"))
+    assert cpsat.arena_bytes <= budget and cpsat.training["remat"]["solver"]["solver"] == "cpsat"
+    assert cpsat.stats["recompute_flops"] == milp.stats["recompute_flops"]

@@ -21,6 +21,7 @@ import numpy as np
 
 import planner
 from frontends import zoo
+from planner import maxbatch
 from planner.remat import dtr
 
 MiB = 2 ** 20
@@ -51,17 +52,6 @@ def arena(model, name, batch, remat):
     return planner.compile(model, shapes(name, batch), training=True, optimizer="momentum", remat=remat).arena_bytes
 
 
-def max_batch(model, name, remat, budget):
-    """The largest batch whose training step's arena fits `budget` bytes (0 when batch 1 does not)."""
-    lo, hi = 0, 1
-    while arena(model, name, hi, remat) <= budget:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if arena(model, name, mid, remat) <= budget else (lo, mid)
-    return lo
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet_deep", choices=["resnet_deep", "resnet50"])
@@ -78,7 +68,7 @@ def main():
         print(f"{args.model}: largest training batch (momentum SGD) whose arena fits {args.max_batch:g} GiB")
         base = None
         for remat in (None, "mirror", "sublinear"):
-            batch = max_batch(model, args.model, remat, int(args.max_batch * 2**30))
+            batch = maxbatch.largest(lambda b: arena(model, args.model, b, remat) <= int(args.max_batch * 2**30))
             base = base or batch
             print(f"{remat or 'none':<10} {batch:>6} {batch / base:>6.2f}x", flush=True)
         return

@@ -16,6 +16,8 @@ EXAMPLES = """examples:
   memplan plan zoo:gpt2_small --input input_ids:8x128 --strategy share -o plan.json
   memplan inspect zoo:bert_base --batch 8 --input input_ids:8x128 --input attention_mask:8x128
   memplan inspect model.onnx --input input:8x3x224x224
+  memplan viz zoo:lenet --batch 8 --training -o timeline.svg --graph graph.svg
+  memplan max-batch zoo:resnet50 --budget 16GiB --training --optimizer adam
 """
 
 
@@ -153,6 +155,53 @@ def run(args):
     return 0
 
 
+def viz(args):
+    """Draw the plan's memory timeline (and with --graph its computation graph) through graphviz."""
+    from . import viz as pictures
+    from .compiler import compile
+    result = compile(load_graph(args), strategy=args.strategy, schedule=args.schedule, **training_options(args))
+    written = [pictures.timeline(result, args.output)]
+    if args.graph:
+        written.append(pictures.graph_view(result, args.graph, max_nodes=args.max_nodes))
+    print(f"{', '.join(written)}: {result.strategy}, {result.schedule} schedule, arena {_mib(result.arena_bytes)} "
+          f"(LOAD {_mib(result.lower_bound_bytes)}), {len(result.steps)} steps")
+    return 0
+
+
+def max_batch(args):
+    """For each strategy (and with --training each recomputation), the largest batch whose arena fits --budget."""
+    from . import maxbatch
+    from .compiler import compile
+    from frontends import read
+    from .shapes import infer
+    budget = parse_bytes(args.budget)
+    args.budget = None
+    training = training_options(args)
+    raw = read(args.model)
+    given = dict(parse_input(text) for text in args.input)
+
+    def compile_at(batch, **options):
+        shapes = {**input_shapes(raw, [], batch), **{n: (batch, *s[1:]) for n, s in given.items()}}
+        return compile(infer(raw, shapes), schedule=args.schedule, **{**training, **options})
+
+    rows = [(s, {"strategy": s}) for s in args.strategy]
+    if training:
+        rows += [(f"bestfit + {r}", {"remat": r}) for r in ("mirror", "sublinear")]
+    results = maxbatch.table(compile_at, budget, rows, maxbatch.tty_progress)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if args.json:
+        print(json.dumps({"model": args.model, "budget_bytes": budget, "rows": [
+            {"strategy": label, "max_batch": batch, "arena_bytes": plan.arena_bytes if plan else None}
+            for label, batch, plan in results]}, indent=1))
+        return 0
+    print(f"{args.model}: the largest batch whose {'training step' if training else 'plan'} fits {_mib(budget)}")
+    print(f"{'strategy':<22} {'max batch':>9} {'arena MiB':>11}")
+    for label, batch, plan in results:
+        print(f"{label:<22} {batch:>9} {plan.arena_bytes / 2**20 if plan else 0:>11,.2f}")
+    return 0
+
+
 def _model_args(p):
     from .losses import LOSSES
     from .remat import REMATS
@@ -192,6 +241,23 @@ def build_parser():
     p.add_argument("--schedule", choices=SCHEDULES, default="auto")
     p.add_argument("-o", "--output", required=True, help="where to write the plan (.json; values go beside it as .npz)")
     p.set_defaults(run=plan)
+    p = sub.add_parser("viz", help="draw the memory timeline (and the graph) as SVG or PNG", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _model_args(p)
+    p.add_argument("--strategy", choices=list(STRATEGIES), default="bestfit")
+    p.add_argument("--schedule", choices=SCHEDULES, default="auto")
+    p.add_argument("-o", "--output", default="timeline.svg", help="the timeline picture (.svg or .png)")
+    p.add_argument("--graph", default=None, metavar="PATH", help="also draw the computation graph (.svg or .png)")
+    p.add_argument("--max-nodes", type=int, default=200, help="collapse runs of steps above this many graph nodes")
+    p.set_defaults(run=viz)
+    p = sub.add_parser("max-batch", help="the largest batch each strategy fits in --budget", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _model_args(p)
+    p.add_argument("--strategy", choices=[s for s in STRATEGIES if s != "optimal"], nargs="+",
+                   default=["naive", "inplace", "share", "bestfit"], help="strategies to search")
+    p.add_argument("--schedule", choices=SCHEDULES, default="auto")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(run=max_batch)
     p = sub.add_parser("run", help="run the planned graph out of one arena and time it")
     _model_args(p)
     p.add_argument("--strategy", choices=list(STRATEGIES), default="bestfit")

@@ -108,8 +108,9 @@ def report(args):
     remats = rep.remat_modes(graph, schedule=args.schedule, memory_budget=recompute.get("memory_budget"),
                              **training) if training else None
     budget = recompute.get("memory_budget")
-    print(json.dumps(rep.as_dict(rows, graph, modes, updates, remats, budget), indent=1) if args.json
-          else rep.format_table(rows, graph, modes, updates, remats, budget))
+    doc = rep.as_dict(rows, graph, modes, updates, remats, budget)
+    emit(args, json.dumps(doc, indent=1) if args.json else as_csv(doc["rows"]) if args.csv
+         else rep.format_table(rows, graph, modes, updates, remats, budget))
     return 0
 
 
@@ -190,15 +191,16 @@ def max_batch(args):
     results = maxbatch.table(compile_at, budget, rows, maxbatch.tty_progress)
     if sys.stderr.isatty():
         print(file=sys.stderr)
-    if args.json:
-        print(json.dumps({"model": args.model, "budget_bytes": budget, "rows": [
-            {"strategy": label, "max_batch": batch, "arena_bytes": plan.arena_bytes if plan else None}
-            for label, batch, plan in results]}, indent=1))
+    rows = [{"strategy": label, "max_batch": batch, "arena_bytes": plan.arena_bytes if plan else None}
+            for label, batch, plan in results]
+    if args.json or args.csv:
+        emit(args, json.dumps({"model": args.model, "budget_bytes": budget, "rows": rows}, indent=1) if args.json
+             else as_csv(rows))
         return 0
-    print(f"{args.model}: the largest batch whose {'training step' if training else 'plan'} fits {_mib(budget)}")
-    print(f"{'strategy':<22} {'max batch':>9} {'arena MiB':>11}")
-    for label, batch, plan in results:
-        print(f"{label:<22} {batch:>9} {plan.arena_bytes / 2**20 if plan else 0:>11,.2f}")
+    lines = [f"{args.model}: the largest batch whose {'training step' if training else 'plan'} fits {_mib(budget)}",
+             f"{'strategy':<22} {'max batch':>9} {'arena MiB':>11}"]
+    lines += [f"{r['strategy']:<22} {r['max_batch']:>9} {(r['arena_bytes'] or 0) / 2**20:>11,.2f}" for r in rows]
+    emit(args, "\n".join(lines))
     return 0
 
 
@@ -218,11 +220,46 @@ def _model_args(p):
                    help="with --training: the least recomputation whose arena fits SIZE (e.g. 2GiB)")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the one-line errors of every other user mistake (exit status 2)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def emit(args, text):
+    """Print the command's result, or write it to -o when given."""
+    if getattr(args, "output", None):
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+        print(f"wrote {args.output}")
+    else:
+        print(text)
+
+
+def as_csv(rows):
+    """Rows (dicts with the same keys) as CSV text; nested values are written as JSON."""
+    import csv
+    import io
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()} for row in rows)
+    return out.getvalue().rstrip("\n")
+
+
+def _output_args(p):
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    form.add_argument("--csv", action="store_true", help="print the rows as CSV instead of a table")
+    p.add_argument("-o", "--output", default=None, help="write the result to this file instead of stdout")
+
+
 def build_parser():
     from .compiler import SCHEDULES, STRATEGIES
-    parser = argparse.ArgumentParser(prog="memplan", description="Static memory planning for computation graphs.",
-                                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="memplan", description="Static memory planning for computation graphs.",
+                    epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     p = sub.add_parser("inspect", help="shapes, dtypes and sizes of every tensor", epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _model_args(p)
@@ -233,7 +270,7 @@ def build_parser():
     _model_args(p)
     p.add_argument("--schedule", choices=SCHEDULES, default="auto")
     p.add_argument("--time-limit", type=float, default=2.0, help="seconds for the optimal search (default 2)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _output_args(p)
     p.set_defaults(run=report)
     p = sub.add_parser("plan", help="write a verified plan as JSON")
     _model_args(p)
@@ -256,7 +293,7 @@ def build_parser():
     p.add_argument("--strategy", choices=[s for s in STRATEGIES if s != "optimal"], nargs="+",
                    default=["naive", "inplace", "share", "bestfit"], help="strategies to search")
     p.add_argument("--schedule", choices=SCHEDULES, default="auto")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _output_args(p)
     p.set_defaults(run=max_batch)
     p = sub.add_parser("run", help="run the planned graph out of one arena and time it")
     _model_args(p)

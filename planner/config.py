@@ -39,6 +39,17 @@ class Config:
     """MXNET_GPU_WORKER_NTHREADS: caps num_temp (slots are only useful to concurrent workers)."""
     pool_reserve_percent: float = 5.0
     """MXNET_GPU_MEM_POOL_RESERVE: share of device memory the executor keeps free of the arena."""
+    pool_type: str = "Naive"
+    """MXNET_GPU_MEM_POOL_TYPE: the dynamic pool that planner.pools replays by default: "Naive" (free
+    blocks reused by exact rounded size) or "Round" (sizes rounded up to powers of two)."""
+    pool_page_size: int = 4096
+    """MXNET_GPU_MEM_POOL_PAGE_SIZE: the pools' smallest block; Naive rounds every size up to a multiple
+    of it."""
+    pool_round_size: int = 2 * MiB
+    """MXNET_GPU_MEM_LARGE_ALLOC_ROUND_SIZE: the Naive pool rounds sizes above this up to a multiple of it."""
+    pool_round_linear_cutoff: int = 24
+    """MXNET_GPU_MEM_POOL_ROUND_LINEAR_CUTOFF: the Round pool rounds sizes above 2**this up to a multiple
+    of 2**this instead of a power of two."""
     workspace_limit: int = 64 * MiB
     """MEMPLAN_WORKSPACE_LIMIT: the most scratch bytes one op may take (Conv's im2col columns);
     a kernel whose full scratch is larger works through the batch in chunks."""
@@ -77,6 +88,11 @@ class Config:
         checks = {"match_range": self.match_range >= 0, "num_temp": self.num_temp >= 1,
                   "gpu_worker_nthreads": self.gpu_worker_nthreads >= 1,
                   "pool_reserve_percent": 0 <= self.pool_reserve_percent < 100,
+                  "pool_type": self.pool_type in ("Naive", "Round"),
+                  "pool_page_size": self.pool_page_size >= 32 and not self.pool_page_size & (self.pool_page_size - 1),
+                  "pool_round_size": self.pool_round_size >= 1,
+                  "pool_round_linear_cutoff": 20 <= self.pool_round_linear_cutoff <= 34
+                  and 1 << self.pool_round_linear_cutoff >= self.pool_page_size,
                   "workspace_limit": self.workspace_limit >= 1,
                   "workspace_mode": self.workspace_mode in ("pool", "tensor"),
                   "time_limit": self.time_limit > 0, "remat_solver": self.remat_solver in ("milp", "cpsat"),
@@ -121,6 +137,9 @@ class Config:
 ENV = {"enable_inplace": "MXNET_EXEC_ENABLE_INPLACE", "match_range": "MXNET_EXEC_MATCH_RANGE",
        "auto_search_match_range": "NNVM_AUTO_SEARCH_MATCH_RANGE", "num_temp": "MXNET_EXEC_NUM_TEMP",
        "gpu_worker_nthreads": "MXNET_GPU_WORKER_NTHREADS", "pool_reserve_percent": "MXNET_GPU_MEM_POOL_RESERVE",
+       "pool_type": "MXNET_GPU_MEM_POOL_TYPE", "pool_page_size": "MXNET_GPU_MEM_POOL_PAGE_SIZE",
+       "pool_round_size": "MXNET_GPU_MEM_LARGE_ALLOC_ROUND_SIZE",
+       "pool_round_linear_cutoff": "MXNET_GPU_MEM_POOL_ROUND_LINEAR_CUTOFF",
        "workspace_limit": "MEMPLAN_WORKSPACE_LIMIT", "workspace_mode": "MEMPLAN_WORKSPACE_MODE",
        "inplace_update": "MEGENGINE_INPLACE_UPDATE",
        "backward_do_mirror": "MXNET_BACKWARD_DO_MIRROR", "sublinear_search": "MEMPLAN_SUBLINEAR_SEARCH",
@@ -134,6 +153,9 @@ ENV = {"enable_inplace": "MXNET_EXEC_ENABLE_INPLACE", "match_range": "MXNET_EXEC
 _ACCEPTS = {"enable_inplace": "a boolean", "match_range": "an integer >= 0",
             "auto_search_match_range": "a boolean", "num_temp": "an integer >= 1",
             "gpu_worker_nthreads": "an integer >= 1", "pool_reserve_percent": "a number in [0, 100)",
+            "pool_type": '"Naive" or "Round"', "pool_page_size": "a power of two >= 32",
+            "pool_round_size": "a number of bytes >= 1",
+            "pool_round_linear_cutoff": "an integer in [20, 34], at least log2 of MXNET_GPU_MEM_POOL_PAGE_SIZE",
             "workspace_limit": "a number of bytes >= 1", "workspace_mode": '"pool" or "tensor"',
             "inplace_update": "a boolean", "backward_do_mirror": "a boolean", "sublinear_search": '"memonger" or "megengine"',
             "sublinear_thresh_nr_try": "an integer >= 1", "sublinear_genetic_nr_iter": "an integer >= 0",

@@ -1,5 +1,5 @@
 """`memplan report`: the arena each strategy needs for one model, beside the lower bound LOAD."""
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from .config import Config
 
@@ -76,8 +76,16 @@ def lower_bound(rows):
     return min(plan.lower_bound_bytes for label, plan in rows if plan.strategy != "naive")
 
 
+def baselines(plan):
+    """MXNet's Naive and Round pools replayed on `plan`'s schedule, and every buffer kept: what it saves."""
+    from . import pools
+    return {"naive_pool": asdict(pools.simulate(plan, "naive")), "round_pool": asdict(pools.simulate(plan, "round")),
+            "keep_everything": pools.keep_everything(plan)}
+
+
 def as_dict(rows, graph, modes, updates=None, remats=None, budget=None):
-    """The report as plain data; with `budget`, DTR simulated under it on the plan without recomputation."""
+    """The report as plain data; with `budget`, DTR simulated under it on the plan without recomputation;
+    the baselines on the bestfit row's plan."""
     load, naive = lower_bound(rows), rows[0][1].arena_bytes
     extra = {} if not updates else {"training": rows[0][1].training["optimizer"], "update_modes": {
         m: {"arena_bytes": p.arena_bytes, "breakdown": p.breakdown} for m, p in updates.items()},
@@ -97,7 +105,7 @@ def as_dict(rows, graph, modes, updates=None, remats=None, budget=None):
             extra["dtr"] = {"budget_bytes": budget, "feasible": result.feasible, "evictions": result.evictions,
                             "recompute_flops": result.recompute_flops, "recompute_share": result.recompute_flops / step}
     return {"model": graph.name, "inputs": {n: list(graph.tensors[n].shape) for n in graph.inputs}, **extra,
-            "lower_bound_bytes": load,
+            "lower_bound_bytes": load, "baselines": baselines(dict(rows)["bestfit"]),
             "workspace_modes": {m: {"arena_bytes": p.arena_bytes, "workspace_bytes": p.breakdown["workspace"],
                                     "slots": p.stats["workspace"].get("slots", [])} for m, p in modes.items()},
             "rows": [{"strategy": label, "arena_bytes": p.arena_bytes, "x_load": p.arena_bytes / load,
@@ -107,8 +115,8 @@ def as_dict(rows, graph, modes, updates=None, remats=None, budget=None):
 
 def format_table(rows, graph, modes, updates=None, remats=None, budget=None):
     """The rows as an aligned text table (for training with the breakdown in MiB as columns), then the
-    LOAD row, the best plan's breakdown, the bestfit arena under both workspace modes and, for
-    training, under both update modes and each recomputation strategy."""
+    LOAD row, the baselines (dynamic pools, keep everything), the best plan's breakdown, the bestfit arena
+    under both workspace modes and, for training, under both update modes and each recomputation strategy."""
     d = as_dict(rows, graph, modes, updates, remats, budget)
     shapes = ", ".join(f"{n} {tuple(s)}" for n, s in d["inputs"].items())
     parts = list(d["rows"][0]["breakdown"]) if updates else []
@@ -121,6 +129,13 @@ def format_table(rows, graph, modes, updates=None, remats=None, budget=None):
                      f"{r['saving_vs_naive']:>7.1%} {r['plan_seconds']:>7.2f}  {r['schedule']:<8}"
                      + "".join(f" {r['breakdown'][p] / 2**20:>11.2f}" for p in parts))
     lines.append(f"{'LOAD (lower bound)':<21} {d['lower_bound_bytes'] / 2**20:>11.2f} {1:>7.3f}")
+    naive_pool, round_pool = d["baselines"]["naive_pool"], d["baselines"]["round_pool"]
+    bestfit = next(r for r in d["rows"] if r["strategy"] == "bestfit")
+    lines.append(f"dynamic pools on the same schedule: Naive {naive_pool['reserved_bytes'] / 2**20:.2f} MiB "
+                 f"({naive_pool['device_allocs']} device allocations), Round {round_pool['reserved_bytes'] / 2**20:.2f} "
+                 f"MiB ({round_pool['device_allocs']} device allocations); keep everything "
+                 f"{d['baselines']['keep_everything'] / 2**20:.2f} MiB; the bestfit arena saves "
+                 f"{1 - bestfit['arena_bytes'] / naive_pool['reserved_bytes']:.1%} against Naive")
     best = min(d["rows"], key=lambda r: r["arena_bytes"])
     parts = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in best["breakdown"].items())
     lines.append(f"smallest ({best['strategy']}): {parts}")

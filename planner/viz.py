@@ -162,7 +162,7 @@ def _line(g, name, y, label, style, label_y=None):
 
 def _axes(g, nsteps, top, sx, sy):
     g.node("x:label", "step", shape="plaintext", pos=_pos(WIDTH / 2, -30))
-    g.node("y:label", "arena offset", shape="plaintext", pos=_pos(-40, HEIGHT + 20))
+    g.node("y:label", "arena offset", shape="plaintext", pos=_pos(-20, HEIGHT + 20))
     for k in range(6):
         step = round(k * (nsteps - 1) / 5)
         g.node(f"x:{k}", str(step), shape="plaintext", pos=_pos(step * sx + sx / 2, -12))

@@ -29,6 +29,10 @@ scaled down to size, so boxes stay exact to 1/ZOOM of a point."""
 MIN_HEIGHT = 0.5
 """Buffers drawn under this many points tall are summed into one legend line instead of drawn."""
 FORMATS = ("svg", "png")
+FAST_DOT = {"mclimit": "0.2", "nslimit": "4", "nslimit1": "4", "searchsize": "10", "remincross": "false",
+            "splines": "line"}
+"""dot's crossing minimisation and network simplex bounded: a training step's long forward-to-backward
+edges otherwise keep it busy for minutes."""
 
 
 def category(tensor):
@@ -105,7 +109,7 @@ def graph_view(plan, path, max_nodes=200):
     buffer its first output lands in, each edge labelled with its tensor's bytes; in-place writes drawn
     bold, recomputed nodes dashed. Above `max_nodes` steps, runs of consecutive steps are collapsed."""
     graphviz = _graphviz()
-    g = graphviz.Digraph("graph", graph_attr={"rankdir": "TB", "fontname": "Helvetica"},
+    g = graphviz.Digraph("graph", graph_attr={"rankdir": "TB", "fontname": "Helvetica", **FAST_DOT},
                          node_attr={"shape": "box", "style": "filled,rounded", "fontname": "Helvetica",
                                     "fontsize": "9"}, edge_attr={"fontname": "Helvetica", "fontsize": "8"})
     size = max(1, -(-len(plan.steps) // max_nodes))

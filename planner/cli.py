@@ -1,6 +1,7 @@
 """The `memplan` command line. Every user mistake ends in one line on stderr and exit status 2."""
 import argparse
 import json
+import os
 import re
 import sys
 
@@ -102,7 +103,7 @@ def report(args):
     training = training_options(args)
     graph = load_graph(args)
     recompute = {k: training.pop(k) for k in ("remat", "memory_budget") if k in training}
-    rows = rep.report(graph, time_limit=args.time_limit, schedule=args.schedule, **training)
+    rows = rep.report(graph, time_limit=args.time_limit, schedule=args.schedule, strategies=args.strategy, **training)
     modes = rep.workspace_modes(graph, schedule=args.schedule, **training)
     updates = rep.update_modes(graph, schedule=args.schedule, **training) if training else None
     remats = rep.remat_modes(graph, schedule=args.schedule, memory_budget=recompute.get("memory_budget"),
@@ -269,6 +270,8 @@ def build_parser():
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _model_args(p)
     p.add_argument("--schedule", choices=SCHEDULES, default="auto")
+    p.add_argument("--strategy", choices=list(STRATEGIES), nargs="+", default=None,
+                   help="only these rows (naive and bestfit are always shown)")
     p.add_argument("--time-limit", type=float, default=2.0, help="seconds for the optimal search (default 2)")
     _output_args(p)
     p.set_defaults(run=report)
@@ -314,6 +317,9 @@ def main(argv=None):
     except MemplanError as e:
         print(f"memplan: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader (head, less) stopped early; Python docs' recipe for a quiet exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

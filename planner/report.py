@@ -13,13 +13,17 @@ ROWS = (  # label, strategy, Config changes
 )
 
 
-def report(graph, config=None, time_limit=2.0, schedule="auto", **training):
+def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None, **training):
     """One row per strategy for a typed graph: the plan, and its label. `optimal` searches for at
-    most `time_limit` seconds. `training` (training=True, loss=, optimizer=, ...) plans training steps."""
+    most `time_limit` seconds. `training` (training=True, loss=, optimizer=, ...) plans training steps.
+    `strategies` keeps only those rows, and always naive and bestfit, which the savings and the
+    baselines are measured against."""
     from .compiler import compile
     config = config or Config.from_env()
     rows = []
     for label, strategy, changes in ROWS:
+        if strategies is not None and strategy not in {*strategies, "naive", "bestfit"}:
+            continue
         if strategy == "optimal":
             changes = {**changes, "time_limit": time_limit}
         if strategy == "share" and not changes and config.auto_search_match_range:

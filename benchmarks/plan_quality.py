@@ -1,6 +1,8 @@
 """Plan quality over the zoo: the transient arena (inputs, outputs, activations, workspace; params
-excluded) each strategy needs, against LOAD, TFLite's greedy-by-size on the same intervals and
-onnx-tool's compress_memory(); then compile times for gpt2_small and a 50,000-node chain.
+excluded) each strategy needs, against LOAD, other planners re-implemented on the same intervals
+(TFLite greedy-by-size, TFLite Micro first fit, XLA best of two orders, TVM USMP greedy_by_size,
+ONNX Runtime exact-size reuse) and onnx-tool's compress_memory(); then compile times for gpt2_small
+and a 50,000-node chain.
 
     python benchmarks/plan_quality.py [--batches 1 32] [--models resnet50 ...] [--optimal-seconds 10]
 
@@ -67,10 +69,17 @@ def onnx_tool_bytes(model, input_shapes):
     return int(m.graph.compress_memory()[1])
 
 
+BASELINES = {"tflite": "greedy_by_size", "tfl-micro": "first_fit", "xla": "xla", "tvm-usmp": "usmp",
+             "ort": "exact_reuse"}
+"""Other planners re-implemented in planner/allocators (column: allocator), run on bestfit's own buffers."""
+
+
 def quality(names, batches, optimal_seconds):
     print(f"{'model':<13} {'batch':>5} {'LOAD':>9} " + " ".join(f"{s:>9}" for s in (*STRATEGIES, "share*")) +
-          f" {'greedy':>9} {'bf@64':>9} {'onnx-tool':>9} {'bf/LOAD':>8} {'bf s':>6}   (MiB; share* = auto match range)")
+          "".join(f" {b:>9}" for b in BASELINES) +
+          f" {'bf@64':>9} {'onnx-tool':>9} {'bf/LOAD':>8} {'bf s':>6}   (MiB; share* = auto match range)")
     ratios, worse_than_greedy, worse_than_tool = [], [], []
+    over_load = {b: [] for b in ("bestfit", "share", *BASELINES)}
     config = planner.Config(time_limit=optimal_seconds)
     for name in names:
         for batch in batches:
@@ -84,7 +93,10 @@ def quality(names, batches, optimal_seconds):
             row["share*"] = planner.compile(graph, strategy="share", config=replace(config, auto_search_match_range=True))
             best = row["bestfit"]
             arena, load = transient(best)
-            greedy = arena_of("greedy_by_size", best)
+            others = {b: arena_of(a, best) for b, a in BASELINES.items()}
+            greedy = others["tflite"]
+            for b, value in (("bestfit", arena), ("share", transient(row["share"])[0]), *others.items()):
+                over_load[b].append(value / load)
             tool = onnx_tool_bytes(model, {n: graph.tensors[n].shape for n in graph.inputs})
             padded = arena_of("bestfit", best, ONNX_TOOL_PADDING)
             ratios.append(arena / load)
@@ -93,11 +105,14 @@ def quality(names, batches, optimal_seconds):
             if tool is not None and padded > tool:
                 worse_than_tool.append(f"{name}@{batch}")
             cells = " ".join(f"{transient(row[s])[0] / MiB:>9.1f}" for s in (*STRATEGIES, "share*"))
-            print(f"{name:<13} {batch:>5} {load / MiB:>9.1f} {cells} {greedy / MiB:>9.1f} {padded / MiB:>9.1f} "
+            print(f"{name:<13} {batch:>5} {load / MiB:>9.1f} {cells}"
+                  + "".join(f" {v / MiB:>9.1f}" for v in others.values()) + f" {padded / MiB:>9.1f} "
                   f"{'' if tool is None else f'{tool / MiB:9.1f}':>9} {arena / load:>8.3f} "
                   f"{best.stats['seconds']:>6.2f}")
     print(f"bestfit / LOAD, geometric mean over {len(ratios)} plans: "
           f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f}")
+    print("arena / LOAD, geometric mean: " + ", ".join(
+        f"{b} {math.exp(sum(map(math.log, r)) / len(r)):.4f}" for b, r in over_load.items()))
     print(f"bestfit above TFLite greedy-by-size: {', '.join(worse_than_greedy) or 'never'}")
     print(f"bestfit at onnx-tool's {ONNX_TOOL_PADDING}-byte padding above onnx-tool: {', '.join(worse_than_tool) or 'never'}")
 

@@ -57,6 +57,9 @@ DIAMOND = units(1, 1, 1, 1), [0, 1, 2, 3], [2, 3, 3, 3]
 @pytest.mark.parametrize("case", [CHAIN, DIAMOND], ids=["chain", "diamond"])
 def test_small_graphs(name, case):
     offsets, total = run(name, *case)
+    if name == "usmp":  # TVM's greedy_by_size fills no holes: above LOAD even here
+        assert total > lower_bound(*case)
+        return
     shares = name != "naive"
     assert total == (lower_bound(*case) if shares else sum(case[0]))
     if shares:
@@ -71,7 +74,7 @@ def test_empty_and_single(name):
 
 
 def test_unknown_allocator_lists_the_choices():
-    with pytest.raises(PlanError, match="unknown allocator 'firstfit'.*bestfit, greedy_by_size, naive"):
+    with pytest.raises(PlanError, match="unknown allocator 'firstfit'.*bestfit.*greedy_by_size.*naive"):
         allocate("firstfit", [1], [0], [0])
 
 

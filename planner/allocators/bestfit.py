@@ -31,15 +31,16 @@ def bestfit(sizes, starts, ends, alignment):
     return min((place(sizes, starts, ends, order) for order in ORDERS), key=lambda plan: plan[1])
 
 
-def place(sizes, starts, ends, order):
-    """Best-fit offsets of (aligned) intervals placed in the order `ORDERS[order]`, and the total.
-    Empty intervals occupy nothing and stay at offset 0."""
-    key = ORDERS[order]
+def place(sizes, starts, ends, order, gap=None):
+    """Offsets of (aligned) intervals placed in the order `ORDERS[order]`, each where `gap(size, sorted
+    byte ranges of its placed neighbours)` says (default best_gap), and the total. Empty intervals
+    occupy nothing and stay at offset 0."""
+    key, gap = ORDERS[order], gap or best_gap
     offsets = [0] * len(sizes)
     neighbours = _Neighbours(starts, ends)
     for i in sorted(range(len(sizes)), key=lambda i: key(sizes, starts, ends, i)):
         if sizes[i]:
-            offsets[i] = best_gap(sizes[i], sorted(neighbours.ranges(i)))
+            offsets[i] = gap(sizes[i], sorted(neighbours.ranges(i)))
             neighbours.add(i, offsets[i], offsets[i] + sizes[i])
     return offsets, max((o + s for o, s in zip(offsets, sizes)), default=0)
 

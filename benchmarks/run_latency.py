@@ -3,7 +3,8 @@
     python benchmarks/run_latency.py cpu [--batch 8] [--repeat 10]
     python benchmarks/run_latency.py gpu [--batches 1 32] [--repeat 20]
 
-cpu: resnet50 on the NumPy backend against onnxruntime (CPU provider).
+cpu: resnet50 on the NumPy backend against onnxruntime (CPU provider): median latency, and how far a
+fresh process's peak RSS rises while it plans (or loads) and runs the model.
 gpu: resnet50 and bert_base (sequence 128) on the CuPy backend against PyTorch eager (torchvision's
 resnet50, transformers' BertModel with the same sizes): median latency, and device memory: the
 arena against torch.cuda.max_memory_allocated().
@@ -13,6 +14,7 @@ import platform
 import time
 
 import numpy as np
+import onnx
 
 import planner
 from executor import Executor
@@ -46,6 +48,53 @@ def cpu(batch, repeat):
     print(f"machine: {platform.machine()}, python {platform.python_version()}")
     print(f"resnet50 batch {batch}: memplan numpy {ours * 1e3:.1f} ms, onnxruntime CPU {theirs * 1e3:.1f} ms, "
           f"ratio {ours / theirs:.2f}x; arena {plan.arena_bytes / MiB:.1f} MiB")
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/resnet50.onnx"
+        onnx.save(model, path)
+        rss = {engine: peak_rss(engine, path, batch) for engine in ("memplan", "onnxruntime")}
+    print(f"peak RSS while planning or loading the model, then running it (a fresh process each, above its RSS "
+          f"once the model file is read): memplan {rss['memplan'] / MiB:.1f} MiB, onnxruntime "
+          f"{rss['onnxruntime'] / MiB:.1f} MiB")
+
+
+def peak_rss(engine, path, batch, runs=3):
+    """Bytes a fresh process's peak RSS rises by, from after it reads the model at `path`, while it plans
+    (memplan) or loads (onnxruntime) the model and runs it `runs` times (Linux: VmHWM reset through
+    /proc/self/clear_refs)."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_run_and_report, args=(engine, path, batch, runs, queue))
+    child.start()
+    result = queue.get()
+    child.join()
+    return result
+
+
+def _run_and_report(engine, path, batch, runs, queue):
+    import onnxruntime as ort
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    model = onnx.load(path)
+    data = model.SerializeToString() if engine == "onnxruntime" else None
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _status("VmRSS")
+    if engine == "memplan":
+        ex = Executor(planner.compile(model, {"input": x.shape}), backend="numpy")
+        for _ in range(runs):
+            ex.run({"input": x})
+    else:
+        session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        for _ in range(runs):
+            session.run(None, {"input": x})
+    queue.put(_status("VmHWM") - before)
+
+
+def _status(field):
+    """A field of /proc/self/status in bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
 
 
 def gpu(batches, repeat):

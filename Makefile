@@ -24,5 +24,6 @@ bench: install-test
 	$(PIP) onnx-tool
 	$(PY) benchmarks/load_time.py
 	$(PY) benchmarks/plan_quality.py
+	$(PY) benchmarks/plan_time.py
 	$(PY) benchmarks/run_latency.py cpu
 	$(PY) benchmarks/train_memory.py --device cpu

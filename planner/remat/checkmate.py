@@ -41,6 +41,14 @@ def schedule_cost(R, costs):
     return float(np.asarray(R, float).sum(axis=0) @ np.asarray(costs, float))
 
 
+def keep_all(deps):
+    """R and S of the schedule that recomputes nothing: stage t computes node t alone, and each tensor
+    is held from its node to its last reader."""
+    n, last = len(deps), np.array(_last_readers(_users(deps)))
+    t = np.arange(n)[:, None]
+    return np.eye(n, dtype=bool), (t > np.arange(n)) & (t <= last)
+
+
 def simulate(R, S, sizes, deps, inplace=None):
     """The peak bytes of schedule R/S under Checkmate's accounting: a stage starts holding S[t],
     allocates each tensor it computes, and frees a tensor (input or output) after the last node of the
@@ -124,6 +132,11 @@ def _infeasible(budget, status, start):
     return Solution(False, math.inf, math.inf, None, None, 0, math.inf, status, time.perf_counter() - start, budget)
 
 
+def _last_readers(users):
+    """For each node, the last node that reads its tensor (itself when none does)."""
+    return [max([k] + users[k]) for k in range(len(users))]
+
+
 def _users(deps):
     users = [[] for _ in deps]
     for k, ins in enumerate(deps):
@@ -163,7 +176,7 @@ def _model(mem, deps, cap, allowed, inplace):
         lo.append(lb)
         hi.append(ub)
 
-    last = [max([k] + users[k]) for k in range(n)]
+    last = _last_readers(users)
     recomputed = may.sum(axis=0) > 1
     fixed = ~recomputed & np.array([not recomputed[users[k]].any() for k in range(n)], bool)
     for t in range(n):

@@ -32,7 +32,8 @@ def dag(graph):
     """The training step as Checkmate's plain data: (sizes, costs, deps, allowed, inplace), node k
     being the file's k-th node, allowed[t, i] whether stage t may compute forward node i again, and
     inplace {k: p} the nodes whose output the planner writes over (or views) node p's."""
-    free = droppable(graph) | {o for n in graph.nodes if "phase" in n.meta for o in n.outputs}
+    keep = droppable(graph)
+    free = keep | {o for n in graph.nodes if "phase" in n.meta for o in n.outputs}
     free -= {new for new, _ in graph.updates} | set(graph.outputs)
     root_of, _ = aliases(graph, graph.nodes)
     producer, sizes, costs, deps, inplace = {}, [], [], [], {}
@@ -46,7 +47,6 @@ def dag(graph):
         if over:
             inplace[k] = over[0]
         producer.update((o, k) for o in outputs)
-    keep = droppable(graph)
     backward = np.array(["phase" in n.meta for n in graph.nodes])
     forward = np.array([not b and any(o in keep for o in n.outputs) for b, n in zip(backward, graph.nodes)])
     return sizes, costs, deps, np.tril(np.outer(backward, forward), -1), inplace
@@ -77,8 +77,7 @@ def plan_optimal(graph, budget, score, time_limit=10.0, solver="milp"):
     found, statuses = [], []
     for accounting, aliasing in (("aliased", inplace), ("separate", {})):
         problem = (sizes, costs, deps, allowed, aliasing)
-        kept = checkmate.simulate(np.eye(len(sizes), dtype=bool), _held(deps), sizes, deps, aliasing)
-        target = budget - (arena - kept)
+        target = budget - (arena - checkmate.simulate(*checkmate.keep_all(deps), sizes, deps, aliasing))
         for _ in range(TRIES):
             solution = _solve(problem, target, time_limit, solver)
             info.update(tries=info["tries"] + 1, seconds=info["seconds"] + solution.seconds)
@@ -115,7 +114,7 @@ def _smallest(graph, score, problem, time_limit, solver, steps=6):
         smallest = e.minimum
     sizes, _, deps, _, aliasing = problem
     lo = checkmate.min_budget(sizes, deps)
-    hi = checkmate.simulate(np.eye(len(sizes), dtype=bool), _held(deps), sizes, deps, aliasing)
+    hi = checkmate.simulate(*checkmate.keep_all(deps), sizes, deps, aliasing)
     for _ in range(steps):
         mid = (lo + hi) // 2
         solution = _solve(problem, mid, time_limit, solver)
@@ -130,15 +129,3 @@ def _smallest(graph, score, problem, time_limit, solver, steps=6):
 def _solve(problem, budget, time_limit, solver):
     sizes, costs, deps, allowed, inplace = problem
     return checkmate.solve(sizes, costs, deps, budget, time_limit, solver, allowed, inplace)
-
-
-def _held(deps):
-    """S of the schedule without recomputation: each tensor held from its node to its last reader."""
-    n = len(deps)
-    last = list(range(n))
-    for k, ins in enumerate(deps):
-        for i in ins:
-            last[i] = max(last[i], k)
-    t = np.arange(n)[:, None]
-    return (t > np.arange(n)) & (t <= np.array(last))
-

@@ -1,4 +1,5 @@
 # The two Quick start commands: `make demo` and `make test`. Each installs what it needs.
+# `make demo` installs memplan without extras and runs the installed copy from outside the checkout.
 PY ?= python3
 PIP = $(PY) -m pip install -q --disable-pip-version-check --root-user-action=ignore
 
@@ -14,8 +15,9 @@ install-test: install
 		(apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || \
 		echo "Graphviz could not be installed: the picture tests will be skipped"
 
-demo: install
-	$(PY) -m planner.cli report
+demo:
+	$(PIP) .
+	cd "$${TMPDIR:-/tmp}" && $(PY) -m planner.cli report
 
 test: install-test
 	$(PY) -m pytest -q -n 2

@@ -3,38 +3,50 @@
 Everything is decided before the first run: each step's kernel and the arena views it reads and
 writes. Running copies the feeds in, calls the kernels in order and copies the outputs out.
 """
+import threading
+from collections.abc import Mapping
+from contextlib import contextmanager
+
 import numpy as np
 
 from planner.config import Config
-from planner.dtypes import from_onnx  # noqa: F401  (registers ml_dtypes' names with NumPy)
+from planner.dtypes import from_onnx, is_float  # noqa: F401  (registers ml_dtypes' names with NumPy)
 from planner.errors import MemplanError
 
 from . import backends
 from .arena import Arena
+from .backends import numpy_backend
 
 POISON = 0xFF
 """The byte poison mode writes over dead tensors: NaN in every float dtype, -1 in the integers."""
 
 
 class FeedError(MemplanError):
-    """A feed is missing, unknown, or of the wrong shape or dtype."""
+    """A feed is missing, unknown, not an array, or of the wrong shape or dtype."""
+
+
+class RunError(MemplanError):
+    """A step met values it cannot compute on, such as a token id past the end of its embedding table."""
+
+
+class BusyError(MemplanError):
+    """An Executor was asked to run while another run was in progress on it (from another thread)."""
 
 
 class Executor:
     """Runs `plan` on `backend` ("numpy", "cupy" or "auto"). With `poison=True` every byte range
     whose tensors are dead is overwritten after each step, so a planning mistake shows as a wrong
-    output instead of passing unnoticed."""
+    output instead of passing unnoticed.
+
+    One Executor runs one step at a time: every run writes the same arena, so `run` or `train_step`
+    called while another is in progress (from another thread) raises BusyError. Make one Executor
+    per thread instead."""
 
     def __init__(self, plan, backend="auto", poison=False, config=None):
         self.plan, self.poison = plan, poison
         self.backend = backends.get(backend)
-        config = config or Config.from_env()
-        free = self.backend.free_bytes()
-        if free is not None:
-            usable = int(free * (1 - config.pool_reserve_percent / 100))
-            if plan.arena_bytes > usable:
-                raise MemplanError(f"the arena needs {plan.arena_bytes:,} bytes but the device has {usable:,} usable "
-                                   f"({free:,} free less MXNET_GPU_MEM_POOL_RESERVE={config.pool_reserve_percent}%)")
+        self.backend.check_room(plan.arena_bytes, "the arena", config or Config.from_env())
+        plan.check_values()
         foreign = sorted({t.dtype for t in plan.tensors.values() if not self.backend.holds(np.dtype(t.dtype))})
         if foreign:
             raise MemplanError(f"backend {self.backend.NAME!r} cannot hold tensors of dtype {', '.join(foreign)}")
@@ -51,6 +63,18 @@ class Executor:
         self.views = {}
         self.program = [self._bind(step) for step in plan.steps]
         self.dead = _dead_after(plan) if poison else {}
+        self.busy = threading.Lock()
+
+    @contextmanager
+    def _exclusive(self):
+        """Hold the arena for one run, or raise BusyError when another run holds it."""
+        if not self.busy.acquire(blocking=False):
+            raise BusyError("this Executor is already running (run or train_step from another thread) and its "
+                            "arena holds one run at a time: make one Executor per thread")
+        try:
+            yield
+        finally:
+            self.busy.release()
 
     def _view(self, name):
         """The arena view of a tensor: one object per place, so that an output written in place is the
@@ -76,13 +100,15 @@ class Executor:
 
     def run(self, feeds):
         """Run once on `feeds` ({input name: array}); returns {output name: array}, copies that the
-        next run does not change."""
-        return self._run(feeds, {})
+        next run does not change. A feed is an array of the planned shape and dtype, or a list or
+        number that becomes one by a same-kind cast (a list of Python floats for a float32 input)."""
+        with self._exclusive():
+            return self._run(feeds, {})
 
     def _run(self, feeds, scalars):
         """`run`, with the scalar inputs in `scalars` filled in place (no host array to copy)."""
         xp = self.backend.xp
-        self._check(feeds, scalars)
+        feeds = self._feeds(feeds, scalars)
         if self.poison:
             base = self.plan.stats.get("persistent_bytes", 0)
             self.arena.bytes(base, self.plan.arena_bytes - base).fill(POISON)
@@ -93,7 +119,10 @@ class Executor:
         for k, bound in enumerate(self.program):
             if bound is not None:
                 fn, step, ins, outs, ws = bound
-                fn(xp, step, ins, outs, ws)
+                try:
+                    fn(xp, step, ins, outs, ws)
+                except (IndexError, ValueError) as e:
+                    raise RunError(f"step {k} ({step.op} {step.name!r}) cannot run on these feeds: {e}") from e
             for offset, nbytes in self.dead.get(k, ()):
                 self.arena.bytes(offset, nbytes).fill(POISON)
         self.backend.synchronize()
@@ -106,9 +135,10 @@ class Executor:
         info = self.plan.training
         if not info:
             raise MemplanError("train_step needs a plan compiled with training=True")
-        scalars = {info["lr"]: float(self.lr), info["step"]: float(self.steps_taken + 1)}
-        loss = self._run(feeds, scalars)[info["loss"]]
-        self.steps_taken += 1
+        with self._exclusive():
+            scalars = {info["lr"]: float(self.lr), info["step"]: float(self.steps_taken + 1)}
+            loss = self._run(feeds, scalars)[info["loss"]]
+            self.steps_taken += 1
         return float(loss)
 
     def parameters(self):
@@ -128,18 +158,39 @@ class Executor:
                 raise FeedError(f"param {name!r}: expected shape {tuple(t.shape)}, got {tuple(np.shape(value))}")
             self.arena.view(name)[...] = self.backend.xp.asarray(np.asarray(value, dtype=np.dtype(t.dtype)))
 
-    def _check(self, feeds, scalars):
-        """Every input but the `scalars` fed once, with the planned shape and dtype."""
+    def _feeds(self, feeds, scalars):
+        """{input: array} of every input but the `scalars`, each fed once, checked by `_feed`."""
+        if not isinstance(feeds, Mapping):
+            raise FeedError(f"feeds must be a dict {{input name: array}}, got {_type_name(feeds)}")
         expected = [n for n in self.plan.inputs if n not in scalars]
         unknown = sorted(set(feeds) - set(expected))
         missing = [n for n in expected if n not in feeds]
         if unknown or missing:
             raise FeedError(f"feeds must name exactly the inputs {expected}; missing {missing}, unknown {unknown}")
-        for name in expected:
-            t, value = self.plan.tensors[name], feeds[name]
-            if tuple(value.shape) != tuple(t.shape) or np.dtype(value.dtype) != np.dtype(t.dtype):
-                raise FeedError(f"input {name!r}: expected shape {tuple(t.shape)} {t.dtype}, "
-                                f"got {tuple(value.shape)} {value.dtype}")
+        return {name: self._feed(name, feeds[name]) for name in expected}
+
+    def _feed(self, name, value):
+        """An array feed of exactly the planned shape and dtype, as it is; a list or number as the
+        array NumPy makes of it, when that has the planned shape and casts to the dtype by same kind."""
+        t = self.plan.tensors[name]
+        shape, dtype = tuple(t.shape), np.dtype(t.dtype)
+        expected = f"input {name!r}: expected shape {shape} {t.dtype}"
+        if isinstance(value, (np.ndarray, np.generic, self.backend.xp.ndarray)):
+            if value.shape != shape or value.dtype != dtype:
+                raise FeedError(f"{expected}, got {tuple(value.shape)} {value.dtype}")
+            return value
+        if not isinstance(value, (list, tuple, int, float, complex)):
+            raise FeedError(f"{expected}, got {_type_name(value)}")
+        try:
+            given = np.asarray(value)
+        except (ValueError, OverflowError):
+            raise FeedError(f"{expected}, got a {_type_name(value)} that is not a rectangular array") from None
+        if given.shape != shape or not np.can_cast(given.dtype, dtype, "same_kind"):
+            raise FeedError(f"{expected}, got {_type_name(value)} of shape {given.shape} {given.dtype}")
+        cast = given.astype(dtype)
+        if dtype.kind in "iu" and not np.array_equal(cast, given):
+            raise FeedError(f"{expected}, got {_type_name(value)} of values outside the range of {t.dtype}")
+        return cast
 
 
 def _dead_after(plan):
@@ -156,4 +207,34 @@ def _dead_after(plan):
     return dead
 
 
-__all__ = ["Executor", "FeedError"]
+def random_feeds(plan, seed=0):
+    """{input: host array} for every input a run or training step takes (not a training step's lr and
+    step): floats from a standard normal, ints zero (valid labels and indices), bools at random. Each
+    is made in its own dtype, never through float64; raises MemplanError first when they cannot fit in
+    the host's available memory."""
+    info = plan.training
+    names = [n for n in plan.inputs if n not in (info.get("lr"), info.get("step"))]
+    total = sum(plan.tensors[n].nbytes for n in names)
+    numpy_backend.check_room(total, f"random feeds of the inputs {', '.join(names)}")
+    rng = np.random.default_rng(seed)
+    return {n: _random(rng, plan.tensors[n].shape, np.dtype(plan.tensors[n].dtype)) for n in names}
+
+
+def _random(rng, shape, dtype):
+    """One random array of `dtype`: float32 and float64 drawn as such, narrower floats cast from float32."""
+    if dtype in (np.float32, np.float64):
+        return rng.standard_normal(shape, dtype=dtype)
+    if is_float(dtype):
+        return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape, dtype=bool)
+    return np.zeros(shape, dtype)
+
+
+def _type_name(value):
+    """The type of `value` as a user knows it: 'dict', 'str', 'cupy.ndarray'."""
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__.split('.')[0]}.{kind.__name__}"
+
+
+__all__ = ["BusyError", "Executor", "FeedError", "RunError", "random_feeds"]

@@ -1,10 +1,11 @@
 """ONNX (a file path or a ModelProto) -> Graph, with dims not bound yet."""
 import os
+import re
 
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import AttributeProto, TensorProto, external_data_helper, helper, numpy_helper
+from onnx import AttributeProto, TensorProto, checker, external_data_helper, helper, numpy_helper
 
 from planner import dtypes
 from planner.errors import ModelError
@@ -32,7 +33,28 @@ def read(model):
         raise ModelError(f"expected an ONNX file path or onnx.ModelProto, got {type(model).__name__}")
     if not model.HasField("graph") or not model.graph.output:
         raise ModelError("the model has no graph or no graph outputs (not an ONNX model, or a truncated file)")
-    return _graph(model.graph, _opset(model), base_dir)
+    opset = _opset(model)
+    _check_nodes(model, opset)
+    return _graph(model.graph, opset, base_dir)
+
+
+def _check_nodes(model, opset):
+    """Every node of the default domain against its ONNX schema at the model's opset (onnx.checker):
+    its input and output counts, attribute names and types. Ops ONNX lacks meet ops.check_supported,
+    which lists them all."""
+    ctx = checker.C.CheckerContext()
+    ctx.ir_version = max(model.ir_version, 3)
+    ctx.opset_imports = {"": opset}
+    scope = checker.C.LexicalScopeContext()
+    for i, node in enumerate(model.graph.node):
+        if node.domain not in ("", "ai.onnx") or not onnx.defs.has(node.op_type):
+            continue
+        try:
+            checker.check_node(node, ctx, scope)
+        except checker.ValidationError as e:
+            why = re.sub(r"^Node (with schema\(.*?\) |\(.*?\)'s )", "", str(e).split("\n", 1)[0].strip())
+            raise ModelError(f"node {node.name or f'{node.op_type}_{i}'!r} ({node.op_type}) is not valid ONNX at "
+                             f"opset {opset}: {why}") from None
 
 
 def _opset(model):

@@ -1,24 +1,28 @@
 """The `memplan` command line. Every user mistake ends in one line on stderr and exit status 2."""
 import argparse
 import json
+import math
 import os
 import re
 import sys
+import time
 
-from .errors import MemplanError
+from .errors import SURFACE, MemplanError
+from .progress import Progress
+from .units import format_bytes, parse_bytes
 
 DEFAULT_MODEL = "zoo:resnet50"
 
 EXAMPLES = """examples:
-  memplan inspect                                   # the built-in default model (zoo:resnet50, batch 1)
+  memplan report                                    # the built-in default model (zoo:resnet50, batch 1)
   memplan report zoo:resnet50 --batch 32            # arena per strategy and the lower bound
-  memplan report zoo:resnet50 --batch 32 --training --loss cross_entropy --optimizer adam
-  memplan run zoo:resnet_deep --batch 8 --training --remat sublinear --backend numpy
+  memplan report zoo:lenet --batch 64 --training --optimizer adam --budget 4MiB
+  memplan run zoo:lenet --batch 8 --training --remat sublinear --repeat 3
   memplan plan zoo:gpt2_small --input input_ids:8x128 --strategy share -o plan.json
-  memplan inspect zoo:bert_base --batch 8 --input input_ids:8x128 --input attention_mask:8x128
+  memplan inspect zoo:bert_base --input input_ids:8x128 --input attention_mask:8x128
   memplan inspect model.onnx --input input:8x3x224x224
   memplan viz zoo:lenet --batch 8 --training -o timeline.svg --graph graph.svg
-  memplan max-batch zoo:resnet50 --budget 16GiB --training --optimizer adam
+  memplan max-batch zoo:resnet18 --budget 2GiB --training --optimizer adam
 """
 
 
@@ -31,18 +35,32 @@ def parse_input(text):
 
 
 def input_shapes(graph, inputs, batch):
-    """Shapes from --input flags; --batch fills the first dim of every other input whose rest is known."""
-    shapes = dict(parse_input(text) for text in inputs)
-    if batch is not None:
-        for name in graph.inputs:
-            declared = graph.tensors[name].shape
-            if name not in shapes and declared and all(isinstance(d, int) for d in declared[1:]):
-                shapes[name] = (batch, *declared[1:])
+    """Shapes from --input flags; --batch fills the first dim of every other input whose first dim is not
+    fixed and whose other dims are. Warns on stderr when --batch binds no input."""
+    shapes = {}
+    for text in inputs:
+        name, dims = parse_input(text)
+        if name in shapes:
+            raise MemplanError(f"--input {name} is given twice ({'x'.join(map(str, shapes[name]))} and "
+                               f"{'x'.join(map(str, dims))}); give each input once")
+        shapes[name] = dims
+    if batch is not None and not bind_batch(graph, shapes, batch):
+        print(f"memplan: warning: --batch {batch} binds no input: each has a fixed first dim, other unbound "
+              "dims, or an --input of its own", file=sys.stderr)
     return shapes
 
 
-def _mib(n):
-    return f"{n / 2**20:,.2f} MiB"
+def bind_batch(graph, shapes, batch):
+    """Add to `shapes` each input not in it whose first dim is free and whose other dims are fixed, with
+    `batch` as its first dim; returns the names bound."""
+    bound = []
+    for name in graph.inputs:
+        declared = graph.tensors[name].shape
+        if name not in shapes and declared and not isinstance(declared[0], int) \
+                and all(isinstance(d, int) for d in declared[1:]):
+            shapes[name] = (batch, *declared[1:])
+            bound.append(name)
+    return bound
 
 
 def load_graph(args):
@@ -51,6 +69,19 @@ def load_graph(args):
     from .shapes import infer
     raw = read(args.model)
     return infer(raw, input_shapes(raw, args.input, args.batch))
+
+
+def config_of(args):
+    """The Config from the environment, with --workspace-mode when given."""
+    from .config import Config
+    return Config.from_env(**({"workspace_mode": args.workspace_mode} if args.workspace_mode else {}))
+
+
+def compile_args(args, graph):
+    """planner.compile on the graph with the command's strategy, schedule, training options and Config."""
+    from .compiler import compile
+    return compile(graph, strategy=args.strategy, schedule=args.schedule, config=config_of(args),
+                   **training_options(args))
 
 
 def inspect(args):
@@ -62,28 +93,16 @@ def inspect(args):
     print(graph.summary())
     for name in graph.inputs + graph.outputs:
         t = graph.tensors[name]
-        print(f"  {t.kind:<6} {name}: {t.shape} {t.dtype}")
+        print(f"  {t.kind:<6} {name}: {t.shape} {t.dtype} {format_bytes(t.nbytes)}")
     for kind in ("param", "const", "activation", "output"):
         ts = kinds.get(kind, [])
-        print(f"  {kind + 's':<12} {len(ts):>6} tensors {_mib(sum(t.nbytes for t in ts)):>14}")
+        print(f"  {kind + 's':<12} {len(ts):>6} tensors {format_bytes(sum(t.nbytes for t in ts)):>14}")
     largest = sorted(kinds.get("activation", []), key=lambda t: -t.nbytes)[:args.top]
     if largest:
         print("  largest activations:")
         for t in largest:
-            print(f"    {t.name}: {t.shape} {t.dtype} {_mib(t.nbytes)}")
+            print(f"    {t.name}: {t.shape} {t.dtype} {format_bytes(t.nbytes)}")
     return 0
-
-
-UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text):
-    """'2GiB' -> 2147483648; '1.5 GB' -> 1500000000; '4096' -> 4096."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in UNITS:
-        raise MemplanError(f"--budget {text!r}: expected a size such as 2GiB, 512MiB, 1.5GB or 4096 (bytes)")
-    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
 
 
 def training_options(args):
@@ -99,119 +118,201 @@ def training_options(args):
 
 def report(args):
     """Print one row per strategy: arena, x LOAD, saving vs naive, plan time (and the breakdown when training)."""
-    from . import report as rep
+    from .report import report as build
+    check_output(args.output)
     training = training_options(args)
-    graph = load_graph(args)
-    recompute = {k: training.pop(k) for k in ("remat", "memory_budget") if k in training}
-    rows = rep.report(graph, time_limit=args.time_limit, schedule=args.schedule, strategies=args.strategy, **training)
-    modes = rep.workspace_modes(graph, schedule=args.schedule, **training)
-    updates = rep.update_modes(graph, schedule=args.schedule, **training) if training else None
-    remats = rep.remat_modes(graph, schedule=args.schedule, memory_budget=recompute.get("memory_budget"),
-                             **training) if training else None
-    budget = recompute.get("memory_budget")
-    doc = rep.as_dict(rows, graph, modes, updates, remats, budget)
-    emit(args, json.dumps(doc, indent=1) if args.json else as_csv(doc["rows"]) if args.csv
-         else rep.format_table(rows, graph, modes, updates, remats, budget))
+    budget = training.pop("memory_budget", None)
+    training.pop("remat", None)
+    result = build(load_graph(args), config=config_of(args), time_limit=args.time_limit, schedule=args.schedule,
+                   strategies=args.strategy, memory_budget=budget, **training)
+    emit(args, json.dumps(result.as_dict(), indent=1) if args.json else as_csv(result.csv_rows()) if args.csv
+         else result.table())
     return 0
 
 
 def plan(args):
     """Compile one plan, verify it and write it as JSON (params and consts beside it, .npz)."""
-    from .compiler import compile
-    result = compile(load_graph(args), strategy=args.strategy, schedule=args.schedule, **training_options(args))
-    path = result.to_json(args.output)
-    print(f"{path}: {result.strategy}, {result.schedule} schedule, arena {_mib(result.arena_bytes)} "
-          f"(LOAD {_mib(result.lower_bound_bytes)}), {len(result.steps)} steps, {len(result.tensors)} tensors")
+    check_output(args.output)
+    result = compile_args(args, load_graph(args))
+    try:
+        path = result.to_json(args.output)
+    except OSError as e:
+        raise MemplanError(f"-o {args.output}: cannot write the plan ({e.strerror})") from None
+    print(f"{path}: {result.strategy}, {result.schedule} schedule, arena {format_bytes(result.arena_bytes)} "
+          f"(LOAD {format_bytes(result.lower_bound_bytes)}), {len(result.steps)} steps, {len(result.tensors)} tensors")
     return 0
 
 
 def run(args):
-    """Plan, then run on random feeds: median latency, arena bytes and the memory the run grew by."""
+    """Plan, then run on random feeds: the model and shapes, each training step's loss, the median time,
+    the arena and the memory the run grew by."""
     import resource
-    import time
 
-    import numpy as np
-
-    from executor import Executor, backends
-    from .compiler import compile
-    plan = compile(load_graph(args), strategy=args.strategy, **training_options(args))
-    rng = np.random.default_rng(0)
-    scalars = (plan.training.get("lr"), plan.training.get("step"))
-    feeds = {n: (rng.standard_normal(plan.tensors[n].shape).astype(plan.tensors[n].dtype)
-                 if np.dtype(plan.tensors[n].dtype).kind == "f" else np.zeros(plan.tensors[n].shape, plan.tensors[n].dtype))
-             for n in plan.inputs if n not in scalars}
+    from executor import Executor, backends, random_feeds
+    graph = load_graph(args)
+    plan = compile_args(args, graph)
+    shapes = ", ".join(f"{n} {tuple(plan.tensors[n].shape)} {plan.tensors[n].dtype}" for n in plan.inputs
+                       if n not in (plan.training.get("lr"), plan.training.get("step")))
+    what = f"training step with {plan.training['optimizer']}" if plan.training else "inference"
+    print(f"{args.model}: {shapes}; {what}, {plan.strategy} plan, arena {format_bytes(plan.arena_bytes)}")
+    feeds = random_feeds(plan, seed=0)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     device_before = backends.get(args.backend).used_bytes()
-    ex = Executor(plan, backend=args.backend)
+    ex = Executor(plan, backend=args.backend, config=config_of(args))
     times = []
-    for _ in range(args.repeat + 1):
-        start = time.perf_counter()
-        ex.train_step(feeds) if plan.training else ex.run(feeds)
-        times.append(time.perf_counter() - start)
+    with Progress("memplan run", total=args.repeat + 1) as bar:
+        for k in range(args.repeat + 1):
+            start = time.perf_counter()
+            loss = ex.train_step(feeds) if plan.training else ex.run(feeds)
+            times.append(time.perf_counter() - start)
+            if plan.training:
+                bar.update(k + 1, f"loss {loss:.4f}")
+                print(f"step {k + 1}{' (warm-up)' if k == 0 else ''}: loss {loss:.6g} ({1e3 * times[-1]:.1f} ms)")
+                if not math.isfinite(loss):
+                    print("memplan: warning: the loss is not finite", file=sys.stderr)
+            else:
+                bar.update(k + 1)
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     device = ex.backend.used_bytes()
-    peak = f"device bytes in use {_mib(device)}" if device is not None else f"RSS grew {_mib(max(grown, 0))}"
-    print(f"{plan.strategy} on {ex.backend.NAME}: median {1e3 * sorted(times[1:])[len(times[1:]) // 2]:.2f} ms over "
-          f"{args.repeat} runs; arena {_mib(plan.arena_bytes)}; {peak}"
-          + (f" ({_mib(device_before)} before the executor)" if device is not None else ""))
+    peak = f"device bytes in use {format_bytes(device)}" if device is not None else \
+        f"RSS grew {format_bytes(max(grown, 0))}"
+    timed = sorted(times[1:])
+    print(f"{plan.strategy} on {ex.backend.NAME}: median {1e3 * timed[len(timed) // 2]:.2f} ms over "
+          f"{args.repeat} run{'s' if args.repeat > 1 else ''} after a warm-up; arena {format_bytes(plan.arena_bytes)}; "
+          f"{peak}" + (f" ({format_bytes(device_before)} before the executor)" if device is not None else ""))
     return 0
 
 
 def viz(args):
     """Draw the plan's memory timeline (and with --graph its computation graph) through graphviz."""
     from . import viz as pictures
-    from .compiler import compile
-    result = compile(load_graph(args), strategy=args.strategy, schedule=args.schedule, **training_options(args))
-    written = [pictures.timeline(result, args.output)]
-    if args.graph:
-        written.append(pictures.graph_view(result, args.graph, max_nodes=args.max_nodes))
-    print(f"{', '.join(written)}: {result.strategy}, {result.schedule} schedule, arena {_mib(result.arena_bytes)} "
-          f"(LOAD {_mib(result.lower_bound_bytes)}), {len(result.steps)} steps")
+    pictures.require_graphviz()
+    for path in filter(None, (args.output, args.graph)):
+        check_output(path)
+    result = compile_args(args, load_graph(args))
+    try:
+        written = [pictures.timeline(result, args.output)]
+        if args.graph:
+            written.append(pictures.graph_view(result, args.graph, max_nodes=args.max_nodes))
+    except OSError as e:
+        raise MemplanError(f"cannot write the picture ({e.strerror}: {e.filename})") from None
+    print(f"{', '.join(written)}: {result.strategy}, {result.schedule} schedule, arena "
+          f"{format_bytes(result.arena_bytes)} (LOAD {format_bytes(result.lower_bound_bytes)}), {len(result.steps)} steps")
     return 0
 
 
 def max_batch(args):
     """For each strategy (and with --training each recomputation), the largest batch whose arena fits --budget."""
+    from frontends import read
     from . import maxbatch
     from .compiler import compile
-    from frontends import read
     from .shapes import infer
+    if args.budget is None:
+        raise MemplanError("max-batch needs the memory to fit: --budget SIZE, e.g. --budget 16GiB")
+    check_output(args.output)
     budget = parse_bytes(args.budget)
     args.budget = None
     training = training_options(args)
+    config = config_of(args)
     raw = read(args.model)
-    given = dict(parse_input(text) for text in args.input)
+    given = input_shapes(raw, args.input, None)
+    if not given and not bind_batch(raw, {}, 1):
+        raise MemplanError("max-batch varies the first dim of the inputs, but no input has a free first dim with "
+                           "its other dims fixed: give the other dims with --input NAME:DIMS")
 
     def compile_at(batch, **options):
-        shapes = {**input_shapes(raw, [], batch), **{n: (batch, *s[1:]) for n, s in given.items()}}
-        return compile(infer(raw, shapes), schedule=args.schedule, **{**training, **options})
+        shapes = {n: (batch, *s[1:]) for n, s in given.items()}
+        bind_batch(raw, shapes, batch)
+        return compile(infer(raw, shapes), schedule=args.schedule, config=config, **{**training, **options})
 
     rows = [(s, {"strategy": s}) for s in args.strategy]
     if training:
         rows += [(f"bestfit + {r}", {"remat": r}) for r in ("mirror", "sublinear")]
-    results = maxbatch.table(compile_at, budget, rows, maxbatch.tty_progress)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
+    with Progress("memplan max-batch") as bar:
+        results = maxbatch.table(compile_at, budget, rows, lambda label, b: bar.update(detail=f"{label}: batch {b}"))
     rows = [{"strategy": label, "max_batch": batch, "arena_bytes": plan.arena_bytes if plan else None}
             for label, batch, plan in results]
     if args.json or args.csv:
         emit(args, json.dumps({"model": args.model, "budget_bytes": budget, "rows": rows}, indent=1) if args.json
              else as_csv(rows))
         return 0
-    lines = [f"{args.model}: the largest batch whose {'training step' if training else 'plan'} fits {_mib(budget)}",
-             f"{'strategy':<22} {'max batch':>9} {'arena MiB':>11}"]
-    lines += [f"{r['strategy']:<22} {r['max_batch']:>9} {(r['arena_bytes'] or 0) / 2**20:>11,.2f}" for r in rows]
+    lines = [f"{args.model}: the largest batch whose {'training step' if training else 'plan'} fits "
+             f"{format_bytes(budget)}", f"{'strategy':<22} {'max batch':>9} {'arena':>13}"]
+    lines += [f"{r['strategy']:<22} {r['max_batch']:>9} {format_bytes(r['arena_bytes'] or 0):>13}" for r in rows]
     emit(args, "\n".join(lines))
     return 0
 
 
-def _model_args(p):
+def check_output(path):
+    """Refuse, before any work, an output path that cannot be written: a missing directory, a directory,
+    or a file without write permission."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise MemplanError(f"-o {path}: is a directory; give a file name")
+    if not os.path.isdir(folder):
+        raise MemplanError(f"-o {path}: the directory {folder} does not exist")
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        raise MemplanError(f"-o {path}: no permission to write there")
+
+
+def emit(args, text):
+    """Print the command's result, or write it to -o when given."""
+    if not getattr(args, "output", None):
+        print(text)
+        return
+    try:
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+    except OSError as e:
+        raise MemplanError(f"-o {args.output}: cannot write ({e.strerror})") from None
+    print(f"wrote {args.output}")
+
+
+def as_csv(rows):
+    """Rows (flat dicts with the same keys) as CSV text."""
+    import csv
+    import io
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue().rstrip("\n")
+
+
+def count(least):
+    """An argparse type: an integer of at least `least`."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is below {least}")
+        return value
+    return parse
+
+
+def seconds(text):
+    """An argparse type: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
+def _model_args(p, one_strategy):
+    from .compiler import SCHEDULES, STRATEGIES
     from .losses import LOSSES
     from .remat import REMATS
     from .training import OPTIMIZERS
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="an .onnx file or zoo:NAME")
     p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS", help="bind an input, e.g. input:8x3x224x224")
-    p.add_argument("--batch", type=int, default=None, help="batch size for inputs whose other dims are known")
+    p.add_argument("--batch", type=count(1), default=None, help="batch size for inputs whose other dims are known")
     p.add_argument("--training", action="store_true", help="plan a training step: forward, loss, backward, optimizer")
     p.add_argument("--loss", choices=LOSSES, default=None, help="the loss on the first output (default cross_entropy)")
     p.add_argument("--optimizer", choices=list(OPTIMIZERS), default=None, help="the optimizer (default sgd)")
@@ -219,6 +320,13 @@ def _model_args(p):
     p.add_argument("--remat", choices=REMATS, default=None, help="recompute forward tensors in backward")
     p.add_argument("--budget", default=None, metavar="SIZE",
                    help="with --training: the least recomputation whose arena fits SIZE (e.g. 2GiB)")
+    p.add_argument("--workspace-mode", choices=("pool", "tensor"), default=None,
+                   help="op scratch as shared slots kept for the run (pool, MXNet's) or one-step tensors (tensor); "
+                        "default MEMPLAN_WORKSPACE_MODE or pool")
+    p.add_argument("--schedule", choices=SCHEDULES, default="auto",
+                   help="the file's order, a memory-aware order, or the better of both (auto)")
+    if one_strategy:
+        p.add_argument("--strategy", choices=list(STRATEGIES), default="bestfit")
 
 
 class Parser(argparse.ArgumentParser):
@@ -226,27 +334,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def emit(args, text):
-    """Print the command's result, or write it to -o when given."""
-    if getattr(args, "output", None):
-        with open(args.output, "w") as f:
-            f.write(text + "\n")
-        print(f"wrote {args.output}")
-    else:
-        print(text)
-
-
-def as_csv(rows):
-    """Rows (dicts with the same keys) as CSV text; nested values are written as JSON."""
-    import csv
-    import io
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()} for row in rows)
-    return out.getvalue().rstrip("\n")
 
 
 def _output_args(p):
@@ -257,53 +344,37 @@ def _output_args(p):
 
 
 def build_parser():
-    from .compiler import SCHEDULES, STRATEGIES
+    from .compiler import STRATEGIES
     parser = Parser(prog="memplan", description="Static memory planning for computation graphs.",
                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    p = sub.add_parser("inspect", help="shapes, dtypes and sizes of every tensor", epilog=EXAMPLES,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    _model_args(p)
-    p.add_argument("--top", type=int, default=5, help="how many of the largest activations to list")
-    p.set_defaults(run=inspect)
-    p = sub.add_parser("report", help="peak memory under each strategy", epilog=EXAMPLES,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    _model_args(p)
-    p.add_argument("--schedule", choices=SCHEDULES, default="auto")
+
+    def command(name, help, run, one_strategy=True):
+        p = sub.add_parser(name, help=help, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        _model_args(p, one_strategy)
+        p.set_defaults(run=run)
+        return p
+
+    p = command("inspect", "shapes, dtypes and sizes of every tensor", inspect)
+    p.add_argument("--top", type=count(0), default=5, help="how many of the largest activations to list")
+    p = command("report", "peak memory under each strategy", report, one_strategy=False)
     p.add_argument("--strategy", choices=list(STRATEGIES), nargs="+", default=None,
                    help="only these rows (naive and bestfit are always shown)")
-    p.add_argument("--time-limit", type=float, default=2.0, help="seconds for the optimal search (default 2)")
+    p.add_argument("--time-limit", type=seconds, default=2.0, help="seconds for the optimal search (default 2)")
     _output_args(p)
-    p.set_defaults(run=report)
-    p = sub.add_parser("plan", help="write a verified plan as JSON")
-    _model_args(p)
-    p.add_argument("--strategy", choices=list(STRATEGIES), default="bestfit")
-    p.add_argument("--schedule", choices=SCHEDULES, default="auto")
+    p = command("plan", "write a verified plan as JSON", plan)
     p.add_argument("-o", "--output", required=True, help="where to write the plan (.json; values go beside it as .npz)")
-    p.set_defaults(run=plan)
-    p = sub.add_parser("viz", help="draw the memory timeline (and the graph) as SVG or PNG", epilog=EXAMPLES,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    _model_args(p)
-    p.add_argument("--strategy", choices=list(STRATEGIES), default="bestfit")
-    p.add_argument("--schedule", choices=SCHEDULES, default="auto")
+    p = command("viz", "draw the memory timeline (and the graph) as SVG or PNG", viz)
     p.add_argument("-o", "--output", default="timeline.svg", help="the timeline picture (.svg or .png)")
     p.add_argument("--graph", default=None, metavar="PATH", help="also draw the computation graph (.svg or .png)")
-    p.add_argument("--max-nodes", type=int, default=200, help="collapse runs of steps above this many graph nodes")
-    p.set_defaults(run=viz)
-    p = sub.add_parser("max-batch", help="the largest batch each strategy fits in --budget", epilog=EXAMPLES,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    _model_args(p)
+    p.add_argument("--max-nodes", type=count(1), default=200, help="collapse runs of steps above this many graph nodes")
+    p = command("max-batch", "the largest batch each strategy fits in --budget", max_batch, one_strategy=False)
     p.add_argument("--strategy", choices=[s for s in STRATEGIES if s != "optimal"], nargs="+",
                    default=["naive", "inplace", "share", "bestfit"], help="strategies to search")
-    p.add_argument("--schedule", choices=SCHEDULES, default="auto")
     _output_args(p)
-    p.set_defaults(run=max_batch)
-    p = sub.add_parser("run", help="run the planned graph out of one arena and time it")
-    _model_args(p)
-    p.add_argument("--strategy", choices=list(STRATEGIES), default="bestfit")
+    p = command("run", "run the planned graph out of one arena and time it", run)
     p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default="auto")
-    p.add_argument("--repeat", type=int, default=10, help="timed runs after one warm-up (default 10)")
-    p.set_defaults(run=run)
+    p.add_argument("--repeat", type=count(1), default=10, help="timed runs after one warm-up (default 10)")
     return parser
 
 
@@ -312,6 +383,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.model == DEFAULT_MODEL and args.batch is None and not args.input:
         args.batch = 1
+    surface = SURFACE.set("cli")
     try:
         return args.run(args)
     except MemplanError as e:
@@ -320,6 +392,8 @@ def main(argv=None):
     except BrokenPipeError:  # the reader (head, less) stopped early; Python docs' recipe for a quiet exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    finally:
+        SURFACE.reset(surface)
 
 
 if __name__ == "__main__":

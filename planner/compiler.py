@@ -6,13 +6,13 @@
 import sys
 import time
 
-import numpy as np
-
 from . import allocators, ops, workspace
+from .breakdown import breakdown
 from .config import Config
 from .errors import PlanError
 from .inplace import aliases
 from .liveness import lifetimes
+from .losses import IGNORE_INDEX
 from .plan import ALIGNMENT, Plan, PlannedTensor, Step
 from .schedule import schedule as make_schedule
 from .remat import rematerialize
@@ -30,7 +30,7 @@ SCHEDULES = ("file", "memory", "auto")
 
 def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", training=False, loss=None,
             optimizer=None, optimizer_args=None, loss_output=None, frozen=(), update="eager", remat=None,
-            memory_budget=None, config=None, fetch=()):
+            memory_budget=None, config=None, fetch=(), trainable=(), class_axis=None, ignore_index=IGNORE_INDEX):
     """Plan `model` (a path, onnx.ModelProto, Symbol, typed Graph or "zoo:NAME") into one arena.
 
     `schedule="auto"` plans both the file's order and the memory-aware one and keeps the smaller
@@ -38,12 +38,16 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
     outputs they live to the end and are never overwritten.
 
     `training=True` plans one training step (planner.training): `loss` ("cross_entropy" or "mse") on
-    `loss_output` (default the first output), gradients of every float param not `frozen`, and
-    `optimizer` ("sgd", "momentum", "adam", "adamw") with `optimizer_args`, each param updated in place
-    as soon as its gradient is complete (`update="eager"`) or after the backward pass; `remat`
-    ("mirror", "sublinear", "budget", see planner.remat) recomputes forward tensors in backward instead
-    of keeping them; `memory_budget` (bytes) asks for the least recomputation whose arena fits it
-    (remat="budget"; InfeasibleBudgetError when none does). MXNET_BACKWARD_DO_MIRROR=1 means "mirror".
+    `loss_output` (default the first output), gradients of the params PyTorch would train (not the
+    numbers of the model's code, nor the `frozen` names; `trainable` names train whatever their use;
+    plan.training["constants"] says why each other initializer stays), and `optimizer` ("sgd",
+    "momentum", "adam", "adamw") with `optimizer_args`, each param updated in place as soon as its
+    gradient is complete (`update="eager"`) or after the backward pass. cross_entropy reads the classes
+    on `class_axis` (default: dim 1, or the last dim of a language model's (batch, seq, vocab) logits;
+    see planner.losses) and skips labels equal to `ignore_index` (PyTorch's -100; None for none).
+    `remat` ("mirror", "sublinear", "budget", see planner.remat) recomputes forward tensors in backward
+    instead of keeping them; `memory_budget` (bytes) asks for the least recomputation whose arena fits
+    it (remat="budget"; InfeasibleBudgetError when none does). MXNET_BACKWARD_DO_MIRROR=1 means "mirror".
     """
     from . import load
     start = time.perf_counter()
@@ -51,17 +55,17 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
         raise PlanError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if schedule not in SCHEDULES:
         raise PlanError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if not training and (loss or optimizer or optimizer_args or loss_output or frozen or remat
-                         or memory_budget is not None):
-        raise PlanError("loss, optimizer, optimizer_args, loss_output, frozen, remat and memory_budget apply to "
-                        "training=True")
+    if not training and (loss or optimizer or optimizer_args or loss_output or frozen or remat or trainable
+                         or memory_budget is not None or class_axis is not None or ignore_index != IGNORE_INDEX):
+        raise PlanError("loss, optimizer, optimizer_args, loss_output, frozen, trainable, class_axis, ignore_index, "
+                        "remat and memory_budget apply to training=True")
     config = config or Config.from_env()
     graph = load(model, input_shapes)
     orders = ("file", "memory") if schedule == "auto" else (schedule,)
     info = {}
     if training:
-        graph, info = training_graph(graph, loss or "cross_entropy", loss_output, optimizer or "sgd",
-                                     optimizer_args, frozen, update, config.inplace_update)
+        graph, info = training_graph(graph, loss or "cross_entropy", loss_output, optimizer or "sgd", optimizer_args,
+                                     frozen, update, config.inplace_update, trainable, class_axis, ignore_index)
         remat = remat or ("budget" if memory_budget is not None else "mirror" if config.backward_do_mirror else None)
         graph, info["remat"] = rematerialize(graph, remat, lambda g: min(
             plan_graph(g, strategy, order, config, tuple(fetch), info).arena_bytes for order in orders), memory_budget,
@@ -93,7 +97,7 @@ def plan_graph(graph, strategy, order, config, fetch=(), training=None):
         last |= {n.name for n in graph.nodes if n.meta.get("phase") == "optimizer"}
     steps = make_schedule(graph, order, held, last)
     life = lifetimes(graph, steps, held)
-    root_of, views = aliases(graph, steps, held) if inplace_allowed and config.enable_inplace else ({}, set())
+    root_of, views = aliases(graph, steps, held, writes=inplace_allowed and config.enable_inplace)
     root_of.update(graph.updates)
     scratch = workspace.requests(graph, steps, config.workspace_limit)
     places, spans, steps_out, ws = _tensors(graph, steps, life, root_of, views, scratch, config)
@@ -115,11 +119,12 @@ def plan_graph(graph, strategy, order, config, fetch=(), training=None):
             t["offset"] = places[t["alias_of"]]["offset"]
     tensors = {n: PlannedTensor(**t) for n, t in places.items()}
     load = allocators.lower_bound(sizes, starts, ends, ALIGNMENT)
-    return Plan(strategy, order, base + total, base + load, _breakdown(tensors, total, ws, steps_out),
+    parts, fullest = breakdown(tensors, len(steps_out), base + total, bool(training))
+    return Plan(strategy, order, base + total, base + load, parts,
                 tensors, tuple(steps_out), tuple(graph.inputs), tuple(graph.outputs),
                 stats={"allocator": name, "steps": len(steps), "buffers": len(roots), "persistent_bytes": base,
                        "inplace": sum(1 for n in root_of if n not in views), "views": len(views),
-                       "workspace": ws},
+                       "workspace": ws, "fullest_step": fullest},
                 data={t.name: t.data for t in graph.tensors.values() if t.kind in ("param", "const")})
 
 
@@ -175,54 +180,6 @@ def _allocator_options(name, config, steps, starts, ends):
     if name == "optimal":
         return {"time_limit": config.time_limit}
     return {}
-
-
-def _breakdown(tensors, transient, ws, steps):
-    """The arena by purpose. Persistent: params (and consts), optimizer state, pooled workspace slots.
-    Transient: one-step workspaces (the largest, as they share the region), then what is live at the
-    step with the most live bytes: io (graph inputs and outputs), activations saved for backward,
-    gradients, and activations, which also take the rest of the region (sharing's fragmentation)."""
-    persistent = {"params": ("param", "const"), "optimizer": ("state",)}
-    parts = {key: sum(allocators.align(t.nbytes) for t in tensors.values() if t.kind in kinds and t.alias_of is None)
-             for key, kinds in persistent.items()}
-    if ws["mode"] == "tensor":
-        scratch = shared = min(allocators.align(ws["largest"]), transient)
-    else:
-        scratch, shared = sum(allocators.align(t.nbytes) for t in tensors.values() if t.kind == "workspace_slot"), 0
-    live = _live_at_peak(tensors, len(steps))
-    training = any(t.role for t in tensors.values())
-    parts["io"] = min(live["io"], transient - shared)
-    if training:
-        parts["saved"] = min(live["saved"], transient - shared - parts["io"])
-        parts["grads"] = min(live["grads"], transient - shared - parts["io"] - parts["saved"])
-    else:
-        del parts["optimizer"]
-    parts["activations"] = transient - shared - sum(parts[k] for k in ("io", "saved", "grads") if k in parts)
-    parts["workspace"] = scratch
-    return parts
-
-
-def _live_at_peak(tensors, nsteps):
-    """{category: bytes} live at the step where the transient buffers hold the most. Each buffer counts
-    its aligned bytes once, in the category of the member that last took it over (in-place writes)."""
-    categories = ("io", "saved", "grads", "activations")
-    live = np.zeros((len(categories), nsteps + 2), np.int64)
-    groups = {}
-    for t in tensors.values():
-        if t.lifetime is not None and t.kind != "workspace" and t.role != "update":
-            groups.setdefault(t.alias_of or t.name, []).append(t)
-    for root, members in groups.items():
-        members.sort(key=lambda t: t.lifetime)
-        size = allocators.align(tensors[root].nbytes)
-        end = max(t.lifetime[1] for t in members)
-        for k, t in enumerate(members):
-            stop = members[k + 1].lifetime[0] - 1 if k + 1 < len(members) else end
-            category = {"saved": 1, "gradient": 2}.get(t.role, 0 if t.kind in ("input", "output") else 3)
-            live[category, t.lifetime[0]] += size
-            live[category, max(stop, t.lifetime[0]) + 1] -= size
-    live = np.cumsum(live, axis=1)
-    peak = int(np.argmax(live.sum(axis=0))) if nsteps else 0
-    return {c: int(live[k, peak]) for k, c in enumerate(categories)}
 
 
 def _roles(graph, training):

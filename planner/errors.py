@@ -1,5 +1,15 @@
 """The errors a user can meet, one class each; the CLI prints their message on one line."""
+import contextvars
+import importlib
 from collections import Counter
+
+SURFACE = contextvars.ContextVar("memplan_surface", default="api")
+"""Where the user meets memplan: "api" (Python calls) or "cli" (the memplan command), which sets it."""
+
+
+def say(api, cli):
+    """The phrase for the surface the user is on: the API's keywords, or the command line's flags."""
+    return cli if SURFACE.get() == "cli" else api
 
 
 class MemplanError(Exception):
@@ -19,9 +29,6 @@ class UnsupportedOpError(MemplanError):
         super().__init__(f"unsupported op types: {listed}")
 
 
-INPUT_SYNTAX = "bind it with --input NAME:8x3x224x224 (or input_shapes={'NAME': (8, 3, 224, 224)})"
-
-
 class ShapeError(MemplanError):
     """A dimension is unbound or inconsistent; names the input or tensor."""
 
@@ -30,8 +37,10 @@ class InfeasibleBudgetError(MemplanError):
     """No plan fits the memory budget; carries the smallest feasible one."""
 
     def __init__(self, budget, minimum):
+        from .units import format_bytes
         self.budget, self.minimum = budget, minimum
-        super().__init__(f"no plan fits the budget of {budget} bytes; the smallest feasible budget is {minimum} bytes")
+        super().__init__(f"no plan fits the budget of {format_bytes(budget)} ({budget:,} bytes); the smallest "
+                         f"arena found needs {format_bytes(minimum)} ({minimum:,} bytes)")
 
 
 class PlanError(MemplanError):
@@ -40,6 +49,14 @@ class PlanError(MemplanError):
 
 class MissingDependencyError(MemplanError):
     """An optional dependency a chosen feature needs is not installed; says which extra brings it."""
+
+
+def require(module, feature, package, extra):
+    """Import `module`, or raise MissingDependencyError: `feature` needs `package`, which `extra` brings."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(f'{feature} needs {package}: pip install "memplan[{extra}]"') from None
 
 
 class ConfigError(MemplanError):

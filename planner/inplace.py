@@ -1,6 +1,7 @@
 """In-place reuse (MXNET_EXEC_ENABLE_INPLACE): which outputs take their input's buffer.
 
-Walks the schedule as MXNet's planner does. An output may take input i's buffer when the op
+Walks the schedule as MXNet's planner does. Views (Reshape, Flatten, inference Dropout) share their
+input's bytes under every strategy, since they are those bytes; in-place writes only where allowed. An output may take input i's buffer when the op
 offers (i, output) in its schema, the input was not taken yet by another output of the node,
 the output is used, and the byte sizes match. A view (Reshape, inference Dropout) always may:
 it writes nothing. A write may only go into an activation buffer that holds no graph output or
@@ -11,9 +12,10 @@ from . import ops
 WRITABLE = ("activation",)
 
 
-def aliases(graph, steps, held=()):
+def aliases(graph, steps, held=(), writes=True):
     """{output name: root tensor name} for every output that shares an earlier tensor's buffer,
-    and the set of those outputs that are views (written without touching the bytes)."""
+    and the set of those outputs that are views (written without touching the bytes). With
+    `writes=False` only views share."""
     held = set(graph.outputs) | set(held)
     pending = {}
     for node in steps:
@@ -25,7 +27,7 @@ def aliases(graph, steps, held=()):
     for node in steps:
         schema = ops.get(node.op)
         taken = set()
-        for i, o in _options(schema, node):
+        for i, o in _options(schema, node, writes):
             src, out = node.inputs[i], node.outputs[o]
             if not src or not out or src in taken or out in root_of or not refs[out]:
                 continue
@@ -46,7 +48,8 @@ def aliases(graph, steps, held=()):
     return root_of, views
 
 
-def _options(schema, node):
-    """The (input, output) pairs to try: the view first, then the schema's in-place pairs."""
+def _options(schema, node, writes):
+    """The (input, output) pairs to try: the view first, then (when `writes`) the schema's in-place pairs."""
     view = ((0, 0),) if schema.is_view(node) else ()
-    return [(i, o) for i, o in (*view, *schema.inplace) if i < len(node.inputs) and o < len(node.outputs)]
+    pairs = (*view, *schema.inplace) if writes else view
+    return [(i, o) for i, o in pairs if i < len(node.inputs) and o < len(node.outputs)]

@@ -11,7 +11,12 @@ from functools import cached_property
 
 import numpy as np
 
-from .errors import ModelError
+from .errors import ModelError, ShapeError
+
+MAX_TENSOR_BYTES = 1 << 48
+"""The most bytes one tensor may hold (256 TiB). x86-64 and ARM64 address at most 2**48 bytes of
+virtual memory, so no device (host or GPU) can hold a larger buffer; and below it, sizes and sums
+of many sizes stay exact in the int64 the allocators compute with (2**63 is 32768 such tensors)."""
 
 KINDS = ("input", "param", "const", "state", "activation", "output")
 """`state`: persistent values that start at zero and that the graph itself updates (optimizer moments)."""
@@ -43,6 +48,15 @@ class Tensor:
     @property
     def nbytes(self):
         return self.size * np.dtype(self.dtype).itemsize
+
+
+def check_size(what, shape, dtype):
+    """Raise ShapeError when `what` (a phrase naming the tensor) of `shape` and `dtype` would hold more
+    than MAX_TENSOR_BYTES; computed on Python ints, so no size overflows."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes > MAX_TENSOR_BYTES:
+        raise ShapeError(f"{what} of shape {tuple(shape)} {np.dtype(dtype)} would hold {nbytes:,} bytes; "
+                         f"a tensor may hold at most 2**48 bytes (256 TiB)")
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,6 +1,4 @@
 """The largest batch whose plan fits a memory budget: doubling, then bisection on the batch size."""
-import sys
-
 from .errors import InfeasibleBudgetError
 
 LIMIT = 1 << 20
@@ -43,8 +41,3 @@ def _call(fits, batch, progress):
         progress(batch)
     return fits(batch)
 
-
-def tty_progress(label, batch):
-    """One line on a terminal's stderr, rewritten as the search goes."""
-    if sys.stderr.isatty():
-        print(f"\rmemplan: max-batch {label}: trying batch {batch:<8}", end="", file=sys.stderr, flush=True)

@@ -1,5 +1,5 @@
 """Baselines for a static plan: MXNet's dynamic GPU memory pools (MXNET_GPU_MEM_POOL_TYPE) replayed on
-the plan's own schedule, and the memory a run takes when nothing is ever freed.
+the plan's own schedule. (What a run takes when nothing is ever freed is the `naive` strategy's arena.)
 
 A pool rounds each request up to a block size, hands out a cached free block of exactly that size when
 it has one, else takes a new block from the device (a cache miss), and never gives memory back; so it
@@ -68,9 +68,3 @@ def simulate(plan, pool=None, config=None):
     persistent = plan.stats["persistent_bytes"]
     return PoolRun(pool, persistent + device, persistent + peak, misses)
 
-
-def keep_everything(plan):
-    """Every tensor in bytes of its own for the whole run (params, optimizer state, gradients, activations), only
-    views and updates written over their param sharing: an upper estimate, what a run that reuses nothing takes."""
-    return sum(align(t.nbytes) for t in plan.tensors.values()
-               if t.alias_of is None or not (t.view or t.role == "update"))

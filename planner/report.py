@@ -1,7 +1,13 @@
-"""`memplan report`: the arena each strategy needs for one model, beside the lower bound LOAD."""
-from dataclasses import asdict, replace
+"""`memplan report`: the arena each strategy needs for one model, beside the lower bound LOAD, the
+dynamic-pool baselines, both workspace modes and, for a training step, both update orders and the
+recomputation strategies."""
+from dataclasses import asdict, dataclass, field, replace
 
+from . import pools
+from .breakdown import fields
 from .config import Config
+from .errors import InfeasibleBudgetError, MissingDependencyError, PlanError, say
+from .units import format_bytes
 
 ROWS = (  # label, strategy, Config changes
     ("naive", "naive", {}),
@@ -13,158 +19,216 @@ ROWS = (  # label, strategy, Config changes
 )
 
 
-def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None, **training):
-    """One row per strategy for a typed graph: the plan, and its label. `optimal` searches for at
-    most `time_limit` seconds. `training` (training=True, loss=, optimizer=, ...) plans training steps.
-    `strategies` keeps only those rows, and always naive and bestfit, which the savings and the
-    baselines are measured against."""
+@dataclass
+class Report:
+    """The plans of one typed graph: one row per strategy, the bestfit plan under each workspace mode
+    and, for a training step, each update order and recomputation (an error where none fits); `notes`
+    say which rows were left out and why."""
+
+    graph: object
+    rows: list
+    modes: dict
+    updates: dict | None = None
+    remats: dict | None = None
+    budget: int | None = None
+    notes: list = field(default_factory=list)
+
+    @property
+    def lower_bound(self):
+        """LOAD: the smallest lower bound among the plans that reuse memory."""
+        return min(plan.lower_bound_bytes for _, plan in self.rows if plan.strategy != "naive")
+
+    def plan(self, label):
+        return dict(self.rows)[label]
+
+    def as_dict(self):
+        """The report as plain data (JSON)."""
+        from .remat import dtr
+        load, naive = self.lower_bound, self.rows[0][1].arena_bytes
+        first = self.rows[0][1]
+        doc = {"model": self.graph.name, "inputs": {n: list(self.graph.tensors[n].shape) for n in self.graph.inputs},
+               "notes": self.notes}
+        if self.updates:
+            doc.update(training=first.training["optimizer"], trained_params=len(first.training["params"]),
+                       forward_flops=first.stats["forward_flops"], backward_flops=first.stats["backward_flops"],
+                       update_modes={m: {"arena_bytes": p.arena_bytes, "breakdown": p.breakdown}
+                                     for m, p in self.updates.items()})
+        if self.remats:
+            step = first.stats["forward_flops"] + first.stats["backward_flops"]
+            doc["remat"] = [_remat_row(label, p, load, step) for label, p in self.remats.items()]
+            if self.budget is not None:
+                none = self.remats["none"]
+                result = dtr.simulate(none, self.budget - none.stats["persistent_bytes"])
+                doc["dtr"] = {"budget_bytes": self.budget, "feasible": result.feasible, "evictions": result.evictions,
+                              "recompute_flops": result.recompute_flops, "recompute_share": result.recompute_flops / step}
+        bestfit = self.plan("bestfit")
+        doc.update(lower_bound_bytes=load, baselines={p: asdict(pools.simulate(bestfit, p)) for p in pools.POOLS},
+                   workspace_modes={m: {"arena_bytes": p.arena_bytes, "lower_bound_bytes": p.lower_bound_bytes,
+                                        "workspace_bytes": p.breakdown["workspace"],
+                                        "slots": p.stats["workspace"].get("slots", [])} for m, p in self.modes.items()},
+                   rows=[{"strategy": label, "arena_bytes": p.arena_bytes, "x_load": p.arena_bytes / load,
+                          "saving_vs_naive": 1 - p.arena_bytes / naive, "plan_seconds": p.stats["plan_seconds"],
+                          "schedule": p.schedule, "fullest_step": p.stats["fullest_step"], "breakdown": p.breakdown}
+                         for label, p in self.rows])
+        return doc
+
+    def csv_rows(self):
+        """One flat dict per strategy row, the breakdown as `FIELD_bytes` columns."""
+        return [{**{k: v for k, v in r.items() if k != "breakdown"},
+                 **{f"{k}_bytes": v for k, v in r["breakdown"].items()}} for r in self.as_dict()["rows"]]
+
+    def table(self):
+        """The report as aligned text; sizes in B, KiB, MiB or GiB."""
+        d = self.as_dict()
+        training = bool(self.updates)
+        parts = fields(training) if training else []
+        lines = [_title(self.graph, d, training),
+                 f"{'strategy':<21} {'arena':>13} {'x LOAD':>7} {'saving':>7} {'plan s':>7}  {'schedule':<8}"
+                 + "".join(f" {p:>12}" for p in parts)]
+        for r in d["rows"]:
+            lines.append(f"{r['strategy']:<21} {format_bytes(r['arena_bytes']):>13} {r['x_load']:>7.3f} "
+                         f"{r['saving_vs_naive']:>7.1%} {r['plan_seconds']:>7.2f}  {r['schedule']:<8}"
+                         + "".join(f" {format_bytes(r['breakdown'][p]):>12}" for p in parts))
+        lines.append(f"{'LOAD (lower bound)':<21} {format_bytes(d['lower_bound_bytes']):>13} {1:>7.3f}")
+        lines.append("LOAD is the least memory any placement of these buffers needs: the most bytes live at one "
+                     "step. naive gives every tensor its own bytes for the whole run (views share them).")
+        lines += [f"note: {n}" for n in d["notes"]]
+        lines.append(_pools_line(d))
+        lines.append(_breakdown_line(self))
+        lines.append(_workspace_line(d))
+        if training:
+            lines += _training_lines(self, d)
+        return "\n".join(line.rstrip() for line in lines)
+
+
+def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None, memory_budget=None, **training):
+    """The Report of a typed graph. `optimal` searches for at most `time_limit` seconds. `strategies`
+    keeps only those rows, and always naive and bestfit, which the savings and the baselines are
+    measured against. `training` (training=True, loss=, optimizer=, ...) plans training steps, and then
+    each update order and recomputation, under `memory_budget` (bytes) too when given. A row whose
+    optional dependency is missing is left out, with a note."""
     from .compiler import compile
     config = config or Config.from_env()
+    notes = []
+
+    def plan(label, **options):
+        try:
+            return compile(graph, schedule=schedule, **{**training, **options})
+        except MissingDependencyError as e:
+            notes.append(f"row {label!r} left out: {e}")
+            return None
+
     rows = []
     for label, strategy, changes in ROWS:
         if strategies is not None and strategy not in {*strategies, "naive", "bestfit"}:
             continue
-        if strategy == "optimal":
-            changes = {**changes, "time_limit": time_limit}
+        changes = {**changes, "time_limit": time_limit} if strategy == "optimal" else changes
         if strategy == "share" and not changes and config.auto_search_match_range:
             changes = {"auto_search_match_range": False}
-        plan = compile(graph, strategy=strategy, schedule=schedule, config=replace(config, **changes), **training)
-        rows.append((label, plan))
-    return rows
+        rows.append((label, plan(label, strategy=strategy, config=replace(config, **changes))))
+    modes = {mode: compile(graph, schedule=schedule, config=replace(config, workspace_mode=mode), **training)
+             for mode in ("pool", "tensor")}
+    updates = remats = None
+    if training.get("training"):
+        updates = {mode: compile(graph, schedule=schedule, config=config, **{**training, "update": mode})
+                   for mode in ("eager", "after_backward")}
+        remats = _remats(lambda label, **o: plan(label, config=config, **o), memory_budget)
+    return Report(graph, [(label, p) for label, p in rows if p is not None], modes, updates, remats, memory_budget,
+                  notes)
 
 
-def workspace_modes(graph, config=None, schedule="auto", **training):
-    """{mode: bestfit plan} for both workspace modes: MXNet's pooled slots and one-step tensors."""
-    from .compiler import compile
-    config = config or Config.from_env()
-    return {mode: compile(graph, schedule=schedule, config=replace(config, workspace_mode=mode), **training)
-            for mode in ("pool", "tensor")}
-
-
-def update_modes(graph, config=None, schedule="auto", **training):
-    """{update: bestfit plan} of a training step: each param updated as soon as its gradient is complete
-    ("eager"), and every gradient first, then the optimizer ("after_backward", PyTorch's usual loop)."""
-    from .compiler import compile
-    return {mode: compile(graph, schedule=schedule, config=config, **{**training, "update": mode})
-            for mode in ("eager", "after_backward")}
-
-
-def remat_modes(graph, config=None, schedule="auto", memory_budget=None, **training):
-    """{label: bestfit plan} of a training step without recomputation, under mirror and sublinear,
-    and under `memory_budget` when given, by the budget planner and by the optimal solver (the error
-    in place of a plan when none fits or the solver cannot answer)."""
-    from .compiler import compile
-    from .errors import InfeasibleBudgetError, PlanError
-    modes = {"none": {"remat": None}, "mirror": {"remat": "mirror"}, "sublinear": {"remat": "sublinear"}}
+def _remats(plan, memory_budget):
+    """{label: bestfit plan} of a training step without recomputation, under mirror and sublinear, and
+    under `memory_budget` by the budget planner and the optimal solver (the error where none fits)."""
+    modes = {"none": None, "mirror": "mirror", "sublinear": "sublinear"}
     if memory_budget is not None:
-        for remat in ("budget", "optimal"):
-            modes[f"{remat}({mib(memory_budget)} MiB)"] = {"remat": remat, "memory_budget": memory_budget}
+        modes.update({f"{remat}({format_bytes(memory_budget)})": remat for remat in ("budget", "optimal")})
     plans = {}
-    for label, options in modes.items():
+    for label, remat in modes.items():
+        budget = memory_budget if remat in ("budget", "optimal") else None
         try:
-            plans[label] = compile(graph, schedule=schedule, config=config, **{**training, **options})
+            result = plan(f"remat {label}", remat=remat, memory_budget=budget)
         except (InfeasibleBudgetError, PlanError) as e:
-            if options["remat"] not in ("budget", "optimal"):
+            if budget is None:
                 raise
-            plans[label] = e
+            result = e
+        if result is not None:
+            plans[label] = result
     return plans
 
 
-def mib(nbytes):
-    """Bytes in MiB for a label: whole MiB from 10 MiB up, else two decimals."""
-    return f"{nbytes / 2**20:.0f}" if nbytes >= 10 * 2**20 else f"{nbytes / 2**20:.2f}"
+def _remat_row(label, plan, load, step):
+    if isinstance(plan, Exception):
+        return {"remat": label, "error": str(plan)}
+    row = {"remat": label, "arena_bytes": plan.arena_bytes, "x_load": plan.arena_bytes / load,
+           "saved_bytes": plan.breakdown["saved"], "recompute_flops": plan.stats["recompute_flops"],
+           "recompute_share": plan.stats["recompute_flops"] / step, "plan_seconds": plan.stats["plan_seconds"]}
+    if "solver" in plan.training["remat"]:
+        row["gap"] = plan.training["remat"]["solver"]["gap"]
+    return row
 
 
-def lower_bound(rows):
-    """The LOAD row: the smallest lower bound among the plans that reuse memory in place."""
-    return min(plan.lower_bound_bytes for label, plan in rows if plan.strategy != "naive")
+def _title(graph, d, training):
+    inputs = ", ".join(f"{n} {tuple(s)} {graph.tensors[n].dtype} {format_bytes(graph.tensors[n].nbytes)}"
+                       for n, s in d["inputs"].items())
+    if not training:
+        return f"{graph.name}: {inputs}"
+    return (f"{graph.name}: {inputs}; training step with {d['training']} ({d['trained_params']} params trained), "
+            f"forward {d['forward_flops'] / 1e9:.2f} GFLOP, backward {d['backward_flops'] / 1e9:.2f} GFLOP")
 
 
-def baselines(plan):
-    """MXNet's Naive and Round pools replayed on `plan`'s schedule, and every buffer kept: what it saves."""
-    from . import pools
-    return {"naive_pool": asdict(pools.simulate(plan, "naive")), "round_pool": asdict(pools.simulate(plan, "round")),
-            "keep_everything": pools.keep_everything(plan)}
-
-
-def as_dict(rows, graph, modes, updates=None, remats=None, budget=None):
-    """The report as plain data; with `budget`, DTR simulated under it on the plan without recomputation;
-    the baselines on the bestfit row's plan."""
-    load, naive = lower_bound(rows), rows[0][1].arena_bytes
-    extra = {} if not updates else {"training": rows[0][1].training["optimizer"], "update_modes": {
-        m: {"arena_bytes": p.arena_bytes, "breakdown": p.breakdown} for m, p in updates.items()},
-        "forward_flops": rows[0][1].stats["forward_flops"], "backward_flops": rows[0][1].stats["backward_flops"]}
-    if remats:
-        step = rows[0][1].stats["forward_flops"] + rows[0][1].stats["backward_flops"]
-        extra["remat"] = [{"remat": m, "error": str(p)} if isinstance(p, Exception) else
-                          {"remat": m, "arena_bytes": p.arena_bytes, "x_load": p.arena_bytes / load,
-                           "saved_bytes": p.breakdown["saved"], "recompute_flops": p.stats["recompute_flops"],
-                           "recompute_share": p.stats["recompute_flops"] / step, "plan_seconds": p.stats["plan_seconds"],
-                           **({"gap": p.training["remat"]["solver"]["gap"]} if "solver" in p.training["remat"] else {})}
-                          for m, p in remats.items()]
-        if budget is not None:
-            from .remat import dtr
-            none = remats["none"]
-            result = dtr.simulate(none, budget - none.stats["persistent_bytes"])
-            extra["dtr"] = {"budget_bytes": budget, "feasible": result.feasible, "evictions": result.evictions,
-                            "recompute_flops": result.recompute_flops, "recompute_share": result.recompute_flops / step}
-    return {"model": graph.name, "inputs": {n: list(graph.tensors[n].shape) for n in graph.inputs}, **extra,
-            "lower_bound_bytes": load, "baselines": baselines(dict(rows)["bestfit"]),
-            "workspace_modes": {m: {"arena_bytes": p.arena_bytes, "workspace_bytes": p.breakdown["workspace"],
-                                    "slots": p.stats["workspace"].get("slots", [])} for m, p in modes.items()},
-            "rows": [{"strategy": label, "arena_bytes": p.arena_bytes, "x_load": p.arena_bytes / load,
-                      "saving_vs_naive": 1 - p.arena_bytes / naive, "plan_seconds": p.stats["plan_seconds"],
-                      "schedule": p.schedule, "breakdown": p.breakdown} for label, p in rows]}
-
-
-def format_table(rows, graph, modes, updates=None, remats=None, budget=None):
-    """The rows as an aligned text table (for training with the breakdown in MiB as columns), then the
-    LOAD row, the baselines (dynamic pools, keep everything), the best plan's breakdown, the bestfit arena
-    under both workspace modes and, for training, under both update modes and each recomputation strategy."""
-    d = as_dict(rows, graph, modes, updates, remats, budget)
-    shapes = ", ".join(f"{n} {tuple(s)}" for n, s in d["inputs"].items())
-    parts = list(d["rows"][0]["breakdown"]) if updates else []
-    title = f"{graph.name}: {shapes}" + (f"; training step with {d['training']}, forward {d['forward_flops'] / 1e9:.2f} "
-                                         f"GFLOP, backward {d['backward_flops'] / 1e9:.2f} GFLOP" if updates else "")
-    lines = [title, f"{'strategy':<21} {'arena MiB':>11} {'x LOAD':>7} {'saving':>7} {'plan s':>7}  {'schedule':<8}"
-             + "".join(f" {p:>11}" for p in parts)]
-    for r in d["rows"]:
-        lines.append(f"{r['strategy']:<21} {r['arena_bytes'] / 2**20:>11.2f} {r['x_load']:>7.3f} "
-                     f"{r['saving_vs_naive']:>7.1%} {r['plan_seconds']:>7.2f}  {r['schedule']:<8}"
-                     + "".join(f" {r['breakdown'][p] / 2**20:>11.2f}" for p in parts))
-    lines.append(f"{'LOAD (lower bound)':<21} {d['lower_bound_bytes'] / 2**20:>11.2f} {1:>7.3f}")
-    naive_pool, round_pool = d["baselines"]["naive_pool"], d["baselines"]["round_pool"]
+def _pools_line(d):
+    naive, rounded = d["baselines"]["naive"], d["baselines"]["round"]
     bestfit = next(r for r in d["rows"] if r["strategy"] == "bestfit")
-    lines.append(f"dynamic pools on the same schedule: Naive {naive_pool['reserved_bytes'] / 2**20:.2f} MiB "
-                 f"({naive_pool['device_allocs']} device allocations), Round {round_pool['reserved_bytes'] / 2**20:.2f} "
-                 f"MiB ({round_pool['device_allocs']} device allocations); keep everything "
-                 f"{d['baselines']['keep_everything'] / 2**20:.2f} MiB; the bestfit arena saves "
-                 f"{1 - bestfit['arena_bytes'] / naive_pool['reserved_bytes']:.1%} against Naive")
-    best = min(d["rows"], key=lambda r: r["arena_bytes"])
-    parts = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in best["breakdown"].items())
-    lines.append(f"smallest ({best['strategy']}): {parts}")
+    return (f"dynamic pools on the same schedule: Naive {format_bytes(naive['reserved_bytes'])} "
+            f"({naive['device_allocs']} device allocations), Round {format_bytes(rounded['reserved_bytes'])} "
+            f"({rounded['device_allocs']} device allocations); the bestfit arena saves "
+            f"{1 - bestfit['arena_bytes'] / naive['reserved_bytes']:.1%} against Naive")
+
+
+def _breakdown_line(report):
+    """The smallest plan's breakdown at its fullest step, and the graph inputs already freed by then."""
+    label, plan = min(report.rows, key=lambda row: row[1].arena_bytes)
+    step = plan.stats["fullest_step"]
+    at = f"step {step} of {len(plan.steps)}" + (f", {plan.steps[step].op} {plan.steps[step].name!r}"
+                                                if step < len(plan.steps) else "")
+    parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in plan.breakdown.items())
+    line = f"{label} at its fullest step ({at}): {parts}"
+    freed = sum(plan.tensors[n].nbytes for n in plan.inputs if plan.tensors[n].lifetime[1] < step)
+    if freed * 100 >= plan.arena_bytes:
+        line += f"; the graph inputs' {format_bytes(freed)} are free by then (their bytes are reused once read)"
+    return line
+
+
+def _workspace_line(d):
     pool, tensor = d["workspace_modes"]["pool"], d["workspace_modes"]["tensor"]
-    lines.append(f"workspace as {len(pool['slots'])} pooled slot(s) of {pool['workspace_bytes'] / 2**20:.2f} MiB: "
-                 f"arena {pool['arena_bytes'] / 2**20:.2f} MiB; as one-step tensors: arena "
-                 f"{tensor['arena_bytes'] / 2**20:.2f} MiB (bestfit)")
-    if updates:
-        eager, after = d["update_modes"]["eager"], d["update_modes"]["after_backward"]
-        lines.append(f"params updated as each gradient completes: arena {eager['arena_bytes'] / 2**20:.2f} MiB "
-                     f"(gradients {eager['breakdown']['grads'] / 2**20:.2f} MiB at the peak); all gradients, then "
-                     f"the step: {after['arena_bytes'] / 2**20:.2f} MiB (gradients "
-                     f"{after['breakdown']['grads'] / 2**20:.2f} MiB) (bestfit)")
-    if remats:
-        lines.append(f"{'remat':<21} {'arena MiB':>11} {'x LOAD':>7} {'saved MiB':>11} {'recompute':>10} {'plan s':>7}")
-        for r in d["remat"]:
-            if "dtr" in d and r["remat"].startswith("optimal"):
-                t = d["dtr"]
-                lines.append(f"dtr({mib(t['budget_bytes'])} MiB), simulated on the plan without recomputation: "
-                             + (f"recomputes {t['recompute_share']:.1%} of the step's FLOPs ({t['evictions']} "
-                                "evictions)" if t["feasible"] else "does not fit"))
-            if "error" in r:
-                lines.append(f"{r['remat']:<21} {r['error']}")
-                continue
-            lines.append(f"{r['remat']:<21} {r['arena_bytes'] / 2**20:>11.2f} {r['x_load']:>7.3f} "
-                         f"{r['saved_bytes'] / 2**20:>11.2f} {r['recompute_share']:>10.1%} {r['plan_seconds']:>7.2f}"
-                         + (f"  gap {r['gap']:.1%}" if "gap" in r else ""))
-    return "\n".join(lines)
+    slots = len(pool["slots"])
+    below = tensor["arena_bytes"] < d["lower_bound_bytes"]
+    flag = say('workspace_mode="tensor"', "--workspace-mode tensor")
+    return (f"bestfit with the workspace as {slots} pooled slot{'s' if slots != 1 else ''} of "
+            f"{format_bytes(pool['workspace_bytes'])}: arena {format_bytes(pool['arena_bytes'])}; as one-step "
+            f"tensors ({flag}): arena "
+            f"{format_bytes(tensor['arena_bytes'])}"
+            + (", below LOAD, because each op's scratch then lives one step instead of the whole run: other "
+               f"buffers, whose LOAD is {format_bytes(tensor['lower_bound_bytes'])}" if below else ""))
+
+
+def _training_lines(report, d):
+    eager, after = d["update_modes"]["eager"], d["update_modes"]["after_backward"]
+    lines = [f"params updated as each gradient completes: arena {format_bytes(eager['arena_bytes'])} (gradients "
+             f"{format_bytes(eager['breakdown']['grads'])} at the fullest step); all gradients, then the step: "
+             f"{format_bytes(after['arena_bytes'])} (gradients {format_bytes(after['breakdown']['grads'])}) (bestfit)",
+             f"{'remat':<21} {'arena':>13} {'x LOAD':>7} {'saved':>12} {'recompute':>10} {'plan s':>7}"]
+    for r in d["remat"]:
+        if "dtr" in d and r["remat"].startswith("optimal"):
+            t = d["dtr"]
+            lines.append(f"dtr({format_bytes(t['budget_bytes'])}), simulated on the plan without recomputation: "
+                         + (f"recomputes {t['recompute_share']:.1%} of the step's FLOPs ({t['evictions']} "
+                            "evictions)" if t["feasible"] else "does not fit"))
+        if "error" in r:
+            lines.append(f"{r['remat']:<21} {r['error']}")
+            continue
+        lines.append(f"{r['remat']:<21} {format_bytes(r['arena_bytes']):>13} {r['x_load']:>7.3f} "
+                     f"{format_bytes(r['saved_bytes']):>12} {r['recompute_share']:>10.1%} {r['plan_seconds']:>7.2f}"
+                     + (f"  gap {r['gap']:.1%}" if "gap" in r else ""))
+    return lines

@@ -8,8 +8,9 @@ from dataclasses import replace
 import numpy as np
 
 from . import ops
-from .errors import INPUT_SYNTAX, ModelError, ShapeError
-from .ir import Tensor, validate
+from .errors import ModelError, ShapeError, say
+from .ir import Tensor, check_size, validate
+from .onnx_types import check_types
 from .ops import Info
 
 FOLD_LIMIT = 1 << 16
@@ -25,13 +26,15 @@ def infer(graph, input_shapes=None):
     kept = {*graph.outputs, *(new for new, _ in graph.updates)}
     for node in graph.nodes:
         schema = ops.get(node.op)
-        node = _static_attrs(schema, node, graph, infos)
-        ins = [infos[i] if i else None for i in node.inputs]
         try:
-            outs = schema.infer(node, ins)
+            check_types(node, [infos[i] if i else None for i in node.inputs], graph.opset)
+            node = _static_attrs(schema, node, graph, infos)
+            ins = [infos[i] if i else None for i in node.inputs]
+            outs = [(tuple(int(d) for d in shape), np.dtype(dtype)) for shape, dtype in schema.infer(node, ins)]
+            for out, (shape, dtype) in zip(node.outputs, outs):
+                check_size(f"output {out!r}", shape, dtype)
         except ShapeError as e:
             raise ShapeError(f"node {node.name!r} ({node.op}): {e}") from None
-        outs = [(tuple(int(d) for d in shape), np.dtype(dtype)) for shape, dtype in outs]
         if len(outs) < len(node.outputs):
             raise ShapeError(f"node {node.name!r} ({node.op}) has {len(node.outputs)} outputs, the op makes {len(outs)}")
         values = None
@@ -83,16 +86,16 @@ def _bind_inputs(graph, input_shapes):
         if name in input_shapes:
             shape = tuple(int(g) for g in input_shapes[name])
         elif t.shape is None:
-            raise ShapeError(f"input {name!r} has no declared shape; {INPUT_SYNTAX.replace('NAME', name)}")
+            raise ShapeError(f"input {name!r} has no declared shape; bind it with {_binding(name, (8, 3, 224, 224))}")
         else:
             shape = tuple(dims.get(d, d) if isinstance(d, str) else d for d in t.shape)
-            unbound = [d for d in shape if not isinstance(d, int)]
+            unbound = [k for k, d in enumerate(shape) if not isinstance(d, int)]
             if unbound:
-                dim = "an unknown dimension" if unbound[0] is None else f"unbound dimension {unbound[0]!r}"
-                raise ShapeError(f"input {name!r} has {dim} (shape {_show(t.shape)}); "
-                                 f"{INPUT_SYNTAX.replace('NAME', name)}")
+                raise ShapeError(f"input {name!r} has {_unbound(shape, unbound)} (shape {_show(t.shape)}); bind "
+                                 f"{'it' if len(unbound) == 1 else 'them'} with {_binding(name, shape, unbound)}")
         if t.dtype is None:
             raise ModelError(f"input {name!r} declares no element type")
+        check_size(f"input {name!r}", shape, t.dtype)
         infos[name] = Info(shape, t.dtype)
     for t in graph.tensors.values():
         if t.kind in ("param", "const"):
@@ -102,6 +105,26 @@ def _bind_inputs(graph, input_shapes):
         elif t.kind == "state":
             infos[t.name] = Info(t.shape, t.dtype)
     return infos, dims
+
+
+def _unbound(shape, axes):
+    """'unbound dimension 'batch'', 'unbound dimensions 'batch' and 'seq'', 'an unknown dimension at axis 0'."""
+    names = [repr(shape[k]) for k in axes if shape[k] is not None]
+    unknown = [str(k) for k in axes if shape[k] is None]
+    parts = [f"unbound dimension{'s' * (len(names) > 1)} {' and '.join(names)}"] if names else []
+    if len(unknown) == 1:
+        parts.append(f"an unknown dimension at axis {unknown[0]}")
+    elif unknown:
+        parts.append(f"unknown dimensions at axes {', '.join(unknown[:-1])} and {unknown[-1]}")
+    return " and ".join(parts)
+
+
+def _binding(name, shape, unbound=()):
+    """How to bind an input, with example sizes of its own rank (8 for a batch dim, 128 for the others):
+    `--input x:8x128` on the command line, `input_shapes={'x': (8, 128)}` in Python."""
+    example = [(8 if k == 0 else 128) if k in unbound else d for k, d in enumerate(shape)]
+    batch = " (or --batch 8 for the first dim of every input)" if tuple(unbound) == (0,) else ""
+    return say(f"input_shapes={{{name!r}: {tuple(example)}}}", f"--input {name}:{'x'.join(map(str, example))}{batch}")
 
 
 def _static_attrs(schema, node, graph, infos):
@@ -115,8 +138,8 @@ def _static_attrs(schema, node, graph, infos):
         name = inputs[i]
         value = infos[name].value if infos[name].value is not None else graph.tensors[name].data
         if value is None:
-            raise ShapeError(f"node {node.name!r} ({node.op}): input {name!r} ({attr}) must be computable from "
-                             "the model's constants and input shapes, but it depends on input data")
+            raise ShapeError(f"input {name!r} ({attr}) must be computable from the model's constants and input "
+                             "shapes, but it depends on input data")
         attrs[attr] = value.tolist()
         inputs[i] = ""
     while inputs and not inputs[-1]:

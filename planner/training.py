@@ -5,16 +5,25 @@ node per parameter whose results the plan writes over the parameter and its stat
 
 Each parameter is updated as soon as its gradient is complete ("eager", so gradient buffers are
 transient), or after the whole backward pass ("after_backward", as `loss.backward(); opt.step()`).
+
+Which initializers train follows what PyTorch trains in the module an ONNX file was exported from: its
+nn.Parameters, not the numbers of its code (`x ** 2`, `x + 1e-6`, `q * 0.125`, clamp bounds), which
+torch.onnx writes as one-element initializers. An initializer stays constant when it is frozen, a
+running statistic, not a float, not reached by the loss, the exponent of a Pow, or one element read
+only by elementwise arithmetic and comparisons (NUMBER_OPS). A one-element initializer that another op
+reads (a PRelu slope, a log-temperature through Exp) trains. `trainable` forces names to train.
 """
+import math
+import numbers
 from dataclasses import replace
 
 import numpy as np
 
 from . import ops, shapes
 from .autodiff import Builder, gradients
-from .errors import ModelError
+from .errors import ConfigError, ModelError
 from .ir import Tensor
-from .losses import append_loss
+from .losses import IGNORE_INDEX, append, criterion
 
 OPTIMIZERS = {  # name: (op, defaults of optimizer_args, state tensors per parameter)
     "sgd": ("memplan.SGD", {"lr": 0.01, "weight_decay": 0.0}, ()),
@@ -25,12 +34,30 @@ OPTIMIZERS = {  # name: (op, defaults of optimizer_args, state tensors per param
 }
 UPDATES = ("eager", "after_backward")
 LR, STEP = "optimizer/lr", "optimizer/step"
+NUMBER_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Where", "Equal", "Less",
+                        "LessOrEqual", "Greater", "GreaterOrEqual"})
+"""Ops whose one-element initializer operand is a number of the model's code, not a weight."""
+SETTINGS = {("Pow", 1): "the exponent of a Pow"}
+"""(op, input index) of the inputs that set how an op computes rather than being data it learns."""
+
+
+ARGUMENTS = {  # optimizer_args key: (accepts it, what it accepts)
+    "lr": (lambda v: _real(v) and v >= 0, "a finite number >= 0"),
+    "weight_decay": (lambda v: _real(v) and v >= 0, "a finite number >= 0"),
+    "momentum": (lambda v: _real(v) and v >= 0, "a finite number >= 0"),
+    "eps": (lambda v: _real(v) and v > 0, "a finite number > 0"),
+    "betas": (lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(_real(x) and 0 <= x < 1 for x in v),
+              "two numbers in [0, 1), as (0.9, 0.999)"),
+    "nesterov": (lambda v: isinstance(v, (bool, np.bool_)), "True or False"),
+}
 
 
 def training_graph(graph, loss="cross_entropy", loss_output=None, optimizer="sgd", optimizer_args=None,
-                   frozen=(), update="eager", inplace_update=True):
+                   frozen=(), update="eager", inplace_update=True, trainable=(), class_axis=None,
+                   ignore_index=IGNORE_INDEX):
     """The typed graph of one training step of a typed inference `graph`, and what the executor needs
-    to drive it: {"loss", "labels", "params", "grads", "optimizer", "args", "update", "lr", "step"}.
+    to drive it: {"loss", "labels", "criterion", "params", "constants", "grads", "optimizer", "args",
+    "update", "lr", "step"}; "constants" says why each initializer left out of "params" does not train.
     With `inplace_update=False` (MEGENGINE_INPLACE_UPDATE=0) each new param is a tensor of its own,
     copied over the param at the end of the step (memplan.Assign), which costs a copy of the params."""
     if optimizer not in OPTIMIZERS:
@@ -38,22 +65,77 @@ def training_graph(graph, loss="cross_entropy", loss_output=None, optimizer="sgd
     if update not in UPDATES:
         raise ModelError(f"unknown update {update!r}; choose one of {', '.join(UPDATES)}")
     args = _arguments(optimizer, optimizer_args or {})
-    unknown = sorted(set(frozen) - {t.name for t in graph.params()})
-    if unknown:
-        raise ModelError(f"frozen names {', '.join(map(repr, unknown))}, which are not params of the model")
+    _check_names(graph, frozen, trainable)
     graph = training_mode(graph)
-    graph, labels = append_loss(graph, loss, loss_output)
+    spec = criterion(graph, loss, loss_output, class_axis, ignore_index)
+    graph, labels = append(graph, spec)
     graph = replace(graph, outputs=("loss",))
-    stats = {t for _, t in graph.updates}
-    reached = _reaching(graph, "loss")
-    params = [t.name for t in graph.params()
-              if t.dtype.kind == "f" and t.name in reached and t.name not in stats and t.name not in frozen]
+    params, constants = choose_params(graph, frozen, trainable)
     if not params:
         raise ModelError("the model has no trainable float params that the loss depends on")
     graph, grads = gradients(graph, "loss", params)
     graph = _append_optimizer(graph, grads, optimizer, args, update, inplace_update)
-    return graph, {"loss": "loss", "labels": labels, "params": params, "grads": grads, "optimizer": optimizer,
-                   "args": args, "update": update, "lr": LR, "step": STEP}
+    return graph, {"loss": "loss", "labels": labels, "criterion": spec, "params": params, "constants": constants,
+                   "grads": grads, "optimizer": optimizer, "args": args, "update": update, "lr": LR, "step": STEP}
+
+
+def choose_params(graph, frozen=(), trainable=()):
+    """The params of a graph with a "loss" that a training step updates (see the module's docstring),
+    and {initializer: why it stays constant} for the others."""
+    stats = {t for _, t in graph.updates}
+    reached = _reaching(graph, "loss")
+    readers = {}
+    for node in graph.nodes:
+        for slot, name in enumerate(node.inputs):
+            readers.setdefault(name, []).append((node.op, slot))
+    params, constants = [], {}
+    for t in graph.params():
+        why = "frozen" if t.name in frozen else _cannot_train(t, stats, reached)
+        if t.name in trainable and why:
+            raise ModelError(f"trainable name {t.name!r} cannot train: {why}")
+        if t.name not in trainable:
+            why = why or _constant_by_use(t, readers.get(t.name, ()))
+        if why:
+            constants[t.name] = why
+        else:
+            params.append(t.name)
+    return params, constants
+
+
+def _cannot_train(t, stats, reached):
+    """Why the param `t` cannot train at all; None when it can."""
+    if t.name in stats:
+        return "a running statistic, which the forward pass updates"
+    if t.dtype.kind != "f":
+        return f"{t.dtype} values, not floats"
+    if t.name not in reached:
+        return "the loss does not depend on it"
+    return None
+
+
+def _constant_by_use(t, uses):
+    """Why the float param `t`, read at `uses` ((op, input index) pairs), is a constant of the model's
+    code rather than a weight; None for a weight."""
+    for use in uses:
+        if use in SETTINGS:
+            return SETTINGS[use]
+    if t.size == 1 and all(op in NUMBER_OPS for op, _ in uses):
+        return (f"one element read by {', '.join(sorted({op for op, _ in uses}))}: a number of the model's code "
+                "(a scale, an epsilon, a bound)")
+    return None
+
+
+def _check_names(graph, frozen, trainable):
+    """frozen and trainable name params of the model, and no name is both."""
+    names = {t.name for t in graph.params()}
+    for what, given in (("frozen", frozen), ("trainable", trainable)):
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise ModelError(f"{what} names {', '.join(map(repr, unknown))}, which are not params of the model "
+                             "(initializers that it reads)")
+    both = sorted(set(frozen) & set(trainable))
+    if both:
+        raise ConfigError(f"{', '.join(map(repr, both))} named both trainable and frozen; name each in one")
 
 
 def training_mode(graph):
@@ -83,13 +165,34 @@ def training_mode(graph):
 
 
 def _arguments(optimizer, given):
-    """optimizer_args over the optimizer's defaults; unknown keys are an error, not ignored."""
+    """optimizer_args over the optimizer's defaults, as plain Python values; unknown keys and values
+    outside what torch.optim accepts are errors, not left for the run to meet."""
     defaults = OPTIMIZERS[optimizer][1]
     unknown = sorted(set(given) - set(defaults))
     if unknown:
-        raise ModelError(f"optimizer {optimizer!r} takes optimizer_args {', '.join(defaults)}; "
-                         f"got unknown {', '.join(unknown)}")
-    return {**defaults, **given}
+        raise ConfigError(f"optimizer {optimizer!r} takes optimizer_args {', '.join(defaults)}; "
+                          f"got unknown {', '.join(unknown)}")
+    for key, value in given.items():
+        accepts, what = ARGUMENTS[key]
+        if not accepts(value):
+            raise ConfigError(f"optimizer_args {key}={value!r} is invalid; {key} takes {what}")
+    args = {**defaults, **given}
+    if args.get("nesterov") and args["momentum"] == 0:
+        raise ConfigError("optimizer_args nesterov=True needs a momentum > 0")
+    return {key: _plain(value) for key, value in args.items()}
+
+
+def _plain(value):
+    """A checked argument as a JSON-ready Python value (NumPy scalars and lists become float, bool, tuple)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (tuple, list)):
+        return tuple(float(v) for v in value)
+    return float(value)
+
+
+def _real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
 
 
 def _append_optimizer(graph, grads, optimizer, args, update, inplace_update=True):

@@ -9,7 +9,9 @@ import colorsys
 import shutil
 from pathlib import Path
 
+from .breakdown import category
 from .errors import MemplanError, MissingDependencyError
+from .units import format_bytes
 
 CATEGORIES = {  # category: (colour, legend label)
     "param": ("#b0b0b0", "param / const"),
@@ -35,20 +37,6 @@ FAST_DOT = {"mclimit": "0.2", "nslimit": "4", "nslimit1": "4", "searchsize": "10
 edges otherwise keep it busy for minutes."""
 
 
-def category(tensor):
-    """The timeline category of a planned tensor (see CATEGORIES)."""
-    if tensor.kind in ("param", "const"):
-        return "param"
-    if tensor.kind == "state":
-        return "optimizer"
-    if tensor.kind in ("workspace", "workspace_slot"):
-        return "workspace"
-    if tensor.kind in ("input", "output"):
-        return "io"
-    return {"saved": "saved", "gradient": "gradient", "update": "param", "recomputed": "recomputed"}.get(
-        tensor.role, "activation")
-
-
 def boxes(plan):
     """[(root tensor, first step, last step, aliases)] for every buffer of the arena: transient ones span
     the union of their members' lifetimes; persistent ones span the whole run."""
@@ -70,14 +58,14 @@ def boxes(plan):
 
 def timeline(plan, path, title=None):
     """Write the memory timeline of `plan` to `path` (.svg or .png); returns the path."""
-    graphviz = _graphviz()
+    graphviz = require_graphviz()
     nsteps = max(len(plan.steps), 1)
     top = max(plan.arena_bytes, 1)
     sx, sy = WIDTH / nsteps, HEIGHT / top
     g = graphviz.Graph("timeline", engine="neato", graph_attr={
         "splines": "line", "outputorder": "edgesfirst", "bgcolor": "white", "pad": "0.3",
         "size": f"{(WIDTH + 420) / 72:.2f},{(HEIGHT + 120) / 72:.2f}",
-        "label": title or f"{plan.strategy} plan, {plan.schedule} schedule: arena {_mib(plan.arena_bytes)}",
+        "label": title or f"{plan.strategy} plan, {plan.schedule} schedule: arena {format_bytes(plan.arena_bytes)}",
         "labelloc": "t", "fontname": "Helvetica", "fontsize": str(14 * ZOOM)},
         node_attr={"fontname": "Helvetica", "fontsize": str(9 * ZOOM)})
     hidden = [0, 0]
@@ -94,10 +82,10 @@ def timeline(plan, path, title=None):
                fillcolor=CATEGORIES[category(t)][0], color="#303030", penwidth=str(0.3 * ZOOM),
                width=_inches(w), height=_inches(h), pos=_pos(first * sx + w / 2, t.offset * sy + h / 2), tooltip=tip)
     if plan.lower_bound_bytes == plan.arena_bytes:
-        _line(g, "peak", HEIGHT, f"arena = LOAD {_mib(plan.arena_bytes)}", "solid")
+        _line(g, "peak", HEIGHT, f"arena = LOAD {format_bytes(plan.arena_bytes)}", "solid")
     else:
-        _line(g, "peak", HEIGHT, f"arena {_mib(plan.arena_bytes)}", "solid")
-        _line(g, "load", plan.lower_bound_bytes * sy, f"LOAD {_mib(plan.lower_bound_bytes)}", "dashed",
+        _line(g, "peak", HEIGHT, f"arena {format_bytes(plan.arena_bytes)}", "solid")
+        _line(g, "load", plan.lower_bound_bytes * sy, f"LOAD {format_bytes(plan.lower_bound_bytes)}", "dashed",
               label_y=min(plan.lower_bound_bytes * sy, HEIGHT - 12))
     _axes(g, nsteps, top, sx, sy)
     _legend(g, hidden)
@@ -108,7 +96,7 @@ def graph_view(plan, path, max_nodes=200):
     """Write the computation graph of `plan` to `path` (.svg or .png): one node per step coloured by the
     buffer its first output lands in, each edge labelled with its tensor's bytes; in-place writes drawn
     bold, recomputed nodes dashed. Above `max_nodes` steps, runs of consecutive steps are collapsed."""
-    graphviz = _graphviz()
+    graphviz = require_graphviz()
     g = graphviz.Digraph("graph", graph_attr={"rankdir": "TB", "fontname": "Helvetica", **FAST_DOT},
                          node_attr={"shape": "box", "style": "filled,rounded", "fontname": "Helvetica",
                                     "fontsize": "9"}, edge_attr={"fontname": "Helvetica", "fontsize": "8"})
@@ -131,17 +119,21 @@ def graph_view(plan, path, max_nodes=200):
             if a != b:
                 edges[a, b] = edges.get((a, b), 0) + plan.tensors[i].nbytes
     for (a, b), nbytes in edges.items():
-        g.edge(f"s{a}", f"s{b}", label=_size(nbytes))
+        g.edge(f"s{a}", f"s{b}", label=_short(nbytes))
     return _render(g, path)
 
 
-def _graphviz():
+def require_graphviz():
+    """The graphviz module, once both it and Graphviz's programs are there; else how to install them."""
     try:
         import graphviz
     except ImportError:
-        raise MissingDependencyError("pictures need the graphviz package: pip install 'memplan[viz]'") from None
-    if shutil.which("dot") is None:
-        raise MissingDependencyError("pictures need Graphviz's programs (dot, neato): apt-get install -y graphviz")
+        raise MissingDependencyError("pictures need the graphviz package: pip install graphviz") from None
+    if shutil.which("dot") is None or shutil.which("neato") is None:
+        raise MissingDependencyError(
+            "pictures need Graphviz's programs dot and neato, which are not on PATH: apt-get install graphviz "
+            "(Debian, Ubuntu), dnf install graphviz (Fedora), brew install graphviz (macOS), "
+            "conda install -c conda-forge graphviz, or see https://graphviz.org/download/")
     return graphviz
 
 
@@ -171,7 +163,7 @@ def _axes(g, nsteps, top, sx, sy):
         step = round(k * (nsteps - 1) / 5)
         g.node(f"x:{k}", str(step), shape="plaintext", pos=_pos(step * sx + sx / 2, -12))
         offset = k * top / 5
-        g.node(f"y:{k}", _size(offset), shape="plaintext", pos=_pos(-30, offset * sy))
+        g.node(f"y:{k}", _short(offset), shape="plaintext", pos=_pos(-30, offset * sy))
 
 
 def _legend(g, hidden):
@@ -182,7 +174,7 @@ def _legend(g, hidden):
                height=_inches(9), pos=_pos(x, y), penwidth=str(0.3 * ZOOM))
         g.node(f"legend:{k}:text", label, shape="plaintext", pos=_pos(x + 12 + 2.6 * len(label), y))
     if hidden[0]:
-        g.node("legend:hidden", f"{hidden[0]} buffers under {MIN_HEIGHT} pt\n({_size(hidden[1])}) not drawn",
+        g.node("legend:hidden", f"{hidden[0]} buffers under {MIN_HEIGHT} pt\n({_short(hidden[1])}) not drawn",
                shape="plaintext", pos=_pos(x + 60, HEIGHT - 14 * len(CATEGORIES) - 10))
 
 
@@ -215,12 +207,6 @@ def _ops(steps):
     return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items(), key=lambda c: -c[1])[:4])
 
 
-def _mib(n):
-    return f"{n / 2**20:,.2f} MiB"
-
-
-def _size(n):
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
+def _short(n):
+    """A byte count for a small label: one decimal."""
+    return format_bytes(n, digits=1)

@@ -113,7 +113,7 @@ def test_optimal_reaches_load_where_greedy_does_not():
 
 
 def test_optimal_without_ortools(monkeypatch):
-    monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
+    monkeypatch.setitem(sys.modules, "ortools.sat.python.cp_model", None)
     with pytest.raises(MissingDependencyError, match=r'needs OR-Tools: pip install "memplan\[solver\]"'):
         allocate("optimal", *ADVERSARIAL)
 

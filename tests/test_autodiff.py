@@ -113,7 +113,7 @@ def test_softmax_logsoftmax_erf_clip_where():
 
 def test_concat_split_slice_expand():
     m = model([("MatMul", ["x", "w"], ["a"], {}), ("Concat", ["a", "v"], ["c"], dict(axis=1)),
-               ("Split", ["c"], ["s0", "s1"], dict(axis=1, num_outputs=2)),
+               ("Split", ["c"], ["s0", "s1"], dict(axis=1)),
                ("Slice", ["s1", "starts", "ends", "axes"], ["sl"], {}), ("Expand", ["b", "shape"], ["e"], {}),
                ("Mul", ["sl", "e"], ["m"], {}), ("Mul", ["m", "k"], ["y"], {})],
               [3, 4], dict(w=p(4, 3), v=p(3, 5), b=p(1, 2),

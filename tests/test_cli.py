@@ -1,8 +1,11 @@
 """The memplan command line: each command on a small model, and user mistakes as one line, exit 2."""
 import json
+import os
+import sys
 
 import pytest
 
+import planner
 from planner import Plan, cli
 
 MLP = ["zoo:mlp", "--batch", "4"]
@@ -93,3 +96,107 @@ def test_mistakes_print_one_line_and_exit_2(argv, message, tmp_path):
     done = memplan(*argv, cwd=tmp_path)
     assert done.returncode == 2 and message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def block_ortools(monkeypatch):
+    """Make OR-Tools unimportable, as on a machine with only `pip install memplan`."""
+    for name in ("ortools", "ortools.sat", "ortools.sat.python", "ortools.sat.python.cp_model"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_report_without_or_tools_leaves_out_the_optimal_rows_with_a_note(monkeypatch, capsys):
+    block_ortools(monkeypatch)
+    assert cli.main(["report", *MLP]) == 0
+    out = capsys.readouterr().out
+    assert "\noptimal " not in out and "bestfit " in out
+    notes = [line for line in out.splitlines() if line.startswith("note:")]
+    assert notes == ["note: row 'optimal' left out: strategy \"optimal\" needs OR-Tools: pip install \"memplan[solver]\""]
+    assert cli.main(["report", *MLP, "--training", "--budget", "4MiB", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["strategy"] for r in doc["rows"]][-1] == "bestfit" and len(doc["notes"]) == 1
+
+
+def test_viz_without_graphviz_programs_says_how_to_install_them(monkeypatch, capsys, tmp_path):
+    import shutil
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert cli.main(["viz", *MLP, "-o", str(tmp_path / "t.svg")]) == 2
+    err = capsys.readouterr().err
+    assert "apt-get install graphviz" in err and "brew install graphviz" in err and err.count("\n") == 1
+
+
+def test_sizes_scale_their_unit(capsys):
+    assert cli.main(["report", "zoo:mlp", "--batch", "1", "--strategy", "bestfit"]) == 0
+    out = capsys.readouterr().out
+    assert " KiB" in out and "0.00 MiB" not in out
+    assert "LOAD is the least memory any placement of these buffers needs" in out
+
+
+def test_report_csv_has_flat_columns(tmp_path):
+    assert cli.main(["report", *MLP, "--strategy", "bestfit", "--training", "--csv", "-o", str(tmp_path / "r.csv")]) == 0
+    import csv
+    rows = list(csv.DictReader(open(tmp_path / "r.csv")))
+    assert {"strategy", "arena_bytes", "params_bytes", "saved_bytes", "free_bytes"} <= set(rows[0])
+    assert all("{" not in value for row in rows for value in row.values())
+    assert int(rows[0]["arena_bytes"]) == sum(int(v) for k, v in rows[0].items() if k.endswith("_bytes")
+                                              and k != "arena_bytes")
+
+
+def test_workspace_mode_flag(capsys, tmp_path):
+    assert cli.main(["plan", *MLP, "--workspace-mode", "tensor", "-o", str(tmp_path / "p.json")]) == 0
+    assert Plan.from_json(tmp_path / "p.json").stats["workspace"]["mode"] == "tensor"
+    assert cli.main(["report", "zoo:lenet", "--batch", "8", "--strategy", "bestfit", "--workspace-mode", "tensor",
+                     "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert doc["rows"][-1]["arena_bytes"] == doc["workspace_modes"]["tensor"]["arena_bytes"]
+
+
+def test_run_names_the_model_and_prints_the_loss_per_step(capsys):
+    assert cli.main(["run", *MLP, "--backend", "numpy", "--repeat", "2", "--training"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("zoo:mlp: input (4, 784) float32") and "training step with sgd" in out[0]
+    assert [line.split(":")[0] for line in out[1:4]] == ["step 1 (warm-up)", "step 2", "step 3"]
+    assert "loss" in out[1] and "median" in out[-1]
+
+
+def test_batch_that_binds_nothing_is_a_warning(capsys):
+    assert cli.main(["inspect", "zoo:mlp", "--input", "input:2x784", "--batch", "8"]) == 0
+    assert "warning: --batch 8 binds no input" in capsys.readouterr().err
+
+
+def test_messages_speak_the_cli_language(capsys, tmp_path):
+    assert cli.main(["plan", *MLP, "--training", "--remat", "budget", "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--budget SIZE goes with --remat budget" in err and "memory_budget=" not in err
+    with pytest.raises(planner.PlanError, match="memory_budget= goes with remat='budget'"):
+        planner.compile("zoo:mlp", {"input": (4, 784)}, training=True, remat="budget")
+
+
+UNWRITABLE = "/sys/kernel/notes"
+"""A file even root cannot write."""
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", *MLP, "-o", "missing/plan.json"], "does not exist"),
+    (["plan", *MLP, "-o", "."], "is a directory"),
+    (["report", *MLP, "-o", "nowhere/r.txt"], "does not exist"),
+    (["viz", *MLP, "-o", "nowhere/t.svg"], "does not exist"),
+    (["viz", *MLP, "--graph", "."], "is a directory"),
+    (["max-batch", *MLP, "--budget", "1MiB", "-o", "."], "is a directory"),
+    (["max-batch", "zoo:mlp"], "max-batch needs the memory to fit: --budget SIZE"),
+    (["run", *MLP, "--repeat", "0"], "0 is below 1"),
+    (["run", *MLP, "--batch", "0"], "0 is below 1"),
+    (["report", *MLP, "--time-limit", "-1"], "not a positive number of seconds"),
+    (["inspect", "zoo:mlp", "--input", "input:2x784", "--input", "input:4x784"], "--input input is given twice"),
+])
+def test_more_mistakes_print_one_line_and_exit_2(argv, message, tmp_path):
+    done = memplan(*argv, cwd=tmp_path)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.skipif(not os.path.exists(UNWRITABLE), reason="needs Linux sysfs")
+@pytest.mark.parametrize("command", ["plan", "report"])
+def test_an_unwritable_output_is_one_line(command, capsys):
+    assert cli.main([command, *MLP, "--strategy", "bestfit", "-o", UNWRITABLE]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"memplan: error: -o {UNWRITABLE}") and err.count("\n") == 1

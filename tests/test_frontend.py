@@ -6,6 +6,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import planner
 from planner import ModelError, ShapeError, UnsupportedOpError
+from planner.errors import SURFACE
 
 
 def model(nodes, inputs, outputs, inits=(), opset=17):
@@ -64,8 +65,23 @@ def test_unknown_ops_are_all_listed_with_counts():
 
 
 def test_unbound_dynamic_dim_names_the_input_and_shows_the_syntax():
-    with pytest.raises(ShapeError, match=r"input 'x' has unbound dimension 'batch'.*--input x:8x3x224x224"):
+    with pytest.raises(ShapeError, match=r"input 'x' has unbound dimension 'batch' \(shape \(batch, 64\)\); bind it "
+                                         r"with input_shapes=\{'x': \(8, 64\)\}$"):
         planner.load(small_model())
+    token = SURFACE.set("cli")
+    try:
+        with pytest.raises(ShapeError, match=r"bind it with --input x:8x64 \(or --batch 8 for the first dim"):
+            planner.load(small_model())
+    finally:
+        SURFACE.reset(token)
+
+
+def test_every_unbound_dim_is_named_with_an_example_of_the_inputs_rank():
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])
+    m = model([helper.make_node("Identity", ["ids"], ["y"])], [ids], [vi("y", None)])
+    with pytest.raises(ShapeError, match=r"unbound dimensions 'batch' and 'seq' \(shape \(batch, seq\)\); bind them "
+                                         r"with input_shapes=\{'ids': \(8, 128\)\}"):
+        planner.load(m)
 
 
 def test_bad_bindings():
@@ -160,14 +176,15 @@ def test_paddle_style_shape_chains_and_unknown_dims():
         helper.make_node("Mul", ["hw", "two_1d"], ["hw2"]),
         helper.make_node("Slice", ["s", "zero_1d", "two"], ["nc"]),
         helper.make_node("Concat", ["nc", "hw2"], ["sizes"], axis=0),
-        helper.make_node("Resize", ["x", "", "", "sizes"], ["up"], mode="nearest"),
+        helper.make_node("Resize", ["x", "none", "none", "sizes"], ["up"], mode="nearest"),  # opset 11: roi, scales given
     ]
     inits = [i64("zero", 0), i64("minus1", [-1]), i64("two", [2]), i64("four", [4]),
-             i64("two_1d", [2, 2]), i64("zero_1d", [0])]
+             i64("two_1d", [2, 2]), i64("zero_1d", [0]), numpy_helper.from_array(np.zeros(0, np.float32), "none")]
     m = model(nodes, [x], [vi("flat", None), vi("up", None)], inits, opset=11)
     g = planner.load(m, {"x": (4, 3, 5, 6)})
     assert g.tensors["flat"].shape == (4, 90) and g.tensors["up"].shape == (4, 3, 10, 12)
     assert [n.op for n in g.nodes] == ["Reshape", "Resize"]
     assert g.nodes[1].attrs["sizes"] == [4, 3, 10, 12]
-    with pytest.raises(ShapeError, match="an unknown dimension"):
+    with pytest.raises(ShapeError, match=r"unknown dimensions at axes 0, 2 and 3 \(shape \(\?, 3, \?, \?\)\); bind "
+                                         r"them with input_shapes=\{'x': \(8, 3, 128, 128\)\}"):
         planner.load(m)

@@ -1,5 +1,8 @@
 """The GPU backend: CuPy arrays, the shared kernel table with GPU overrides where they must differ.
 CUB reductions are turned off, since they allocate scratch space while running."""
+from planner.errors import MemplanError
+from planner.units import format_bytes
+
 from ..kernels import KERNELS
 
 NAME = "cupy"
@@ -27,6 +30,17 @@ def available():
 
 def free_bytes():
     return xp.cuda.runtime.memGetInfo()[0]
+
+
+def check_room(nbytes, what, config):
+    """Raise MemplanError when `what` (its `nbytes`) cannot fit in the device's free memory less the
+    pool reserve of `config`."""
+    free = free_bytes()
+    usable = int(free * (1 - config.pool_reserve_percent / 100))
+    if nbytes > usable:
+        raise MemplanError(f"not enough memory for {what}: {format_bytes(nbytes)} ({nbytes:,} bytes) needed, "
+                           f"{format_bytes(usable)} ({usable:,} bytes) usable on the device ({free:,} free less "
+                           f"MXNET_GPU_MEM_POOL_RESERVE={config.pool_reserve_percent:g}%)")
 
 
 def synchronize():

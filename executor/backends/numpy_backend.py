@@ -1,5 +1,10 @@
 """The CPU backend: NumPy arrays, the shared kernel table."""
+import os
+
 import numpy as xp  # noqa: F401  (the backend's array module)
+
+from planner.errors import MemplanError
+from planner.units import format_bytes
 
 from ..kernels import KERNELS
 
@@ -8,8 +13,34 @@ kernels = KERNELS
 
 
 def free_bytes():
-    """Memory the arena may take: the host is not checked."""
-    return None
+    """Host memory a new allocation can take: MemAvailable from /proc/meminfo, else the free physical
+    pages (os.sysconf), else None where neither is known."""
+    return _meminfo_available() or _sysconf_available()
+
+
+def _meminfo_available():
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def _sysconf_available():
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_room(nbytes, what, config=None):
+    """Raise MemplanError when `what` (its `nbytes`) cannot fit in the host's available memory; `config`
+    is unused here (its pool reserve is the GPU's)."""
+    free = free_bytes()
+    if free is not None and nbytes > free:
+        raise MemplanError(f"not enough memory for {what}: {format_bytes(nbytes)} ({nbytes:,} bytes) needed, "
+                           f"{format_bytes(free)} ({free:,} bytes) available on the host; use a smaller batch")
 
 
 def synchronize():

@@ -4,7 +4,7 @@ Each interval is a rectangle: fixed in time, free in space (offsets in units of 
 `AddNoOverlap2D` keeps rectangles apart and the solver minimises the arena top, starting from the
 best-fit plan as a hint and upper bound and from LOAD as a lower bound.
 """
-from ..errors import MissingDependencyError
+from ..errors import require
 from . import allocator, lower_bound
 from .bestfit import bestfit
 
@@ -12,10 +12,7 @@ from .bestfit import bestfit
 @allocator("optimal")
 def optimal(sizes, starts, ends, alignment, time_limit=10.0, num_workers=2, seed=0):
     """The smallest arena CP-SAT finds within `time_limit` seconds; never worse than best fit."""
-    try:
-        from ortools.sat.python import cp_model
-    except ImportError:
-        raise MissingDependencyError('strategy "optimal" needs OR-Tools: pip install "memplan[solver]"') from None
+    cp_model = require("ortools.sat.python.cp_model", 'strategy "optimal"', "OR-Tools", "solver")
     offsets, total = bestfit(sizes, starts, ends, alignment)
     load = lower_bound(sizes, starts, ends, alignment)
     if total == load or sum(1 for size in sizes if size) <= 1:

@@ -46,6 +46,6 @@ def node_flops(graph, node):
     return int(get(node.op).flops(node, ins, outs))
 
 
-from . import elementwise, activation, nn, linalg, shape_ops, reduce, misc, optim, loss  # noqa: E402,F401  (registration)
+from . import elementwise, activation, nn, linalg, shape_ops, views, resize, reduce, misc, optim, loss  # noqa: E402,F401  (registration)
 
 __all__ = ["SCHEMAS", "schema", "get", "check_supported", "node_flops", "Info", "Schema"]

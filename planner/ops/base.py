@@ -92,11 +92,16 @@ def axis(a, rank):
 
 
 def broadcast(*shapes):
-    """The multidirectional (NumPy) broadcast of several shapes."""
-    try:
-        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
-    except ValueError:
-        raise ShapeError(f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
+    """The multidirectional (NumPy) broadcast of several shapes, in Python ints (no size overflows)."""
+    rank = max(map(len, shapes), default=0)
+    out = []
+    for dims in zip(*[(1,) * (rank - len(s)) + tuple(s) for s in shapes]):
+        sizes = {int(d) for d in dims if d != 1}
+        if len(sizes) > 1:
+            raise ShapeError(f"shapes {' and '.join(map(str, shapes))} do not broadcast: sizes "
+                             f"{' and '.join(map(str, sorted(sizes)))} meet on one axis")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
 
 
 def elements(outs):

@@ -39,11 +39,21 @@ class Cast(Schema):
 
 def _range(start, limit, delta):
     """start, start + delta, ... up to limit (excluded), in start's dtype."""
-    if delta == 0:
-        raise ShapeError("delta must not be 0")
     if np.issubdtype(start.dtype, np.integer):
         return np.arange(int(start), int(limit), int(delta), dtype=start.dtype)
     return np.arange(float(start), float(limit), float(delta)).astype(start.dtype)
+
+
+def _range_length(start, limit, delta):
+    """How many values Range makes, max(ceil((limit - start) / delta), 0), without making them."""
+    if delta == 0:
+        raise ShapeError("delta must not be 0")
+    if np.issubdtype(start.dtype, np.integer):
+        return max(-(-(int(limit) - int(start)) // int(delta)), 0)
+    count = np.ceil((float(limit) - float(start)) / float(delta))
+    if not np.isfinite(count):
+        raise ShapeError(f"start {start}, limit {limit} and delta {delta} do not make a finite range")
+    return max(int(count), 0)
 
 
 @schema("Range")
@@ -54,7 +64,7 @@ class Range(Schema):
         if any(i.value is None for i in ins):
             raise ShapeError("start, limit and delta must be computable from the model's constants and input shapes, "
                              "but they depend on input data")
-        return [(_range(*(i.value for i in ins)).shape, ins[0].dtype)]
+        return [((_range_length(*(i.value for i in ins)),), ins[0].dtype)]
 
     flops = staticmethod(no_flops)
 

@@ -29,13 +29,18 @@ def _window(schema, node, spatial, kernel, ceil_mode=0, transposed=False):
     if (len(kernel), len(strides), len(dilations), len(pads)) != (n, n, n, 2 * n):
         raise ShapeError(f"kernel {tuple(kernel)}, strides, dilations or pads do not match "
                          f"the {n} spatial dims of the input")
+    extra = schema.attr(node, "output_padding") if transposed else None
+    for what, values, least in (("kernel_shape", kernel, 1), ("strides", strides, 1), ("dilations", dilations, 1),
+                                ("pads", pads, 0), ("output_padding", extra or (), 0)):
+        if min(values, default=least) < least:
+            raise ShapeError(f"{what} {tuple(values)} must be {'at least 1' if least else 'non-negative'}")
     if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
         raise ShapeError(f"auto_pad {auto_pad!r} is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER")
     if auto_pad != "NOTSET":
         pads = [0] * 2 * n
     spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     if transposed:
-        extra = schema.attr(node, "output_padding") or [0] * n
+        extra = extra or [0] * n
         full = [s * (i - 1) + e + k - pads[j] - pads[n + j]
                 for j, (i, s, e, k) in enumerate(zip(spatial, strides, extra, spans))]
         if schema.attr(node, "output_shape"):
@@ -251,6 +256,8 @@ class Conv(Schema):
         kernel = self.attr(node, "kernel_shape") or w.shape[2:]
         if w.rank != x.rank or tuple(kernel) != w.shape[2:]:
             raise ShapeError(f"weight of shape {w.shape} does not match input {x.shape} and kernel {tuple(kernel)}")
+        if group < 1:
+            raise ShapeError(f"group {group} must be at least 1")
         c_in, c_out = (w.shape[0], w.shape[1] * group) if self.transposed else (w.shape[1] * group, w.shape[0])
         if x.shape[1] != c_in or x.shape[1] % group or c_out % group:
             raise ShapeError(f"input {x.shape} and weight {w.shape} do not agree on channels for group={group}")

@@ -1,6 +1,6 @@
-"""Ops that move or reinterpret data without arithmetic: Shape, Reshape, Transpose, Concat, Slice, ..."""
+"""Ops that move data without arithmetic: Shape, Transpose, Concat, Split, Slice, Gather, Expand, Tile, Pad,
+ScatterND (the views are in views.py, Resize in resize.py)."""
 import math
-from typing import NamedTuple
 
 import numpy as np
 
@@ -23,64 +23,6 @@ class Shape(Schema):
     def _dims(self, node, shape):
         end = self.attr(node, "end")
         return shape[self.attr(node, "start"):len(shape) if end is None else end]
-
-
-def reshaped(shape, target, allowzero=0):
-    """ONNX Reshape's target shape with its 0 (copy) and -1 (infer) entries resolved."""
-    target = list(target)
-    if not allowzero:
-        target = [shape[i] if d == 0 and i < len(shape) else d for i, d in enumerate(target)]
-    size = math.prod(shape)
-    if target.count(-1) > 1:
-        raise ShapeError(f"target shape {tuple(target)} has more than one -1")
-    if -1 in target:
-        rest = math.prod(d for d in target if d != -1)
-        if rest == 0 or size % rest:
-            raise ShapeError(f"cannot reshape {tuple(shape)} to {tuple(target)}")
-        target[target.index(-1)] = size // rest
-    if math.prod(target) != size:
-        raise ShapeError(f"cannot reshape {tuple(shape)} ({size} elements) to {tuple(target)}")
-    return tuple(int(d) for d in target)
-
-
-class View(Schema):
-    """Ops whose output is input 0's bytes under another shape: Reshape, Flatten, Squeeze, Unsqueeze, Identity."""
-
-    identity = True
-
-    def view_shape(self, node, shape):
-        raise NotImplementedError
-
-    def infer(self, node, ins):
-        return [(self.view_shape(node, ins[0].shape), ins[0].dtype)]
-
-    def evaluate(self, node, x):
-        return [x.reshape(self.view_shape(node, x.shape))]
-
-    def gradient(self, b, node, dys):
-        return [b.op("Reshape", dys[0], shape=list(b.shape(node.inputs[0])))]
-
-
-@schema("Reshape")
-class Reshape(View):
-    attr_inputs = (("shape", 1, 5),)
-    defaults = {"allowzero": 0}
-
-    def view_shape(self, node, shape):
-        return reshaped(shape, self.attr(node, "shape"), self.attr(node, "allowzero"))
-
-
-@schema("Flatten")
-class Flatten(View):
-    """Flatten: a 2-D view, the dims before `axis` in rows and the rest in columns."""
-
-    defaults = {"axis": 1}
-    def view_shape(self, node, shape):
-        a = self.attr(node, "axis")
-        if not -len(shape) <= a <= len(shape):
-            raise ShapeError(f"axis {a} is out of range for rank {len(shape)}")
-        a += len(shape) if a < 0 else 0
-        return math.prod(shape[:a]), math.prod(shape[a:])
 
 
 @schema("Transpose")
@@ -164,7 +106,13 @@ class Split(Schema):
             if len(split) != len(node.outputs) or sum(split) != dim or min(split, default=0) < 0:
                 raise ShapeError(f"split {tuple(split)} must give {len(node.outputs)} sizes summing to {dim}")
             return list(split)
-        n = self.attr(node, "num_outputs") or len(node.outputs)
+        n = self.attr(node, "num_outputs")
+        if n is None and dim % len(node.outputs):
+            raise ShapeError(f"a dimension of size {dim} does not split evenly into {len(node.outputs)} outputs; "
+                             "give `split` (or, from opset 18, `num_outputs` for a smaller last chunk)")
+        n = n or len(node.outputs)
+        if n < 1:
+            raise ShapeError(f"num_outputs {n} must be at least 1")
         chunk = -(-dim // n)
         last = dim - chunk * (n - 1)
         if last < 0:
@@ -228,7 +176,9 @@ class Slice(Schema):
 def _indices(idx, dim):
     """Indices in [0, dim) from ONNX's [-dim, dim)."""
     if idx.size and not (-dim <= idx.min() and idx.max() < dim):
-        raise ShapeError(f"indices out of range for a dimension of size {dim}")
+        bad = idx.min() if idx.min() < -dim else idx.max()
+        raise ShapeError(f"index {bad} is out of range for a dimension of size {dim} (indices go from {-dim} "
+                         f"to {dim - 1})")
     return np.where(idx < 0, idx + dim, idx)
 
 
@@ -239,6 +189,8 @@ class Gather(Schema):
     def infer(self, node, ins):
         data, idx = ins
         a = axis(self.attr(node, "axis"), data.rank)
+        if idx.value is not None:
+            _indices(idx.value, data.shape[a])
         return [(data.shape[:a] + idx.shape + data.shape[a + 1:], data.dtype)]
 
     def evaluate(self, node, data, idx):
@@ -292,33 +244,6 @@ class GatherElements(Schema):
         """The kernel gathers by flat offsets: one int64 per index, then each axis's position offsets."""
         n = math.prod(ins[1].shape)
         return 8 * (n + sum(ins[1].shape)) if n else 0
-
-
-@schema("Squeeze")
-class Squeeze(View):
-    attr_inputs = (("axes", 1, 13),)
-    defaults = {"axes": None}
-    def view_shape(self, node, shape):
-        axes = self.attr(node, "axes")
-        if axes is None:
-            return tuple(d for d in shape if d != 1)
-        axes = {axis(a, len(shape)) for a in axes}
-        if any(shape[a] != 1 for a in axes):
-            raise ShapeError(f"cannot squeeze axes {sorted(axes)} of shape {shape}: not all have size 1")
-        return tuple(d for k, d in enumerate(shape) if k not in axes)
-
-
-@schema("Unsqueeze")
-class Unsqueeze(View):
-    attr_inputs = (("axes", 1, 13),)
-    def view_shape(self, node, shape):
-        given = self.attr(node, "axes")
-        rank = len(shape) + len(given)
-        axes = {axis(a, rank) for a in given}
-        if len(axes) < len(given):
-            raise ShapeError(f"axes {tuple(given)} repeat an axis")
-        rest = iter(shape)
-        return tuple(1 if k in axes else next(rest) for k in range(rank))
 
 
 @schema("Expand")
@@ -434,215 +359,6 @@ def transposed_along(b, dy, shape, a, matrix, like):
     return b.op("Reshape", out, shape=[*shape[:a], matrix.shape[1], *shape[a + 1:]])
 
 
-@schema("Resize")
-class Resize(Schema):
-    """Resize: the output is floor(input * scale) per resized axis, or `sizes` (kept in aspect by the policy)."""
-
-    attr_inputs = (("roi", 1, 11), ("scales", 2, 11), ("sizes", 3, 11))
-    defaults = {"roi": None, "scales": None, "sizes": None, "axes": None, "keep_aspect_ratio_policy": "stretch",
-                "mode": "nearest", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_floor",
-                "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0}
-
-    def infer(self, node, ins):
-        shape = list(ins[0].shape)
-        axes = self.attr(node, "axes")
-        axes = range(len(shape)) if axes is None else [axis(a, len(shape)) for a in axes]
-        scales, sizes = self.attr(node, "scales") or None, self.attr(node, "sizes") or None
-        if (scales is None) == (sizes is None):
-            raise ShapeError("exactly one of scales and sizes must be given")
-        given = scales or sizes
-        if len(given) != len(axes):
-            raise ShapeError(f"{'scales' if scales else 'sizes'} {tuple(given)} must have one entry per resized axis")
-        if scales is not None:
-            for a, s in zip(axes, scales):
-                shape[a] = int(np.floor(shape[a] * s))
-            return [(tuple(shape), ins[0].dtype)]
-        policy = self.attr(node, "keep_aspect_ratio_policy")
-        if policy != "stretch":
-            pick = {"not_larger": min, "not_smaller": max}.get(policy)
-            if pick is None:
-                raise ShapeError(f"keep_aspect_ratio_policy {policy!r} is not stretch, not_larger or not_smaller")
-            scale = pick(n / shape[a] for a, n in zip(axes, sizes))
-            sizes = [int(scale * shape[a] + 0.5) for a in axes]
-        for a, n in zip(axes, sizes):
-            shape[a] = n
-        return [(tuple(shape), ins[0].dtype)]
-
-    def scales(self, node, in_shape):
-        """The scale of every axis (1 where not resized): the given scales, else output over input size,
-        or under a keep-aspect policy the one scale it picked."""
-        scales, sizes = self.attr(node, "scales") or None, self.attr(node, "sizes") or None
-        axes = self._axes(node, len(in_shape))
-        if scales is None:
-            scales = [n / in_shape[a] for a, n in zip(axes, sizes)]
-            pick = {"not_larger": min, "not_smaller": max}.get(self.attr(node, "keep_aspect_ratio_policy"))
-            scales = [pick(scales)] * len(axes) if pick else scales
-        full = [1.0] * len(in_shape)
-        for a, s in zip(axes, scales):
-            full[a] = float(s)
-        return full
-
-    def passes(self, node, in_shape, out_shape):
-        """A ResizePass for each axis that changes, in axis order (the reference skips the others too)."""
-        rank, roi = len(in_shape), self.attr(node, "roi") or None
-        axes = self._axes(node, rank)
-        lows, highs = [0.0] * rank, [1.0] * rank
-        for k, a in enumerate(axes if roi is not None else ()):
-            lows[a], highs[a] = roi[k], roi[k + len(axes)]
-        crop = self.attr(node, "coordinate_transformation_mode") == "tf_crop_and_resize"
-        out = []
-        for a, scale in enumerate(self.scales(node, in_shape)):
-            kept = math.isclose(scale, 1) and in_shape[a] == out_shape[a]
-            if not (kept and (not crop or math.isclose(lows[a], 0) and math.isclose(highs[a], 1))):
-                out.append(_resize_pass(self, node, a, in_shape[a], out_shape[a], scale, (lows[a], highs[a])))
-        return out
-
-    def layout(self, node, in_shape, out_shape, dtype):
-        """Where the kernel keeps its passes' tables and the results between passes (see ResizeLayout).
-        Passes compute in the output's dtype, or in a float one for integers that they interpolate."""
-        passes, dtype = self.passes(node, in_shape, out_shape), np.dtype(dtype)
-        work = dtype
-        if dtype.kind != "f" and any(p.weight is not None for p in passes):
-            work = np.dtype(np.float32 if dtype.itemsize < 4 else np.float64)
-        nbytes = {}
-
-        def need(region, n):
-            nbytes[region] = max(nbytes.get(region, 0), n)
-
-        if work != dtype:
-            need("source", math.prod(in_shape) * work.itemsize)
-        shape = list(in_shape)
-        for k, p in enumerate(passes):
-            shape[p.axis] = out_shape[p.axis]
-            size = math.prod(shape) * work.itemsize
-            if k < len(passes) - 1 or work != dtype:
-                need(("ping", "pong")[k % 2], size)
-            if len(p.index) > 1:
-                need("tap", size)
-            need(f"index{k}", p.index.nbytes)
-            if p.weight is not None:
-                need(f"weight{k}", p.weight.size * work.itemsize)
-        offsets, at = {}, 0
-        for region, n in nbytes.items():
-            offsets[region], at = at, at + -(-n // 256) * 256
-        return ResizeLayout(passes, work, offsets, at)
-
-    def gradient(self, b, node, dys):
-        """Each pass is a linear map of its axis (see ResizePass): dY goes back through their matrices,
-        transposed, axis by axis; positions set to extrapolation_value take none."""
-        x, dy = node.inputs[0], dys[0]
-        in_shape = b.shape(x)
-        shape = list(b.shape(node.outputs[0]))
-        for p in reversed(self.passes(node, in_shape, shape)):
-            matrix = np.zeros((shape[p.axis], in_shape[p.axis]))
-            rows = np.broadcast_to(np.arange(shape[p.axis]), p.index.shape)
-            np.add.at(matrix, (rows, p.index), 1.0 if p.weight is None else p.weight)
-            if p.outside is not None:
-                matrix[p.outside] = 0
-            dy = transposed_along(b, dy, shape, p.axis, matrix, x)
-            shape[p.axis] = in_shape[p.axis]
-        return [dy]
-
-    def workspace(self, node, ins, outs, limit):
-        """The layout's bytes (not chunked to `limit`: the passes are not split)."""
-        (out_shape, dtype), x = outs[0], ins[0]
-        return self.layout(node, x.shape, out_shape, dtype).nbytes if math.prod(out_shape) else 0
-
-    def _axes(self, node, rank):
-        axes = self.attr(node, "axes")
-        return list(range(rank)) if axes is None else [axis(a, rank) for a in axes]
-
-
-class ResizePass(NamedTuple):
-    """Resize along one axis: output position o is the sum over taps t of weight[t, o] * input[index[t, o]]
-    (weight None: the one tap is copied as is), then extrapolation_value where `outside` holds (or None)."""
-
-    axis: int
-    index: np.ndarray
-    weight: np.ndarray | None
-    outside: np.ndarray | None
-
-
-class ResizeLayout(NamedTuple):
-    """Resize's passes, the dtype `work` they compute in, and {region: byte offset} in the workspace
-    for: `source` (the input in `work`, when that is not its dtype), `ping` and `pong` (results
-    between passes, alternately), `tap` (one tap of a pass), `index{k}` and `weight{k}` (pass k's)."""
-
-    passes: list
-    work: np.dtype
-    offsets: dict
-    nbytes: int
-
-
-_TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
-               "tf_crop_and_resize")
-
-
-def _source_coordinates(transform, n_in, n_out, scale, roi):
-    """Where each output position along an axis falls in the input, by the coordinate transformation."""
-    o, length = np.arange(n_out, dtype=np.float64), scale * n_in
-    if transform == "align_corners":
-        return np.zeros(n_out) if length == 1 else o * (n_in - 1) / (length - 1)
-    if transform == "asymmetric":
-        return o / scale
-    if transform == "tf_crop_and_resize":
-        lo, hi = roi
-        x = np.full(n_out, (hi - lo) * (n_in - 1) / 2) if length == 1 else o * (hi - lo) * (n_in - 1) / (length - 1)
-        return x + lo * (n_in - 1)
-    if transform == "pytorch_half_pixel":
-        return np.full(n_out, -0.5) if length == 1 else (o + 0.5) / scale - 0.5
-    if transform == "half_pixel_symmetric":
-        return n_in / 2 * (1 - n_out / length) + (o + 0.5) / scale - 0.5
-    if transform == "half_pixel":
-        return (o + 0.5) / scale - 0.5
-    raise ShapeError(f"coordinate_transformation_mode {transform!r} is not one of {', '.join(_TRANSFORMS)}")
-
-
-def _filter(schema, node, ratio, scale):
-    """(offsets, weights): the taps around each source coordinate, at offsets from the neighbour left
-    of it (`ratio` in (0, 1] away), and their weights; antialiasing widens the filter by 1/scale
-    when downscaling."""
-    mode = schema.attr(node, "mode")
-    if mode == "nearest":
-        whole = ratio == 1
-        right = {"round_prefer_floor": ratio > 0.5, "round_prefer_ceil": ratio >= 0.5,
-                 "floor": False, "ceil": True}[schema.attr(node, "nearest_mode")] | whole
-        return np.arange(2)[:, None], np.stack([~right, right]).astype(np.float64)
-    if mode not in ("linear", "cubic"):
-        raise ShapeError(f"mode {mode!r} is not nearest, linear or cubic")
-    antialias = schema.attr(node, "antialias")
-    s = min(scale, 1.0) if antialias else 1.0
-    start = int(np.floor(-(1 if mode == "linear" else 2) / s)) + 1
-    offsets = np.arange(start, 2 - start)[:, None]
-    d = np.abs((offsets - ratio) * s)
-    if mode == "linear":
-        weight = np.clip(1 - d, 0, 1)
-    else:
-        a = schema.attr(node, "cubic_coeff_a")
-        weight = np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
-                          np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0))
-    return offsets, weight / weight.sum(0) if antialias else weight
-
-
-def _resize_pass(schema, node, a, n_in, n_out, scale, roi):
-    """Axis `a`'s ResizePass, as the ONNX reference resamples: neighbours beyond the edges repeat the
-    edge (or weigh nothing, with exclude_outside); a pass whose every weight is one 1 is a gather."""
-    transform = schema.attr(node, "coordinate_transformation_mode")
-    x = _source_coordinates(transform, n_in, n_out, scale, roi)
-    ratio = np.where(x == np.floor(x), 1.0, x - np.floor(x))
-    offsets, weight = _filter(schema, node, ratio, scale)
-    index = (x - ratio).astype(np.int64) + offsets
-    if schema.attr(node, "exclude_outside"):
-        weight = np.where((index < 0) | (index >= n_in), 0.0, weight)
-        total = weight.sum(0)
-        weight = weight / np.where(total == 0, 1.0, total)
-    index = np.clip(index, 0, n_in - 1)
-    outside = (x < 0) | (x > n_in - 1) if transform == "tf_crop_and_resize" else None
-    outside = outside if outside is not None and outside.any() else None
-    if ((weight != 0).sum(0) == 1).all() and (weight.sum(0) == 1).all():
-        return ResizePass(a, index[(weight != 0).argmax(0), np.arange(n_out)][None], None, outside)
-    return ResizePass(a, index, weight, outside)
-
 
 @schema("ScatterND")
 class ScatterND(Schema):
@@ -715,9 +431,3 @@ def scatter_nd(xp, out, idx, updates, reduction):
         if scatter is None:
             raise ShapeError(f"reduction {reduction!r} has no CuPy scatter")
         scatter(out, where, updates)
-
-
-@schema("Identity")
-class Identity(View):
-    def view_shape(self, node, shape):
-        return shape

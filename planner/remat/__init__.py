@@ -13,7 +13,7 @@ Nodes annotated `force_mirroring` are recomputed under every strategy but optima
 import sys
 
 from ..config import Config
-from ..errors import PlanError
+from ..errors import PlanError, say
 from . import budget, megengine, mirror, optimal, sublinear
 from .recompute import SUFFIX, droppable, recompute
 
@@ -29,7 +29,8 @@ def rematerialize(graph, remat, score, memory_budget=None, config=None):
     if remat is not None and remat not in REMATS:
         raise PlanError(f"unknown remat {remat!r}; choose one of {', '.join(REMATS)}")
     if (remat in ("budget", "optimal")) != (memory_budget is not None):
-        raise PlanError("memory_budget= goes with remat='budget' or remat='optimal', and they need it")
+        raise PlanError(say("memory_budget= goes with remat='budget' or remat='optimal', and they need it",
+                            "--budget SIZE goes with --remat budget or --remat optimal (the default with --budget)"))
     info = {"remat": remat}
     if remat == "optimal":
         rewritten, info["solver"] = optimal.plan_optimal(graph, memory_budget, score, config.time_limit,

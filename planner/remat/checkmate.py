@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, sparse
 
+from ..errors import require
+
 
 @dataclass
 class Solution:
@@ -230,7 +232,7 @@ def _milp(model, costs, time_limit):
 
 def _cpsat(model, costs, time_limit):
     """OR-Tools CP-SAT on the same rows (all coefficients integral): (x or None, status, relative gap)."""
-    from ortools.sat.python import cp_model
+    cp_model = require("ortools.sat.python.cp_model", "MEMPLAN_REMAT_SOLVER=cpsat", "OR-Tools", "solver")
     m = cp_model.CpModel()
     x = [m.new_int_var(int(lb), int(ub), f"x{v}") for v, (lb, ub) in enumerate(zip(model["lb"], model["ub"]))]
     A = model["A"]

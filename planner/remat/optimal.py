@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import allocators, ops
 from ..inplace import aliases
-from ..errors import InfeasibleBudgetError, PlanError
+from ..errors import InfeasibleBudgetError, PlanError, say
+from ..units import format_bytes
 from . import checkmate
 from .budget import plan_budget
 from .recompute import droppable, replay
@@ -66,9 +67,10 @@ def plan_optimal(graph, budget, score, time_limit=10.0, solver="milp"):
     accounting that won. Both accountings are solved, aliasing modelled ("aliased") and every output its
     own bytes ("separate"), as the real plan may fall on either side. InfeasibleBudgetError, with the
     smallest arena found, when no schedule fits."""
+    optimal_flag, budget_flag = say("remat='optimal'", "--remat optimal"), say("remat='budget'", "--remat budget")
     if len(graph.nodes) > MAX_NODES:
-        raise PlanError(f"remat='optimal' solves training steps of up to {MAX_NODES} nodes; this one has "
-                        f"{len(graph.nodes)}: use remat='budget'")
+        raise PlanError(f"{optimal_flag} solves training steps of up to {MAX_NODES} nodes; this one has "
+                        f"{len(graph.nodes)}: use {budget_flag}")
     arena = score(graph)
     info = {"solver": solver, "tries": 0, "seconds": 0.0, "gap": 0.0, "status": "no recomputation needed"}
     if arena <= budget:
@@ -96,13 +98,13 @@ def plan_optimal(graph, budget, score, time_limit=10.0, solver="milp"):
         _, rewritten, best = min(found, key=lambda f: f[0])
         return rewritten, {**info, **best}
     if any("time limit" in status.lower() for status in statuses):
-        raise PlanError(f"the {solver} solver found no schedule fitting {budget} bytes within {time_limit:g} s "
-                        f"(MEMPLAN_TIME_LIMIT); allow it more time or use remat='budget'")
+        raise PlanError(f"the {solver} solver found no schedule fitting {format_bytes(budget)} within {time_limit:g} s "
+                        f"(MEMPLAN_TIME_LIMIT); allow it more time or use {budget_flag}")
     smallest = _smallest(graph, score, (sizes, costs, deps, allowed, {}), time_limit, solver)
     if smallest > budget:
         raise InfeasibleBudgetError(budget, smallest)
-    raise PlanError(f"each schedule the solver found for {budget} bytes came out over it in the real plan "
-                    "(fragmentation, aliasing), and the cheapest proof is out of reach; remat='budget' fits it")
+    raise PlanError(f"each schedule the solver found for {format_bytes(budget)} came out over it in the real plan "
+                    f"(fragmentation, aliasing), and the cheapest proof is out of reach; {budget_flag} fits it")
 
 
 def _smallest(graph, score, problem, time_limit, solver, steps=6):

@@ -1,0 +1,82 @@
+"""What the arena holds, by purpose: one category per planned tensor (the report's breakdown and the
+timeline picture's colours both read it), and the arena's breakdown at its fullest step.
+
+Each field has one definition, whatever the strategy:
+
+- params: params and consts (persistent), and new param values made out of place in a training step;
+- optimizer: optimizer state (persistent; training steps only);
+- workspace: the pooled scratch slots (persistent), or the one-step workspaces live at the fullest step;
+- io, saved, grads, activations: the transient buffers live at the fullest step, each counted once in
+  the category of the tensor holding it then: graph inputs and outputs; forward values a backward step
+  reads; parameter gradients; every other value (recomputed ones included);
+- free: the arena's bytes that hold nothing at that step, what the placement loses (arena - LOAD).
+
+The fullest step is the first step where the transient buffers hold the most bytes (LOAD's step).
+"""
+import numpy as np
+
+from .allocators import align
+
+FIELDS = {"param": "params", "optimizer": "optimizer", "workspace": "workspace", "io": "io", "saved": "saved",
+          "gradient": "grads", "activation": "activations", "recomputed": "activations"}
+"""The breakdown field of each category."""
+TRAINING_ONLY = ("optimizer", "saved", "grads")
+
+
+def category(tensor):
+    """The category of a planned tensor: a key of FIELDS."""
+    if tensor.kind in ("param", "const"):
+        return "param"
+    if tensor.kind == "state":
+        return "optimizer"
+    if tensor.kind in ("workspace", "workspace_slot"):
+        return "workspace"
+    if tensor.kind in ("input", "output"):
+        return "io"
+    return {"saved": "saved", "gradient": "gradient", "update": "param", "recomputed": "recomputed"}.get(
+        tensor.role, "activation")
+
+
+def fields(training):
+    """The breakdown's fields, in the order the report shows them."""
+    names = dict.fromkeys(FIELDS.values())
+    return [f for f in (*names, "free") if training or f not in TRAINING_ONLY]
+
+
+def breakdown(tensors, nsteps, arena_bytes, training):
+    """({field: bytes} of the arena, summing to `arena_bytes` (see the module docstring); the fullest step)."""
+    parts = dict.fromkeys(fields(training), 0)
+    for t in tensors.values():
+        if t.lifetime is None and t.alias_of is None:
+            parts[FIELDS[category(t)]] += align(t.nbytes)
+    step, live = _live_at_fullest_step(tensors, nsteps)
+    for name, nbytes in live.items():
+        if nbytes:
+            parts[FIELDS[name]] += nbytes
+    parts["free"] = arena_bytes - sum(parts.values())
+    return parts, step
+
+
+def _live_at_fullest_step(tensors, nsteps):
+    """The fullest step and {category: bytes} of the transient buffers live then. A buffer shared in place
+    or by a view counts its aligned bytes once, in the category of the member that last took it over."""
+    names = list(dict.fromkeys(FIELDS))
+    live = np.zeros((len(names), nsteps + 2), np.int64)
+    groups = {}
+    for t in tensors.values():
+        if t.lifetime is not None:
+            groups.setdefault(t.alias_of or t.name, []).append(t)
+    for root, members in groups.items():
+        if tensors[root].lifetime is None:
+            continue
+        members.sort(key=lambda t: t.lifetime)
+        size = align(tensors[root].nbytes)
+        end = max(t.lifetime[1] for t in members)
+        for k, t in enumerate(members):
+            stop = members[k + 1].lifetime[0] - 1 if k + 1 < len(members) else end
+            row = names.index(category(t))
+            live[row, t.lifetime[0]] += size
+            live[row, max(stop, t.lifetime[0]) + 1] -= size
+    live = np.cumsum(live, axis=1)
+    step = int(np.argmax(live.sum(axis=0)))
+    return step, {name: int(live[k, step]) for k, name in enumerate(names)}

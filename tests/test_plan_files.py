@@ -1,0 +1,272 @@
+"""Plan files refused with one clear PlanError: broken JSON, fields of the wrong type, plans that
+verify() rejects (negative or inconsistent sizes, unknown dtypes, names without a place, tensors
+outside the arena) and params' values missing, incomplete or from another plan."""
+import json
+import shutil
+import time
+from dataclasses import replace
+
+import ml_dtypes
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import planner
+from executor import Executor
+from planner import Plan, PlanError
+from planner.plan import PlannedTensor, Step
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return planner.compile("zoo:mlp", {"input": (2, 784)})
+
+
+@pytest.fixture
+def saved(mlp, tmp_path):
+    return mlp.to_json(tmp_path / "plan.json")
+
+
+def edit(path, change):
+    """Rewrite the JSON at `path` with `change(doc)` applied."""
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def tensor(doc, name):
+    return next(t for t in doc["tensors"] if t["name"] == name)
+
+
+def feed():
+    return {"input": np.random.default_rng(0).standard_normal((2, 784), dtype=np.float32)}
+
+
+def test_round_trip_keeps_tensors_steps_and_values(mlp, saved):
+    again = Plan.from_json(saved)
+    assert again.tensors == mlp.tensors and again.steps == mlp.steps and again.arena_bytes == mlp.arena_bytes
+    assert again.data.keys() == mlp.data.keys()
+    for name, value in mlp.data.items():
+        np.testing.assert_array_equal(again.data[name], value)
+    assert saved.with_suffix(".npz").is_file()
+
+
+def test_an_unused_negative_tensor_no_longer_hides_an_overlap(mlp, saved):
+    # The second layer's Gemm output is moved onto the third layer's bias, which the last Gemm still
+    # reads; an unused "ghost" of -256 bytes at the same offset, sorting between them, used to keep
+    # the sweep from comparing the two, and the plan ran with wrong outputs.
+    bias = mlp.tensors["layers.2.bias"].offset
+
+    def overlap(doc):
+        for name in ("/layers/1/Gemm_output_0", "/layers/1/Relu_output_0"):
+            tensor(doc, name)["offset"] = bias
+
+    def ghost(doc):
+        overlap(doc)
+        doc["tensors"].append(dict(tensor(doc, "/layers/1/Gemm_output_0"), name="ghost", shape=[-64], nbytes=-256,
+                                   lifetime=[1, 4]))
+
+    with pytest.raises(PlanError, match="overlap"):
+        Plan.from_json(edit(saved, overlap))
+    with pytest.raises(PlanError, match=r"plan.json: tensor 'ghost': shape \(-64,\) and nbytes -256 must not be "
+                                        "negative"):
+        Plan.from_json(edit(saved, ghost))
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d.pop("arena_bytes"), "field 'arena_bytes' is missing"),
+    (lambda d: d.update(arena_bytes="12"), "field 'arena_bytes' must be an int, got '12'"),
+    (lambda d: d.update(arena_bytes=True), "field 'arena_bytes' must be an int, got True"),
+    (lambda d: d.update(inputs="input"), "field 'inputs' must be a list of strings"),
+    (lambda d: d.update(colour="red"), "unknown field 'colour'"),
+    (lambda d: d.update(tensors={}), "field 'tensors' must be a list"),
+    (lambda d: d["tensors"].__setitem__(0, 5), r"tensors\[0\] must be an object, got 5"),
+    (lambda d: d["tensors"][0].update(shape=["a"]), r"tensors\[0\]: field 'shape' must be a list of ints"),
+    (lambda d: d["tensors"][0].update(shape=[2.5]), r"tensors\[0\]: field 'shape' must be a list of ints"),
+    (lambda d: d["tensors"][0].update(dtype=5), "field 'dtype' must be a string"),
+    (lambda d: d["tensors"][6].update(lifetime=[1]), "field 'lifetime' must be null or two ints"),
+    (lambda d: d["tensors"][6].update(lifetime="always"), "field 'lifetime' must be null or two ints"),
+    (lambda d: d["tensors"][0].update(view="no"), "field 'view' must be true or false"),
+    (lambda d: d["tensors"][0].pop("role"), r"tensors\[0\]: field 'role' is missing"),
+    (lambda d: d["tensors"].append(d["tensors"][0]), "a second tensor named 'layers.0.weight'"),
+    (lambda d: d["steps"][0].update(inputs=[1]), r"steps\[0\]: field 'inputs' must be a list of strings"),
+    (lambda d: d["steps"][0].update(attrs=[]), r"steps\[0\]: field 'attrs' must be an object"),
+    (lambda d: d["steps"][0].update(phase="sideways"), "field 'phase' must be one of"),
+    (lambda d: d["steps"][0].update(attrs={"value": {"ndarray": [1, 2], "dtype": "float99", "shape": [2]}}),
+     r"steps\[0\]: attribute 'value' is not an encoded array"),
+    (lambda d: d["steps"][0].update(attrs={"value": {"ndarray": [1, 2], "dtype": "<f4", "shape": [3]}}),
+     "attribute 'value' is not an encoded array"),
+    (lambda d: d["steps"][0].update(inputs=["nope"]), "uses 'nope', which the plan does not place"),
+    (lambda d: d["tensors"][0].update(kind="weight"), "tensor 'layers.0.weight': kind 'weight' is not one of"),
+    (lambda d: d["tensors"][6].update(role="hero"), "tensor 'input': role 'hero' is not one of"),
+    (lambda d: d["tensors"][0].update(dtype="float33"), "dtype 'float33' is not a numeric or bool NumPy dtype"),
+    (lambda d: d["tensors"][0].update(dtype="object"), "dtype 'object' is not a numeric or bool NumPy dtype"),
+    (lambda d: d["tensors"][0].update(nbytes=d["tensors"][0]["nbytes"] - 4), "nbytes 1605628 differs from its "
+                                                                              r"shape \(512, 784\) of float32"),
+    (lambda d: d["tensors"][6].update(lifetime=[0, 99]), r"lifetime \(0, 99\) is not within steps 0 to 5"),
+    (lambda d: d.update(outputs=["ghost"]), "graph output 'ghost' has no place in the plan"),
+    (lambda d: d.update(inputs=["ghost"]), "graph input 'ghost' has no place in the plan"),
+    (lambda d: d.update(arena_bytes=d["arena_bytes"] - 256), "fall outside the arena"),
+    (lambda d: d["stats"].update(persistent_bytes="all"), "stats.persistent_bytes 'all' must be an int"),
+    (lambda d: d.update(format="memplan-plan/1"), "not a memplan plan of format 'memplan-plan/2'"),
+    (lambda d: d.update(values_digest=5), "field 'values_digest' must be null or a string"),
+])
+def test_a_broken_field_is_named(saved, change, message):
+    with pytest.raises(PlanError, match=message) as caught:
+        Plan.from_json(edit(saved, change))
+    assert str(caught.value).startswith(str(saved))
+
+
+def test_an_unused_tensor_must_lie_inside_the_arena(saved):
+    def unused(doc):
+        doc["tensors"].append(dict(tensor(doc, "input"), name="unused", offset=doc["arena_bytes"]))
+
+    with pytest.raises(PlanError, match=r"tensor 'unused': bytes \[\d+, \d+\) fall outside the arena"):
+        Plan.from_json(edit(saved, unused))
+
+
+def test_training_names_are_checked(tmp_path):
+    path = planner.compile("zoo:mlp", {"input": (2, 784)}, training=True).to_json(tmp_path / "step.json")
+    with pytest.raises(PlanError, match="training loss 'nope' has no place in the plan"):
+        Plan.from_json(edit(path, lambda d: d["training"].update(loss="nope")))
+    with pytest.raises(PlanError, match="training args .* must give the learning rate 'lr' as a number"):
+        Plan.from_json(edit(path, lambda d: d["training"].update(args={})))
+    with pytest.raises(PlanError, match="training params must be a list of names"):
+        Plan.from_json(edit(path, lambda d: d["training"].update(params=3)))
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, r"cannot read the plan \(No such file or directory\)"),
+    ("dir", r"cannot read the plan \(Is a directory\)"),
+    (b"\xff\xfe\x00", "not UTF-8 text"),
+    ("", "invalid JSON: Expecting value at line 1 column 1"),
+    ("{", "invalid JSON"),
+    ("[" * 100000, "invalid JSON"),
+    ("[]", "not a memplan plan of format 'memplan-plan/2' \\(found 'list'\\)"),
+    ('{"format": "memplan-plan/2"}', "field 'strategy' is missing"),
+])
+def test_an_unreadable_file_is_a_plan_error(tmp_path, content, message):
+    path = tmp_path / "plan.json"
+    if content == "dir":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(PlanError, match=message):
+        Plan.from_json(path)
+
+
+def test_verify_rejects_sizes_and_dtypes_in_memory(mlp):
+    t = mlp.tensors["input"]
+    for bad, message in [(replace(t, nbytes=-256, shape=(-64,)), "must not be negative"),
+                         (replace(t, nbytes=t.nbytes * 2), "differs from its shape"),
+                         (replace(t, dtype="float33"), "dtype 'float33'"),
+                         (replace(t, name="other"), "filed under the name 'input'")]:
+        with pytest.raises(PlanError, match=message):
+            replace(mlp, tensors={**mlp.tensors, "input": bad}).verify()
+
+
+def chain_plan(n):
+    """n Relu steps over (1, 64) float32 rows that ping-pong between two 256-byte buffers."""
+    names = [f"t{k}" for k in range(n + 1)]
+    kinds = ["input", *["activation"] * (n - 1), "output"]
+    tensors = {name: PlannedTensor(name, (1, 64), "float32", kind, 256, 256 * (k % 2), (max(k - 1, 0), min(k, n)))
+               for k, (name, kind) in enumerate(zip(names, kinds))}
+    tensors[names[-1]] = replace(tensors[names[-1]], lifetime=(n - 1, n))
+    steps = tuple(Step(f"s{k}", "Relu", (names[k],), (names[k + 1],), {}) for k in range(n))
+    return Plan("naive", "file", 512, 512, {}, tensors, steps, (names[0],), (names[-1],))
+
+
+def test_verify_stays_fast_on_100k_tensors():
+    plan = chain_plan(100_000)
+    start = time.perf_counter()
+    plan.verify()
+    assert time.perf_counter() - start < 10
+
+
+def npz_of(path):
+    with np.load(path.with_suffix(".npz")) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def test_missing_values_file(saved):
+    saved.with_suffix(".npz").unlink()
+    with pytest.raises(PlanError, match=r"plan.npz: missing; it holds the values of the plan's params"):
+        Plan.from_json(saved)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda v: v.pop("layers.0.weight"), "plan.npz: no value for param 'layers.0.weight'"),
+    (lambda v: v.update({"layers.0.bias": np.zeros(3, np.float32)}),
+     r"param 'layers.0.bias' is \(3,\) float32, but the plan places it as \(512,\) float32"),
+    (lambda v: v.update({"layers.0.bias": np.zeros(512)}), r"param 'layers.0.bias' is \(512,\) float64"),
+    (lambda v: v.update(extra=np.zeros(1)), "holds a value for 'extra', which is not a param or const"),
+    (lambda v: v.update({"layers.0.bias": v["layers.0.bias"] + 1}), "these values do not belong to .*plan.json"),
+])
+def test_incomplete_or_stale_values_are_refused(saved, change, message):
+    values = npz_of(saved)
+    change(values)
+    np.savez(saved.with_suffix(".npz"), **values)
+    with pytest.raises(PlanError, match=message):
+        Plan.from_json(saved)
+
+
+def test_values_of_another_plan_are_refused(mlp, saved, tmp_path):
+    other = replace(mlp, data={k: v * 2 for k, v in mlp.data.items()}).to_json(tmp_path / "other.json")
+    shutil.copy(other.with_suffix(".npz"), saved.with_suffix(".npz"))
+    with pytest.raises(PlanError, match="digest differs"):
+        Plan.from_json(saved)
+
+
+@pytest.mark.parametrize("content", [b"not a zip", b"PK\x03\x04broken"])
+def test_an_unreadable_values_file(saved, content):
+    saved.with_suffix(".npz").write_bytes(content)
+    with pytest.raises(PlanError, match="plan.npz: cannot read the values"):
+        Plan.from_json(saved)
+
+
+def test_a_npy_in_place_of_the_npz(saved):
+    with open(saved.with_suffix(".npz"), "wb") as f:
+        np.save(f, np.zeros(3))
+    with pytest.raises(PlanError, match="cannot read the values .*not an .npz archive"):
+        Plan.from_json(saved)
+
+
+def test_a_plan_saved_without_values_cannot_run(saved):
+    with pytest.raises(PlanError, match=r"saved without values\): no value for param 'layers.0.weight' "
+                                        r"\(and 5 more\)"):
+        Plan.from_json(edit(saved, lambda d: d.update(values_digest=None)))
+
+
+def test_a_plan_path_ending_in_npz_is_refused(mlp, tmp_path):
+    with pytest.raises(PlanError, match="must not end in .npz; name it .json"):
+        mlp.to_json(tmp_path / "plan.npz")
+    assert not list(tmp_path.iterdir())
+
+
+def test_values_must_be_complete_to_save_or_run(mlp, tmp_path):
+    partial = replace(mlp, data={k: v for k, v in mlp.data.items() if k != "layers.1.bias"})
+    with pytest.raises(PlanError, match="Plan.data: no value for param 'layers.1.bias'"):
+        partial.to_json(tmp_path / "plan.json")
+    with pytest.raises(PlanError, match="no value for param 'layers.1.bias'"):
+        Executor(partial, backend="numpy")
+
+
+def test_a_reloaded_plan_runs_like_the_original(mlp, saved):
+    want = Executor(mlp, backend="numpy").run(feed())["output"]
+    np.testing.assert_array_equal(Executor(Plan.from_json(saved), backend="numpy").run(feed())["output"], want)
+
+
+def test_bfloat16_values_round_trip(tmp_path):
+    # .npz stores bfloat16 as raw 2-byte voids; reading views them as bfloat16 again.
+    x = helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.BFLOAT16, None)
+    w = np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16)
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "bf16", [x], [y],
+                              [numpy_helper.from_array(w, "w")])
+    plan = planner.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    again = Plan.from_json(plan.to_json(tmp_path / "bf16.json"))
+    assert again.data["w"].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(again.data["w"], w)

@@ -164,6 +164,8 @@ def _load_external(tensor, base_dir):
     if base_dir is None:
         raise ModelError(f"initializer {tensor.name!r} keeps its data in {location!r}; "
                          "load the model from its file path so the data can be found")
+    if "\0" in location:
+        raise ModelError(f"initializer {tensor.name!r}: external data location {location!r} holds a NUL byte")
     root = os.path.realpath(base_dir)
     path = os.path.realpath(os.path.join(root, location))
     if os.path.isabs(location) or os.path.commonpath([root, path]) != root:
@@ -171,7 +173,11 @@ def _load_external(tensor, base_dir):
                          "points outside the model's directory; refusing to read it")
     if not os.path.isfile(path):
         raise ModelError(f"initializer {tensor.name!r}: external data file {location!r} is missing")
-    external_data_helper.load_external_data_for_tensor(tensor, root)
+    try:
+        external_data_helper.load_external_data_for_tensor(tensor, root)
+    except (ValueError, OSError) as e:
+        raise ModelError(f"initializer {tensor.name!r}: external data in {location!r} cannot be read "
+                         f"({e.strerror if isinstance(e, OSError) else e})") from None
     tensor.data_location = TensorProto.DEFAULT
     del tensor.external_data[:]
 

@@ -5,7 +5,7 @@ from functools import lru_cache
 import onnx
 from onnx import TensorProto
 
-from .dtypes import to_onnx
+from .dtypes import is_float, to_onnx
 from .errors import ShapeError
 
 
@@ -31,9 +31,22 @@ def type_string(dtype):
     return f"tensor({TensorProto.DataType.Name(to_onnx(dtype)).lower()})"
 
 
+def _mod_on_floats(node, ins, opset):
+    if opset < 28 and not node.attrs.get("fmod", 0) and any(i is not None and is_float(i.dtype) for i in ins):
+        return "Mod on floats needs fmod=1 before opset 28 (which brought the floor mod of floats)"
+    return None
+
+
+CONDITIONS = {"Mod": _mod_on_floats}
+"""Type rules an op's doc states beside its constraints: op -> check(node, ins, opset) -> why, or None."""
+
+
 def check_types(node, ins, opset):
     """Raise ShapeError unless every present input of `node` (their Info) has a type its ONNX schema
     allows, and the inputs that share a type parameter share a dtype."""
+    why = CONDITIONS[node.op](node, ins, opset) if node.op in CONDITIONS else None
+    if why:
+        raise ShapeError(why)
     formals = _formals(node.op, opset)
     if not formals:
         return

@@ -4,11 +4,7 @@ lists drawn from the commands' flags. Each must end in success or one MemplanErr
 another exception, within a memory cap and a time cap. Each example runs in a forked child, so that
 the caps (resource.setrlimit, alarm) and any crash stay there."""
 import os
-import pickle
-import resource
-import signal
 import sys
-import traceback
 
 import numpy as np
 import onnx
@@ -18,52 +14,17 @@ from hypothesis import strategies as st
 
 import planner
 from graphs import random_dag
+from isolation import isolated
 from zoo_cases import input_shapes, small_model
 
-MEMORY_CAP = 1 << 30
-"""Address space a child may add to what the test process already holds."""
-TIME_CAP = 60
-"""Seconds a child may take."""
 EXAMPLES = settings(derandomize=True, max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def isolated(fn, *args):
-    """Run fn(*args) in a forked child under the caps: ("ok", value), ("error", MemplanError class name
-    and message), or ("crash", traceback) for any other exception, a signal or the time cap."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        try:
-            pages = int(open("/proc/self/statm").read().split()[0])
-            limit = pages * os.sysconf("SC_PAGE_SIZE") + MEMORY_CAP
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-            signal.alarm(TIME_CAP)
-            sys.stdout = sys.stderr = open(os.devnull, "w")
-            try:
-                result = ("ok", fn(*args))
-            except planner.MemplanError as e:
-                result = ("error", f"{type(e).__name__}: {e}")
-            except BaseException:
-                result = ("crash", traceback.format_exc())
-            with os.fdopen(write, "wb") as f:
-                pickle.dump(result, f)
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        return "crash", f"the child ended without a result (wait status {status}: signal {status & 0x7f})"
-    return pickle.loads(data)
 
 
 def plan_and_run(model_bytes, shapes):
     """Plan the model (from bytes: a truncated file must fail cleanly) and, when it plans small, run it."""
     import tempfile
-    from executor import Executor
+    from executor import Executor, random_feeds
     with tempfile.NamedTemporaryFile(suffix=".onnx", delete=False) as f:
         f.write(model_bytes)
     try:
@@ -71,9 +32,7 @@ def plan_and_run(model_bytes, shapes):
     finally:
         os.unlink(f.name)
     if plan.arena_bytes <= 64 << 20:
-        rng = np.random.default_rng(0)
-        feeds = {n: rng.standard_normal(plan.tensors[n].shape).astype(plan.tensors[n].dtype) for n in plan.inputs}
-        Executor(plan, backend="numpy", poison=True).run(feeds)
+        Executor(plan, backend="numpy", poison=True).run(random_feeds(plan))
     return plan.arena_bytes
 
 

@@ -13,6 +13,7 @@ from planner.ir import Graph, Node, Tensor
 
 META = "memplan."
 """Prefix of the node metadata_props keys that carry Node.meta (force_mirroring, mirror_stage)."""
+TORCH_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 MIN_OPSET = 11
 MAX_OPSET = onnx.defs.onnx_opset_version()
 
@@ -109,7 +110,15 @@ def _graph(g, opset, base_dir):
         for name in node.inputs:
             if name and name not in tensors:
                 tensors[name] = Tensor(name, *declared.get(name, (None, None)), "activation")
-    return Graph(tuple(nodes), tensors, inputs, outputs, g.name or "graph", opset)
+    return Graph(tuple(nodes), tensors, inputs, outputs, g.name or "graph", opset,
+                 exported_params=_exported_params(g))
+
+
+def _exported_params(g):
+    """The number of nn.Parameters in the torch.export signature torch.onnx (dynamo) writes into the
+    graph's metadata, or None when the file has none."""
+    signature = {p.key: p.value for p in g.metadata_props}.get(TORCH_SIGNATURE)
+    return None if signature is None else len(re.findall(r": PARAMETER target=", signature))
 
 
 def _legacy_softmax(node, tensors):

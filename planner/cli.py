@@ -16,13 +16,13 @@ DEFAULT_MODEL = "zoo:resnet50"
 EXAMPLES = """examples:
   memplan report                                    # the built-in default model (zoo:resnet50, batch 1)
   memplan report zoo:resnet50 --batch 32            # arena per strategy and the lower bound
-  memplan report zoo:lenet --batch 64 --training --optimizer adam --budget 4MiB
+  memplan report zoo:lenet --batch 16 --training --optimizer adam --budget 2.75MiB
   memplan run zoo:lenet --batch 8 --training --remat sublinear --repeat 3
   memplan plan zoo:gpt2_small --input input_ids:8x128 --strategy share -o plan.json
   memplan inspect zoo:bert_base --input input_ids:8x128 --input attention_mask:8x128
   memplan inspect model.onnx --input input:8x3x224x224
   memplan viz zoo:lenet --batch 8 --training -o timeline.svg --graph graph.svg
-  memplan max-batch zoo:resnet18 --budget 2GiB --training --optimizer adam
+  memplan max-batch zoo:lenet --budget 64MiB --training --optimizer adam
 """
 
 
@@ -106,14 +106,19 @@ def inspect(args):
 
 
 def training_options(args):
-    """compile()'s training keywords from --training, --loss, --optimizer and --lr."""
+    """compile()'s training keywords from --training and the options that go with it."""
+    from .losses import IGNORE_INDEX
     if not args.training:
-        if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget:
-            raise MemplanError("--loss, --optimizer, --lr, --remat and --budget apply with --training")
+        if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget or args.trainable \
+                or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX:
+            raise MemplanError("--loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, --class-axis and "
+                               "--ignore-index apply with --training")
         return {}
     return {"training": True, "loss": args.loss or "cross_entropy", "optimizer": args.optimizer or "sgd",
             "optimizer_args": {} if args.lr is None else {"lr": args.lr}, "remat": args.remat,
-            "memory_budget": None if args.budget is None else parse_bytes(args.budget)}
+            "memory_budget": None if args.budget is None else parse_bytes(args.budget),
+            "trainable": tuple(args.trainable), "frozen": tuple(args.frozen), "class_axis": args.class_axis,
+            "ignore_index": args.ignore_index}
 
 
 def report(args):
@@ -305,9 +310,19 @@ def seconds(text):
     return value
 
 
+def label_index(text):
+    """An argparse type: an int label value, or 'none'."""
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value: {text!r}; give an int or none") from None
+
+
 def _model_args(p, one_strategy):
     from .compiler import SCHEDULES, STRATEGIES
-    from .losses import LOSSES
+    from .losses import IGNORE_INDEX, LOSSES
     from .remat import REMATS
     from .training import OPTIMIZERS
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="an .onnx file or zoo:NAME")
@@ -317,6 +332,15 @@ def _model_args(p, one_strategy):
     p.add_argument("--loss", choices=LOSSES, default=None, help="the loss on the first output (default cross_entropy)")
     p.add_argument("--optimizer", choices=list(OPTIMIZERS), default=None, help="the optimizer (default sgd)")
     p.add_argument("--lr", type=float, default=None, help="the learning rate (default: the optimizer's)")
+    p.add_argument("--trainable", action="append", default=[], metavar="NAME",
+                   help="train this initializer even if it looks like a number of the model's code (repeatable)")
+    p.add_argument("--frozen", action="append", default=[], metavar="NAME",
+                   help="keep this initializer constant (repeatable)")
+    p.add_argument("--class-axis", type=int, default=None, metavar="N",
+                   help="the dim of the logits holding the classes (default 1, or the last for a language model)")
+    p.add_argument("--ignore-index", type=label_index, default=IGNORE_INDEX, metavar="N",
+                   help=f"labels equal to N count neither in the loss nor its mean (default {IGNORE_INDEX}; "
+                        "none for none)")
     p.add_argument("--remat", choices=REMATS, default=None, help="recompute forward tensors in backward")
     p.add_argument("--budget", default=None, metavar="SIZE",
                    help="with --training: the least recomputation whose arena fits SIZE (e.g. 2GiB)")
@@ -360,7 +384,7 @@ def build_parser():
     p = command("report", "peak memory under each strategy", report, one_strategy=False)
     p.add_argument("--strategy", choices=list(STRATEGIES), nargs="+", default=None,
                    help="only these rows (naive and bestfit are always shown)")
-    p.add_argument("--time-limit", type=seconds, default=2.0, help="seconds for the optimal search (default 2)")
+    p.add_argument("--time-limit", type=seconds, default=2.0, help="seconds for each optimal search: the allocator, each try of --remat optimal (default 2)")
     _output_args(p)
     p = command("plan", "write a verified plan as JSON", plan)
     p.add_argument("-o", "--output", required=True, help="where to write the plan (.json; values go beside it as .npz)")

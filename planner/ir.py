@@ -84,7 +84,8 @@ class Graph:
 
     `updates` pairs (new value, persistent tensor): after a run the persistent tensor (a param or
     state) holds the new value, written into its bytes once every other reader of it has run, as a
-    training step updates its weights in place.
+    training step updates its weights in place. `exported_params`: how many nn.Parameters the
+    torch.export signature a file carries lists (None without one), to check what a training step trains.
     """
 
     nodes: tuple
@@ -94,6 +95,7 @@ class Graph:
     name: str = "graph"
     opset: int = 17
     updates: tuple = ()
+    exported_params: int | None = None
 
     @cached_property
     def producers(self):

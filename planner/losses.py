@@ -18,7 +18,7 @@ import numpy as np
 
 from . import shapes
 from .autodiff import Builder
-from .errors import ConfigError, ModelError
+from .errors import ConfigError, ModelError, say
 from .ir import Tensor
 
 LOSSES = ("cross_entropy", "mse")
@@ -41,13 +41,15 @@ def criterion(graph, kind, output=None, class_axis=None, ignore_index=IGNORE_IND
         raise ModelError(f"loss_output {output!r} is not a tensor of the model")
     if kind == "mse":
         if class_axis is not None or ignore_index != IGNORE_INDEX:
-            raise ConfigError("class_axis and ignore_index apply to loss='cross_entropy', not 'mse'")
+            raise ConfigError(say("class_axis and ignore_index apply to loss='cross_entropy', not 'mse'",
+                                  "--class-axis and --ignore-index apply to --loss cross_entropy, not mse"))
         return {"kind": kind, "output": output}
     shape = graph.tensors[output].shape
     if len(shape) < 2:
         raise ModelError(f"cross_entropy needs (batch, classes, ...) logits; {output!r} is {shape}")
     if ignore_index is not None and not _integer(ignore_index):
-        raise ConfigError(f"ignore_index {ignore_index!r} must be an int (a label value to skip) or None")
+        raise ConfigError(f"{say('ignore_index', '--ignore-index')} {ignore_index!r} must be an int (a label value "
+                          f"to skip) or {say('None', 'none')}")
     axis, rule = _class_axis(graph, output, class_axis)
     return {"kind": kind, "output": output, "class_axis": axis, "rule": rule,
             "ignore_index": None if ignore_index is None else int(ignore_index)}
@@ -97,7 +99,7 @@ def _class_axis(graph, output, given):
     rank = len(graph.tensors[output].shape)
     if given is not None:
         if not _integer(given) or not -rank <= given < rank:
-            raise ConfigError(f"class_axis {given!r} is not a dim of the logits {output!r} of shape "
+            raise ConfigError(f"{say('class_axis', '--class-axis')} {given!r} is not a dim of the logits {output!r} of shape "
                               f"{graph.tensors[output].shape}; give an int from {-rank} to {rank - 1}")
         return int(given) % rank, "given as class_axis"
     if rank == 2:

@@ -1,6 +1,7 @@
 """`memplan report`: the arena each strategy needs for one model, beside the lower bound LOAD, the
 dynamic-pool baselines, both workspace modes and, for a training step, both update orders and the
 recomputation strategies."""
+import math
 from dataclasses import asdict, dataclass, field, replace
 
 from . import pools
@@ -9,6 +10,13 @@ from .config import Config
 from .errors import InfeasibleBudgetError, MissingDependencyError, PlanError, say
 from .units import format_bytes
 
+CONSTANTS = (  # how planner.training's reason for a constant starts: what one is called, what several are
+    ("one element read by", "one-element number of the model's code", "one-element numbers of the model's code"),
+    ("the exponent of a Pow", "Pow exponent", "Pow exponents"),
+    ("frozen", "frozen", "frozen"),
+    ("a running statistic", "running statistic", "running statistics"),
+    ("the loss does not depend", "not reached by the loss", "not reached by the loss"),
+)
 ROWS = (  # label, strategy, Config changes
     ("naive", "naive", {}),
     ("inplace", "inplace", {}),
@@ -50,6 +58,9 @@ class Report:
                "notes": self.notes}
         if self.updates:
             doc.update(training=first.training["optimizer"], trained_params=len(first.training["params"]),
+                       trained_values=sum(math.prod(first.tensors[n].shape) for n in first.training["params"]),
+                       constants=first.training["constants"], criterion=first.training["criterion"],
+                       exported_params=first.training.get("exported_params"),
                        forward_flops=first.stats["forward_flops"], backward_flops=first.stats["backward_flops"],
                        update_modes={m: {"arena_bytes": p.arena_bytes, "breakdown": p.breakdown}
                                      for m, p in self.updates.items()})
@@ -102,7 +113,8 @@ class Report:
 
 
 def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None, memory_budget=None, **training):
-    """The Report of a typed graph. `optimal` searches for at most `time_limit` seconds. `strategies`
+    """The Report of a typed graph. `optimal` (the allocator, and each try of remat="optimal") searches
+    for at most `time_limit` seconds. `strategies`
     keeps only those rows, and always naive and bestfit, which the savings and the baselines are
     measured against. `training` (training=True, loss=, optimizer=, ...) plans training steps, and then
     each update order and recomputation, under `memory_budget` (bytes) too when given. A row whose
@@ -132,7 +144,9 @@ def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None,
     if training.get("training"):
         updates = {mode: compile(graph, schedule=schedule, config=config, **{**training, "update": mode})
                    for mode in ("eager", "after_backward")}
-        remats = _remats(lambda label, **o: plan(label, config=config, **o), memory_budget)
+        timed = replace(config, time_limit=time_limit)
+        remats = _remats(lambda label, **o: plan(label, config=timed if o["remat"] == "optimal" else config, **o),
+                         memory_budget)
     return Report(graph, [(label, p) for label, p in rows if p is not None], modes, updates, remats, memory_budget,
                   notes)
 
@@ -213,9 +227,52 @@ def _workspace_line(d):
                f"buffers, whose LOAD is {format_bytes(tensor['lower_bound_bytes'])}" if below else ""))
 
 
+def _params_line(d):
+    """How many params train and which initializers stay constants, grouped by why, a few names each."""
+    line = f"trains {d['trained_params']} params ({_count(d['trained_values'])} values)"
+    if not d["constants"]:
+        return line
+    groups = {}
+    for name, why in d["constants"].items():
+        label = next(((one, many) for start, one, many in CONSTANTS if why.startswith(start)), (why, why))
+        groups.setdefault(label, []).append(name)
+    parts = [f"{len(names)} {many if len(names) > 1 else one} ({', '.join(names[:3])}{', ...' * (len(names) > 3)})"
+             for (one, many), names in sorted(groups.items(), key=lambda g: -len(g[1]))]
+    return f"{line}; {len(d['constants'])} initializers stay constants: {', '.join(parts)}"
+
+
+def _export_line(d):
+    """A warning when a torch.export signature lists another number of nn.Parameters than train: the
+    exporter folds buffers (rotary tables, causal masks) into initializers that look like weights."""
+    listed, trained = d.get("exported_params"), d["trained_params"]
+    if listed is None or listed == trained:
+        return []
+    frozen = say("frozen=[names]", "--frozen NAME")
+    return [f"warning: the export's torch signature lists {listed} nn.Parameters but {trained} initializers train; "
+            f"those folded from buffers (rotary tables, masks) or tied weights may differ: freeze buffers with {frozen}"]
+
+
+def _loss_line(d):
+    c = d["criterion"]
+    if c["kind"] != "cross_entropy":
+        return f"loss: {c['kind']} on {c['output']!r}"
+    ignore = say("ignore_index", "--ignore-index")
+    return (f"loss: cross_entropy over dim {c['class_axis']} of {c['output']!r} ({c['rule']}), "
+            + (f"no {ignore}" if c["ignore_index"] is None else f"{ignore} {c['ignore_index']}"))
+
+
+def _count(n):
+    """A count of values as people read it: '9,216', '13.6 K', '1.2 M'."""
+    for unit, scale in (("G", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= max(scale, 10**4):
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:,}"
+
+
 def _training_lines(report, d):
     eager, after = d["update_modes"]["eager"], d["update_modes"]["after_backward"]
-    lines = [f"params updated as each gradient completes: arena {format_bytes(eager['arena_bytes'])} (gradients "
+    lines = [_params_line(d), *_export_line(d), _loss_line(d),
+             f"params updated as each gradient completes: arena {format_bytes(eager['arena_bytes'])} (gradients "
              f"{format_bytes(eager['breakdown']['grads'])} at the fullest step); all gradients, then the step: "
              f"{format_bytes(after['arena_bytes'])} (gradients {format_bytes(after['breakdown']['grads'])}) (bestfit)",
              f"{'remat':<21} {'arena':>13} {'x LOAD':>7} {'saved':>12} {'recompute':>10} {'plan s':>7}"]

@@ -56,8 +56,10 @@ def training_graph(graph, loss="cross_entropy", loss_output=None, optimizer="sgd
                    frozen=(), update="eager", inplace_update=True, trainable=(), class_axis=None,
                    ignore_index=IGNORE_INDEX):
     """The typed graph of one training step of a typed inference `graph`, and what the executor needs
-    to drive it: {"loss", "labels", "criterion", "params", "constants", "grads", "optimizer", "args",
-    "update", "lr", "step"}; "constants" says why each initializer left out of "params" does not train.
+    to drive it: {"loss", "labels", "criterion", "params", "constants", "exported_params", "grads",
+    "optimizer", "args", "update", "lr", "step"}; "constants" says why each initializer left out of
+    "params" does not train; "exported_params" is the count of nn.Parameters a torch.export signature
+    in the file lists (None without one).
     With `inplace_update=False` (MEGENGINE_INPLACE_UPDATE=0) each new param is a tensor of its own,
     copied over the param at the end of the step (memplan.Assign), which costs a copy of the params."""
     if optimizer not in OPTIMIZERS:
@@ -76,7 +78,8 @@ def training_graph(graph, loss="cross_entropy", loss_output=None, optimizer="sgd
     graph, grads = gradients(graph, "loss", params)
     graph = _append_optimizer(graph, grads, optimizer, args, update, inplace_update)
     return graph, {"loss": "loss", "labels": labels, "criterion": spec, "params": params, "constants": constants,
-                   "grads": grads, "optimizer": optimizer, "args": args, "update": update, "lr": LR, "step": STEP}
+                   "exported_params": graph.exported_params, "grads": grads, "optimizer": optimizer, "args": args,
+                   "update": update, "lr": LR, "step": STEP}
 
 
 def choose_params(graph, frozen=(), trainable=()):

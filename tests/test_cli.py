@@ -200,3 +200,34 @@ def test_an_unwritable_output_is_one_line(command, capsys):
     assert cli.main([command, *MLP, "--strategy", "bestfit", "-o", UNWRITABLE]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"memplan: error: -o {UNWRITABLE}") and err.count("\n") == 1
+
+
+def test_training_choices_reach_the_plan(tmp_path, capsys):
+    out = str(tmp_path / "p.json")
+    assert cli.main(["plan", *MLP, "--training", "--class-axis", "-1", "--ignore-index", "none", "--frozen",
+                     "layers.0.weight", "--frozen", "layers.0.bias", "--trainable", "layers.1.bias", "-o", out]) == 0
+    training = Plan.from_json(out).training
+    assert training["criterion"]["class_axis"] == 1 and training["criterion"]["rule"] == "given as class_axis"
+    assert training["criterion"]["ignore_index"] is None
+    assert training["constants"] == {"layers.0.weight": "frozen", "layers.0.bias": "frozen"}
+    assert cli.main(["plan", *MLP, "--training", "--ignore-index", "3", "-o", out]) == 0
+    assert Plan.from_json(out).training["criterion"]["ignore_index"] == 3
+    assert cli.main(["report", *MLP, "--training", "--strategy", "bestfit", "--frozen", "layers.2.bias"]) == 0
+    table = capsys.readouterr().out
+    assert "initializers stay constants: 1 frozen (layers.2.bias)" in table and ", --ignore-index -100" in table
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--training", "--class-axis", "2"], "memplan: error: --class-axis 2 is not a dim of the logits 'output'"),
+    (["--training", "--class-axis", "1", "--loss", "mse"], "memplan: error: --class-axis and --ignore-index apply to --loss cross_entropy"),
+    (["--training", "--trainable", "layers.0.bias", "--frozen", "layers.0.bias"], "named both trainable and frozen"),
+    (["--training", "--trainable", "nope"], "memplan: error: trainable names 'nope', which are not params"),
+    (["--class-axis", "1"], "memplan: error: --loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, "
+                            "--class-axis and --ignore-index apply with --training"),
+    (["--training", "--ignore-index", "x"], "argument --ignore-index: invalid value: 'x'; give an int or none"),
+    (["--training", "--class-axis", "last"], "argument --class-axis: invalid int value: 'last'"),
+])
+def test_bad_training_choices_print_one_line_and_exit_2(argv, message, tmp_path):
+    done = memplan("plan", *MLP, *argv, "-o", str(tmp_path / "p.json"), cwd=tmp_path)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

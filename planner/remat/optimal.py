@@ -99,7 +99,7 @@ def plan_optimal(graph, budget, score, time_limit=10.0, solver="milp"):
         return rewritten, {**info, **best}
     if any("time limit" in status.lower() for status in statuses):
         raise PlanError(f"the {solver} solver found no schedule fitting {format_bytes(budget)} within {time_limit:g} s "
-                        f"(MEMPLAN_TIME_LIMIT); allow it more time or use {budget_flag}")
+                        f"({say('MEMPLAN_TIME_LIMIT', '--time-limit')}); allow it more time or use {budget_flag}")
     smallest = _smallest(graph, score, (sizes, costs, deps, allowed, {}), time_limit, solver)
     if smallest > budget:
         raise InfeasibleBudgetError(budget, smallest)

@@ -11,7 +11,10 @@ nn.Parameters, not the numbers of its code (`x ** 2`, `x + 1e-6`, `q * 0.125`, c
 torch.onnx writes as one-element initializers. An initializer stays constant when it is frozen, a
 running statistic, not a float, not reached by the loss, the exponent of a Pow, or one element read
 only by elementwise arithmetic and comparisons (NUMBER_OPS). A one-element initializer that another op
-reads (a PRelu slope, a log-temperature through Exp) trains. `trainable` forces names to train.
+reads (a Gemm bias of one output) trains, unless shape inference folded what reads it (a lone Exp).
+`trainable` forces names to train. The file cannot say which weight-sized initializers the exporter
+folded from buffers (rotary tables, causal masks); the report warns when a torch.export signature
+lists fewer nn.Parameters than train.
 """
 import math
 import numbers

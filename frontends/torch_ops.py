@@ -159,7 +159,7 @@ REDUCERS = {"ReduceSum": torch.sum, "ReduceMean": torch.mean, "ReduceMax": torch
 
 @op(*REDUCERS)
 def reduce(m, node, ins):
-    axes = ops.get(node.op)._axes(node, ins[0].ndim)
+    axes = ops.get(node.op).reduced_axes(node, ins[0].ndim)
     if axes is None:
         return ins[0]
     if node.op == "ReduceMax" and not ins[0].numel():
@@ -290,7 +290,7 @@ def expand(m, node, ins):
 
 @op("Transpose")
 def transpose(m, node, ins):
-    return ins[0].permute(ops.get("Transpose")._perm(node, ins[0].ndim))
+    return ins[0].permute(ops.get("Transpose").permutation(node, ins[0].ndim))
 
 
 @op("Concat")
@@ -301,13 +301,13 @@ def concat(m, node, ins):
 @op("Split")
 def split(m, node, ins):
     a = attr(node, "axis") % ins[0].ndim
-    return torch.split(ins[0], ops.get("Split")._sizes(node, ins[0].shape[a]), a)
+    return torch.split(ins[0], ops.get("Split").split_sizes(node, ins[0].shape[a]), a)
 
 
 @op("Slice")
 def slice_(m, node, ins):
     """Positive steps as a Python index; negative ones (which torch refuses) by index_select."""
-    x, index = ins[0], ops.get("Slice")._index(node, ins[0].shape)
+    x, index = ins[0], ops.get("Slice").slices(node, ins[0].shape)
     x = x[tuple(s if (s.step or 1) > 0 else slice(None) for s in index)]
     for a, s in enumerate(index):
         if (s.step or 1) < 0:
@@ -349,7 +349,7 @@ def trilu(m, node, ins):
 def pad(m, node, ins):
     if attr(node, "mode") != "constant":
         raise unsupported(f"{node.op} with mode {attr(node, 'mode')}")
-    pads = ops.get("Pad")._pads(node, ins[0].ndim)
+    pads = ops.get("Pad").pad_widths(node, ins[0].ndim)
     return F.pad(ins[0], _torch_pads(*zip(*pads)), value=float(np.asarray(attr(node, "constant_value")).reshape(-1)[0]))
 
 

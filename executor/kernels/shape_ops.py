@@ -44,7 +44,7 @@ def view(xp, step, ins, outs, ws):
 
 @kernel("Shape")
 def shape(xp, step, ins, outs, ws):
-    _upload(xp, outs[0], ops.get("Shape")._dims(step, ins[0].shape))
+    _upload(xp, outs[0], ops.get("Shape").sliced_dims(step, ins[0].shape))
 
 
 @kernel("Expand")
@@ -54,7 +54,7 @@ def expand(xp, step, ins, outs, ws):
 
 @kernel("Transpose")
 def transpose(xp, step, ins, outs, ws):
-    xp.copyto(outs[0], ins[0].transpose(ops.get("Transpose")._perm(step, ins[0].ndim)))
+    xp.copyto(outs[0], ins[0].transpose(ops.get("Transpose").permutation(step, ins[0].ndim)))
 
 
 @kernel("Concat")
@@ -71,7 +71,7 @@ def split(xp, step, ins, outs, ws):
     """Each output from its stretch of the input along the axis (omitted outputs skipped)."""
     x, at = ins[0], 0
     a = attr(step, "axis") % x.ndim
-    for y, size in zip(outs, ops.get("Split")._sizes(step, x.shape[a])):
+    for y, size in zip(outs, ops.get("Split").split_sizes(step, x.shape[a])):
         if y is not None:
             xp.copyto(y, x[_along(a, slice(at, at + size))])
         at += size
@@ -79,7 +79,7 @@ def split(xp, step, ins, outs, ws):
 
 @kernel("Slice")
 def slice_(xp, step, ins, outs, ws):
-    xp.copyto(outs[0], ins[0][ops.get("Slice")._index(step, ins[0].shape)])
+    xp.copyto(outs[0], ins[0][ops.get("Slice").slices(step, ins[0].shape)])
 
 
 @kernel("Gather")
@@ -134,7 +134,7 @@ def pad(xp, step, ins, outs, ws):
     positions step by -1, 0 (broadcast) or 1, and each combination of runs over the axes is one copy
     (from the input, never from the output itself, which CuPy would first copy aside)."""
     x, y = ins[0], outs[0]
-    pads, mode = ops.get("Pad")._pads(step, x.ndim), attr(step, "mode")
+    pads, mode = ops.get("Pad").pad_widths(step, x.ndim), attr(step, "mode")
     kept = x[tuple(slice(max(-b, 0), d - max(-e, 0)) for d, (b, e) in zip(x.shape, pads))]
     if mode == "constant":
         y.fill(np.asarray(attr(step, "constant_value"), y.dtype).reshape(())[()])

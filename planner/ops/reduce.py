@@ -35,14 +35,14 @@ class Reduce(Schema):
 
     def infer(self, node, ins):
         x = ins[0]
-        axes = self._axes(node, x.rank)
+        axes = self.reduced_axes(node, x.rank)
         if axes is None:
             return [(x.shape, x.dtype)]
         keep = self.attr(node, "keepdims")
         return [(tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes), x.dtype)]
 
     def evaluate(self, node, x):
-        axes = self._axes(node, x.ndim)
+        axes = self.reduced_axes(node, x.ndim)
         if axes is None:
             return [x]
         return [np.asarray(REDUCERS[self.op](x, axes, keepdims=bool(self.attr(node, "keepdims")))).astype(x.dtype)]
@@ -52,7 +52,7 @@ class Reduce(Schema):
         `max_gradient`."""
         x, dy = node.inputs[0], dys[0]
         shape = b.shape(x)
-        axes = self._axes(node, len(shape))
+        axes = self.reduced_axes(node, len(shape))
         if axes is None:
             return [dy]
         kept_shape = [1 if k in axes else d for k, d in enumerate(shape)]
@@ -64,7 +64,7 @@ class Reduce(Schema):
             spread = b.op("Mul", spread, b.const(1 / max(math.prod(shape[a] for a in axes), 1), x))
         return [spread]
 
-    def _axes(self, node, rank):
+    def reduced_axes(self, node, rank):
         """The reduced axes, sorted; None when the op leaves its input as it is."""
         axes = self.attr(node, "axes")
         if not axes:

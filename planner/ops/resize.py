@@ -48,7 +48,7 @@ class Resize(Schema):
         """The scale of every axis (1 where not resized): the given scales, else output over input size,
         or under a keep-aspect policy the one scale it picked."""
         scales, sizes = self.attr(node, "scales") or None, self.attr(node, "sizes") or None
-        axes = self._axes(node, len(in_shape))
+        axes = self.resized_axes(node, len(in_shape))
         if scales is None:
             scales = [n / in_shape[a] for a, n in zip(axes, sizes)]
             pick = {"not_larger": min, "not_smaller": max}.get(self.attr(node, "keep_aspect_ratio_policy"))
@@ -61,7 +61,7 @@ class Resize(Schema):
     def passes(self, node, in_shape, out_shape):
         """A ResizePass for each axis that changes, in axis order (the reference skips the others too)."""
         rank, roi = len(in_shape), self.attr(node, "roi") or None
-        axes = self._axes(node, rank)
+        axes = self.resized_axes(node, rank)
         lows, highs = [0.0] * rank, [1.0] * rank
         for k, a in enumerate(axes if roi is not None else ()):
             lows[a], highs[a] = roi[k], roi[k + len(axes)]
@@ -124,7 +124,8 @@ class Resize(Schema):
         (out_shape, dtype), x = outs[0], ins[0]
         return self.layout(node, x.shape, out_shape, dtype).nbytes if math.prod(out_shape) else 0
 
-    def _axes(self, node, rank):
+    def resized_axes(self, node, rank):
+        """The axes `scales` or `sizes` apply to: `axes`, or every axis."""
         axes = self.attr(node, "axes")
         return list(range(rank)) if axes is None else [axis(a, rank) for a in axes]
 

@@ -15,12 +15,13 @@ class Shape(Schema):
     flops = staticmethod(no_flops)
 
     def infer(self, node, ins):
-        return [((len(self._dims(node, ins[0].shape)),), np.int64)]
+        return [((len(self.sliced_dims(node, ins[0].shape)),), np.int64)]
 
     def fold(self, node, ins):
-        return [np.array(self._dims(node, ins[0].shape), dtype=np.int64)]
+        return [np.array(self.sliced_dims(node, ins[0].shape), dtype=np.int64)]
 
-    def _dims(self, node, shape):
+    def sliced_dims(self, node, shape):
+        """The dims Shape returns: `shape` from `start` to `end`."""
         end = self.attr(node, "end")
         return shape[self.attr(node, "start"):len(shape) if end is None else end]
 
@@ -30,17 +31,18 @@ class Transpose(Schema):
     defaults = {"perm": None}
 
     def infer(self, node, ins):
-        perm = self._perm(node, ins[0].rank)
+        perm = self.permutation(node, ins[0].rank)
         return [(tuple(ins[0].shape[p] for p in perm), ins[0].dtype)]
 
     def evaluate(self, node, x):
-        return [np.transpose(x, self._perm(node, x.ndim))]
+        return [np.transpose(x, self.permutation(node, x.ndim))]
 
     def gradient(self, b, node, dys):
-        perm = self._perm(node, len(b.shape(node.inputs[0])))
+        perm = self.permutation(node, len(b.shape(node.inputs[0])))
         return [b.op("Transpose", dys[0], perm=[int(k) for k in np.argsort(perm)])]
 
-    def _perm(self, node, rank):
+    def permutation(self, node, rank):
+        """The axes in their new order: `perm`, or all of them reversed."""
         perm = self.attr(node, "perm")
         if perm is None:
             return tuple(reversed(range(rank)))
@@ -86,21 +88,22 @@ class Split(Schema):
         a = axis(self.attr(node, "axis"), ins[0].rank)
         shape = list(ins[0].shape)
         outs = []
-        for size in self._sizes(node, shape[a]):
+        for size in self.split_sizes(node, shape[a]):
             shape[a] = size
             outs.append((tuple(shape), ins[0].dtype))
         return outs
 
     def evaluate(self, node, x):
         a = axis(self.attr(node, "axis"), x.ndim)
-        return np.split(x, np.cumsum(self._sizes(node, x.shape[a]))[:-1], axis=a)
+        return np.split(x, np.cumsum(self.split_sizes(node, x.shape[a]))[:-1], axis=a)
 
     def gradient(self, b, node, dys):
         """The outputs' gradients concatenated back, zeros for outputs nothing differentiates."""
         parts = [dy if dy else b.const(np.zeros(b.shape(o)), node.inputs[0]) for dy, o in zip(dys, node.outputs)]
         return [b.op("Concat", *parts, axis=axis(self.attr(node, "axis"), len(b.shape(node.inputs[0]))))]
 
-    def _sizes(self, node, dim):
+    def split_sizes(self, node, dim):
+        """Each output's size along the split axis of size `dim`."""
         split = self.attr(node, "split")
         if split is not None:
             if len(split) != len(node.outputs) or sum(split) != dim or min(split, default=0) < 0:
@@ -126,18 +129,18 @@ class Slice(Schema):
     defaults = {"axes": None, "steps": None}
 
     def infer(self, node, ins):
-        index = self._index(node, ins[0].shape)
+        index = self.slices(node, ins[0].shape)
         return [(tuple(len(range(*s.indices(d))) for s, d in zip(index, ins[0].shape)), ins[0].dtype)]
 
     def evaluate(self, node, x):
-        return [x[self._index(node, x.shape)]]
+        return [x[self.slices(node, x.shape)]]
 
     def gradient(self, b, node, dys):
         """dY padded with zeros back to the input's extent. Along an axis of step k != 1, dY is first put
         in increasing order (reversed, for k < 0) and spread k apart, zeros between."""
         dy, shape, out = dys[0], b.shape(node.inputs[0]), list(b.shape(node.outputs[0]))
         begins, ends = [], []
-        for a, (s, n) in enumerate(zip(self._index(node, shape), shape)):
+        for a, (s, n) in enumerate(zip(self.slices(node, shape), shape)):
             start, _, step = s.indices(n)
             m, k = out[a], abs(step)
             if step < 0:
@@ -151,7 +154,7 @@ class Slice(Schema):
             ends.append(n - start - out[a])
         return [b.op("Pad", dy, pads=begins + ends)]
 
-    def _index(self, node, shape):
+    def slices(self, node, shape):
         """One Python slice per dim, clamped as the spec says (negative steps included)."""
         starts, ends = self.attr(node, "starts"), self.attr(node, "ends")
         axes = self.attr(node, "axes")
@@ -291,13 +294,13 @@ class Pad(Schema):
     defaults = {"mode": "constant", "constant_value": 0, "axes": None}
 
     def infer(self, node, ins):
-        shape = tuple(d + b + e for d, (b, e) in zip(ins[0].shape, self._pads(node, ins[0].rank)))
+        shape = tuple(d + b + e for d, (b, e) in zip(ins[0].shape, self.pad_widths(node, ins[0].rank)))
         if min(shape, default=0) < 0:
             raise ShapeError(f"pads {tuple(self.attr(node, 'pads'))} crop more than the input shape {ins[0].shape}")
         return [(shape, ins[0].dtype)]
 
     def evaluate(self, node, x):
-        pads = self._pads(node, x.ndim)
+        pads = self.pad_widths(node, x.ndim)
         x = x[tuple(slice(max(-b, 0), d - max(-e, 0)) for d, (b, e) in zip(x.shape, pads))]
         widths = [(max(b, 0), max(e, 0)) for b, e in pads]
         if self.attr(node, "mode") == "constant":
@@ -309,7 +312,7 @@ class Pad(Schema):
         The other modes copy input positions along each axis (`pad_source`): dY goes back through that
         copy's matrix, axis by axis."""
         x, mode = node.inputs[0], self.attr(node, "mode")
-        pads = self._pads(node, len(b.shape(x)))
+        pads = self.pad_widths(node, len(b.shape(x)))
         if mode == "constant":
             return [b.op("Pad", dys[0], pads=[-p for p, _ in pads] + [-p for _, p in pads])]
         dy, shape = dys[0], list(b.shape(node.outputs[0]))
@@ -323,7 +326,7 @@ class Pad(Schema):
                 shape[a] = n
         return [dy]
 
-    def _pads(self, node, rank):
+    def pad_widths(self, node, rank):
         """(begin, end) for every axis of the input."""
         pads, axes = self.attr(node, "pads"), self.attr(node, "axes")
         axes = range(rank) if axes is None else [axis(a, rank) for a in axes]

@@ -156,11 +156,10 @@ def run(args):
     from executor import Executor, backends, random_feeds
     graph = load_graph(args)
     plan = compile_args(args, graph)
-    shapes = ", ".join(f"{n} {tuple(plan.tensors[n].shape)} {plan.tensors[n].dtype}" for n in plan.inputs
-                       if n not in (plan.training.get("lr"), plan.training.get("step")))
+    feeds = random_feeds(plan, seed=0)
+    shapes = ", ".join(f"{n} {value.shape} {value.dtype}" for n, value in feeds.items())
     what = f"training step with {plan.training['optimizer']}" if plan.training else "inference"
     print(f"{args.model}: {shapes}; {what}, {plan.strategy} plan, arena {format_bytes(plan.arena_bytes)}")
-    feeds = random_feeds(plan, seed=0)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     device_before = backends.get(args.backend).used_bytes()
     ex = Executor(plan, backend=args.backend, config=config_of(args))

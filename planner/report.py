@@ -8,15 +8,9 @@ from . import pools
 from .breakdown import fields
 from .config import Config
 from .errors import InfeasibleBudgetError, MissingDependencyError, PlanError, say
+from .training import constant_kind
 from .units import format_bytes
 
-CONSTANTS = (  # how planner.training's reason for a constant starts: what one is called, what several are
-    ("one element read by", "one-element number of the model's code", "one-element numbers of the model's code"),
-    ("the exponent of a Pow", "Pow exponent", "Pow exponents"),
-    ("frozen", "frozen", "frozen"),
-    ("a running statistic", "running statistic", "running statistics"),
-    ("the loss does not depend", "not reached by the loss", "not reached by the loss"),
-)
 ROWS = (  # label, strategy, Config changes
     ("naive", "naive", {}),
     ("inplace", "inplace", {}),
@@ -234,7 +228,7 @@ def _params_line(d):
         return line
     groups = {}
     for name, why in d["constants"].items():
-        label = next(((one, many) for start, one, many in CONSTANTS if why.startswith(start)), (why, why))
+        label = constant_kind(why)
         groups.setdefault(label, []).append(name)
     parts = [f"{len(names)} {many if len(names) > 1 else one} ({', '.join(names[:3])}{', ...' * (len(names) > 3)})"
              for (one, many), names in sorted(groups.items(), key=lambda g: -len(g[1]))]

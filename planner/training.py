@@ -108,6 +108,20 @@ def choose_params(graph, frozen=(), trainable=()):
     return params, constants
 
 
+CONSTANT_KINDS = (  # how a reason below starts: what one such constant is called, what several are
+    ("one element read by", "one-element number of the model's code", "one-element numbers of the model's code"),
+    ("the exponent of a Pow", "Pow exponent", "Pow exponents"),
+    ("frozen", "frozen", "frozen"),
+    ("a running statistic", "running statistic", "running statistics"),
+    ("the loss does not depend", "not reached by the loss", "not reached by the loss"),
+)
+
+
+def constant_kind(why):
+    """(singular, plural) names of the kind of constant a reason of `choose_params` gives, for reports."""
+    return next(((one, many) for start, one, many in CONSTANT_KINDS if why.startswith(start)), (why, why))
+
+
 def _cannot_train(t, stats, reached):
     """Why the param `t` cannot train at all; None when it can."""
     if t.name in stats:

@@ -9,7 +9,7 @@ from onnx import AttributeProto, TensorProto, checker, external_data_helper, hel
 
 from planner import dtypes
 from planner.errors import ModelError
-from planner.ir import Graph, Node, Tensor
+from planner.ir import DEFAULT_OPSETS, Graph, Node, Tensor
 
 META = "memplan."
 """Prefix of the node metadata_props keys that carry Node.meta (force_mirroring, mirror_stage)."""
@@ -34,9 +34,9 @@ def read(model):
         raise ModelError(f"expected an ONNX file path or onnx.ModelProto, got {type(model).__name__}")
     if not model.HasField("graph") or not model.graph.output:
         raise ModelError("the model has no graph or no graph outputs (not an ONNX model, or a truncated file)")
-    opset = _opset(model)
-    _check_nodes(model, opset)
-    return _graph(model.graph, opset, base_dir)
+    opsets = _opsets(model)
+    _check_nodes(model, opsets[""])
+    return _graph(model.graph, opsets, base_dir)
 
 
 def _check_nodes(model, opset):
@@ -48,7 +48,7 @@ def _check_nodes(model, opset):
     ctx.opset_imports = {"": opset}
     scope = checker.C.LexicalScopeContext()
     for i, node in enumerate(model.graph.node):
-        if node.domain not in ("", "ai.onnx") or not onnx.defs.has(node.op_type):
+        if _domain(node.domain) or not onnx.defs.has(node.op_type):
             continue
         try:
             checker.check_node(node, ctx, scope)
@@ -58,17 +58,23 @@ def _check_nodes(model, opset):
                              f"opset {opset}: {why}") from None
 
 
-def _opset(model):
-    versions = {o.domain: o.version for o in model.opset_import}
-    version = versions.get("", versions.get("ai.onnx"))
+def _domain(name):
+    """A domain as the IR names it: "" for ONNX's default domain, however the file spells it."""
+    return "" if name == "ai.onnx" else name
+
+
+def _opsets(model):
+    """{domain: version} the model imports, with memplan's own domain (for the nodes training adds)."""
+    versions = {_domain(o.domain): o.version for o in model.opset_import}
+    version = versions.get("")
     if version is None:
         raise ModelError("the model imports no version of the default ONNX domain")
     if not MIN_OPSET <= version <= MAX_OPSET:
         raise ModelError(f"opset {version} is not supported (memplan reads opsets {MIN_OPSET} to {MAX_OPSET})")
-    return version
+    return {**DEFAULT_OPSETS, **versions}
 
 
-def _graph(g, opset, base_dir):
+def _graph(g, opsets, base_dir):
     tensors = {}
     for init in g.initializer:
         tensors[init.name] = _param(init, base_dir)
@@ -95,10 +101,9 @@ def _graph(g, opset, base_dir):
         name = proto.name if proto.name and proto.name not in names else f"{proto.op_type}_{i}"
         names.add(name)
         attrs = {a.name: _attribute(a, base_dir) for a in proto.attribute}
-        op = proto.op_type if proto.domain in ("", "ai.onnx") else f"{proto.domain}.{proto.op_type}"
         meta = {p.key[len(META):]: p.value for p in proto.metadata_props if p.key.startswith(META)}
-        node = Node(op, tuple(proto.input), tuple(proto.output), attrs, name, meta)
-        if op in ("Softmax", "LogSoftmax") and opset < 13:
+        node = Node(proto.op_type, tuple(proto.input), tuple(proto.output), attrs, name, meta, _domain(proto.domain))
+        if not node.domain and node.op in ("Softmax", "LogSoftmax") and opsets[""] < 13:
             nodes.extend(_legacy_softmax(node, tensors))
         else:
             nodes.append(node)
@@ -110,7 +115,7 @@ def _graph(g, opset, base_dir):
         for name in node.inputs:
             if name and name not in tensors:
                 tensors[name] = Tensor(name, *declared.get(name, (None, None)), "activation")
-    return Graph(tuple(nodes), tensors, inputs, outputs, g.name or "graph", opset,
+    return Graph(tuple(nodes), tensors, inputs, outputs, g.name or "graph", opsets,
                  exported_params=_exported_params(g))
 
 

@@ -29,7 +29,7 @@ from onnx import AttributeProto, helper, numpy_helper
 
 from planner import dtypes, ops
 from planner.errors import ModelError
-from planner.ir import Graph, Node, Tensor
+from planner.ir import DEFAULT_OPSETS, Graph, Node, Tensor
 
 from .onnx_frontend import MAX_OPSET, META
 
@@ -413,7 +413,7 @@ def _build(symbol, opset):
             add(names[op], op.data.shape, op.data.dtype, "const", op.data)
     dts.update((t.name, t.dtype) for t in tensors.values() if t.kind != "activation")
     return Graph(tuple(nodes), tensors, tuple(n for op, n in names.items() if op.kind == "input"),
-                 outputs, "symbol", opset), dts
+                 outputs, "symbol", {**DEFAULT_OPSETS, "": opset}), dts
 
 
 def _toposort(outputs):
@@ -463,7 +463,7 @@ def _export(graph, dts, opset):
             if name in consts:
                 constant(name, consts.pop(name))
         inputs, attrs = list(node.inputs), dict(node.attrs)
-        for attr, i, since in ops.get(node.op).attr_inputs:
+        for attr, i, since in ops.of(node).attr_inputs:
             if attr in attrs and opset >= since:
                 name = _fresh(f"{node.name}.{attr}", taken)
                 like = dts[inputs[0]] if inputs and inputs[0] else np.dtype(np.float32)

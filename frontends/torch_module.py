@@ -111,7 +111,7 @@ class GraphModule(nn.Module):
 
     def training_mode(self, node):
         """Whether the node runs its training form: the module is training, or the node says so."""
-        return self.training or bool(ops.get(node.op).attr(node, "training_mode"))
+        return self.training or bool(ops.of(node).attr(node, "training_mode"))
 
 
 def _tensor(x, device):

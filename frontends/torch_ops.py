@@ -38,7 +38,7 @@ def unsupported(*op_types):
 
 def attr(node, name):
     """An attribute of the node, or its ONNX default from the op's schema."""
-    return ops.get(node.op).attr(node, name)
+    return ops.of(node).attr(node, name)
 
 
 # --- elementwise ---
@@ -159,7 +159,7 @@ REDUCERS = {"ReduceSum": torch.sum, "ReduceMean": torch.mean, "ReduceMax": torch
 
 @op(*REDUCERS)
 def reduce(m, node, ins):
-    axes = ops.get(node.op).reduced_axes(node, ins[0].ndim)
+    axes = ops.of(node).reduced_axes(node, ins[0].ndim)
     if axes is None:
         return ins[0]
     if node.op == "ReduceMax" and not ins[0].numel():
@@ -182,7 +182,7 @@ def _torch_pads(begin, end):
 def conv(m, node, ins):
     """F.conv*d, asymmetric padding applied beforehand."""
     x, w, b = [*ins, None][:3]
-    win = window(ops.get(node.op), node, x.shape[2:], w.shape[2:], m.shape(node.outputs[0])[2:])
+    win = window(ops.of(node), node, x.shape[2:], w.shape[2:], m.shape(node.outputs[0])[2:])
     padding = win.begin
     if win.begin != win.end:
         x, padding = F.pad(x, _torch_pads(win.begin, win.end)), 0
@@ -194,7 +194,7 @@ def conv_transpose(m, node, ins):
     """F.conv_transpose*d unpadded, then cut (or zero-extended, for output_padding) to the planned output."""
     x, w, b = [*ins, None][:3]
     out = m.shape(node.outputs[0])[2:]
-    win = window(ops.get(node.op), node, x.shape[2:], w.shape[2:], out, transposed=True)
+    win = window(ops.of(node), node, x.shape[2:], w.shape[2:], out, transposed=True)
     y = CONV_TRANSPOSE[x.ndim - 2](x, w, None, win.strides, 0, 0, attr(node, "group"), win.dilations)
     extra = [max(0, bg + o - n) for bg, o, n in zip(win.begin, out, y.shape[2:])]
     y = F.pad(y, _torch_pads([0] * len(out), extra))
@@ -207,7 +207,7 @@ def pool(m, node, ins):
     """F.max_pool*d / F.avg_pool*d; asymmetric or wide padding of a max pool applied beforehand as -inf."""
     x, y = ins[0], m.shape(node.outputs[0])
     kernel = attr(node, "kernel_shape")
-    win = window(ops.get(node.op), node, x.shape[2:], kernel, y[2:])
+    win = window(ops.of(node), node, x.shape[2:], kernel, y[2:])
     padding = win.begin
     native = win.begin == win.end and all(2 * p <= k for p, k in zip(win.begin, kernel))
     if node.op == "AveragePool":

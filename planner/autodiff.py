@@ -11,7 +11,7 @@ import numpy as np
 
 from . import ops, shapes
 from .errors import ModelError
-from .ir import Node, Tensor
+from .ir import Node, Tensor, op_name
 
 
 class Builder:
@@ -36,10 +36,11 @@ class Builder:
             if not any(n in self.graph.tensors or n in self.tensors for n in (name, f"{name}:0")):
                 return name
 
-    def op(self, op_type, *inputs, outputs=1, **attrs):
+    def op(self, op_type, *inputs, outputs=1, domain="", **attrs):
         name = self._fresh(op_type)
         outs = tuple(f"{name}:{k}" for k in range(outputs))
-        self.nodes.append(Node(op_type, tuple(inputs), outs, attrs, name, {"phase": self.phase} if self.phase else {}))
+        self.nodes.append(Node(op_type, tuple(inputs), outs, attrs, name, {"phase": self.phase} if self.phase else {},
+                               domain))
         for out in outs:
             self.tensors[out] = Tensor(out, None, None, "activation")
         return outs[0] if outputs == 1 else outs
@@ -86,9 +87,9 @@ def gradients(graph, loss, wrt=None):
         dys = [grads.get(o) for o in node.outputs]
         if not any(dys) or not any(i in needs for i in node.inputs if i):
             continue
-        schema = ops.get(node.op)
+        schema = ops.of(node, graph.opsets)
         if schema.gradient is None:
-            raise ModelError(f"node {node.name!r} ({node.op}) has no gradient rule")
+            raise ModelError(f"node {node.name!r} ({op_name(node.domain, node.op)}) has no gradient rule")
         for i, dx in zip(node.inputs, schema.gradient(b, node, dys)):
             if dx is None or i not in needs:
                 continue

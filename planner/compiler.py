@@ -125,7 +125,8 @@ def plan_graph(graph, strategy, order, config, fetch=(), training=None):
                 stats={"allocator": name, "steps": len(steps), "buffers": len(roots), "persistent_bytes": base,
                        "inplace": sum(1 for n in root_of if n not in views), "views": len(views),
                        "workspace": ws, "fullest_step": fullest},
-                data={t.name: t.data for t in graph.tensors.values() if t.kind in ("param", "const")})
+                data={t.name: t.data for t in graph.tensors.values() if t.kind in ("param", "const")},
+                opsets=dict(graph.opsets))
 
 
 def _tensors(graph, steps, life, root_of, views, scratch, config):
@@ -163,7 +164,7 @@ def _tensors(graph, steps, life, root_of, views, scratch, config):
                                     view=False)
                 spans[used] = (step, step)
         phase = "recompute" if node.meta.get("recompute") else node.meta.get("phase", "")
-        steps_out.append(Step(node.name, node.op, node.inputs, node.outputs, dict(node.attrs), used, phase))
+        steps_out.append(Step(node.name, node.op, node.inputs, node.outputs, dict(node.attrs), used, phase, node.domain))
     return places, spans, steps_out, ws
 
 

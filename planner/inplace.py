@@ -25,7 +25,7 @@ def aliases(graph, steps, held=(), writes=True):
     refs = {name: pending.get(name, 0) + (name in held) for name in graph.tensors}
     kept = set(held)
     for node in steps:
-        schema = ops.get(node.op)
+        schema = ops.of(node, graph.opsets)
         taken = set()
         for i, o in _options(schema, node, writes):
             src, out = node.inputs[i], node.outputs[o]

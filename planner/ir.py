@@ -18,6 +18,9 @@ MAX_TENSOR_BYTES = 1 << 48
 virtual memory, so no device (host or GPU) can hold a larger buffer; and below it, sizes and sums
 of many sizes stay exact in the int64 the allocators compute with (2**63 is 32768 such tensors)."""
 
+DEFAULT_OPSETS = {"": 17, "memplan": 1}
+"""The opsets of a graph built in code: ONNX 17 and memplan's own domain."""
+
 KINDS = ("input", "param", "const", "state", "activation", "output")
 """`state`: persistent values that start at zero and that the graph itself updates (optimizer moments)."""
 
@@ -63,6 +66,8 @@ def check_size(what, shape, dtype):
 class Node:
     """One op application. An empty string in `inputs` marks an omitted optional input.
 
+    `op` is the op type within `domain` ("" is ONNX's default domain, "memplan" memplan's own ops);
+    the version of the op is the one the graph's opset for that domain selects (Graph.opsets).
     `attrs` are the op's ONNX attributes; `meta` are memplan's annotations of the node
     (`force_mirroring`, `mirror_stage`), kept in ONNX as node metadata_props "memplan.KEY".
     """
@@ -73,9 +78,15 @@ class Node:
     attrs: dict = field(default_factory=dict)
     name: str = ""
     meta: dict = field(default_factory=dict)
+    domain: str = ""
 
     def __repr__(self):
-        return f"Node({self.name}: {self.op}({', '.join(self.inputs)}) -> {', '.join(self.outputs)})"
+        return f"Node({self.name}: {op_name(self.domain, self.op)}({', '.join(self.inputs)}) -> {', '.join(self.outputs)})"
+
+
+def op_name(domain, op):
+    """How messages name an op: "Relu" in the default domain, "memplan.SGD" elsewhere."""
+    return f"{domain}.{op}" if domain else op
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +97,8 @@ class Graph:
     state) holds the new value, written into its bytes once every other reader of it has run, as a
     training step updates its weights in place. `exported_params`: how many nn.Parameters the
     torch.export signature a file carries lists (None without one), to check what a training step trains.
+    `opsets`: {domain: version} the model imports ("" the default ONNX domain), which selects the
+    version of each node's op.
     """
 
     nodes: tuple
@@ -93,9 +106,14 @@ class Graph:
     inputs: tuple
     outputs: tuple
     name: str = "graph"
-    opset: int = 17
+    opsets: dict = field(default_factory=lambda: dict(DEFAULT_OPSETS))
     updates: tuple = ()
     exported_params: int | None = None
+
+    @property
+    def opset(self):
+        """The version of the default ONNX domain."""
+        return self.opsets[""]
 
     @cached_property
     def producers(self):
@@ -118,7 +136,7 @@ class Graph:
         return [t for t in self.tensors.values() if t.kind == "param"]
 
     def summary(self):
-        counts = Counter(node.op for node in self.nodes)
+        counts = Counter(op_name(node.domain, node.op) for node in self.nodes)
         return f"{self.name}: {len(self.nodes)} nodes, {len(self.tensors)} tensors, ops " + \
             ", ".join(f"{op} x{n}" for op, n in counts.most_common())
 

@@ -28,7 +28,7 @@ from .errors import PlanError
 from .ir import KINDS as GRAPH_KINDS
 
 ALIGNMENT = 256
-FORMAT = "memplan-plan/2"
+FORMAT = "memplan-plan/3"
 PERSISTENT = ("param", "const", "state", "workspace_slot")
 KINDS = (*GRAPH_KINDS, "workspace", "workspace_slot")
 PHASES = ("", "backward", "recompute", "optimizer")
@@ -58,8 +58,9 @@ class PlannedTensor:
 
 @dataclass(frozen=True)
 class Step:
-    """One node to run: its op, tensors, attributes, the workspace tensor it may use as scratch, and
-    its part of a training step: "" (forward), "backward", "recompute" or "optimizer"."""
+    """One node to run: its op (of `domain`, as Node's), tensors, attributes, the workspace tensor it
+    may use as scratch, and its part of a training step: "" (forward), "backward", "recompute" or
+    "optimizer"."""
 
     name: str
     op: str
@@ -68,6 +69,7 @@ class Step:
     attrs: dict
     workspace: str | None = None
     phase: str = ""
+    domain: str = ""
 
 
 @dataclass
@@ -89,6 +91,12 @@ class Plan:
     training: dict = field(default_factory=dict)
     """For a training step: the loss output, the labels input, the trained params and their gradients,
     the optimizer, its arguments and hyperparameter inputs (see planner.training)."""
+    opsets: dict = field(default_factory=dict)
+    """{domain: version} of the graph the plan was made from, which selects each step's op version."""
+    device: str = "any"
+    """The device the arena is planned for: "any" for a plan of one device that any backend may run."""
+    rank: int = 0
+    """Which of several cooperating plans this is (a process's rank); 0 for a plan that runs alone."""
 
     def buffer_spans(self):
         """{root tensor: (first, last)} of every transient buffer: an alias group's root and the union
@@ -126,7 +134,7 @@ class Plan:
         values = self.check_values().data
         doc = {"format": FORMAT, **{k: getattr(self, k) for k in (
             "strategy", "schedule", "arena_bytes", "lower_bound_bytes", "breakdown", "inputs", "outputs", "stats",
-            "training")},
+            "training", "opsets", "device", "rank")},
             "tensors": [asdict(t) for t in self.tensors.values()],
             "steps": [{**asdict(s), "attrs": {k: _encode(v) for k, v in s.attrs.items()}} for s in self.steps],
             "values_digest": _digest(values) if values else None}
@@ -200,14 +208,16 @@ TYPES = {  # name: (what the field must be, its test)
                                                              and all(map(_is_int, v)))),
     "name?": ("null or a string", lambda v: v is None or isinstance(v, str)),
     "phase": (f"one of {PHASES}", lambda v: v in PHASES),
+    "opsets": ("an object of domain: version", lambda v: isinstance(v, dict) and all(map(_is_int, v.values()))),
 }
 TOP_FIELDS = {"format": "str", "strategy": "str", "schedule": "str", "arena_bytes": "int", "lower_bound_bytes": "int",
               "breakdown": "object", "inputs": "names", "outputs": "names", "stats": "object", "training": "object",
-              "tensors": "list", "steps": "list", "values_digest": "name?"}
+              "tensors": "list", "steps": "list", "values_digest": "name?", "opsets": "opsets", "device": "str",
+              "rank": "int"}
 TENSOR_FIELDS = {"name": "str", "shape": "shape", "dtype": "str", "kind": "str", "nbytes": "int", "offset": "int",
                  "lifetime": "lifetime", "alias_of": "name?", "view": "bool", "role": "str"}
 STEP_FIELDS = {"name": "str", "op": "str", "inputs": "names", "outputs": "names", "attrs": "object",
-               "workspace": "name?", "phase": "phase"}
+               "workspace": "name?", "phase": "phase", "domain": "str"}
 
 
 def _read_json(path):

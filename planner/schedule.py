@@ -92,7 +92,7 @@ def _readers_of_bytes(graph, name):
     while todo:
         for node in graph.consumers[todo.pop()]:
             found.append(node)
-            if ops.get(node.op).is_view(node) and node.outputs[0]:
+            if ops.of(node, graph.opsets).is_view(node) and node.outputs[0]:
                 todo.append(node.outputs[0])
     return found
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import ops
 from .errors import ModelError, ShapeError, say
-from .ir import Tensor, check_size, validate
+from .ir import Tensor, check_size, op_name, validate
 from .onnx_types import check_types
 from .ops import Info
 
@@ -20,12 +20,12 @@ FOLD_LIMIT = 1 << 16
 def infer(graph, input_shapes=None):
     """Return a new Graph where every tensor has a concrete shape and dtype."""
     graph = validate(graph)
-    ops.check_supported(node.op for node in graph.nodes)
+    ops.check_supported(graph.nodes, graph.opsets)
     infos, dims = _bind_inputs(graph, input_shapes or {})
     nodes, folded = [], {}
     kept = {*graph.outputs, *(new for new, _ in graph.updates)}
     for node in graph.nodes:
-        schema = ops.get(node.op)
+        schema = ops.of(node, graph.opsets)
         try:
             check_types(node, [infos[i] if i else None for i in node.inputs], graph.opset)
             node = _static_attrs(schema, node, graph, infos)
@@ -34,9 +34,9 @@ def infer(graph, input_shapes=None):
             for out, (shape, dtype) in zip(node.outputs, outs):
                 check_size(f"output {out!r}", shape, dtype)
         except ShapeError as e:
-            raise ShapeError(f"node {node.name!r} ({node.op}): {e}") from None
+            raise ShapeError(f"node {node.name!r} ({op_name(node.domain, node.op)}): {e}") from None
         if len(outs) < len(node.outputs):
-            raise ShapeError(f"node {node.name!r} ({node.op}) has {len(node.outputs)} outputs, the op makes {len(outs)}")
+            raise ShapeError(f"node {node.name!r} ({op_name(node.domain, node.op)}) has {len(node.outputs)} outputs, the op makes {len(outs)}")
         values = None
         if all(math.prod(shape) <= FOLD_LIMIT for shape, _ in outs):
             values = schema.fold(node, ins)

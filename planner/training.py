@@ -28,11 +28,11 @@ from .errors import ConfigError, ModelError
 from .ir import Tensor
 from .losses import IGNORE_INDEX, append, criterion
 
-OPTIMIZERS = {  # name: (op, defaults of optimizer_args, state tensors per parameter)
-    "sgd": ("memplan.SGD", {"lr": 0.01, "weight_decay": 0.0}, ()),
-    "momentum": ("memplan.SGD", {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.0, "nesterov": False}, ("momentum",)),
-    "adam": ("memplan.Adam", {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}, ("exp_avg", "exp_avg_sq")),
-    "adamw": ("memplan.Adam", {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
+OPTIMIZERS = {  # name: (op of the memplan domain, defaults of optimizer_args, state tensors per parameter)
+    "sgd": ("SGD", {"lr": 0.01, "weight_decay": 0.0}, ()),
+    "momentum": ("SGD", {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.0, "nesterov": False}, ("momentum",)),
+    "adam": ("Adam", {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}, ("exp_avg", "exp_avg_sq")),
+    "adamw": ("Adam", {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
               ("exp_avg", "exp_avg_sq")),
 }
 UPDATES = ("eager", "after_backward")
@@ -64,7 +64,7 @@ def training_graph(graph, loss="cross_entropy", loss_output=None, optimizer="sgd
     "params" does not train; "exported_params" is the count of nn.Parameters a torch.export signature
     in the file lists (None without one).
     With `inplace_update=False` (MEGENGINE_INPLACE_UPDATE=0) each new param is a tensor of its own,
-    copied over the param at the end of the step (memplan.Assign), which costs a copy of the params."""
+    copied over the param at the end of the step (memplan.Assign, an op of the memplan domain), which costs a copy of the params."""
     if optimizer not in OPTIMIZERS:
         raise ModelError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
     if update not in UPDATES:
@@ -176,7 +176,7 @@ def training_mode(graph):
             mask = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] else f"{node.outputs[0]}/mask"
             tensors.setdefault(mask, Tensor(mask, None, None, "activation"))
             seed = node.attrs.get("seed")
-            node = replace(node, op="memplan.Dropout", inputs=(node.inputs[0], STEP), outputs=(node.outputs[0], mask),
+            node = replace(node, op="Dropout", domain="memplan", inputs=(node.inputs[0], STEP), outputs=(node.outputs[0], mask),
                            attrs={"ratio": node.attrs.get("ratio", 0.5), "seed": len(nodes) if seed is None else seed})
         nodes.append(node)
     tensors[STEP] = Tensor(STEP, (), np.dtype(np.float64), "input")
@@ -221,7 +221,7 @@ def _append_optimizer(graph, grads, optimizer, args, update, inplace_update=True
     out of place, an Assign per parameter at the very end."""
     op, _, state_names = OPTIMIZERS[optimizer]
     b = Builder(graph, prefix="optimizer", phase="optimizer")
-    scalars = [LR, STEP] if op == "memplan.Adam" else [LR]
+    scalars = [LR, STEP] if op == "Adam" else [LR]
     b.tensors[LR] = Tensor(LR, (), np.dtype(np.float64), "input")
     attrs = _attributes(optimizer, args)
     updates, fresh = [], []
@@ -230,7 +230,7 @@ def _append_optimizer(graph, grads, optimizer, args, update, inplace_update=True
         state = [f"{param}/{s}" for s in state_names]
         for s in state:
             b.tensors[s] = Tensor(s, p.shape, p.dtype, "state")
-        outs = b.op(op, *scalars, param, grad, *state, outputs=1 + len(state), **attrs)
+        outs = b.op(op, *scalars, param, grad, *state, outputs=1 + len(state), domain="memplan", **attrs)
         outs = (outs,) if isinstance(outs, str) else outs
         updates += zip(outs[1:], state)
         if inplace_update:
@@ -239,7 +239,7 @@ def _append_optimizer(graph, grads, optimizer, args, update, inplace_update=True
             fresh.append((outs[0], param))
     steps = list(b.nodes)
     for new, param in fresh:
-        updates.append((b.op("memplan.Assign", new), param))
+        updates.append((b.op("Assign", new, domain="memplan"), param))
     b.nodes[len(steps):] = [replace(n, meta={**n.meta, "assign": 1}) for n in b.nodes[len(steps):]]
     nodes = list(graph.nodes)
     if update == "eager":
@@ -252,7 +252,7 @@ def _append_optimizer(graph, grads, optimizer, args, update, inplace_update=True
 
 
 def _attributes(optimizer, args):
-    if OPTIMIZERS[optimizer][0] == "memplan.SGD":
+    if OPTIMIZERS[optimizer][0] == "SGD":
         return {"momentum": float(args.get("momentum", 0.0)), "weight_decay": float(args["weight_decay"]),
                 "nesterov": int(bool(args.get("nesterov", False)))}
     beta1, beta2 = args["betas"]

@@ -16,7 +16,7 @@ def requests(graph, steps, limit):
     for node in steps:
         ins = [Info(tensors[name].shape, tensors[name].dtype) if name else None for name in node.inputs]
         outs = [(tensors[name].shape, tensors[name].dtype) if name else None for name in node.outputs]
-        nbytes = ops.get(node.op).workspace(node, ins, outs, limit)
+        nbytes = ops.of(node, graph.opsets).workspace(node, ins, outs, limit)
         if nbytes > 0:
             asked[node.name] = nbytes
     return asked

@@ -45,7 +45,7 @@ def supported_cases():
     for case in cases:
         nodes = case.model.graph.node
         if not case.data_sets or not all(n.domain in ("", "ai.onnx") and
-                                         (n.op_type in ops.SCHEMAS or n.op_type == "Constant") for n in nodes):
+                                         (ops.known(n.op_type) or n.op_type == "Constant") for n in nodes):
             continue
         if _opset(case.model) >= MIN_OPSET or _unchanged_since(nodes, _opset(case.model)):
             keep.append(case)
@@ -66,8 +66,8 @@ def as_planned(case):
         if o.domain in ("", "ai.onnx"):
             o.version = max(o.version, MIN_OPSET)
     inputs, expected = feeds(case)
-    static = {n.input[i] for n in model.graph.node if n.op_type in ops.SCHEMAS
-              for _, i, _ in ops.SCHEMAS[n.op_type].attr_inputs if i < len(n.input)}
+    static = {n.input[i] for n in model.graph.node if ops.known(n.op_type)
+              for _, i, _ in ops.get(n.op_type).attr_inputs if i < len(n.input)}
     static.update(i for n in model.graph.node if n.op_type == "Range" for i in n.input)  # its length
     for name in [k for k in inputs if k in static]:
         model.graph.initializer.append(numpy_helper.from_array(np.asarray(inputs.pop(name)), name))

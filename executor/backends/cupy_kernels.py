@@ -15,7 +15,7 @@ PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta")}
 
 
 def overrides(cupy):
-    """{op: kernel} replacing the shared table's entries on the GPU."""
+    """{(domain, op): kernel} replacing the shared table's entries on the GPU."""
     fused = {name: cupy.ElementwiseKernel(", ".join(filter(None, ("T x", extra))), "T y",
                                           f"double v = (double)x; y = (T)({body});", f"memplan_{name.lower()}")
              for name, (extra, body) in ELEMENTWISE.items()}
@@ -39,9 +39,9 @@ def overrides(cupy):
         xp.log(r, out=r)
         xp.subtract(y, r, out=y)
 
-    return {**dict.fromkeys(("LeakyRelu", "HardSigmoid", "HardSwish", "Gelu"), elementwise),
-            "LogSoftmax": log_softmax, "SoftmaxCrossEntropyLoss": _cross_entropy(cupy, sum_exp),
-            "memplan.Dropout": _dropout(cupy), **_optimizers(cupy)}
+    return {**dict.fromkeys((("", op) for op in ("LeakyRelu", "HardSigmoid", "HardSwish", "Gelu")), elementwise),
+            ("", "LogSoftmax"): log_softmax, ("", "SoftmaxCrossEntropyLoss"): _cross_entropy(cupy, sum_exp),
+            ("memplan", "Dropout"): _dropout(cupy), **_optimizers(cupy)}
 
 
 def _dropout(cupy):
@@ -121,5 +121,5 @@ def _optimizers(cupy):
         adam(ins[0], ins[1], ins[3], *(attr(step, k) for k in ("beta1", "beta2", "epsilon", "weight_decay")),
              bool(attr(step, "decoupled")), *outs)
 
-    return {"memplan.SGD": run_sgd, "memplan.Adam": run_adam}
+    return {("memplan", "SGD"): run_sgd, ("memplan", "Adam"): run_adam}
 

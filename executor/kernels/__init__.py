@@ -4,24 +4,25 @@ A kernel is `fn(xp, step, ins, outs, ws)`: `xp` the array module (numpy or cupy)
 Step (its `.attrs`; `attr(step, name)` reads an attribute with its ONNX default), `ins` the input
 arrays (None for an omitted input), `outs` the output views to fill (None for an omitted output;
 an output may share memory with an input when the plan wrote it in place), `ws` the op's workspace
-as a uint8 array, or None. Kernels register with `@kernel("Op", ...)`.
+as a uint8 array, or None. Kernels register with `@kernel("Op", ...)` (`domain=` for ops outside ONNX's
+default domain), keyed by (domain, op) as schemas are.
 """
 from planner import ops
 
 KERNELS = {}
 
 
-def kernel(*op_types):
+def kernel(*op_types, domain=""):
     def register(fn):
         for op in op_types:
-            KERNELS[op] = fn
+            KERNELS[domain, op] = fn
         return fn
     return register
 
 
 def attr(step, name):
     """An attribute of the step, or its default from the op's schema."""
-    return ops.get(step.op).attr(step, name)
+    return ops.of(step).attr(step, name)
 
 
 def evaluated(xp, step, ins, outs):
@@ -29,7 +30,7 @@ def evaluated(xp, step, ins, outs):
     the rare cases (dtypes, modes) a direct kernel leaves to it."""
     import numpy as np
     host = [None if a is None else (a if xp is np else xp.asnumpy(a)) for a in ins]
-    for out, value in zip(outs, ops.get(step.op).evaluate(step, *host)):
+    for out, value in zip(outs, ops.of(step).evaluate(step, *host)):
         if out is not None:
             out[...] = xp.asarray(value)
 

@@ -37,7 +37,7 @@ def trilu(xp, step, ins, outs, ws):
 def dropout(xp, step, ins, outs, ws):
     """In inference the data passes through (usually as a view, already in place) with an all-true
     mask; the random training form is the schema's, drawn on the host from `seed`."""
-    if not ops.get(step.op).is_view(step):
+    if not ops.of(step).is_view(step):
         evaluated(xp, step, ins, outs)
         return
     y, mask = [*outs, None][:2]
@@ -47,7 +47,7 @@ def dropout(xp, step, ins, outs, ws):
         mask.fill(True)
 
 
-@kernel("memplan.Dropout")
+@kernel("Dropout", domain="memplan")
 def step_dropout(xp, step, ins, outs, ws):
     """The step's mask from the hash (one fused kernel on the GPU: backends/cupy_kernels.py)."""
     x, t = ins

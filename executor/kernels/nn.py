@@ -27,7 +27,7 @@ def _padded(items, n):
 
 def _window(step, in_spatial, kernel_shape, out_spatial, transposed=False):
     """The window of a Conv, ConvTranspose or pool step (see planner.ops.nn.window)."""
-    return window(ops.get(step.op), step, in_spatial, kernel_shape, out_spatial, transposed)
+    return window(ops.of(step), step, in_spatial, kernel_shape, out_spatial, transposed)
 
 
 def _span(offset, stride, n_source, lo, hi):
@@ -61,7 +61,7 @@ def _at(spatial):
 def _chunks(step, x, w, y, ws):
     """The chunks the planner sized the workspace for (they are idempotent in its size; a pooled slot
     larger than this step's request just gives larger chunks that still fit)."""
-    return ops.get(step.op).chunks(step, (x, w), [(y.shape, y.dtype)], 0 if ws is None else ws.nbytes)
+    return ops.of(step).chunks(step, (x, w), [(y.shape, y.dtype)], 0 if ws is None else ws.nbytes)
 
 
 def _walk(chunks, batch, rows):
@@ -251,7 +251,7 @@ def average_pool(xp, step, ins, outs, ws):
     for _, at, source in _taps(win, kernel_shape, y.shape[2:], x.shape[2:]):
         dst = y[_at(at)]
         xp.add(dst, x[_at(source)], out=dst)
-    for d, counts in enumerate(ops.get(step.op).counts(step, win, kernel_shape, x.shape[2:], y.shape[2:])):
+    for d, counts in enumerate(ops.of(step).counts(step, win, kernel_shape, x.shape[2:], y.shape[2:])):
         for o0, o1, count in _runs(counts):
             dst = y[(slice(None),) * (2 + d) + (slice(o0, o1),)]
             xp.divide(dst, count, out=dst)
@@ -370,7 +370,7 @@ def layer_normalization(xp, step, ins, outs, ws):
     x, scale, bias = _padded(ins, 3)
     y, mean, inv_std = _padded(outs, 3)
     a = attr(step, "axis") % x.ndim
-    rows, stash = math.prod(x.shape[:a]), ops.get(step.op).stash_dtype(step)
+    rows, stash = math.prod(x.shape[:a]), ops.of(step).stash_dtype(step)
     used = 0
     stats = []
     for out in (mean, inv_std):

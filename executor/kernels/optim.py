@@ -12,7 +12,7 @@ def in_place(xp, ins, outs, first):
     return outs
 
 
-@kernel("memplan.SGD")
+@kernel("SGD", domain="memplan")
 def sgd(xp, step, ins, outs, ws):
     lr, grad = float(ins[0]), ins[2]
     x, *buf = in_place(xp, ins, outs, 1)
@@ -26,7 +26,7 @@ def sgd(xp, step, ins, outs, ws):
     xp.subtract(x, x.dtype.type(lr) * g, out=x)
 
 
-@kernel("memplan.Adam")
+@kernel("Adam", domain="memplan")
 def adam(xp, step, ins, outs, ws):
     lr, t, grad = float(ins[0]), float(ins[1]), ins[3]
     x, m, v = in_place(xp, ins, outs, 2)
@@ -44,7 +44,7 @@ def adam(xp, step, ins, outs, ws):
     x -= f(lr / (1 - b1 ** t)) * m / denom
 
 
-@kernel("memplan.Assign")
+@kernel("Assign", domain="memplan")
 def assign(xp, step, ins, outs, ws):
     xp.copyto(outs[0], ins[0])
 

@@ -12,7 +12,7 @@ def reduce(xp, step, ins, outs, ws):
     input (max's -inf, mean's NaN) and an integer mean (whose sum would wrap in the output's dtype)
     take the schema's NumPy form on the host."""
     x, y = ins[0], outs[0]
-    axes = ops.get(step.op).reduced_axes(step, x.ndim)
+    axes = ops.of(step).reduced_axes(step, x.ndim)
     if axes is None:
         xp.copyto(y, x)
     elif x.size == 0 or step.op == "ReduceMean" and y.dtype.kind in "biu":

@@ -1,36 +1,61 @@
-"""Op schemas, one per ONNX op type, registered by name.
+"""Op schemas, registered by (domain, op type, first version), as ONNX versions its operators.
 
-Adding an op is one class with `@schema("OpType")` in the module of its family.
+Adding an op is one class with `@schema("OpType")` in the module of its family; a schema for a newer
+version of an op is another class registered with `since=` its first opset. Domains: "" (ONNX's
+default), "memplan" (memplan's own ops: optimizers, the training-mode Dropout).
 """
+import bisect
+
 import numpy as np
 
 from ..errors import UnsupportedOpError
+from ..ir import op_name
 from .base import Info, Schema
 
 SCHEMAS = {}
+"""(domain, op type) -> [(since version, schema)], oldest first."""
 
 
-def schema(*op_types):
-    """Class decorator registering one schema instance under each given ONNX op type."""
+def schema(*op_types, domain="", since=1):
+    """Class decorator registering one schema instance under each given op type of `domain`, for the
+    opsets from `since` on (until a schema of the same op with a later `since`)."""
     def register(cls):
         for op in op_types:
             instance = cls()
-            instance.op = op
-            SCHEMAS[op] = instance
+            instance.op, instance.domain, instance.since = op, domain, since
+            versions = SCHEMAS.setdefault((domain, op), [])
+            versions.insert(bisect.bisect([v for v, _ in versions], since), (since, instance))
         return cls
     return register
 
 
-def get(op_type):
-    try:
-        return SCHEMAS[op_type]
-    except KeyError:
-        raise UnsupportedOpError([op_type]) from None
+def get(op_type, domain="", version=None):
+    """The schema of `op_type` in `domain` at opset `version` (None: the newest)."""
+    versions = SCHEMAS.get((domain, op_type), ())
+    chosen = [s for since, s in versions if version is None or since <= version]
+    if not chosen:
+        raise UnsupportedOpError([op_name(domain, op_type)])
+    return chosen[-1]
 
 
-def check_supported(op_types):
-    """Raise UnsupportedOpError listing every op type (with counts) that has no schema."""
-    missing = [op for op in op_types if op not in SCHEMAS]
+def of(node, opsets=None):
+    """The schema of a Node (or a Plan's Step) at the graph's `opsets` ({domain: version}; None: newest)."""
+    return get(node.op, node.domain, None if opsets is None else opsets.get(node.domain))
+
+
+def known(op_type, domain=""):
+    """Whether any version of the op has a schema."""
+    return (domain, op_type) in SCHEMAS
+
+
+def check_supported(nodes, opsets=None):
+    """Raise UnsupportedOpError listing every op (with counts) of `nodes` that has no schema at `opsets`."""
+    missing = []
+    for node in nodes:
+        try:
+            of(node, opsets)
+        except UnsupportedOpError:
+            missing.append(op_name(node.domain, node.op))
     if missing:
         raise UnsupportedOpError(missing)
 
@@ -43,9 +68,9 @@ def node_flops(graph, node):
         return tuple(t.shape), np.dtype(t.dtype)
     ins = [Info(*typed(i)) if i else None for i in node.inputs]
     outs = [typed(o) if o else None for o in node.outputs]
-    return int(get(node.op).flops(node, ins, outs))
+    return int(of(node, getattr(graph, "opsets", None)).flops(node, ins, outs))
 
 
 from . import elementwise, activation, nn, linalg, shape_ops, views, resize, reduce, misc, optim, loss  # noqa: E402,F401  (registration)
 
-__all__ = ["SCHEMAS", "schema", "get", "check_supported", "node_flops", "Info", "Schema"]
+__all__ = ["SCHEMAS", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Schema"]

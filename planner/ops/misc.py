@@ -153,7 +153,7 @@ class Dropout(Schema):
         return bool(self.attr(node, "training_mode")) and self.attr(node, "ratio") != 0
 
 
-@schema("memplan.Dropout")
+@schema("Dropout", domain="memplan")
 class StepDropout(Dropout):
     """Dropout in a training step: inputs (X, step), a fresh mask each step, drawn by hashing
     (seed, step, element index) (dropout_keep), so that it needs no generator state and the

@@ -25,7 +25,7 @@ class _Optimizer(Schema):
         return [(x.shape, x.dtype)] * (len(ins) - len(self.scalars) - 1)
 
 
-@schema("memplan.SGD")
+@schema("SGD", domain="memplan")
 class SGD(_Optimizer):
     """torch.optim.SGD without dampening: g = G + weight_decay X; with momentum V = momentum V + g
     (V starts at zero, so the first V is g) and g = V, or g + momentum V with nesterov; X -= lr g.
@@ -35,7 +35,7 @@ class SGD(_Optimizer):
     defaults = {"momentum": 0.0, "weight_decay": 0.0, "nesterov": 0}
 
 
-@schema("memplan.Adam")
+@schema("Adam", domain="memplan")
 class Adam(_Optimizer):
     """torch.optim.Adam (AdamW with `decoupled`): g = G + weight_decay X (or X *= 1 - lr weight_decay
     when decoupled); M = b1 M + (1 - b1) g; V = b2 V + (1 - b2) g^2;
@@ -46,7 +46,7 @@ class Adam(_Optimizer):
     defaults = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "weight_decay": 0.0, "decoupled": 0}
 
 
-@schema("memplan.Assign")
+@schema("Assign", domain="memplan")
 class Assign(Schema):
     """Y = X, a copy: the new value of a param computed out of place (MEGENGINE_INPLACE_UPDATE=0),
     written over the param at the end of the step."""

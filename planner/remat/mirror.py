@@ -5,7 +5,8 @@ from .recompute import droppable
 
 NEVER = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "Concat", "SoftmaxCrossEntropyLoss"}
 """MXNet's list (Convolution, FullyConnected, Concat, SoftmaxOutput) in ONNX terms."""
-RANDOM = {"Dropout", "memplan.Dropout"}
+RANDOM = {"Dropout"}
+"""Random ops (ONNX's Dropout and the memplan domain's), whose recomputation would draw another mask."""
 
 
 def forced(node):

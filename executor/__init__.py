@@ -14,7 +14,7 @@ from planner.dtypes import from_onnx, is_float  # noqa: F401  (registers ml_dtyp
 from planner.errors import MemplanError
 from planner.ir import op_name
 
-from . import backends
+from . import backends, kernels
 from .arena import Arena
 from .backends import numpy_backend
 
@@ -51,7 +51,8 @@ class Executor:
         foreign = sorted({t.dtype for t in plan.tensors.values() if not self.backend.holds(np.dtype(t.dtype))})
         if foreign:
             raise MemplanError(f"backend {self.backend.NAME!r} cannot hold tensors of dtype {', '.join(foreign)}")
-        missing = sorted({op_name(s.domain, s.op) for s in plan.steps if (s.domain, s.op) not in self.backend.kernels})
+        missing = sorted({op_name(s.domain, s.op) for s in plan.steps
+                          if kernels.find(self.backend.kernels, s, plan.opsets) is None})
         if missing:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.arena = Arena(plan, self.backend.xp)
@@ -96,7 +97,7 @@ class Executor:
         if step.workspace:
             t = self.plan.tensors[step.workspace]
             ws = self.arena.bytes(t.offset, t.nbytes)
-        return (self.backend.kernels[step.domain, step.op], step, [views(i) if i else None for i in step.inputs],
+        return (kernels.find(self.backend.kernels, step, self.plan.opsets), step, [views(i) if i else None for i in step.inputs],
                 [views(o) if o else None for o in step.outputs], ws)
 
     def run(self, feeds):

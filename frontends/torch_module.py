@@ -20,6 +20,7 @@ import numpy as np
 
 from planner import ops
 from planner.errors import MissingDependencyError
+from planner.ir import op_name
 
 try:
     import torch
@@ -28,7 +29,7 @@ try:
 except ImportError as e:
     raise MissingDependencyError("frontends.torch_module needs PyTorch: pip install torch") from e
 
-from .torch_ops import OPS, unsupported  # noqa: E402  (needs torch)
+from .torch_ops import form, unsupported  # noqa: E402  (needs torch)
 
 
 def to_torch(graph_or_model, input_shapes=None):
@@ -59,7 +60,7 @@ class GraphModule(nn.Module):
 
     def __init__(self, graph):
         super().__init__()
-        missing = [node.op for node in graph.nodes if node.op not in OPS]
+        missing = [op_name(node.domain, node.op) for node in graph.nodes if form(node) is None]
         if missing:
             raise unsupported(*missing)
         self.graph = graph
@@ -99,7 +100,7 @@ class GraphModule(nn.Module):
         env = {**self.graph_parameters(), **self.graph_buffers(),
                **{n: _tensor(x, device) for n, x in feeds.items()}}
         for node, dead in zip(self.graph.nodes, self.dead):
-            outs = OPS[node.op](self, node, [env[i] if i else None for i in node.inputs])
+            outs = form(node)(self, node, [env[i] if i else None for i in node.inputs])
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
             env.update((name, y) for name, y in zip(node.outputs, outs) if name)
             for name in dead:

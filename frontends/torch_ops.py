@@ -41,66 +41,22 @@ def attr(node, name):
     return ops.of(node).attr(node, name)
 
 
-# --- elementwise ---
+# --- elementwise: their PyTorch forms are in their op entries (planner/ops/elementwise.py) ---
 
-UNARY = {"Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "Erf": torch.erf, "Sqrt": torch.sqrt,
-         "Exp": torch.exp, "Log": torch.log, "Neg": torch.neg, "Abs": torch.abs, "Reciprocal": torch.reciprocal,
-         "Not": torch.logical_not, "HardSwish": F.hardswish, "Identity": lambda x: x}
-BINARY = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Equal": torch.eq, "Less": torch.lt,
-          "Greater": torch.gt}
-
-
-@op(*UNARY)
-def unary(m, node, ins):
-    return UNARY[node.op](ins[0])
-
-
-@op(*BINARY)
-def binary(m, node, ins):
-    return BINARY[node.op](*ins)
+def form(node):
+    """fn(module, node, ins) computing `node` in PyTorch: registered here, or its op entry's `torch`
+    form; None when memplan has neither."""
+    if not node.domain and node.op in OPS:
+        return OPS[node.op]
+    schema = ops.of(node) if ops.known(node.op, node.domain) else None
+    if schema is None or schema.torch is None:
+        return None
+    return lambda m, node, ins: schema.torch(torch, *ins, **schema.arguments(node))
 
 
-@op("Div")
-def div(m, node, ins):
-    """Integer Div truncates toward zero."""
-    return torch.div(*ins, rounding_mode=None if ins[0].is_floating_point() else "trunc")
-
-
-@op("Pow")
-def power(m, node, ins):
-    return torch.pow(*ins).to(ins[0].dtype)
-
-
-@op("Mod")
-def mod(m, node, ins):
-    return (torch.fmod if attr(node, "fmod") else torch.remainder)(*ins)
-
-
-@op("Where")
-def where(m, node, ins):
-    return torch.where(*ins)
-
-
-@op("LeakyRelu")
-def leaky_relu(m, node, ins):
-    return F.leaky_relu(ins[0], attr(node, "alpha"))
-
-
-@op("HardSigmoid")
-def hard_sigmoid(m, node, ins):
-    return torch.clamp(ins[0] * attr(node, "alpha") + attr(node, "beta"), 0, 1)
-
-
-@op("Gelu")
-def gelu(m, node, ins):
-    return F.gelu(ins[0], approximate=attr(node, "approximate"))
-
-
-@op("Clip")
-def clip(m, node, ins):
-    if attr(node, "min") is None and attr(node, "max") is None:
-        return ins[0]
-    return torch.clamp(ins[0], attr(node, "min"), attr(node, "max"))
+@op("Identity")
+def identity(m, node, ins):
+    return ins[0]
 
 
 @op("Softmax", "LogSoftmax")

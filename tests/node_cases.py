@@ -69,12 +69,27 @@ def as_planned(case):
     static = {n.input[i] for n in model.graph.node if ops.known(n.op_type)
               for _, i, _ in ops.get(n.op_type).attr_inputs if i < len(n.input)}
     static.update(i for n in model.graph.node if n.op_type == "Range" for i in n.input)  # its length
+    static |= _sources_of(model.graph, static)
     for name in [k for k in inputs if k in static]:
         model.graph.initializer.append(numpy_helper.from_array(np.asarray(inputs.pop(name)), name))
     keep = [vi for vi in model.graph.input if vi.name not in static]
     del model.graph.input[:]
     model.graph.input.extend(keep)
     return model, inputs, expected
+
+
+def _sources_of(graph, names):
+    """The tensors the values of `names` are computed from (through any op but Shape and Size, which
+    read only their input's shape)."""
+    producer = {o: n for n in graph.node for o in n.output}
+    found, todo = set(), list(names)
+    while todo:
+        node = producer.get(todo.pop())
+        if node is not None and node.op_type not in ("Shape", "Size"):
+            new = [i for i in node.input if i and i not in found]
+            found.update(new)
+            todo.extend(new)
+    return found
 
 
 def feeds(case):

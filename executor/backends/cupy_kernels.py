@@ -1,29 +1,38 @@
 """GPU overrides: fused CuPy kernels for ops whose NumPy form needs temporaries, which would allocate
-device memory while a plan runs."""
+device memory while a plan runs: the `cuda` bodies of op entries, and the kernels below."""
+import zlib
+from functools import lru_cache
+
+from planner import ops
+
 from ..kernels import attr
 from ..kernels import loss
 from ..kernels.optim import in_place
 
-ELEMENTWISE = {  # op: (extra parameters, body on double v, read from x)
-    "LeakyRelu": ("float64 alpha", "v < 0 ? alpha * v : v"),
-    "HardSigmoid": ("float64 alpha, float64 beta", "min(max(alpha * v + beta, 0.0), 1.0)"),
-    "HardSwish": ("", "v * min(max(v / 6 + 0.5, 0.0), 1.0)"),
-    "Gelu": ("", "0.5 * v * (1 + erf(v * 0.7071067811865476))"),
-    "GeluTanh": ("", "0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))"),
-}
-PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta")}
+
+def _fused(cupy):
+    """The kernel of every op entry with a `cuda` body: one ElementwiseKernel per body, over `v` (the
+    input as a double) and the op's numeric attributes as float64 parameters."""
+    @lru_cache(maxsize=None)
+    def compile_body(body, params):
+        signature = ", ".join(("T x", *(f"float64 {p}" for p in params)))
+        return cupy.ElementwiseKernel(signature, "T y", f"double v = (double)x; y = (T)({body});",
+                                      f"memplan_fused_{zlib.crc32(body.encode()):08x}")
+
+    def run(xp, step, ins, outs, ws):
+        schema = ops.of(step)
+        arguments = schema.arguments(step)
+        numeric = {k: v for k, v in arguments.items() if isinstance(v, (int, float))}
+        body = schema.cuda(**arguments) if callable(schema.cuda) else schema.cuda
+        compile_body(body, tuple(numeric))(ins[0], *numeric.values(), outs[0])
+
+    return {(domain, op): run for (domain, op), versions in ops.SCHEMAS.items()
+            if any(s.cuda is not None for _, s in versions)}
 
 
 def overrides(cupy):
     """{(domain, op): kernel} replacing the shared table's entries on the GPU."""
-    fused = {name: cupy.ElementwiseKernel(", ".join(filter(None, ("T x", extra))), "T y",
-                                          f"double v = (double)x; y = (T)({body});", f"memplan_{name.lower()}")
-             for name, (extra, body) in ELEMENTWISE.items()}
     sum_exp = cupy.ReductionKernel("T y", "T s", "exp((double)y)", "a + b", "s = (T)a", "0", "memplan_sum_exp")
-
-    def elementwise(xp, step, ins, outs, ws):
-        name = "GeluTanh" if step.op == "Gelu" and attr(step, "approximate") == "tanh" else step.op
-        fused[name](ins[0], *(attr(step, p) for p in PARAMS.get(step.op, ())), outs[0])
 
     def log_softmax(xp, step, ins, outs, ws):
         """x - max - log(sum exp(x - max)), the per-row max and sum in the workspace."""
@@ -39,9 +48,9 @@ def overrides(cupy):
         xp.log(r, out=r)
         xp.subtract(y, r, out=y)
 
-    return {**dict.fromkeys((("", op) for op in ("LeakyRelu", "HardSigmoid", "HardSwish", "Gelu")), elementwise),
-            ("", "LogSoftmax"): log_softmax, ("", "SoftmaxCrossEntropyLoss"): _cross_entropy(cupy, sum_exp),
-            ("memplan", "Dropout"): _dropout(cupy), **_optimizers(cupy)}
+    return {**_fused(cupy), ("", "LogSoftmax"): log_softmax,
+            ("", "SoftmaxCrossEntropyLoss"): _cross_entropy(cupy, sum_exp), ("memplan", "Dropout"): _dropout(cupy),
+            **_optimizers(cupy)}
 
 
 def _dropout(cupy):

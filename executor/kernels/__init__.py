@@ -20,6 +20,15 @@ def kernel(*op_types, domain=""):
     return register
 
 
+def find(table, step, opsets=None):
+    """The kernel of a step: the backend's `table` entry for its (domain, op), else the kernel its op's
+    definition holds (the elementwise entries); None when neither has one."""
+    fn = table.get((step.domain, step.op))
+    if fn is None and ops.known(step.op, step.domain):
+        fn = ops.of(step, opsets).kernel
+    return fn
+
+
 def attr(step, name):
     """An attribute of the step, or its default from the op's schema."""
     return ops.of(step).attr(step, name)
@@ -35,4 +44,4 @@ def evaluated(xp, step, ins, outs):
             out[...] = xp.asarray(value)
 
 
-from . import elementwise, activation, nn, linalg, reduce, shape_ops, misc, optim, loss  # noqa: E402,F401
+from . import activation, nn, linalg, reduce, shape_ops, misc, optim, loss  # noqa: E402,F401

@@ -1,8 +1,9 @@
 """Op schemas, registered by (domain, op type, first version), as ONNX versions its operators.
 
-Adding an op is one class with `@schema("OpType")` in the module of its family; a schema for a newer
-version of an op is another class registered with `since=` its first opset. Domains: "" (ONNX's
-default), "memplan" (memplan's own ops: optimizers, the training-mode Dropout).
+Adding an op is one entry in the module of its family: a line for the elementwise ones (planner/ops/
+math.py), a class with `@schema("OpType")` for the others. A schema for a newer version of an op is
+another one registered with `since=` its first opset. Domains: "" (ONNX's default), "memplan"
+(memplan's own ops: optimizers, the training-mode Dropout).
 """
 import bisect
 
@@ -16,17 +17,25 @@ SCHEMAS = {}
 """(domain, op type) -> [(since version, schema)], oldest first."""
 
 
+def register(instance):
+    """Register a schema instance under its `op` of its `domain`, for the opsets from its `since` on
+    (until a schema of the same op with a later `since`)."""
+    versions = SCHEMAS.setdefault((instance.domain, instance.op), [])
+    if any(since == instance.since for since, _ in versions):
+        raise ValueError(f"{op_name(instance.domain, instance.op)} since {instance.since} is registered twice")
+    versions.insert(bisect.bisect([v for v, _ in versions], instance.since), (instance.since, instance))
+    return instance
+
+
 def schema(*op_types, domain="", since=1):
-    """Class decorator registering one schema instance under each given op type of `domain`, for the
-    opsets from `since` on (until a schema of the same op with a later `since`)."""
-    def register(cls):
+    """Class decorator registering one instance of the class under each given op type of `domain`."""
+    def decorate(cls):
         for op in op_types:
             instance = cls()
             instance.op, instance.domain, instance.since = op, domain, since
-            versions = SCHEMAS.setdefault((domain, op), [])
-            versions.insert(bisect.bisect([v for v, _ in versions], since), (since, instance))
+            register(instance)
         return cls
-    return register
+    return decorate
 
 
 def get(op_type, domain="", version=None):
@@ -71,6 +80,6 @@ def node_flops(graph, node):
     return int(of(node, getattr(graph, "opsets", None)).flops(node, ins, outs))
 
 
-from . import elementwise, activation, nn, linalg, shape_ops, views, resize, reduce, misc, optim, loss  # noqa: E402,F401  (registration)
+from . import elementwise, arithmetic, math_ops, activation, nn, linalg, shape_ops, views, resize, reduce, misc, optim, loss  # noqa: E402,F401  (registration)
 
-__all__ = ["SCHEMAS", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Schema"]
+__all__ = ["SCHEMAS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Schema"]

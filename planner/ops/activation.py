@@ -1,126 +1,216 @@
-"""Activations: elementwise nonlinearities (which may write over their input), Clip, Softmax."""
+"""Activations, one entry each (see planner/ops/elementwise.py): elementwise nonlinearities, which may
+write over their input, Clip; composites built from other ops (`decompose`); and Softmax.
+
+Ops that need x and a function of x at once (LeakyRelu, HardSwish, Gelu) work through a scratch of at
+most CHUNK elements, in chunks, so that they run in place without a temporary the plan cannot see.
+"""
 import math
 
 import numpy as np
 
-from . import schema
-from .base import Schema, axis, no_gradient, per_input_element, same_as_input
+from . import register, schema
+from .base import Schema, axis, per_input_element, same_as_input
+from .elementwise import Elementwise, unary
+from ..errors import ShapeError
+
+CHUNK = 1 << 14
+"""Elements of the scratch of the ops that hold x and a function of x at once."""
 
 
-ACTIVATIONS = {
-    "Relu": lambda x: np.maximum(x, 0),
-    "LeakyRelu": lambda x, alpha: np.where(x < 0, alpha * x, x),
-    "Sigmoid": lambda x: 1 / (1 + np.exp(-x)),
-    "HardSigmoid": lambda x, alpha, beta: np.clip(alpha * x + beta, 0, 1),
-    "HardSwish": lambda x: x * np.clip(x / 6 + 0.5, 0, 1),
-    "Tanh": np.tanh,
-}
-
-ALPHA_BETA = {"LeakyRelu": {"alpha": 0.01}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5}}
+def _erf(xp):
+    """erf from SciPy on the host or CuPy's on the GPU: NumPy has none."""
+    if xp.__name__ == "numpy":
+        from scipy.special import erf
+    else:
+        from cupyx.scipy.special import erf
+    return erf
 
 
-@schema(*ACTIVATIONS)
-class Activation(Schema):
-    """Elementwise activations with a NumPy form, folded when their input is known; `defaults` are
-    the op's own attributes (alpha, beta), which its NumPy form takes as keywords."""
-
-    inplace = ((0, 0),)
-    infer = staticmethod(same_as_input)
-
-    @property
-    def defaults(self):
-        return ALPHA_BETA.get(self.op, {})
-
-    def evaluate(self, node, x):
-        return [ACTIVATIONS[self.op](x, **{k: self.attr(node, k) for k in self.defaults})]
-
-    def gradient(self, b, node, dys):
-        dy, x, y = dys[0], node.inputs[0], node.outputs[0]
-        if self.op == "Relu":
-            return [b.op("Where", b.op("Greater", y, b.const(0, x)), dy, b.const(0, x))]  # y, not x: x may die
-        if self.op == "Sigmoid":
-            return [b.op("Mul", dy, b.op("Mul", y, b.op("Sub", b.const(1, x), y)))]
-        if self.op == "Tanh":
-            return [b.op("Mul", dy, b.op("Sub", b.const(1, x), b.op("Mul", y, y)))]
-        zero = b.const(0, x)
-        if self.op in ("LeakyRelu", "HardSigmoid"):
-            scaled = b.op("Mul", dy, b.const(self.attr(node, "alpha"), x))
-        if self.op == "LeakyRelu":
-            return [b.op("Where", b.op("Less", x, zero), scaled, dy)]
-        if self.op == "HardSigmoid":  # alpha on the ramp, where 0 < y < 1
-            inside = b.op("Where", b.op("Less", y, b.const(1, x)), scaled, zero)
-            return [b.op("Where", b.op("Greater", y, zero), inside, zero)]
-        # HardSwish: x / 3 + 1/2 on (-3, 3), 0 below, 1 above
-        ramp = b.op("Mul", dy, b.op("Add", b.op("Mul", x, b.const(1 / 3, x)), b.const(0.5, x)))
-        return [b.op("Where", b.op("Less", x, b.const(-3, x)), zero,
-                     b.op("Where", b.op("Greater", x, b.const(3, x)), dy, ramp))]
+def chunked(body):
+    """The `fn` of an op computing `body(xp, x, t, y, **attrs)` over chunks of x and the output y, with
+    `t` a scratch chunk of the workspace (a temporary when folding, where there is none)."""
+    def fn(xp, x, out=None, ws=None, **attrs):
+        out = xp.empty_like(x) if out is None else out
+        if not x.size:
+            return out
+        flat_x, flat_y, n = x.reshape(-1), out.reshape(-1), min(x.size, CHUNK)
+        scratch = xp.empty(n, x.dtype) if ws is None else ws[:n * x.dtype.itemsize].view(x.dtype)
+        for start in range(0, x.size, CHUNK):
+            xc, yc = flat_x[start:start + CHUNK], flat_y[start:start + CHUNK]
+            body(xp, xc, scratch[:xc.size], yc, **attrs)
+        return out
+    return fn
 
 
-@schema("Erf")
-class Erf(Schema):
-    """Erf: elementwise, computed when run (NumPy has no erf to fold it with)."""
+class Chunked(Elementwise):
+    """An activation computed by `chunked`: its workspace is one chunk of the input's dtype."""
 
-    inplace = ((0, 0),)
-    infer = staticmethod(same_as_input)
+    def workspace(self, node, ins, outs, limit):
+        return min(math.prod(ins[0].shape), CHUNK) * np.dtype(ins[0].dtype).itemsize
 
-    def gradient(self, b, node, dys):
-        """d erf(x) = 2 / sqrt(pi) exp(-x^2) dx; exact Gelu's derivative is Phi(x) + x phi(x), with Phi
-        = (1 + erf(x / sqrt 2)) / 2 and phi = exp(-x^2 / 2) / sqrt(2 pi). The tanh Gelu, with
-        t = tanh(c (x + k x^3)), c = sqrt(2 / pi), k = 0.044715: (1 + t + x (1 - t^2) c (1 + 3 k x^2)) / 2."""
-        x = node.inputs[0]
-        if node.op == "Erf":
-            bell = b.op("Exp", b.op("Neg", b.op("Mul", x, x)))
-            return [b.op("Mul", dys[0], b.op("Mul", bell, b.const(2 / math.sqrt(math.pi), x)))]
-        if self.attr(node, "approximate") == "tanh":
-            c, k, square = math.sqrt(2 / math.pi), 0.044715, b.op("Mul", x, x)
-            t = b.op("Tanh", b.op("Mul", x, b.op("Add", b.op("Mul", square, b.const(k * c, x)), b.const(c, x))))
-            slope = b.op("Mul", b.op("Mul", x, b.op("Sub", b.const(1, x), b.op("Mul", t, t))),
-                         b.op("Add", b.op("Mul", square, b.const(3 * k * c, x)), b.const(c, x)))
-            half = b.op("Mul", b.op("Add", b.op("Add", t, b.const(1, x)), slope), b.const(0.5, x))
-            return [b.op("Mul", dys[0], half)]
-        if self.attr(node, "approximate") != "none":
-            return [no_gradient(node)]
-        cdf = b.op("Mul", b.op("Add", b.op("Erf", b.op("Mul", x, b.const(1 / math.sqrt(2), x))), b.const(1, x)),
-                   b.const(0.5, x))
-        pdf = b.op("Mul", b.op("Exp", b.op("Mul", b.op("Mul", x, x), b.const(-0.5, x))),
-                   b.const(1 / math.sqrt(2 * math.pi), x))
-        return [b.op("Mul", dys[0], b.op("Add", cdf, b.op("Mul", x, pdf)))]
+    def kernel(self, xp, step, ins, outs, ws):
+        self.fn(xp, ins[0], out=outs[0], ws=ws, **self.arguments(step))
 
 
-@schema("Gelu")
-class Gelu(Erf):
-    """Gelu, exact (`approximate` "none", through erf) or with the tanh approximation."""
+def _leaky_relu(xp, x, t, y, alpha):
+    """max(x, 0) + alpha min(x, 0), right for every alpha."""
+    xp.minimum(x, 0, out=t)
+    xp.multiply(t, alpha, out=t)
+    xp.maximum(x, 0, out=y)
+    xp.add(y, t, out=y)
 
-    defaults = {"approximate": "none"}
+
+def _hard_swish(xp, x, t, y):
+    """x hard_sigmoid(x) with alpha 1/6, beta 1/2."""
+    xp.divide(x, 6, out=t)
+    xp.add(t, 0.5, out=t)
+    xp.clip(t, 0, 1, out=t)
+    xp.multiply(x, t, out=y)
 
 
-@schema("Clip")
-class Clip(Schema):
-    """Clip; its bounds are attributes before opset 11 and optional inputs after."""
+def _gelu(xp, x, t, y, approximate="none"):
+    """x/2 (1 + erf(x / sqrt 2)), or with tanh(sqrt(2/pi) (x + 0.044715 x^3)) when approximate="tanh"."""
+    if approximate == "tanh":
+        xp.power(x, 3, out=t)
+        xp.multiply(t, 0.044715, out=t)
+        xp.add(x, t, out=t)
+        xp.multiply(t, math.sqrt(2 / math.pi), out=t)
+        xp.tanh(t, out=t)
+    else:
+        xp.divide(x, math.sqrt(2), out=t)
+        _erf(xp)(t, out=t)
+    xp.add(t, 1, out=t)
+    xp.multiply(x, 0.5, out=y)
+    xp.multiply(y, t, out=y)
+
+
+def _sigmoid(xp, x, out=None):
+    """1 / (1 + exp(-x)), one ufunc at a time in the output."""
+    out = xp.negative(x, out=out)
+    xp.exp(out, out=out)
+    xp.add(out, 1, out=out)
+    return xp.reciprocal(out, out=out)
+
+
+def _hard_sigmoid(xp, x, out=None, alpha=0.2, beta=0.5):
+    """clip(alpha x + beta, 0, 1), in the output."""
+    out = xp.multiply(x, alpha, out=out)
+    xp.add(out, beta, out=out)
+    return xp.clip(out, 0, 1, out=out)
+
+
+def _relu_grad(b, node, x, y, dy):
+    return b.op("Where", b.op("Greater", y, b.const(0, x)), dy, b.const(0, x))  # y, not x: x may die
+
+
+def _leaky_relu_grad(b, node, x, y, dy, alpha):
+    zero = b.const(0, x)
+    scaled = b.op("Mul", dy, b.const(alpha, x))
+    return b.op("Where", b.op("Less", x, zero), scaled, dy)
+
+
+def _hard_sigmoid_grad(b, node, x, y, dy, alpha, beta):
+    """alpha on the ramp, where 0 < y < 1."""
+    zero = b.const(0, x)
+    scaled = b.op("Mul", dy, b.const(alpha, x))
+    inside = b.op("Where", b.op("Less", y, b.const(1, x)), scaled, zero)
+    return b.op("Where", b.op("Greater", y, zero), inside, zero)
+
+
+def _hard_swish_grad(b, node, x, y, dy):
+    """x / 3 + 1/2 on (-3, 3), 0 below, 1 above."""
+    zero = b.const(0, x)
+    ramp = b.op("Mul", dy, b.op("Add", b.op("Mul", x, b.const(1 / 3, x)), b.const(0.5, x)))
+    return b.op("Where", b.op("Less", x, b.const(-3, x)), zero,
+                b.op("Where", b.op("Greater", x, b.const(3, x)), dy, ramp))
+
+
+def _erf_grad(b, node, x, y, dy):
+    """d erf(x) = 2 / sqrt(pi) exp(-x^2) dx."""
+    bell = b.op("Exp", b.op("Neg", b.op("Mul", x, x)))
+    return b.op("Mul", dy, b.op("Mul", bell, b.const(2 / math.sqrt(math.pi), x)))
+
+
+def _gelu_grad(b, node, x, y, dy, approximate):
+    """Exact Gelu's derivative is Phi(x) + x phi(x), with Phi = (1 + erf(x / sqrt 2)) / 2 and phi =
+    exp(-x^2 / 2) / sqrt(2 pi). The tanh Gelu, with t = tanh(c (x + k x^3)), c = sqrt(2 / pi),
+    k = 0.044715: (1 + t + x (1 - t^2) c (1 + 3 k x^2)) / 2."""
+    if approximate == "tanh":
+        c, k, square = math.sqrt(2 / math.pi), 0.044715, b.op("Mul", x, x)
+        t = b.op("Tanh", b.op("Mul", x, b.op("Add", b.op("Mul", square, b.const(k * c, x)), b.const(c, x))))
+        slope = b.op("Mul", b.op("Mul", x, b.op("Sub", b.const(1, x), b.op("Mul", t, t))),
+                     b.op("Add", b.op("Mul", square, b.const(3 * k * c, x)), b.const(c, x)))
+        half = b.op("Mul", b.op("Add", b.op("Add", t, b.const(1, x)), slope), b.const(0.5, x))
+        return b.op("Mul", dy, half)
+    cdf = b.op("Mul", b.op("Add", b.op("Erf", b.op("Mul", x, b.const(1 / math.sqrt(2), x))), b.const(1, x)),
+               b.const(0.5, x))
+    pdf = b.op("Mul", b.op("Exp", b.op("Mul", b.op("Mul", x, x), b.const(-0.5, x))),
+               b.const(1 / math.sqrt(2 * math.pi), x))
+    return b.op("Mul", dy, b.op("Add", cdf, b.op("Mul", x, pdf)))
+
+
+def _torch_gelu(torch, x, approximate="none"):
+    return torch.nn.functional.gelu(x, approximate=approximate)
+
+
+GELU_CUDA = {"none": "0.5 * v * (1 + erf(v * 0.7071067811865476))",
+             "tanh": "0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))"}
+
+unary("Relu", lambda xp, x, out=None: xp.maximum(x, 0, out=out), _relu_grad, torch="relu")
+unary("Sigmoid", _sigmoid, lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Mul", y, b.op("Sub", b.const(1, x), y))),
+      torch="sigmoid")
+unary("Tanh", "tanh", lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Sub", b.const(1, x), b.op("Mul", y, y))),
+      torch="tanh")
+unary("Erf", lambda xp, x, out=None: _erf(xp)(x, out=out), _erf_grad, torch="erf")
+unary("HardSigmoid", _hard_sigmoid, _hard_sigmoid_grad, defaults={"alpha": 0.2, "beta": 0.5},
+      torch=lambda torch, x, alpha, beta: torch.clamp(x * alpha + beta, 0, 1),
+      cuda="min(max(alpha * v + beta, 0.0), 1.0)")
+register(Chunked("LeakyRelu", chunked(_leaky_relu), _leaky_relu_grad, defaults={"alpha": 0.01},
+                 torch=lambda torch, x, alpha: torch.nn.functional.leaky_relu(x, alpha), cuda="v < 0 ? alpha * v : v"))
+register(Chunked("HardSwish", chunked(_hard_swish), _hard_swish_grad, torch=lambda torch, x: torch.nn.functional.hardswish(x),
+                 cuda="v * min(max(v / 6 + 0.5, 0.0), 1.0)"))
+register(Chunked("Gelu", chunked(_gelu), _gelu_grad, defaults={"approximate": "none"}, torch=_torch_gelu,
+                 cuda=lambda approximate: GELU_CUDA[approximate]))
+unary("Softplus", lambda xp, x, out=None: xp.logaddexp(x, 0, out=out),
+      lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Sigmoid", x)), torch=lambda torch, x: torch.nn.functional.softplus(x))
+
+
+class Clip(Elementwise):
+    """Clip; its bounds are attributes before opset 11 and optional inputs after. Bounds stay Python
+    numbers in the kernel: a device scalar would allocate."""
 
     attr_inputs = (("min", 1, 11), ("max", 2, 11))
-    defaults = {"min": None, "max": None}
-    inplace = ((0, 0),)
-    infer = staticmethod(same_as_input)
 
-    def gradient(self, b, node, dys):
-        """dY where the input lies inside the bounds, 0 where Clip held it at one."""
-        x, lo, hi = node.inputs[0], self.attr(node, "min"), self.attr(node, "max")
-        dy = dys[0]
-        if lo is not None:
-            dy = b.op("Where", b.op("Less", x, b.const(lo, x)), b.const(0, x), dy)
-        if hi is not None:
-            dy = b.op("Where", b.op("Greater", x, b.const(hi, x)), b.const(0, x), dy)
-        return [dy]
+    def infer(self, node, ins):
+        return same_as_input(node, ins[:1])
 
-    def evaluate(self, node, x):
-        lo, hi = self.attr(node, "min"), self.attr(node, "max")
-        if lo is not None:
-            x = np.maximum(x, np.asarray(lo, dtype=x.dtype))
-        if hi is not None:
-            x = np.minimum(x, np.asarray(hi, dtype=x.dtype))
-        return [x]
 
+def _clip(xp, x, out=None, min=None, max=None):
+    if out is None:
+        min, max = (None if v is None else np.asarray(v, x.dtype) for v in (min, max))
+    if min is None and max is None:
+        out = xp.array(x, copy=True) if out is None else out
+        if out is not x:
+            xp.copyto(out, x)
+        return out
+    if max is None:
+        return xp.maximum(x, min, out=out)
+    if min is None:
+        return xp.minimum(x, max, out=out)
+    return xp.clip(x, min, max, out=out)
+
+
+def _clip_grad(b, node, x, y, dy, min, max):
+    """dY where the input lies inside the bounds, 0 where Clip held it at one."""
+    if min is not None:
+        dy = b.op("Where", b.op("Less", x, b.const(min, x)), b.const(0, x), dy)
+    if max is not None:
+        dy = b.op("Where", b.op("Greater", x, b.const(max, x)), b.const(0, x), dy)
+    return dy
+
+
+register(Clip("Clip", _clip, _clip_grad, defaults={"min": None, "max": None},
+              torch=lambda torch, x, min, max: x if min is None and max is None else torch.clamp(x, min, max)))
 
 @schema("Softmax", "LogSoftmax")
 class Softmax(Schema):

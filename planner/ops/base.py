@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtypes import is_float
 from ..errors import ShapeError
 
 
@@ -35,13 +36,29 @@ class Schema:
     - `workspace(node, ins, outs, limit)`: scratch bytes the kernel needs besides its inputs
       and outputs.
     - `flops(node, ins, outs)`: floating-point operations of one run (a multiply-add counts 2).
+    - `kernel(xp, step, ins, outs, ws)`: how the op computes, with `xp` NumPy or CuPy, when its
+      definition holds it (the elementwise families); None where executor/kernels has it.
+    - `cuda`: the body of a fused CuPy ElementwiseKernel, for ops whose array form needs temporaries.
+    - `torch`: the op in PyTorch, `fn(torch, *tensors, **attrs)`, for frontends.torch_module.
+    - `decompose(b, node)`: the op built from other ops with the autodiff Builder `b`, returning its
+      output names; a composite with no kernel or no gradient runs or differentiates through it.
+    - `mirror`: whether MXNet's mirror may recompute the output (False for the expensive ops);
+      `random`: the op draws random values, so that recomputing it would draw others.
     """
 
     op = ""
+    domain = ""
+    since = 1
     attr_inputs = ()
     defaults = {}
     inplace = ()
     identity = False
+    kernel = None
+    cuda = None
+    torch = None
+    decompose = None
+    mirror = True
+    random = False
 
     def attr(self, node, name):
         if name in node.attrs:
@@ -76,6 +93,13 @@ class Schema:
     """`gradient(b, node, dys)`: given the gradient tensor of each output (None where nothing flows
     back), the gradient of each input (None where it has none), built with the autodiff Builder `b`
     out of ops the planner knows. None: the op is not differentiable."""
+
+    def accumulation(self, dtype):
+        """The dtype the op sums or multiplies-and-adds in for inputs of `dtype`: float32 for the
+        16-bit and narrower floats (as cuBLAS and PyTorch accumulate), the dtype itself otherwise."""
+        dtype = np.dtype(dtype)
+        narrow_float = dtype.itemsize < 4 and (is_float(dtype) or dtype.name.startswith("float"))
+        return np.dtype(np.float32) if narrow_float else dtype
 
     def fold(self, node, ins):
         """Output values when every input's value is known and the op can be evaluated, else None."""

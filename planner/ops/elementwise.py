@@ -1,153 +1,182 @@
-"""Elementwise ops with NumPy broadcasting: arithmetic, comparisons, logic, Where.
+"""Elementwise ops, one entry each: the entry holds everything memplan knows of the op, so that adding
+one is one line (see planner/ops/math.py and the README's "Adding an op").
 
-Each family is one class; the NumPy function of each op is one table entry.
+An entry's `fn(xp, *arrays, out=None, **attrs)` computes the op with NumPy or CuPy (`xp`): the kernel,
+writing into `out`, and the constant folder, making a new array, alike. Its dtype rule, in-place rule,
+gradient, PyTorch form (`torch`) and optional fused CUDA body (`cuda`) sit beside it.
 """
 import numpy as np
 
-from . import schema
-from .base import Schema, broadcast, no_gradient, same_as_input
+from . import register
+from .base import Schema, broadcast, no_gradient
 from ..dtypes import to_onnx
 from ..errors import ShapeError
 
 
-def _check_same_dtype(node, ins):
+def check_same_dtype(ins):
+    """Raise ShapeError unless the present inputs (their Info) share one dtype."""
     dts = {i.dtype for i in ins if i is not None}
     if len(dts) > 1:
         raise ShapeError(f"inputs have different dtypes {sorted(map(str, dts))}")
 
 
-def _int_div(a, b):
-    """ONNX integer Div truncates toward zero (C semantics), unlike NumPy's floor division."""
-    if np.issubdtype(np.result_type(a, b), np.integer):
-        return (np.trunc(np.true_divide(a, b))).astype(np.result_type(a, b))
-    return np.true_divide(a, b)
+def ufunc(name):
+    """The `fn` of an op that is one NumPy/CuPy ufunc (the two modules name them alike)."""
+    return lambda xp, *arrays, out=None: getattr(xp, name)(*arrays, out=out)
 
 
-def _mod(a, b, fmod=0):
-    return np.fmod(a, b) if fmod else np.mod(a, b)
+def torch_function(name):
+    """The `torch` form of an op that is one function of the torch module."""
+    return lambda torch, *tensors, **attrs: getattr(torch, name)(*tensors)
 
 
-BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _int_div}
+class Elementwise(Schema):
+    """An op computed element by element with NumPy broadcasting by `fn`.
 
+    `result`: the output dtype where it is fixed (bool for comparisons), else the first input's;
+    `same_dtype`: the inputs share one dtype; `grad(b, node, *inputs, y, dy, **attributes)`: the input
+    gradients (one per input, None where none flows), or None for an op memplan does not differentiate.
+    """
 
-@schema(*BINARY)
-class Arithmetic(Schema):
-    """Add, Sub, Mul, Div: one dtype in, the same dtype out; the output may overwrite either input."""
-
-    inplace = ((0, 0), (1, 0))
-
-    def infer(self, node, ins):
-        _check_same_dtype(node, ins)
-        return [(broadcast(ins[0].shape, ins[1].shape), ins[0].dtype)]
-
-    def evaluate(self, node, a, b):
-        return [BINARY[self.op](a, b)]
-
-    def gradient(self, b, node, dys):
-        dy, (x, w), y = dys[0], node.inputs, node.outputs[0]
-        shape = b.shape(y)
-        if self.op == "Add":
-            dx, dw = dy, dy
-        elif self.op == "Sub":
-            dx, dw = dy, b.op("Neg", dy)
-        elif self.op == "Mul":
-            dx, dw = b.op("Mul", dy, w), b.op("Mul", dy, x)
-        else:  # y = x / w: dx = dy / w, dw = -dy * y / w
-            dx, dw = b.op("Div", dy, w), b.op("Neg", b.op("Div", b.op("Mul", dy, y), w))
-        return [b.unbroadcast(dx, shape, b.shape(x)), b.unbroadcast(dw, shape, b.shape(w))]
-
-
-@schema("Pow")
-class Pow(Schema):
-    """Pow: the exponent may have another dtype; the output has the base's."""
-
+    fn = None
+    grad = None
+    result = None
+    same_dtype = True
     inplace = ((0, 0),)
 
-    def infer(self, node, ins):
-        return [(broadcast(ins[0].shape, ins[1].shape), ins[0].dtype)]
-
-    def evaluate(self, node, a, b):
-        return [np.power(a, b).astype(a.dtype)]
-
-    def gradient(self, b, node, dys):
-        """y = x^p: dx = dy p x^(p-1) = dy p y / x; dp = dy y log x (for a positive base)."""
-        dy, (x, p), y = dys[0], node.inputs, node.outputs[0]
-        out, same = b.shape(y), b.dtype(p) == b.dtype(x)
-        exponent = p if same else b.op("Cast", p, to=to_onnx(b.dtype(x)))
-        dx = b.op("Mul", dy, b.op("Mul", exponent, b.op("Pow", x, b.op("Sub", exponent, b.const(1, x)))))
-        dp = b.op("Mul", dy, b.op("Mul", y, b.op("Log", x))) if same else None
-        return [b.unbroadcast(dx, out, b.shape(x)), dp and b.unbroadcast(dp, out, b.shape(p))]
-
-
-@schema("Mod")
-class Mod(Schema):
-    defaults = {"fmod": 0}
-    inplace = ((0, 0), (1, 0))
+    def __init__(self, op="", fn=None, grad=None, torch=None, cuda=None, result=None, defaults=None,
+                 decompose=None, **rules):
+        if fn is not None:
+            self.op, self.fn, self.grad, self.cuda, self.result = op, fn, grad, cuda, result
+            self.torch = torch_function(torch) if isinstance(torch, str) else torch
+            self.defaults = defaults or {}
+            self.decompose = decompose
+            for key, value in rules.items():
+                if not hasattr(Schema, key) and not hasattr(Elementwise, key):
+                    raise TypeError(f"{op}: unknown rule {key!r}")
+                setattr(self, key, value)
 
     def infer(self, node, ins):
-        _check_same_dtype(node, ins)
-        return [(broadcast(ins[0].shape, ins[1].shape), ins[0].dtype)]
+        present = [i for i in ins if i is not None]
+        if self.same_dtype:
+            check_same_dtype(present)
+        dtype = np.dtype(self.result) if self.result is not None else present[0].dtype
+        return [(broadcast(*(i.shape for i in present)), dtype)]
 
-    def evaluate(self, node, a, b):
-        return [_mod(a, b, self.attr(node, "fmod"))]
+    def arguments(self, node):
+        """The op's attributes as `fn` takes them: every attribute of `defaults`, by name."""
+        return {k: self.attr(node, k) for k in self.defaults}
 
-    def gradient(self, b, node, dys):
-        """y = x - w n, with n the whole quotient (truncated for fmod, floored otherwise) and flat where
-        differentiable: dx = dY, dw = -dY n = -dY (x - y) / w."""
-        dy, (x, w), y = dys[0], node.inputs, node.outputs[0]
-        dw = b.op("Neg", b.op("Mul", dy, b.op("Div", b.op("Sub", x, y), w)))
-        return [b.unbroadcast(dy, b.shape(y), b.shape(x)), b.unbroadcast(dw, b.shape(y), b.shape(w))]
+    def evaluate(self, node, *arrays):
+        return [self.fn(np, *arrays, **self.arguments(node))]
 
-
-COMPARE = {"Equal": np.equal, "Less": np.less, "Greater": np.greater}
-
-
-@schema(*COMPARE)
-class Compare(Schema):
-    def infer(self, node, ins):
-        _check_same_dtype(node, ins)
-        return [(broadcast(ins[0].shape, ins[1].shape), np.dtype(bool))]
-
-    def evaluate(self, node, a, b):
-        return [COMPARE[self.op](a, b)]
-
-
-UNARY = {"Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log, "Neg": np.negative, "Abs": np.abs,
-         "Reciprocal": np.reciprocal, "Not": np.logical_not}
-
-
-@schema(*UNARY)
-class Unary(Schema):
-    inplace = ((0, 0),)
-    infer = staticmethod(same_as_input)
-
-    def evaluate(self, node, x):
-        return [UNARY[self.op](x)]
+    def kernel(self, xp, step, ins, outs, ws):
+        self.fn(xp, *ins, out=outs[0], **self.arguments(step))
 
     def gradient(self, b, node, dys):
-        dy, x, y = dys[0], node.inputs[0], node.outputs[0]
-        rule = {"Neg": lambda: b.op("Neg", dy), "Exp": lambda: b.op("Mul", dy, y),
-                "Log": lambda: b.op("Div", dy, x),
-                "Sqrt": lambda: b.op("Div", b.op("Mul", dy, b.const(0.5, x)), y),
-                "Reciprocal": lambda: b.op("Neg", b.op("Mul", dy, b.op("Mul", y, y))),
-                "Abs": lambda: b.op("Where", b.op("Less", x, b.const(0, x)), b.op("Neg", dy), dy)}.get(self.op)
-        return [rule() if rule else no_gradient(node)]
+        if self.grad is None:
+            return no_gradient(node)
+        inputs, y = node.inputs, node.outputs[0]
+        grads = self.grad(b, node, *inputs, y, dys[0], **self.arguments(node))
+        grads = list(grads) if isinstance(grads, (list, tuple)) else [grads]
+        out = b.shape(y)
+        return [g and b.unbroadcast(g, out, b.shape(x)) for g, x in zip(grads, inputs)]
 
 
-@schema("Where")
-class Where(Schema):
-    """Where: the output may overwrite `y` (the kernel lays y down, then x where the condition holds)."""
+def unary(op, fn, grad=None, **rules):
+    """Register the unary elementwise op `op` computed by `fn` (a ufunc name, or an `fn`), with its
+    gradient `grad(b, node, x, y, dy, **attributes)` and other rules of Elementwise."""
+    register(Elementwise(op, ufunc(fn) if isinstance(fn, str) else fn, grad, **rules))
 
-    inplace = ((2, 0),)
+
+def binary(op, fn, grad=None, **rules):
+    """Register a binary elementwise op; `grad(b, node, a, c, y, dy)` returns both inputs' gradients
+    at the output's shape (the entry sums them down to each input's)."""
+    rules.setdefault("inplace", ((0, 0), (1, 0)))
+    register(Elementwise(op, ufunc(fn) if isinstance(fn, str) else fn, grad, **rules))
+
+
+def _chain(name, scale=None):
+    """The `fn` of a variadic op: a binary ufunc folded over the inputs into the output (which may be
+    input 0 itself), then divided by the count for Mean."""
+    def fn(xp, first, *rest, out=None):
+        ufunc = getattr(xp, name)
+        if not rest:
+            out = xp.array(first, copy=True) if out is None else out
+            if out is not first:
+                xp.copyto(out, first)
+        else:
+            out = ufunc(first, rest[0], out=out)
+            for x in rest[1:]:
+                ufunc(out, x, out=out)
+        if scale:
+            xp.divide(out, 1 + len(rest), out=out, casting="unsafe")
+        return out
+    return fn
+
+
+def _variadic_torch(name, mean=False):
+    def fn(torch, first, *rest):
+        out = first
+        for x in rest:
+            out = getattr(torch, name)(out, x)
+        return out / (1 + len(rest)) if mean else out
+    return fn
+
+
+def _extreme_grad(b, node, *args):
+    """Min and Max: dY to the input(s) holding the extreme, split evenly among ties (as PyTorch's
+    maximum and minimum do)."""
+    *xs, y, dy = args
+    if len(xs) == 1:
+        return [dy]
+    masks = [b.op("Cast", b.op("Equal", x, y), to=to_onnx(b.dtype(y))) for x in xs]
+    count = b.op("Sum", *masks)
+    share = b.op("Div", dy, count)
+    return [b.op("Mul", share, m) for m in masks]
+
+
+def variadic(op, fn_name, grad, torch, mean=False):
+    """Register a variadic op (Sum, Mean, Min, Max): one or more inputs broadcast together; the output
+    may overwrite input 0 only, which the fold reads before any other input is written."""
+    register(Elementwise(op, _chain(fn_name, mean), grad, torch=_variadic_torch(torch, mean), inplace=((0, 0),)))
+
+
+def _sum_grad(b, node, *args):
+    *xs, y, dy = args
+    return [dy] * len(xs)
+
+
+def _mean_grad(b, node, *args):
+    *xs, y, dy = args
+    return [b.op("Div", dy, b.const(len(xs), y))] * len(xs)
+
+
+variadic("Sum", "add", _sum_grad, "add")
+variadic("Mean", "add", _mean_grad, "add", mean=True)
+variadic("Max", "maximum", _extreme_grad, "maximum")
+variadic("Min", "minimum", _extreme_grad, "minimum")
+
+
+def _where(xp, c, x, y, out=None):
+    """y everywhere, then x where c holds: no temporary, and right when the output is y itself."""
+    if out is None:
+        return xp.where(c, x, y)
+    xp.copyto(out, y)
+    xp.copyto(out, x, where=xp.broadcast_to(c, out.shape))
+    return out
+
+
+class Where(Elementwise):
+    """Where: the output may overwrite `y`; the condition is bool, x and y share a dtype."""
+
+    same_dtype = False
 
     def infer(self, node, ins):
         if ins[0].dtype != np.bool_:
             raise ShapeError(f"condition must be bool, not {ins[0].dtype}")
-        _check_same_dtype(node, ins[1:])
+        check_same_dtype(ins[1:])
         return [(broadcast(*(i.shape for i in ins)), ins[1].dtype)]
-
-    def evaluate(self, node, c, x, y):
-        return [np.where(c, x, y)]
 
     def gradient(self, b, node, dys):
         """dY where the condition picks each side, zeros elsewhere; no gradient for the condition."""
@@ -155,3 +184,6 @@ class Where(Schema):
         zero, out = b.const(0, x), b.shape(node.outputs[0])
         return [None, b.unbroadcast(b.op("Where", c, dys[0], zero), out, b.shape(x)),
                 b.unbroadcast(b.op("Where", c, zero, dys[0]), out, b.shape(y))]
+
+
+register(Where("Where", _where, torch="where", inplace=((2, 0),)))

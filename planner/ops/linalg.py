@@ -19,6 +19,7 @@ class Gemm(Schema):
     """Gemm: alpha * A' B' + beta * C, with A' = A or its transpose (transA), likewise B';
     C is optional and broadcasts one way to the (M, N) result."""
 
+    mirror = False
     defaults = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
 
     def infer(self, node, ins):
@@ -59,6 +60,7 @@ class Gemm(Schema):
 class MatMul(Schema):
     """MatMul as numpy.matmul: a 1-D operand is a row (A) or column (B) vector, batch dims broadcast."""
 
+    mirror = False
     def infer(self, node, ins):
         a, b = ins[0].shape, ins[1].shape
         if not a or not b:
@@ -129,6 +131,8 @@ def _einsum_shape(equation, shapes):
 
 @schema("Einsum")
 class Einsum(Schema):
+    mirror = False
+
     def infer(self, node, ins):
         return [(_einsum_shape(self.attr(node, "equation"), [i.shape for i in ins]), _same_dtype(ins))]
 

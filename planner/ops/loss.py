@@ -17,6 +17,7 @@ class SoftmaxCrossEntropyLoss(Schema):
     "mean" (divided by the sum of the weights taken, their count without weights). Outputs the loss
     and, optionally, the log-probabilities."""
 
+    mirror = False
     defaults = {"reduction": "mean", "ignore_index": None}
 
     def infer(self, node, ins):

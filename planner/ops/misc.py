@@ -118,6 +118,7 @@ class Dropout(Schema):
     """Dropout: in inference (or with ratio 0) the data unchanged and an all-true mask; in training
     each element is zeroed with probability `ratio` and the rest scaled by 1 / (1 - ratio)."""
 
+    random = True
     attr_inputs = (("ratio", 1, 12), ("training_mode", 2, 12))
     defaults = {"ratio": 0.5, "training_mode": 0, "seed": None}
     inplace = ((0, 0),)

@@ -189,6 +189,7 @@ class Conv(Schema):
     count is W.shape[1] * prod(kernel) per pixel of the GEMM's grid.
     """
 
+    mirror = False
     defaults = {**WINDOW, "kernel_shape": None, "group": 1}
     transposed = False
 

@@ -54,6 +54,8 @@ class Transpose(Schema):
 
 @schema("Concat")
 class Concat(Schema):
+    mirror = False
+
     def infer(self, node, ins):
         first = ins[0]
         a = axis(self.attr(node, "axis"), first.rank)

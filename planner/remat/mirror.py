@@ -1,12 +1,8 @@
 """MXNet's mirror (MXNET_BACKWARD_DO_MIRROR): the outputs of cheap ops are not kept for backward but
 recomputed from their inputs, so that only the expensive ops' outputs (convolutions, matrix
 products) stay alive between the forward pass and the backward one."""
+from .. import ops
 from .recompute import droppable
-
-NEVER = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "Concat", "SoftmaxCrossEntropyLoss"}
-"""MXNet's list (Convolution, FullyConnected, Concat, SoftmaxOutput) in ONNX terms."""
-RANDOM = {"Dropout"}
-"""Random ops (ONNX's Dropout and the memplan domain's), whose recomputation would draw another mask."""
 
 
 def forced(node):
@@ -16,10 +12,13 @@ def forced(node):
 
 def need_mirror(node, enabled=True):
     """REFERENCE.md §2: never random ops; yes when forced; otherwise, when mirroring is on, every op
-    but the expensive ones."""
-    if node.op in RANDOM:
+    but the expensive ones, whose schemas say `mirror = False` (MXNet's list: Convolution,
+    FullyConnected, Concat, SoftmaxOutput, in ONNX terms Conv, ConvTranspose, Gemm, MatMul, Einsum,
+    Concat, SoftmaxCrossEntropyLoss)."""
+    schema = ops.of(node)
+    if schema.random:
         return False
-    return forced(node) or enabled and node.op not in NEVER
+    return forced(node) or enabled and schema.mirror
 
 
 DEPTH = 4

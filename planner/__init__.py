@@ -12,11 +12,13 @@ def load(model, input_shapes=None):
 
     `model` is a path to an .onnx file, an onnx.ModelProto, a frontends.symbol.Symbol, or
     "zoo:NAME" (a built-in model, see frontends.zoo). `input_shapes` binds the inputs' dynamic
-    dims, e.g. {"input": (8, 3, 224, 224)}; dims of the same name in other inputs follow.
+    dims, e.g. {"input": (8, 3, 224, 224)}; dims of the same name in other inputs follow. Composite
+    ops (planner/ops/composite.py) come back as the ops they are made of.
     """
     from frontends import read
     from . import shapes
-    return shapes.infer(read(model), input_shapes)
+    from .passes.decompose import decompose
+    return decompose(shapes.infer(read(model), input_shapes))
 
 
 __all__ = ["load", "compile", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",

@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import ops, shapes
+from .dtypes import to_onnx
 from .errors import ModelError
 from .ir import Node, Tensor, op_name
 
@@ -44,6 +45,12 @@ class Builder:
         for out in outs:
             self.tensors[out] = Tensor(out, None, None, "activation")
         return outs[0] if outputs == 1 else outs
+
+    def cast(self, name, dtype):
+        """`name` cast to `dtype`, its dtype known at once (so that constants can be made like it)."""
+        out = self.op("Cast", name, to=to_onnx(dtype))
+        self.tensors[out] = Tensor(out, self.shape(name), np.dtype(dtype), "activation")
+        return out
 
     def const(self, value, like):
         """A constant of `like`'s dtype."""

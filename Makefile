@@ -2,11 +2,13 @@
 # `make demo` installs memplan without extras and runs the installed copy from outside the checkout.
 PY ?= python3
 PIP = $(PY) -m pip install -q --disable-pip-version-check --root-user-action=ignore
+# pip builds in ./build; the install targets remove it so that no stale copy of the tree stays in the checkout.
 
 .PHONY: install install-test demo test bench
 
 install:
 	$(PIP) -e .
+	rm -rf build
 
 install-test: install
 	$(PIP) -e ".[test]"
@@ -18,6 +20,7 @@ install-test: install
 
 demo:
 	$(PIP) .
+	rm -rf build
 	cd "$${TMPDIR:-/tmp}" && $(PY) -m planner.cli report
 
 test: install-test

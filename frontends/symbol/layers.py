@@ -1,15 +1,16 @@
 """The op functions (conv2d, dense, batch_norm, pooling, reshape, ...): each builds its ONNX nodes
 through op(), with PyTorch-like arguments turned into ONNX attributes."""
+import keyword
 import math
+import re
 
 import numpy as np
 
-from planner import dtypes
+from planner import dtypes, ops
 
 from .graph import check, const, op, promote
 
-__all__ = ["conv2d", "conv2d_transpose", "dense", "batch_norm", "layer_norm", "relu", "sigmoid", "tanh",
-           "sqrt", "exp", "log", "abs", "neg", "erf", "reciprocal", "floor", "ceil", "identity", "leaky_relu",
+__all__ = ["conv2d", "conv2d_transpose", "dense", "batch_norm", "layer_norm", "identity", "leaky_relu",
            "gelu", "clip", "softmax", "log_softmax", "pooling", "concat", "split", "reshape", "flatten",
            "transpose", "slice", "squeeze", "unsqueeze", "expand", "pad", "resize", "gather", "where", "cast",
            "matmul", "reduce_mean", "reduce_sum", "reduce_max", "reduce_min", "dropout"]
@@ -66,14 +67,24 @@ def layer_norm(x, gamma, beta=None, axis=-1, eps=1e-5, **kw):
 def _unary(op_type):
     def f(x, **kw):
         return op(op_type, x, **kw)
-    f.__name__ = f.__qualname__ = "".join("_" + c.lower() if c.isupper() else c for c in op_type).lstrip("_")
-    f.__doc__ = f"Elementwise {op_type}."
+    f.__name__ = f.__qualname__ = _snake(op_type)
+    f.__doc__ = f"Elementwise {op_type}; keywords are its ONNX attributes, name= and meta=."
     return f
 
 
-relu, sigmoid, tanh, sqrt, exp, log, abs, neg, erf, reciprocal, floor, ceil, identity = map(_unary, (
-    "Relu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Log", "Abs", "Neg", "Erf", "Reciprocal", "Floor", "Ceil",
-    "Identity"))
+def _snake(op_type):
+    """The Python name of an op type: "HardSwish" -> "hard_swish", "IsNaN" -> "is_nan", "Not" ->
+    "logical_not" (a keyword of Python's)."""
+    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", op_type.replace("NaN", "Nan")).lower()
+    return f"logical_{name}" if keyword.iskeyword(name) else name
+
+
+UNARY = {_snake(s.op): _unary(s.op) for (domain, _), versions in ops.SCHEMAS.items() for _, s in versions[-1:]
+         if not domain and s.arity == 1}
+"""A one-argument function per unary elementwise op of the default domain (relu, sin, is_nan, softsign, ...)."""
+globals().update(UNARY)
+__all__ += sorted(set(UNARY) - set(__all__))
+identity = _unary("Identity")
 
 
 def leaky_relu(x, alpha=0.01, **kw):

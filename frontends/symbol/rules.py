@@ -1,25 +1,15 @@
-"""What op() needs to know about an ONNX op beyond planner.ops: attributes in canonical form, the
-dtype of an input holding a static argument, and the dtype and rank of each output."""
+"""What op() needs to know about an ONNX op: attributes in canonical form, the dtype of an input holding
+a static argument, and the dtype and rank of each output, from the op's schema (`result`, `ranks`)
+where it says and from the attributes of the ops whose rank they set."""
 import numpy as np
 import onnx
 
-from planner import dtypes
+from planner import dtypes, ops
 
 from ..onnx_frontend import MAX_OPSET
 
-_BOOL_OUT = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Not",
-             "IsNaN", "IsInf"}
-_INT64_OUT = {"Shape", "Size", "ArgMax", "ArgMin", "NonZero"}
 _LATER_OUT = {"TopK": np.int64, "MaxPool": np.int64, "Dropout": np.bool_}
 """Dtype of outputs after the first, where it is not the first output's."""
-_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Where", "Max", "Min", "Sum", "Mean", "PRelu",
-              *_BOOL_OUT - {"Not", "IsNaN", "IsInf"}}
-_KEEP_RANK = {"Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "HardSigmoid", "HardSwish", "Softplus",
-              "Tanh", "Gelu", "Erf", "Sqrt", "Exp", "Log", "Abs", "Neg", "Reciprocal", "Floor", "Ceil",
-              "Not", "Clip", "Cast", "Identity", "Dropout", "Softmax", "LogSoftmax", "Conv",
-              "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN",
-              "BatchNormalization", "LayerNormalization", "InstanceNormalization", "Transpose",
-              "Concat", "Split", "Slice", "Pad", "Resize", "Tile", "CumSum", "TopK"}
 _STATIC_TYPES = (("tensor(int64)", np.int64), ("tensor(float)", np.float32), ("tensor(bool)", np.bool_))
 """Preferred dtypes of an input holding a static argument, when ONNX allows several."""
 
@@ -63,10 +53,8 @@ def canon(key, value):
 def output_dtypes(op_type, ins, attrs, n):
     """The dtypes of the `n` outputs: fixed by the op, by an attribute (to, dtype, value), or the inputs'."""
     like = next((x.dtype for x in ins if x is not None), np.dtype(np.float32))
-    if op_type in _BOOL_OUT:
-        first = np.bool_
-    elif op_type in _INT64_OUT:
-        first = np.int64
+    if ops.get(op_type).result is not None:
+        first = ops.get(op_type).result
     elif op_type == "Cast":
         first = dtypes.from_onnx(attrs["to"])
     elif op_type in ("Where", "CastLike"):
@@ -85,8 +73,8 @@ def output_ranks(op_type, ins, attrs, n):
     r = [None if x is None else x.ndim for x in ins]
     r0 = r[0] if r else None
     axes = len(attrs["axes"]) if isinstance(attrs.get("axes"), list) else None
-    rank = None
-    if op_type in _BROADCAST and None not in r:
+    rank, rule = None, ops.get(op_type).ranks
+    if rule == "broadcast" and None not in r:
         rank = max(r)
     elif op_type in ("Gemm", "Flatten"):
         rank = 2
@@ -99,6 +87,6 @@ def output_ranks(op_type, ins, attrs, n):
     elif r0 is not None and axes is not None and (op_type == "Squeeze" or (
             op_type.startswith("Reduce") and not attrs.get("keepdims", 1))):
         rank = r0 - axes
-    elif op_type in _KEEP_RANK or (op_type.startswith("Reduce") and attrs.get("keepdims", 1)):
+    elif rule == "same" or (op_type.startswith("Reduce") and attrs.get("keepdims", 1)):
         rank = r0
     return (rank,) * n if op_type in ("Split", "TopK") else (rank,) + (None,) * (n - 1)

@@ -45,6 +45,8 @@ def chunked(body):
 class Chunked(Elementwise):
     """An activation computed by `chunked`: its workspace is one chunk of the input's dtype."""
 
+    arity = 1
+
     def workspace(self, node, ins, outs, limit):
         return min(math.prod(ins[0].shape), CHUNK) * np.dtype(ins[0].dtype).itemsize
 
@@ -179,6 +181,8 @@ class Clip(Elementwise):
     """Clip; its bounds are attributes before opset 11 and optional inputs after. Bounds stay Python
     numbers in the kernel: a device scalar would allocate."""
 
+    arity = 1
+
     attr_inputs = (("min", 1, 11), ("max", 2, 11))
 
     def infer(self, node, ins):
@@ -216,6 +220,7 @@ register(Clip("Clip", _clip, _clip_grad, defaults={"min": None, "max": None},
 class Softmax(Schema):
     """Softmax and LogSoftmax along one axis (opset 13 semantics; the frontend rewrites older ones)."""
 
+    ranks = "same"
     defaults = {"axis": -1}
     flops = per_input_element(5)
 

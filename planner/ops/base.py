@@ -44,6 +44,11 @@ class Schema:
       output names; a composite with no kernel or no gradient runs or differentiates through it.
     - `mirror`: whether MXNet's mirror may recompute the output (False for the expensive ops);
       `random`: the op draws random values, so that recomputing it would draw others.
+    - `result`: the dtype of output 0 where the op fixes it (bool for comparisons, int64 for Shape);
+      `ranks`: how output 0's rank follows the inputs', "same" (input 0's) or "broadcast" (the
+      largest), where one rule says; what the symbol API knows of an output before shapes are bound.
+    - `arity`: the number of inputs where the op takes a fixed number of data inputs (1 for the unary
+      elementwise ops, which the symbol API offers as one-argument functions).
     """
 
     op = ""
@@ -59,6 +64,9 @@ class Schema:
     decompose = None
     mirror = True
     random = False
+    result = None
+    ranks = None
+    arity = None
 
     def attr(self, node, name):
         if name in node.attrs:

@@ -18,6 +18,9 @@ class Composite(Schema):
     Narrow floats are computed in the op's accumulation dtype (float32) and rounded once at the end,
     as a fused kernel would."""
 
+    ranks = "broadcast"
+    arity = 1
+
     def __init__(self, op, parts, defaults=None, since=1):
         self.op, self.parts, self.defaults, self.since = op, parts, defaults or {}, since
 
@@ -83,6 +86,8 @@ def _prelu(b, node, x, slope):
 
 class PRelu(Composite):
     """PRelu: the slope broadcasts to the input's shape (one way), and the output has the input's."""
+
+    arity = 2
 
     def infer(self, node, ins):
         x, slope = ins

@@ -40,7 +40,7 @@ class Elementwise(Schema):
 
     fn = None
     grad = None
-    result = None
+    ranks = "broadcast"
     same_dtype = True
     inplace = ((0, 0),)
 
@@ -86,6 +86,7 @@ class Elementwise(Schema):
 def unary(op, fn, grad=None, **rules):
     """Register the unary elementwise op `op` computed by `fn` (a ufunc name, or an `fn`), with its
     gradient `grad(b, node, x, y, dy, **attributes)` and other rules of Elementwise."""
+    rules.setdefault("arity", 1)
     register(Elementwise(op, ufunc(fn) if isinstance(fn, str) else fn, grad, **rules))
 
 
@@ -93,6 +94,7 @@ def binary(op, fn, grad=None, **rules):
     """Register a binary elementwise op; `grad(b, node, a, c, y, dy)` returns both inputs' gradients
     at the output's shape (the entry sums them down to each input's)."""
     rules.setdefault("inplace", ((0, 0), (1, 0)))
+    rules.setdefault("arity", 2)
     register(Elementwise(op, ufunc(fn) if isinstance(fn, str) else fn, grad, **rules))
 
 

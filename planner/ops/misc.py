@@ -16,6 +16,7 @@ _SATURATING = {"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fn
 class Cast(Schema):
     """Cast: to the dtype `to`; float8 targets saturate to their largest finite value unless saturate=0."""
 
+    ranks = "same"
     defaults = {"saturate": 1, "round_mode": "up"}
 
     def infer(self, node, ins):
@@ -118,6 +119,7 @@ class Dropout(Schema):
     """Dropout: in inference (or with ratio 0) the data unchanged and an all-true mask; in training
     each element is zeroed with probability `ratio` and the rest scaled by 1 / (1 - ratio)."""
 
+    ranks = "same"
     random = True
     attr_inputs = (("ratio", 1, 12), ("training_mode", 2, 12))
     defaults = {"ratio": 0.5, "training_mode": 0, "seed": None}

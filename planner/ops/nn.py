@@ -189,6 +189,7 @@ class Conv(Schema):
     count is W.shape[1] * prod(kernel) per pixel of the GEMM's grid.
     """
 
+    ranks = "same"
     mirror = False
     defaults = {**WINDOW, "kernel_shape": None, "group": 1}
     transposed = False
@@ -277,6 +278,8 @@ class ConvTranspose(Conv):
 
 
 class _Pool(Schema):
+    ranks = "same"
+
     def flops(self, node, ins, outs):
         """One per tap of each output's window."""
         return math.prod(outs[0][0]) * math.prod(self.attr(node, "kernel_shape"))
@@ -346,6 +349,7 @@ class MaxPool(_Pool):
 class GlobalPool(Schema):
     """Global average or max pooling: one value per channel over all spatial dims."""
 
+    ranks = "same"
     flops = per_input_element(1)
 
     def infer(self, node, ins):
@@ -382,6 +386,7 @@ class BatchNormalization(Schema):
     """BatchNormalization: Y, then running mean and variance (training_mode=1, or opset < 14),
     then the saved batch mean and variance (opset < 14), each one value per channel."""
 
+    ranks = "same"
     defaults = {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}
     inplace = ((0, 0),)
     flops = per_input_element(5)
@@ -429,6 +434,7 @@ class LayerNormalization(Schema):
     """LayerNormalization over the dims from `axis` on; the optional Mean and InvStdDev keep the
     leading dims and have 1 on the normalised ones, in the stash_type dtype."""
 
+    ranks = "same"
     defaults = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
     flops = per_input_element(5)
 

@@ -14,6 +14,7 @@ from ..errors import ShapeError
 class Resize(Schema):
     """Resize: the output is floor(input * scale) per resized axis, or `sizes` (kept in aspect by the policy)."""
 
+    ranks = "same"
     attr_inputs = (("roi", 1, 11), ("scales", 2, 11), ("sizes", 3, 11))
     defaults = {"roi": None, "scales": None, "sizes": None, "axes": None, "keep_aspect_ratio_policy": "stretch",
                 "mode": "nearest", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_floor",

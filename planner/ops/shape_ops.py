@@ -11,6 +11,7 @@ from ..errors import ShapeError
 
 @schema("Shape")
 class Shape(Schema):
+    result = np.int64
     defaults = {"start": 0, "end": None}
     flops = staticmethod(no_flops)
 
@@ -28,6 +29,7 @@ class Shape(Schema):
 
 @schema("Transpose")
 class Transpose(Schema):
+    ranks = "same"
     defaults = {"perm": None}
 
     def infer(self, node, ins):
@@ -54,6 +56,7 @@ class Transpose(Schema):
 
 @schema("Concat")
 class Concat(Schema):
+    ranks = "same"
     mirror = False
 
     def infer(self, node, ins):
@@ -83,6 +86,7 @@ class Concat(Schema):
 class Split(Schema):
     """Split: sizes from `split`, else `num_outputs` (or one per output) equal chunks, the last one smaller."""
 
+    ranks = "same"
     attr_inputs = (("split", 1, 13),)
     defaults = {"axis": 0, "split": None, "num_outputs": None}
 
@@ -127,6 +131,7 @@ class Split(Schema):
 
 @schema("Slice")
 class Slice(Schema):
+    ranks = "same"
     attr_inputs = (("starts", 1, 10), ("ends", 2, 10), ("axes", 3, 10), ("steps", 4, 10))
     defaults = {"axes": None, "steps": None}
 
@@ -267,6 +272,7 @@ class Expand(Schema):
 
 @schema("Tile")
 class Tile(Schema):
+    ranks = "same"
     attr_inputs = (("repeats", 1, 6),)
 
     def infer(self, node, ins):
@@ -292,6 +298,7 @@ _PAD_MODES = ("constant", "reflect", "edge", "wrap")
 class Pad(Schema):
     """Pad: `pads` holds the begin then end counts of each axis in `axes`; negative counts crop."""
 
+    ranks = "same"
     attr_inputs = (("pads", 1, 11), ("constant_value", 2, 11), ("axes", 3, 18))
     defaults = {"mode": "constant", "constant_value": 0, "axes": None}
 

@@ -94,5 +94,6 @@ class Unsqueeze(View):
 
 @schema("Identity")
 class Identity(View):
+    ranks = "same"
     def view_shape(self, node, shape):
         return shape

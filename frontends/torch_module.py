@@ -60,7 +60,7 @@ class GraphModule(nn.Module):
 
     def __init__(self, graph):
         super().__init__()
-        missing = [op_name(node.domain, node.op) for node in graph.nodes if form(node) is None]
+        missing = [op_name(node.domain, node.op) for node in graph.nodes if form(node.op, node.domain) is None]
         if missing:
             raise unsupported(*missing)
         self.graph = graph
@@ -100,7 +100,7 @@ class GraphModule(nn.Module):
         env = {**self.graph_parameters(), **self.graph_buffers(),
                **{n: _tensor(x, device) for n, x in feeds.items()}}
         for node, dead in zip(self.graph.nodes, self.dead):
-            outs = form(node)(self, node, [env[i] if i else None for i in node.inputs])
+            outs = form(node.op, node.domain)(self, node, [env[i] if i else None for i in node.inputs])
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
             env.update((name, y) for name, y in zip(node.outputs, outs) if name)
             for name in dead:

@@ -14,7 +14,7 @@ from zoo_cases import CASES, feeds, input_shapes, reference, rel_l2, small_model
 
 torch = pytest.importorskip("torch")
 from frontends.torch_module import to_torch  # noqa: E402  (needs torch)
-from frontends.torch_ops import OPS, torch_dtype  # noqa: E402
+from frontends.torch_ops import form, torch_dtype  # noqa: E402
 
 pytestmark = pytest.mark.torch
 BATCH = 2
@@ -46,7 +46,7 @@ def _computable(dtype):
     return not (dtype.kind == "u" and dtype.itemsize > 1)
 
 
-NODE_CASES = [c for c in supported_cases() if all(n.op_type in OPS or n.op_type == "Constant" for n in c.model.graph.node)]
+NODE_CASES = [c for c in supported_cases() if all(form(n.op_type) or n.op_type == "Constant" for n in c.model.graph.node)]
 
 
 @pytest.mark.parametrize("case", params(NODE_CASES))

@@ -41,16 +41,22 @@ CONDITIONS = {"Mod": _mod_on_floats}
 """Type rules an op's doc states beside its constraints: op -> check(node, ins, opset) -> why, or None."""
 
 
-def check_types(node, ins, opset):
+def _declared(schema):
+    """The formals of an op outside ONNX from its schema's `types`, in `_formals`' form; None without."""
+    if schema.types is None:
+        return None
+    params, allowed = schema.types
+    return [(p, frozenset(allowed[p]), k == len(params) - 1) for k, p in enumerate(params)]
+
+
+def check_types(node, ins, opset, schema):
     """Raise ShapeError unless every present input of `node` (their Info) has a type its ONNX schema
-    allows, and the inputs that share a type parameter share a dtype. Ops of other domains than ONNX's
-    default have no such schema."""
-    if node.domain:
-        return
-    why = CONDITIONS[node.op](node, ins, opset) if node.op in CONDITIONS else None
+    (or, outside ONNX's default domain, its memplan `schema.types`) allows, and the inputs that share
+    a type parameter share a dtype."""
+    why = CONDITIONS[node.op](node, ins, opset) if not node.domain and node.op in CONDITIONS else None
     if why:
         raise ShapeError(why)
-    formals = _formals(node.op, opset)
+    formals = _declared(schema) if node.domain else _formals(node.op, opset)
     if not formals:
         return
     bound = {}

@@ -27,7 +27,7 @@ def infer(graph, input_shapes=None):
     for node in graph.nodes:
         schema = ops.of(node, graph.opsets)
         try:
-            check_types(node, [infos[i] if i else None for i in node.inputs], graph.opset)
+            check_types(node, [infos[i] if i else None for i in node.inputs], graph.opset, schema)
             node = _static_attrs(schema, node, graph, infos)
             ins = [infos[i] if i else None for i in node.inputs]
             outs = [(tuple(int(d) for d in shape), np.dtype(dtype)) for shape, dtype in schema.infer(node, ins)]

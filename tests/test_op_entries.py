@@ -180,3 +180,17 @@ def test_entries_derive_kernels_torch_forms_and_symbol_functions():
     assert S.is_nan(S.var("x", (2, 3))).dtype == np.bool_
     assert (S.var("a", (2, 1, 3)) + S.var("b", (4, 3))).ndim == 3
     assert callable(S.softsign) and callable(S.logical_not)
+
+
+def test_ops_outside_onnx_declare_their_types():
+    """memplan's own ops check their inputs' types as ONNX ops do, from their schemas' `types`."""
+    from planner import shapes
+    from planner.ir import Graph, Node, Tensor
+    for dtype, error in ((np.float32, None), (np.int64, "Assign takes")):
+        tensors = {"x": Tensor("x", (3,), np.dtype(dtype), "input"), "y": Tensor("y", None, None, "output")}
+        graph = Graph((Node("Assign", ("x",), ("y",), {}, "copy", {}, "memplan"),), tensors, ("x",), ("y",))
+        if error is None:
+            assert shapes.infer(graph).tensors["y"].dtype == dtype
+        else:
+            with pytest.raises(planner.ShapeError, match=error):
+                shapes.infer(graph)

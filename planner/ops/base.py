@@ -47,6 +47,9 @@ class Schema:
     - `result`: the dtype of output 0 where the op fixes it (bool for comparisons, int64 for Shape);
       `ranks`: how output 0's rank follows the inputs', "same" (input 0's) or "broadcast" (the
       largest), where one rule says; what the symbol API knows of an output before shapes are bound.
+    - `types`: for an op outside ONNX's default domain (whose constraints ONNX's own schemas give),
+      ONNX-style type constraints: (type parameter of each input, {parameter: allowed type strings
+      as ONNX writes them, "tensor(float)"}); inputs past the last repeat its parameter.
     - `arity`: the number of inputs where the op takes a fixed number of data inputs (1 for the unary
       elementwise ops, which the symbol API offers as one-argument functions).
     """
@@ -67,6 +70,7 @@ class Schema:
     result = None
     ranks = None
     arity = None
+    types = None
 
     def attr(self, node, name):
         if name in node.attrs:
@@ -114,6 +118,10 @@ class Schema:
         if self.evaluate is None or any(i is not None and i.value is None for i in ins):
             return None
         return self.evaluate(node, *(None if i is None else i.value for i in ins))
+
+
+FLOATS = frozenset({"tensor(float16)", "tensor(bfloat16)", "tensor(float)", "tensor(double)"})
+"""The float types, as ONNX's type constraints name them."""
 
 
 def axis(a, rank):

@@ -4,7 +4,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from . import schema
-from .base import Schema, no_flops, same_as_input
+from .base import FLOATS, Schema, no_flops, same_as_input
 from .. import dtypes
 from ..errors import ShapeError
 
@@ -164,6 +164,7 @@ class StepDropout(Dropout):
 
     attr_inputs = ()
     defaults = {"ratio": 0.5, "seed": 0}
+    types = (("T", "S"), {"T": FLOATS, "S": FLOATS})
 
     def infer(self, node, ins):
         if ins[1].shape != ():

@@ -3,7 +3,7 @@ its gradient and its state, and writes the new parameter and state, which the pl
 old ones' bytes (Graph.updates). PyTorch's update rules (torch.optim.SGD and Adam), so that a model
 trains here as it does there; ONNX's preview-training Adam places epsilon differently."""
 from . import schema
-from .base import Schema, same_as_input
+from .base import FLOATS, Schema, same_as_input
 from ..errors import ShapeError
 
 
@@ -12,6 +12,7 @@ class _Optimizer(Schema):
     the new X and the new state, in the input order."""
 
     scalars = ()
+    types = (("S", "T"), {"S": FLOATS, "T": FLOATS})
 
     def infer(self, node, ins):
         for name, info in zip(self.scalars, ins):
@@ -43,6 +44,7 @@ class Adam(_Optimizer):
     Inputs (lr, t, X, G, M, V); outputs (X, M, V)."""
 
     scalars = ("lr", "step")
+    types = (("S", "S", "T"), {"S": FLOATS, "T": FLOATS})
     defaults = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "weight_decay": 0.0, "decoupled": 0}
 
 
@@ -51,5 +53,6 @@ class Assign(Schema):
     """Y = X, a copy: the new value of a param computed out of place (MEGENGINE_INPLACE_UPDATE=0),
     written over the param at the end of the step."""
 
+    types = (("T",), {"T": FLOATS})
     infer = staticmethod(same_as_input)
 

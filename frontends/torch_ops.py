@@ -110,7 +110,15 @@ def einsum(m, node, ins):
     return torch.einsum(attr(node, "equation"), *ins)
 
 
-REDUCERS = {"ReduceSum": torch.sum, "ReduceMean": torch.mean, "ReduceMax": torch.amax}
+def _prod(x, dim, keepdim):
+    """torch.prod over several dims, one at a time from the last."""
+    for d in sorted(dim, reverse=True):
+        x = torch.prod(x, d, keepdim=keepdim)
+    return x
+
+
+REDUCERS = {"ReduceSum": torch.sum, "ReduceMean": torch.mean, "ReduceMax": torch.amax, "ReduceMin": torch.amin,
+            "ReduceProd": _prod}
 
 
 @op(*REDUCERS)
@@ -118,7 +126,7 @@ def reduce(m, node, ins):
     axes = ops.of(node).reduced_axes(node, ins[0].ndim)
     if axes is None:
         return ins[0]
-    if node.op == "ReduceMax" and not ins[0].numel():
+    if node.op in ("ReduceMax", "ReduceMin") and not ins[0].numel():
         raise unsupported(f"{node.op} with an empty input")
     return REDUCERS[node.op](ins[0], dim=axes, keepdim=bool(attr(node, "keepdims")))
 

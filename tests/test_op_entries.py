@@ -194,3 +194,12 @@ def test_ops_outside_onnx_declare_their_types():
         else:
             with pytest.raises(planner.ShapeError, match=error):
                 shapes.infer(graph)
+
+
+@pytest.mark.parametrize("op", ["ReduceMin", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum",
+                                "ReduceLogSumExp"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reduction_gradients(op, keepdims):
+    x = np.abs(p(2, 3, 4)) + 0.5  # positive, away from |x|'s kink and log's pole
+    check(weighted([(op, ["x", "axes"], ["a"], dict(keepdims=keepdims))], [2, 3, 4],
+                   dict(axes=np.array([0, 2], np.int64)), opset=18), x)

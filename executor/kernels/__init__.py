@@ -44,4 +44,4 @@ def evaluated(xp, step, ins, outs):
             out[...] = xp.asarray(value)
 
 
-from . import activation, nn, linalg, reduce, shape_ops, misc, optim, loss  # noqa: E402,F401
+from . import activation, nn, linalg, shape_ops, misc, optim, loss  # noqa: E402,F401

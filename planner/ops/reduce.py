@@ -1,33 +1,35 @@
-"""Reductions over a set of axes: ReduceSum, ReduceMean, ReduceMax."""
+"""Reductions over a set of axes, one entry each: ReduceSum, ReduceMean, ReduceMax, ReduceMin and
+ReduceProd compute with one NumPy/CuPy reduction into the output; ReduceSumSquare, ReduceL1, ReduceL2,
+ReduceLogSum and ReduceLogSumExp are composites of those (planner/ops/composite.py)."""
 import math
 
 import numpy as np
 
-from . import schema
-from .base import Schema, axis, per_input_element
+from . import register
+from .base import Schema, axis, no_gradient, per_input_element
+from .composite import Composite
 from ..dtypes import to_onnx
 
 
-def _max(x, axes, keepdims):
-    """np.max with ONNX's value on an empty set: the dtype's lowest value (-inf, False, ...)."""
-    lowest = False if x.dtype == bool else np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
-    return np.max(x, axes, keepdims=keepdims, initial=lowest)
-
-
 def max_gradient(b, x, y, dy, axes):
-    """The input gradient of a maximum `y` of `x` over `axes` (y and dy keeping them): dY shared evenly
-    by the elements equal to the maximum."""
+    """The input gradient of a maximum (or minimum) `y` of `x` over `axes` (y and dy keeping them): dY
+    shared evenly by the elements equal to the extreme."""
     hit = b.op("Cast", b.op("Equal", x, y), to=to_onnx(b.dtype(x)))
     return b.op("Mul", hit, b.op("Div", dy, b.op("ReduceSum", hit, axes=axes, keepdims=1)))
 
 
-REDUCERS = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": _max}
+def _extreme_identity(dtype, lowest):
+    """The value of a max (lowest) or min (highest) over an empty set, as ONNX gives it."""
+    if dtype == bool:
+        return not lowest
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).min if lowest else np.iinfo(dtype).max
+    return -np.inf if lowest else np.inf
 
 
-@schema("ReduceMean", "ReduceMax")
-class Reduce(Schema):
-    """Reduce over `axes` (all when empty, or nothing when noop_with_empty_axes); an attribute
-    before opset 18, an input after."""
+class AxesRule(Schema):
+    """What every reduction shares: `axes` (all when empty, or none with noop_with_empty_axes), an
+    attribute before opset 18 (13 for ReduceSum) and an input after, and `keepdims`."""
 
     attr_inputs = (("axes", 1, 18),)
     defaults = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}
@@ -41,29 +43,6 @@ class Reduce(Schema):
         keep = self.attr(node, "keepdims")
         return [(tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes), x.dtype)]
 
-    def evaluate(self, node, x):
-        axes = self.reduced_axes(node, x.ndim)
-        if axes is None:
-            return [x]
-        return [np.asarray(REDUCERS[self.op](x, axes, keepdims=bool(self.attr(node, "keepdims")))).astype(x.dtype)]
-
-    def gradient(self, b, node, dys):
-        """Sum and mean spread dY back over the reduced axes (mean divides by their size); max, see
-        `max_gradient`."""
-        x, dy = node.inputs[0], dys[0]
-        shape = b.shape(x)
-        axes = self.reduced_axes(node, len(shape))
-        if axes is None:
-            return [dy]
-        kept_shape = [1 if k in axes else d for k, d in enumerate(shape)]
-        kept = b.op("Reshape", dy, shape=kept_shape)
-        if self.op == "ReduceMax":
-            return [max_gradient(b, x, b.op("Reshape", node.outputs[0], shape=kept_shape), kept, list(axes))]
-        spread = b.op("Expand", kept, shape=list(shape))
-        if self.op == "ReduceMean":
-            spread = b.op("Mul", spread, b.const(1 / max(math.prod(shape[a] for a in axes), 1), x))
-        return [spread]
-
     def reduced_axes(self, node, rank):
         """The reduced axes, sorted; None when the op leaves its input as it is."""
         axes = self.attr(node, "axes")
@@ -72,8 +51,112 @@ class Reduce(Schema):
         return tuple(sorted({axis(a, rank) for a in axes}))
 
 
-@schema("ReduceSum")
-class ReduceSum(Reduce):
-    """ReduceSum: like the others, but `axes` became an input already in opset 13."""
+class Reduction(AxesRule):
+    """A reduction by the array module's `fn` ("sum", "mean", "max", ...); `empty(dtype)` is its value
+    over an empty set where the array module has none; `grad(b, node, x, kept_shape, dy_kept, axes)`
+    the input's gradient from dY with the reduced axes kept, or None for no gradient."""
 
-    attr_inputs = (("axes", 1, 13),)
+    def __init__(self, op, fn, grad=None, empty=None, axes_since=18):
+        self.op, self.fn, self.grad, self.empty = op, fn, grad, empty
+        self.attr_inputs = (("axes", 1, axes_since),)
+
+    def evaluate(self, node, x):
+        axes = self.reduced_axes(node, x.ndim)
+        if axes is None:
+            return [x]
+        keep = bool(self.attr(node, "keepdims"))
+        extra = {} if self.empty is None else {"initial": self.empty(x.dtype)}
+        return [np.asarray(getattr(np, self.fn)(x, axes, keepdims=keep, **extra)).astype(x.dtype)]
+
+    def kernel(self, xp, step, ins, outs, ws):
+        """The output is seen with the reduced axes kept (size 1), so one `out=` call fills it. An empty
+        input and an integer mean (whose sum would wrap in the output's dtype) take the NumPy form on
+        the host."""
+        x, y = ins[0], outs[0]
+        axes = self.reduced_axes(step, x.ndim)
+        if axes is None:
+            xp.copyto(y, x)
+        elif x.size == 0 or self.fn == "mean" and y.dtype.kind in "biu":
+            host = x if xp is np else xp.asnumpy(x)
+            y[...] = xp.asarray(self.evaluate(step, host)[0])
+        else:
+            kept = y if self.attr(step, "keepdims") else y.reshape([1 if k in axes else d for k, d in enumerate(x.shape)])
+            getattr(xp, self.fn)(x, axis=axes, keepdims=True, out=kept)
+
+    def gradient(self, b, node, dys):
+        if self.grad is None:
+            return [no_gradient(node)]
+        x, dy = node.inputs[0], dys[0]
+        shape = b.shape(x)
+        axes = self.reduced_axes(node, len(shape))
+        if axes is None:
+            return [dy]
+        kept_shape = [1 if k in axes else d for k, d in enumerate(shape)]
+        return [self.grad(b, node, x, kept_shape, b.op("Reshape", dy, shape=kept_shape), axes)]
+
+
+def _spread(b, node, x, kept_shape, dy, axes):
+    """Sum: dY spread back over the reduced axes."""
+    return b.op("Expand", dy, shape=list(b.shape(x)))
+
+
+def _mean_spread(b, node, x, kept_shape, dy, axes):
+    """Mean: dY spread back and divided by the count of the reduced elements."""
+    shape = b.shape(x)
+    spread = b.op("Expand", dy, shape=list(shape))
+    return b.op("Mul", spread, b.const(1 / max(math.prod(shape[a] for a in axes), 1), x))
+
+
+def _extreme(b, node, x, kept_shape, dy, axes):
+    """Max and min: see `max_gradient`."""
+    return max_gradient(b, x, b.op("Reshape", node.outputs[0], shape=kept_shape), dy, list(axes))
+
+
+register(Reduction("ReduceSum", "sum", _spread, axes_since=13))
+register(Reduction("ReduceMean", "mean", _mean_spread))
+register(Reduction("ReduceMax", "max", _extreme, empty=lambda dtype: _extreme_identity(dtype, lowest=True)))
+register(Reduction("ReduceMin", "min", _extreme, empty=lambda dtype: _extreme_identity(dtype, lowest=False)))
+register(Reduction("ReduceProd", "prod"))
+
+
+class ReductionOf(AxesRule, Composite):
+    """A reduction made of others (`parts(b, node, x, axes, keepdims, noop)` with the node's attributes),
+    computed in float32 for narrow floats like every composite."""
+
+    ranks = None
+    arity = None
+
+    def __init__(self, op, parts):
+        self.op, self.parts = op, parts
+
+
+def _reduce(b, op, x, axes, keepdims, noop_with_empty_axes):
+    return b.op(op, x, axes=axes, keepdims=keepdims, noop_with_empty_axes=noop_with_empty_axes)
+
+
+def _sum_square(b, node, x, **attrs):
+    return _reduce(b, "ReduceSum", b.op("Mul", x, x), **attrs)
+
+
+def _l1(b, node, x, **attrs):
+    return _reduce(b, "ReduceSum", b.op("Abs", x), **attrs)
+
+
+def _l2(b, node, x, **attrs):
+    return b.op("Sqrt", _sum_square(b, node, x, **attrs))
+
+
+def _log_sum(b, node, x, **attrs):
+    return b.op("Log", _reduce(b, "ReduceSum", x, **attrs))
+
+
+def _log_sum_exp(b, node, x, keepdims, **attrs):
+    """max + log(sum(exp(x - max))): no exponential overflows."""
+    top = _reduce(b, "ReduceMax", x, keepdims=1, **attrs)
+    total = _reduce(b, "ReduceSum", b.op("Exp", b.op("Sub", x, top)), keepdims=keepdims, **attrs)
+    return b.op("Add", b.op("Log", total), top if keepdims else _reduce(b, "ReduceMax", x, keepdims=0, **attrs))
+
+
+for _op, _parts in (("ReduceSumSquare", _sum_square), ("ReduceL1", _l1), ("ReduceL2", _l2),
+                    ("ReduceLogSum", _log_sum), ("ReduceLogSumExp", _log_sum_exp)):
+    register(ReductionOf(_op, _parts))

@@ -13,9 +13,9 @@ stores them. Every op function also takes `name=` (default: op type and a counte
 a graph is built) and `meta=`. Symbols know their dtype (and rank where it is cheap), so
 Python scalars promote to constants of the other operand's dtype.
 
-Annotations (`meta={...}` or `with annotate(...)`) land in Node.meta as strings: True -> "1",
-False -> "0", anything else str(value); ONNX keeps them as node metadata_props "memplan.KEY",
-so they read back unchanged.
+Annotations (`meta={...}` or `with annotate(...)`, keys planner.ir.HINTS) become strings (True ->
+"1", False -> "0", anything else str(value)) and then Node.notes; ONNX keeps them as node
+metadata_props "memplan.KEY", so they read back unchanged.
 """
 import contextlib
 import contextvars
@@ -29,7 +29,7 @@ from onnx import AttributeProto, helper, numpy_helper
 
 from planner import dtypes, ops
 from planner.errors import ModelError
-from planner.ir import DEFAULT_OPSETS, Graph, Node, Tensor
+from planner.ir import DEFAULT_OPSETS, Annotations, Graph, Node, Tensor
 
 from .onnx_frontend import MAX_OPSET, META
 
@@ -407,7 +407,7 @@ def _build(symbol, opset):
         if op.op == "Split" and "split" not in attrs and opset >= 18:
             attrs["num_outputs"] = len(outs)
         nodes.append(Node(op.op, tuple("" if x is None else tensor(*x._outs[0]) for x in op.inputs),
-                          outs, attrs, names[op], dict(op.meta)))
+                          outs, attrs, names[op], Annotations.from_metadata(op.meta, f"node {names[op]!r}")))
     for op in order:
         if op.kind == "const" and names[op] not in tensors:
             add(names[op], op.data.shape, op.data.dtype, "const", op.data)
@@ -472,7 +472,7 @@ def _export(graph, dts, opset):
                 inputs[i] = name
         proto = helper.make_node(node.op, inputs, node.outputs, name=node.name)
         proto.attribute.extend(_attribute(k, v) for k, v in attrs.items())
-        for key, value in node.meta.items():
+        for key, value in node.notes.metadata().items():
             proto.metadata_props.add(key=META + key, value=value)
         protos.append(proto)
     for name, value in consts.items():

@@ -11,6 +11,7 @@ from .breakdown import breakdown
 from .config import Config
 from .errors import PlanError
 from .inplace import aliases
+from .ir import Phase
 from .liveness import lifetimes
 from .losses import IGNORE_INDEX
 from .plan import ALIGNMENT, Plan, PlannedTensor, Step
@@ -92,9 +93,9 @@ def plan_graph(graph, strategy, order, config, fetch=(), training=None):
     """One Plan of a typed graph for one strategy and one schedule order."""
     name, inplace_allowed = STRATEGIES[strategy]
     held = (*graph.outputs, *fetch)
-    last = {n.name for n in graph.nodes if n.meta.get("assign")}
+    last = {n.name for n in graph.nodes if n.notes.assign}
     if training and training["update"] == "after_backward":
-        last |= {n.name for n in graph.nodes if n.meta.get("phase") == "optimizer"}
+        last |= {n.name for n in graph.nodes if n.notes.phase is Phase.OPTIMIZER}
     steps = make_schedule(graph, order, held, last)
     life = lifetimes(graph, steps, held)
     root_of, views = aliases(graph, steps, held, writes=inplace_allowed and config.enable_inplace)
@@ -163,7 +164,7 @@ def _tensors(graph, steps, life, root_of, views, scratch, config):
                                     nbytes=scratch[node.name], offset=0, lifetime=(step, step), alias_of=None,
                                     view=False)
                 spans[used] = (step, step)
-        phase = "recompute" if node.meta.get("recompute") else node.meta.get("phase", "")
+        phase = "recompute" if node.notes.recompute else "" if node.notes.forward else node.notes.phase.value
         steps_out.append(Step(node.name, node.op, node.inputs, node.outputs, dict(node.attrs), used, phase, node.domain))
     return places, spans, steps_out, ws
 
@@ -190,10 +191,10 @@ def _roles(graph, training):
         return {}
     roles = {g: "gradient" for g in training["grads"].values() if graph.tensors[g].kind == "activation"}
     roles.update((new, "update") for new, _ in graph.updates)
-    roles.update((o, "recomputed") for n in graph.nodes if n.meta.get("recompute") for o in n.outputs if o)
-    forward = {o for n in graph.nodes if "phase" not in n.meta for o in n.outputs}
+    roles.update((o, "recomputed") for n in graph.nodes if n.notes.recompute for o in n.outputs if o)
+    forward = {o for n in graph.nodes if n.notes.forward for o in n.outputs}
     for node in graph.nodes:
-        if node.meta.get("phase") == "backward":
+        if node.notes.phase is Phase.BACKWARD:
             roles.update((i, "saved") for i in node.inputs if i in forward and graph.tensors[i].kind == "activation"
                          and roles.get(i) != "update")
     return roles
@@ -203,7 +204,7 @@ def _flops(graph):
     """Forward (loss included), backward (optimizer included) and recomputation FLOPs, from the op schemas."""
     totals = {"forward_flops": 0, "backward_flops": 0, "recompute_flops": 0}
     for node in graph.nodes:
-        key = "recompute_flops" if node.meta.get("recompute") else "backward_flops" if "phase" in node.meta \
+        key = "recompute_flops" if node.notes.recompute else "backward_flops" if not node.notes.forward \
             else "forward_flops"
         totals[key] += ops.node_flops(graph, node)
     return totals

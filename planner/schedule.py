@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from . import ops
 from .errors import PlanError
+from .ir import Phase
 from .liveness import TRANSIENT, peak_bytes
 
 ORDERS = ("file", "memory")
@@ -76,9 +77,9 @@ class _Dag:
         deps = [[writer[i] for i in r if i in writer] for r in reads]
         for new, old in ((n, o) for n, o in graph.updates if n in writer):
             deps[writer[new]] += [index[id(c)] for c in _readers_of_bytes(graph, old) if index[id(c)] != writer[new]]
-        forward = [k for k, node in enumerate(graph.nodes) if "phase" not in node.meta]
+        forward = [k for k, node in enumerate(graph.nodes) if node.notes.forward]
         for k, node in enumerate(graph.nodes):
-            if forward and node.meta.get("phase") == "backward":
+            if forward and node.notes.phase is Phase.BACKWARD:
                 deps[k].append(forward[-1])
         deps = [tuple(dict.fromkeys(d)) for d in deps]
         outputs = [tuple(o for o in node.outputs if o) for node in graph.nodes]

@@ -25,7 +25,7 @@ import numpy as np
 from . import ops, shapes
 from .autodiff import Builder, gradients
 from .errors import ConfigError, ModelError
-from .ir import Tensor
+from .ir import Phase, Tensor
 from .losses import IGNORE_INDEX, append, criterion
 
 OPTIMIZERS = {  # name: (op of the memplan domain, defaults of optimizer_args, state tensors per parameter)
@@ -220,7 +220,7 @@ def _append_optimizer(graph, grads, optimizer, args, update, inplace_update=True
     and its state, placed in the file right after the last node it must follow (eager) or at the end;
     out of place, an Assign per parameter at the very end."""
     op, _, state_names = OPTIMIZERS[optimizer]
-    b = Builder(graph, prefix="optimizer", phase="optimizer")
+    b = Builder(graph, prefix="optimizer", phase=Phase.OPTIMIZER)
     scalars = [LR, STEP] if op == "Adam" else [LR]
     b.tensors[LR] = Tensor(LR, (), np.dtype(np.float64), "input")
     attrs = _attributes(optimizer, args)
@@ -240,7 +240,7 @@ def _append_optimizer(graph, grads, optimizer, args, update, inplace_update=True
     steps = list(b.nodes)
     for new, param in fresh:
         updates.append((b.op("Assign", new, domain="memplan"), param))
-    b.nodes[len(steps):] = [replace(n, meta={**n.meta, "assign": 1}) for n in b.nodes[len(steps):]]
+    b.nodes[len(steps):] = [replace(n, notes=replace(n.notes, assign=True)) for n in b.nodes[len(steps):]]
     nodes = list(graph.nodes)
     if update == "eager":
         nodes = _interleave(nodes, steps, {n.name: n.inputs[len(scalars)] for n in steps})

@@ -8,6 +8,7 @@ import planner
 from executor import Executor
 from frontends import zoo
 from planner import PlanError
+from planner.ir import Phase
 from planner.remat import optimal
 from zoo_cases import input_shapes, small_model
 
@@ -98,8 +99,8 @@ def test_the_dag_counts_only_what_can_be_freed(none):
     nodes = graph.nodes
     assert len(sizes) == len(nodes) and min(costs) >= 1
     for t, i in zip(*np.nonzero(allowed)):
-        assert i < t and "phase" in nodes[t].meta and "phase" not in nodes[i].meta
-    updates = [k for k, n in enumerate(nodes) if n.meta.get("phase") == "optimizer"]
+        assert i < t and not nodes[t].notes.forward and nodes[i].notes.forward
+    updates = [k for k, n in enumerate(nodes) if n.notes.phase is Phase.OPTIMIZER]
     assert updates and all(sizes[k] == 0 for k in updates if all(o in dict(graph.updates) for o in nodes[k].outputs))
 
 

@@ -9,17 +9,12 @@ RANDOM = {"Dropout"}
 """Random ops (ONNX's Dropout and the memplan domain's), whose recomputation would draw another mask."""
 
 
-def forced(node):
-    """Whether the node carries a true `force_mirroring` annotation (a bool, or text from ONNX metadata)."""
-    return str(node.meta.get("force_mirroring", "")).lower() in ("1", "true", "yes")
-
-
 def need_mirror(node, enabled=True):
     """REFERENCE.md §2: never random ops; yes when forced; otherwise, when mirroring is on, every op
     but the expensive ones."""
     if node.op in RANDOM:
         return False
-    return forced(node) or enabled and node.op not in NEVER
+    return node.notes.force_mirroring or enabled and node.op not in NEVER
 
 
 DEPTH = 4
@@ -34,9 +29,9 @@ def mirror(graph, enabled=True, depth=DEPTH):
     a chain of more than `depth` recomputations; there the output is kept, which ends the chain."""
     candidates = droppable(graph)
     chain, drop = {}, set()
-    for node in (n for n in graph.nodes if "phase" not in n.meta):
+    for node in (n for n in graph.nodes if n.notes.forward):
         length = 1 + max((chain.get(i, 0) for i in node.inputs), default=0)
-        if need_mirror(node, enabled) and (length <= depth or forced(node)):
+        if need_mirror(node, enabled) and (length <= depth or node.notes.force_mirroring):
             for o in node.outputs:
                 if o in candidates:
                     drop.add(o)

@@ -98,8 +98,8 @@ def gradients(graph, loss, wrt=None):
             grads[w] = b.op("ConstantOfShape", shape=list(graph.tensors[w].shape),
                             value=np.zeros(1, graph.tensors[w].dtype))
     grads = {w: grads[w] for w in wrt}
-    typed = shapes.infer(replace(graph, nodes=(*graph.nodes, *b.nodes), tensors={**graph.tensors, **b.tensors},
-                                 outputs=(*graph.outputs, *grads.values())))
+    typed = shapes.retype(replace(graph, nodes=(*graph.nodes, *b.nodes), tensors={**graph.tensors, **b.tensors},
+                                  outputs=(*graph.outputs, *grads.values())), graph)
     return replace(typed, outputs=graph.outputs), grads
 
 

@@ -71,8 +71,8 @@ def append(graph, spec):
     b.tensors["loss"] = Tensor("loss", None, None, "output")
     b.nodes.append(replace(b.nodes.pop(), outputs=("loss",)))
     del b.tensors[total]
-    typed = shapes.infer(replace(graph, nodes=(*graph.nodes, *b.nodes), tensors={**graph.tensors, **b.tensors},
-                                 inputs=(*graph.inputs, name), outputs=("loss", *graph.outputs)))
+    typed = shapes.retype(replace(graph, nodes=(*graph.nodes, *b.nodes), tensors={**graph.tensors, **b.tensors},
+                                  inputs=(*graph.inputs, name), outputs=("loss", *graph.outputs)), graph)
     return typed, name
 
 

@@ -19,12 +19,29 @@ FOLD_LIMIT = 1 << 16
 
 def infer(graph, input_shapes=None):
     """Return a new Graph where every tensor has a concrete shape and dtype."""
+    return _infer(graph, input_shapes or {})
+
+
+def retype(graph, typed):
+    """`graph`, a rewrite of the typed graph `typed`, typed exactly as `infer` types it, inferring only
+    what the rewrite changed: a node of `typed` whose inputs kept their types, not all of them known
+    values, keeps its outputs' types; new and replaced nodes, and the nodes reading what changed type,
+    are inferred. Constants fold and what no output needs is pruned, as in `infer`."""
+    return _infer(graph, {}, {id(node) for node in typed.nodes})
+
+
+def _infer(graph, input_shapes, kept_nodes=frozenset()):
+    """infer, reusing the typed outputs of the nodes whose id is in `kept_nodes` (see retype)."""
     graph = validate(graph)
     ops.check_supported(graph.nodes, graph.opsets)
-    infos, dims = _bind_inputs(graph, input_shapes or {})
-    nodes, folded = [], {}
+    infos, dims = _bind_inputs(graph, input_shapes)
+    nodes, folded, changed = [], {}, set()
     kept = {*graph.outputs, *(new for new, _ in graph.updates)}
     for node in graph.nodes:
+        if _reusable(node, graph, infos, kept_nodes, changed):
+            infos.update((out, Info(graph.tensors[out].shape, graph.tensors[out].dtype)) for out in node.outputs if out)
+            nodes.append(node)
+            continue
         schema = ops.of(node, graph.opsets)
         try:
             check_types(node, [infos[i] if i else None for i in node.inputs], graph.opset)
@@ -44,6 +61,9 @@ def infer(graph, input_shapes=None):
             if out:
                 value = None if values is None else np.asarray(values[k], dtype=outs[k][1]).reshape(outs[k][0])
                 infos[out] = Info(*outs[k], value)
+                before = graph.tensors[out]
+                if kept_nodes and not (before.is_static and (before.shape, before.dtype) == outs[k]):
+                    changed.add(out)
         if values is not None and not set(node.outputs) & kept:
             folded.update((out, infos[out].value) for out in node.outputs if out)
         else:
@@ -56,6 +76,15 @@ def infer(graph, input_shapes=None):
             _check_declared(t, infos[name], dims)
             tensors[name] = replace(t, shape=infos[name].shape, dtype=infos[name].dtype)
     return _prune(replace(graph, nodes=tuple(nodes), tensors=tensors))
+
+
+def _reusable(node, graph, infos, kept_nodes, changed):
+    """Whether `node` keeps its typed outputs (see retype). Inference may fold a node all of whose
+    inputs are known values, so such a node is inferred again."""
+    inputs = [i for i in node.inputs if i]
+    return (id(node) in kept_nodes and not changed.intersection(inputs)
+            and any(infos[i].value is None for i in inputs)
+            and all(graph.tensors[o].is_static for o in node.outputs if o))
 
 
 def _bind_inputs(graph, input_shapes):

@@ -180,8 +180,8 @@ def training_mode(graph):
                            attrs={"ratio": node.attrs.get("ratio", 0.5), "seed": len(nodes) if seed is None else seed})
         nodes.append(node)
     tensors[STEP] = Tensor(STEP, (), np.dtype(np.float64), "input")
-    return shapes.infer(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates),
-                                inputs=(*graph.inputs, STEP)))
+    return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates),
+                                 inputs=(*graph.inputs, STEP)), graph)
 
 
 def _arguments(optimizer, given):
@@ -247,8 +247,8 @@ def _append_optimizer(graph, grads, optimizer, args, update, inplace_update=True
     else:
         nodes += steps
     nodes += b.nodes[len(steps):]
-    return shapes.infer(replace(graph, nodes=tuple(nodes), tensors={**graph.tensors, **b.tensors},
-                                inputs=(*graph.inputs, LR), updates=(*graph.updates, *updates)))
+    return shapes.retype(replace(graph, nodes=tuple(nodes), tensors={**graph.tensors, **b.tensors},
+                                 inputs=(*graph.inputs, LR), updates=(*graph.updates, *updates)), graph)
 
 
 def _attributes(optimizer, args):

@@ -83,4 +83,4 @@ def replay(graph, before):
         if not node.notes.forward:
             node = replace(node, inputs=tuple(latest.get(i, i) for i in node.inputs))
         nodes.append(node)
-    return shapes.infer(replace(graph, nodes=tuple(nodes), tensors=tensors))
+    return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors), graph)

@@ -1,5 +1,6 @@
 """memplan's planner: from a model to a typed graph and a memory plan."""
 from .compiler import compile
+from .options import CompileOptions
 from .config import Config
 from .errors import (ConfigError, InfeasibleBudgetError, MemplanError, MissingDependencyError, ModelError,
                      PlanError, ShapeError, UnsupportedOpError)
@@ -19,6 +20,6 @@ def load(model, input_shapes=None):
     return shapes.infer(read(model), input_shapes)
 
 
-__all__ = ["load", "compile", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",
+__all__ = ["load", "compile", "CompileOptions", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",
            "MemplanError", "ModelError", "UnsupportedOpError", "ShapeError", "InfeasibleBudgetError",
            "PlanError", "ConfigError", "MissingDependencyError"]

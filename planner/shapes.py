@@ -17,9 +17,11 @@ FOLD_LIMIT = 1 << 16
 """Largest number of elements a folded constant may have; bigger results are computed when run."""
 
 
-def infer(graph, input_shapes=None):
-    """Return a new Graph where every tensor has a concrete shape and dtype."""
-    return _infer(graph, input_shapes or {})
+def infer(graph, input_shapes=None, pruned=True):
+    """Return a new Graph where every tensor has a concrete shape and dtype (and, unless `pruned` is
+    False, without what no output needs: see `prune`)."""
+    typed = _infer(graph, input_shapes or {})
+    return prune(typed) if pruned else typed
 
 
 def retype(graph, typed):
@@ -27,7 +29,7 @@ def retype(graph, typed):
     what the rewrite changed: a node of `typed` whose inputs kept their types, not all of them known
     values, keeps its outputs' types; new and replaced nodes, and the nodes reading what changed type,
     are inferred. Constants fold and what no output needs is pruned, as in `infer`."""
-    return _infer(graph, {}, {id(node) for node in typed.nodes})
+    return prune(_infer(graph, {}, {id(node) for node in typed.nodes}))
 
 
 def _infer(graph, input_shapes, kept_nodes=frozenset()):
@@ -75,7 +77,7 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
         elif name in infos:
             _check_declared(t, infos[name], dims)
             tensors[name] = replace(t, shape=infos[name].shape, dtype=infos[name].dtype)
-    return _prune(replace(graph, nodes=tuple(nodes), tensors=tensors))
+    return replace(graph, nodes=tuple(nodes), tensors=tensors)
 
 
 def _reusable(node, graph, infos, kept_nodes, changed):
@@ -189,7 +191,7 @@ def _check_declared(tensor, info, dims):
                          f"but computes to {info.shape}")
 
 
-def _prune(graph):
+def prune(graph):
     """Drop nodes no graph output depends on, and tensors nothing reads or writes."""
     needed = set(graph.outputs) | {new for new, _ in graph.updates}
     keep = []

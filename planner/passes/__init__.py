@@ -1,0 +1,28 @@
+"""Passes over the graph (one rewrite per file, each a `Pass`), and the named pipelines planner.compile
+runs before planning: plain lists, applied top to bottom by `run`."""
+from .base import GRADIENTS, LOSS, PRUNED, TYPED, UPDATES, Context, Pass, Result, run
+from .gradients import gradients
+from .infer_shapes import infer_shapes
+from .loss import loss
+from .optimizer import optimizer
+from .prune import prune
+from .recomputation import recomputation
+from .training_mode import training_mode
+
+INFERENCE = [
+    infer_shapes,       # concrete shapes and dtypes, constants folded
+    prune,              # what no output needs dropped
+]
+TRAINING = [
+    *INFERENCE,
+    training_mode,      # batch statistics, dropout masks
+    loss,               # the scalar "loss", the labels input
+    gradients,          # the backward pass
+    optimizer,          # the param updates
+    recomputation,      # forward values recomputed in backward instead of kept
+]
+PIPELINES = {"inference": INFERENCE, "training": TRAINING}
+
+__all__ = ["Pass", "Result", "Context", "run", "INFERENCE", "TRAINING", "PIPELINES", "TYPED", "PRUNED", "LOSS",
+           "GRADIENTS", "UPDATES", "infer_shapes", "prune", "training_mode", "loss", "gradients", "optimizer",
+           "recomputation"]

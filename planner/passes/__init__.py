@@ -21,8 +21,7 @@ TRAINING = [
     optimizer,          # the param updates
     recomputation,      # forward values recomputed in backward instead of kept
 ]
-PIPELINES = {"inference": INFERENCE, "training": TRAINING}
 
-__all__ = ["Pass", "Result", "Context", "run", "INFERENCE", "TRAINING", "PIPELINES", "TYPED", "PRUNED", "LOSS",
+__all__ = ["Pass", "Result", "Context", "run", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
            "GRADIENTS", "UPDATES", "infer_shapes", "prune", "training_mode", "loss", "gradients", "optimizer",
            "recomputation"]

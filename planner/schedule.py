@@ -50,7 +50,7 @@ class _Dag:
 
     `reads[k]`: the distinct tensors node k reads; `deps[k]`: the distinct nodes writing them, and for
     a node writing an update (Graph.updates) every other node reading the tensor it overwrites, and
-    for a backward node (meta phase) the forward pass's last node: a gradient rule's work on forward
+    for a backward node (Phase.BACKWARD) the forward pass's last node: a gradient rule's work on forward
     values alone (BatchNormalization's centred input) waits for the backward pass, as in PyTorch,
     instead of being hoisted into the forward pass where it would live until used;
     `outputs[k]`: the tensors it writes; `readers[t]`: the nodes reading tensor t; `writer[t]`: the

@@ -115,3 +115,13 @@ def test_compile_takes_options_or_keywords_alike():
 def test_options_are_checked_before_any_model_is_read(keywords, error, message):
     with pytest.raises(error, match=message):
         planner.compile("no-such-file.onnx", None, **keywords)
+
+
+def test_annotations_convert_to_and_from_metadata_in_one_place():
+    from planner.ir import Annotations
+    notes = Annotations.from_metadata({"force_mirroring": "True", "mirror_stage": "s1"})
+    assert notes == Annotations(force_mirroring=True, mirror_stage="s1") and notes.forward
+    assert Annotations.from_metadata(notes.metadata()) == notes
+    assert Annotations.from_metadata({"force_mirroring": "0"}).metadata() == {}
+    with pytest.raises(planner.ModelError, match="node 'n' has annotations 'force_mirorring'"):
+        Annotations.from_metadata({"force_mirorring": "1"}, "node 'n'")

@@ -9,10 +9,10 @@ from onnx import AttributeProto, TensorProto, checker, external_data_helper, hel
 
 from planner import dtypes
 from planner.errors import ModelError
-from planner.ir import DEFAULT_OPSETS, Graph, Node, Tensor
+from planner.ir import DEFAULT_OPSETS, Annotations, Graph, Node, Tensor
 
 META = "memplan."
-"""Prefix of the node metadata_props keys that carry Node.meta (force_mirroring, mirror_stage)."""
+"""Prefix of the node metadata_props keys that carry the user's annotations (ir.HINTS)."""
 TORCH_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 MIN_OPSET = 11
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -101,8 +101,9 @@ def _graph(g, opsets, base_dir):
         name = proto.name if proto.name and proto.name not in names else f"{proto.op_type}_{i}"
         names.add(name)
         attrs = {a.name: _attribute(a, base_dir) for a in proto.attribute}
-        meta = {p.key[len(META):]: p.value for p in proto.metadata_props if p.key.startswith(META)}
-        node = Node(proto.op_type, tuple(proto.input), tuple(proto.output), attrs, name, meta, _domain(proto.domain))
+        notes = Annotations.from_metadata({p.key[len(META):]: p.value for p in proto.metadata_props
+                                           if p.key.startswith(META)}, f"node {name!r}")
+        node = Node(proto.op_type, tuple(proto.input), tuple(proto.output), attrs, name, notes, _domain(proto.domain))
         if not node.domain and node.op in ("Softmax", "LogSoftmax") and opsets[""] < 13:
             nodes.extend(_legacy_softmax(node, tensors))
         else:
@@ -132,10 +133,10 @@ def _legacy_softmax(node, tensors):
     flat, soft, shape = (f"{node.name}/{part}" for part in ("flat", "softmax", "shape"))
     for name in (flat, soft, shape):
         tensors[name] = Tensor(name, None, None, "activation")
-    return [Node("Flatten", (x,), (flat,), {"axis": node.attrs.get("axis", 1)}, f"{node.name}/flatten", node.meta),
-            Node(node.op, (flat,), (soft,), {"axis": -1}, node.name, node.meta),
-            Node("Shape", (x,), (shape,), {}, f"{node.name}/shape", node.meta),
-            Node("Reshape", (soft, shape), (y,), {}, f"{node.name}/reshape", node.meta)]
+    return [Node("Flatten", (x,), (flat,), {"axis": node.attrs.get("axis", 1)}, f"{node.name}/flatten", node.notes),
+            Node(node.op, (flat,), (soft,), {"axis": -1}, node.name, node.notes),
+            Node("Shape", (x,), (shape,), {}, f"{node.name}/shape", node.notes),
+            Node("Reshape", (soft, shape), (y,), {}, f"{node.name}/reshape", node.notes)]
 
 
 def _value_info(vi):

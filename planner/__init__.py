@@ -1,5 +1,6 @@
 """memplan's planner: from a model to a typed graph and a memory plan."""
 from .compiler import compile
+from .options import CompileOptions
 from .config import Config
 from .errors import (ConfigError, InfeasibleBudgetError, MemplanError, MissingDependencyError, ModelError,
                      PlanError, ShapeError, UnsupportedOpError)
@@ -16,11 +17,10 @@ def load(model, input_shapes=None):
     ops (planner/ops/composite.py) come back as the ops they are made of.
     """
     from frontends import read
-    from . import shapes
-    from .passes.decompose import decompose
-    return decompose(shapes.infer(read(model), input_shapes))
+    from . import passes
+    return passes.run(passes.INFERENCE, read(model), passes.Context(input_shapes=input_shapes))[0]
 
 
-__all__ = ["load", "compile", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",
+__all__ = ["load", "compile", "CompileOptions", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",
            "MemplanError", "ModelError", "UnsupportedOpError", "ShapeError", "InfeasibleBudgetError",
            "PlanError", "ConfigError", "MissingDependencyError"]

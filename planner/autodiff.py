@@ -12,14 +12,14 @@ import numpy as np
 from . import ops, shapes
 from .dtypes import to_onnx
 from .errors import ModelError
-from .ir import Node, Tensor, op_name
+from .ir import Annotations, Node, Phase, Tensor, op_name
 
 
 class Builder:
     """Appends typed-later nodes to a graph under fresh names; `op` returns the output name(s). Nodes
-    are tagged with `phase` in their meta ("backward", "optimizer"), which the plan's breakdown reads."""
+    are annotated with `phase`, which the schedule, the remat strategies and the plan's breakdown read."""
 
-    def __init__(self, graph, prefix="grad", phase="backward"):
+    def __init__(self, graph, prefix="grad", phase=Phase.BACKWARD):
         self.graph, self.prefix, self.phase, self.nodes, self.tensors = graph, prefix, phase, [], {}
         self.count = 0
 
@@ -40,8 +40,7 @@ class Builder:
     def op(self, op_type, *inputs, outputs=1, domain="", **attrs):
         name = self._fresh(op_type)
         outs = tuple(f"{name}:{k}" for k in range(outputs))
-        self.nodes.append(Node(op_type, tuple(inputs), outs, attrs, name, {"phase": self.phase} if self.phase else {},
-                               domain))
+        self.nodes.append(Node(op_type, tuple(inputs), outs, attrs, name, Annotations(self.phase), domain))
         for out in outs:
             self.tensors[out] = Tensor(out, None, None, "activation")
         return outs[0] if outputs == 1 else outs
@@ -106,8 +105,8 @@ def gradients(graph, loss, wrt=None):
             grads[w] = b.op("ConstantOfShape", shape=list(graph.tensors[w].shape),
                             value=np.zeros(1, graph.tensors[w].dtype))
     grads = {w: grads[w] for w in wrt}
-    typed = shapes.infer(replace(graph, nodes=(*graph.nodes, *b.nodes), tensors={**graph.tensors, **b.tensors},
-                                 outputs=(*graph.outputs, *grads.values())))
+    typed = shapes.retype(replace(graph, nodes=(*graph.nodes, *b.nodes), tensors={**graph.tensors, **b.tensors},
+                                  outputs=(*graph.outputs, *grads.values())), graph)
     return replace(typed, outputs=graph.outputs), grads
 
 

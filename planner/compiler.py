@@ -1,4 +1,5 @@
-"""planner.compile: from a model to a verified Plan, one pass per line.
+"""planner.compile: from a model to a verified Plan. The passes of a pipeline (planner.passes) make the
+typed graph of inference or of a training step; planning it is one step per line:
 
     typed graph -> schedule -> lifetimes -> in-place aliases -> workspaces -> buffers
                 -> allocator offsets -> Plan -> verify
@@ -6,32 +7,26 @@
 import sys
 import time
 
-from . import allocators, ops, workspace
+from . import allocators, ops, passes, workspace
 from .breakdown import breakdown
 from .config import Config
 from .errors import PlanError
 from .inplace import aliases
+from .ir import Phase
 from .liveness import lifetimes
-from .losses import IGNORE_INDEX
+from .options import SCHEDULES, STRATEGIES, CompileOptions
 from .plan import ALIGNMENT, Plan, PlannedTensor, Step
 from .schedule import schedule as make_schedule
-from .remat import rematerialize
-from .training import training_graph
 
-STRATEGIES = {  # name: (allocator, in-place allowed)
-    "naive": ("naive", False),
-    "inplace": ("naive", True),
-    "share": ("share", True),
-    "bestfit": ("bestfit", True),
-    "optimal": ("optimal", True),
-}
-SCHEDULES = ("file", "memory", "auto")
+__all__ = ["compile", "plan_graph", "CompileOptions", "STRATEGIES", "SCHEDULES"]
 
 
-def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", training=False, loss=None,
-            optimizer=None, optimizer_args=None, loss_output=None, frozen=(), update="eager", remat=None,
-            memory_budget=None, config=None, fetch=(), trainable=(), class_axis=None, ignore_index=IGNORE_INDEX):
+def compile(model, input_shapes=None, options=None, **keywords):
     """Plan `model` (a path, onnx.ModelProto, Symbol, typed Graph or "zoo:NAME") into one arena.
+
+    `options` is a CompileOptions; `keywords` (its field names) set options over it, so
+    `compile(model, shapes, strategy="share")` and `compile(model, shapes, CompileOptions(strategy="share"))`
+    are the same plan.
 
     `schedule="auto"` plans both the file's order and the memory-aware one and keeps the smaller
     arena. `fetch` names intermediate tensors the caller wants to read after the run; like graph
@@ -49,27 +44,33 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
     instead of keeping them; `memory_budget` (bytes) asks for the least recomputation whose arena fits
     it (remat="budget"; InfeasibleBudgetError when none does). MXNET_BACKWARD_DO_MIRROR=1 means "mirror".
     """
-    from . import load
+    from frontends import read
     start = time.perf_counter()
-    if strategy not in STRATEGIES:
-        raise PlanError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    if schedule not in SCHEDULES:
-        raise PlanError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if not training and (loss or optimizer or optimizer_args or loss_output or frozen or remat or trainable
-                         or memory_budget is not None or class_axis is not None or ignore_index != IGNORE_INDEX):
-        raise PlanError("loss, optimizer, optimizer_args, loss_output, frozen, trainable, class_axis, ignore_index, "
-                        "remat and memory_budget apply to training=True")
-    config = config or Config.from_env()
-    graph = load(model, input_shapes)
-    orders = ("file", "memory") if schedule == "auto" else (schedule,)
-    info = {}
-    if training:
-        graph, info = training_graph(graph, loss or "cross_entropy", loss_output, optimizer or "sgd", optimizer_args,
-                                     frozen, update, config.inplace_update, trainable, class_axis, ignore_index)
-        remat = remat or ("budget" if memory_budget is not None else "mirror" if config.backward_do_mirror else None)
-        graph, info["remat"] = rematerialize(graph, remat, lambda g: min(
-            plan_graph(g, strategy, order, config, tuple(fetch), info).arena_bytes for order in orders), memory_budget,
-            config)
+    options = CompileOptions.of(options, **keywords)
+    config = options.config or Config.from_env()
+    fetch = tuple(options.fetch)
+
+    def score(graph, facts):
+        return min(plan_graph(graph, options.strategy, order, config, fetch, facts).arena_bytes
+                   for order in options.orders)
+
+    context = passes.Context(options, input_shapes, config, score=score)
+    pipeline = passes.TRAINING if options.training else passes.INFERENCE
+    graph, facts = passes.run(pipeline, read(model), context)
+    _check_plannable(graph, fetch)
+    plans = [plan_graph(graph, options.strategy, order, config, fetch, facts) for order in options.orders]
+    plan = min(plans, key=lambda p: p.arena_bytes)
+    plan.training = facts
+    plan.stats.update(_flops(graph), plan_seconds=time.perf_counter() - start)
+    if config.debug:
+        unshared = sum(allocators.align(t.nbytes, ALIGNMENT) for t in plan.tensors.values())
+        print(f"memplan: {options.strategy}, {plan.schedule} schedule: memory {unshared / 2**20:.2f} MiB -> "
+              f"{plan.arena_bytes / 2**20:.2f} MiB", file=sys.stderr)
+    return plan.verify()
+
+
+def _check_plannable(graph, fetch):
+    """No tensor holds strings, and every fetched name is a tensor of the graph."""
     strings = [t.name for t in graph.tensors.values() if t.dtype.kind in "OSU"]
     if strings:
         raise PlanError(f"tensors {', '.join(map(repr, strings[:5]))} hold strings, which have no place in a "
@@ -77,24 +78,15 @@ def compile(model, input_shapes=None, strategy="bestfit", schedule="auto", train
     missing = [name for name in fetch if name not in graph.tensors]
     if missing:
         raise PlanError(f"fetch names tensors the graph does not have: {', '.join(map(repr, missing))}")
-    plans = [plan_graph(graph, strategy, order, config, tuple(fetch), info) for order in orders]
-    plan = min(plans, key=lambda p: p.arena_bytes)
-    plan.training = info
-    plan.stats.update(_flops(graph), plan_seconds=time.perf_counter() - start)
-    if config.debug:
-        unshared = sum(allocators.align(t.nbytes, ALIGNMENT) for t in plan.tensors.values())
-        print(f"memplan: {strategy}, {plan.schedule} schedule: memory {unshared / 2**20:.2f} MiB -> "
-              f"{plan.arena_bytes / 2**20:.2f} MiB", file=sys.stderr)
-    return plan.verify()
 
 
 def plan_graph(graph, strategy, order, config, fetch=(), training=None):
     """One Plan of a typed graph for one strategy and one schedule order."""
     name, inplace_allowed = STRATEGIES[strategy]
     held = (*graph.outputs, *fetch)
-    last = {n.name for n in graph.nodes if n.meta.get("assign")}
+    last = {n.name for n in graph.nodes if n.notes.assign}
     if training and training["update"] == "after_backward":
-        last |= {n.name for n in graph.nodes if n.meta.get("phase") == "optimizer"}
+        last |= {n.name for n in graph.nodes if n.notes.phase is Phase.OPTIMIZER}
     steps = make_schedule(graph, order, held, last)
     life = lifetimes(graph, steps, held)
     root_of, views = aliases(graph, steps, held, writes=inplace_allowed and config.enable_inplace)
@@ -163,7 +155,7 @@ def _tensors(graph, steps, life, root_of, views, scratch, config):
                                     nbytes=scratch[node.name], offset=0, lifetime=(step, step), alias_of=None,
                                     view=False)
                 spans[used] = (step, step)
-        phase = "recompute" if node.meta.get("recompute") else node.meta.get("phase", "")
+        phase = "recompute" if node.notes.recompute else "" if node.notes.forward else node.notes.phase.value
         steps_out.append(Step(node.name, node.op, node.inputs, node.outputs, dict(node.attrs), used, phase, node.domain))
     return places, spans, steps_out, ws
 
@@ -190,10 +182,10 @@ def _roles(graph, training):
         return {}
     roles = {g: "gradient" for g in training["grads"].values() if graph.tensors[g].kind == "activation"}
     roles.update((new, "update") for new, _ in graph.updates)
-    roles.update((o, "recomputed") for n in graph.nodes if n.meta.get("recompute") for o in n.outputs if o)
-    forward = {o for n in graph.nodes if "phase" not in n.meta for o in n.outputs}
+    roles.update((o, "recomputed") for n in graph.nodes if n.notes.recompute for o in n.outputs if o)
+    forward = {o for n in graph.nodes if n.notes.forward for o in n.outputs}
     for node in graph.nodes:
-        if node.meta.get("phase") == "backward":
+        if node.notes.phase is Phase.BACKWARD:
             roles.update((i, "saved") for i in node.inputs if i in forward and graph.tensors[i].kind == "activation"
                          and roles.get(i) != "update")
     return roles
@@ -203,7 +195,7 @@ def _flops(graph):
     """Forward (loss included), backward (optimizer included) and recomputation FLOPs, from the op schemas."""
     totals = {"forward_flops": 0, "backward_flops": 0, "recompute_flops": 0}
     for node in graph.nodes:
-        key = "recompute_flops" if node.meta.get("recompute") else "backward_flops" if "phase" in node.meta \
+        key = "recompute_flops" if node.notes.recompute else "backward_flops" if not node.notes.forward \
             else "forward_flops"
         totals[key] += ops.node_flops(graph, node)
     return totals

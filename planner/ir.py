@@ -7,6 +7,7 @@ import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from functools import cached_property
 
 import numpy as np
@@ -62,14 +63,61 @@ def check_size(what, shape, dtype):
                          f"a tensor may hold at most 2**48 bytes (256 TiB)")
 
 
+class Phase(Enum):
+    """Which part of a training step a node belongs to; a model's own nodes and the loss are forward."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+HINTS = ("force_mirroring", "mirror_stage")
+"""The annotations a user gives a node (kept in ONNX as node metadata_props "memplan.KEY")."""
+
+
+@dataclass(frozen=True)
+class Annotations:
+    """memplan's annotations of a node. The passes set `phase`, `recompute` (a clone that computes a
+    forward value again in backward) and `assign` (the copy of a new param over the old, at the end);
+    the user's hints are `force_mirroring` (recompute it under every strategy but optimal) and
+    `mirror_stage` (recompute or keep the stage's nodes together), kept in ONNX as metadata_props."""
+
+    phase: Phase = Phase.FORWARD
+    recompute: bool = False
+    assign: bool = False
+    force_mirroring: bool = False
+    mirror_stage: str | None = None
+
+    @property
+    def forward(self):
+        return self.phase is Phase.FORWARD
+
+    @classmethod
+    def from_metadata(cls, hints, node="a node"):
+        """The annotations of the user's hints as text {key: value} (HINTS; a true force_mirroring is
+        "1", "true" or "yes" in any case), as ONNX metadata and the symbolic API carry them."""
+        unknown = sorted(set(hints) - set(HINTS))
+        if unknown:
+            raise ModelError(f"{node} has annotations {', '.join(map(repr, unknown))}; memplan reads "
+                             f"{' and '.join(HINTS)}")
+        return cls(force_mirroring=hints.get("force_mirroring", "").lower() in ("1", "true", "yes"),
+                   mirror_stage=hints.get("mirror_stage"))
+
+    def metadata(self):
+        """The user's hints as text {key: value}, which `from_metadata` reads back."""
+        hints = {"force_mirroring": "1"} if self.force_mirroring else {}
+        if self.mirror_stage is not None:
+            hints["mirror_stage"] = self.mirror_stage
+        return hints
+
+
 @dataclass(frozen=True, eq=False)
 class Node:
     """One op application. An empty string in `inputs` marks an omitted optional input.
 
     `op` is the op type within `domain` ("" is ONNX's default domain, "memplan" memplan's own ops);
     the version of the op is the one the graph's opset for that domain selects (Graph.opsets).
-    `attrs` are the op's ONNX attributes; `meta` are memplan's annotations of the node
-    (`force_mirroring`, `mirror_stage`), kept in ONNX as node metadata_props "memplan.KEY".
+    `attrs` are the op's ONNX attributes; `notes` memplan's annotations of the node (Annotations).
     """
 
     op: str
@@ -77,7 +125,7 @@ class Node:
     outputs: tuple
     attrs: dict = field(default_factory=dict)
     name: str = ""
-    meta: dict = field(default_factory=dict)
+    notes: Annotations = Annotations()
     domain: str = ""
 
     def __repr__(self):

@@ -19,7 +19,7 @@ import numpy as np
 from . import shapes
 from .autodiff import Builder
 from .errors import ConfigError, ModelError, say
-from .ir import Tensor
+from .ir import Phase, Tensor
 
 LOSSES = ("cross_entropy", "mse")
 IGNORE_INDEX = -100
@@ -61,7 +61,7 @@ def append(graph, spec):
     SoftmaxCrossEntropyLoss), "targets" (the output's shape and dtype) for mse. Both average over the
     batch (and the positions)."""
     out = graph.tensors[spec["output"]]
-    b = Builder(graph, prefix="loss", phase=None)
+    b = Builder(graph, prefix="loss", phase=Phase.FORWARD)
     if spec["kind"] == "cross_entropy":
         name, total = _cross_entropy(b, graph, out, spec["class_axis"], spec["ignore_index"])
     else:
@@ -71,8 +71,8 @@ def append(graph, spec):
     b.tensors["loss"] = Tensor("loss", None, None, "output")
     b.nodes.append(replace(b.nodes.pop(), outputs=("loss",)))
     del b.tensors[total]
-    typed = shapes.infer(replace(graph, nodes=(*graph.nodes, *b.nodes), tensors={**graph.tensors, **b.tensors},
-                                 inputs=(*graph.inputs, name), outputs=("loss", *graph.outputs)))
+    typed = shapes.retype(replace(graph, nodes=(*graph.nodes, *b.nodes), tensors={**graph.tensors, **b.tensors},
+                                  inputs=(*graph.inputs, name), outputs=("loss", *graph.outputs)), graph)
     return typed, name
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from . import ops
 from .errors import PlanError
+from .ir import Phase
 from .liveness import TRANSIENT, peak_bytes
 
 ORDERS = ("file", "memory")
@@ -49,7 +50,7 @@ class _Dag:
 
     `reads[k]`: the distinct tensors node k reads; `deps[k]`: the distinct nodes writing them, and for
     a node writing an update (Graph.updates) every other node reading the tensor it overwrites, and
-    for a backward node (meta phase) the forward pass's last node: a gradient rule's work on forward
+    for a backward node (Phase.BACKWARD) the forward pass's last node: a gradient rule's work on forward
     values alone (BatchNormalization's centred input) waits for the backward pass, as in PyTorch,
     instead of being hoisted into the forward pass where it would live until used;
     `outputs[k]`: the tensors it writes; `readers[t]`: the nodes reading tensor t; `writer[t]`: the
@@ -76,9 +77,9 @@ class _Dag:
         deps = [[writer[i] for i in r if i in writer] for r in reads]
         for new, old in ((n, o) for n, o in graph.updates if n in writer):
             deps[writer[new]] += [index[id(c)] for c in _readers_of_bytes(graph, old) if index[id(c)] != writer[new]]
-        forward = [k for k, node in enumerate(graph.nodes) if "phase" not in node.meta]
+        forward = [k for k, node in enumerate(graph.nodes) if node.notes.forward]
         for k, node in enumerate(graph.nodes):
-            if forward and node.meta.get("phase") == "backward":
+            if forward and node.notes.phase is Phase.BACKWARD:
                 deps[k].append(forward[-1])
         deps = [tuple(dict.fromkeys(d)) for d in deps]
         outputs = [tuple(o for o in node.outputs if o) for node in graph.nodes]

@@ -17,14 +17,33 @@ FOLD_LIMIT = 1 << 16
 """Largest number of elements a folded constant may have; bigger results are computed when run."""
 
 
-def infer(graph, input_shapes=None):
-    """Return a new Graph where every tensor has a concrete shape and dtype."""
+def infer(graph, input_shapes=None, pruned=True):
+    """Return a new Graph where every tensor has a concrete shape and dtype (and, unless `pruned` is
+    False, without what no output needs: see `prune`)."""
+    typed = _infer(graph, input_shapes or {})
+    return prune(typed) if pruned else typed
+
+
+def retype(graph, typed):
+    """`graph`, a rewrite of the typed graph `typed`, typed exactly as `infer` types it, inferring only
+    what the rewrite changed: a node of `typed` whose inputs kept their types, not all of them known
+    values, keeps its outputs' types; new and replaced nodes, and the nodes reading what changed type,
+    are inferred. Constants fold and what no output needs is pruned, as in `infer`."""
+    return prune(_infer(graph, {}, {id(node) for node in typed.nodes}))
+
+
+def _infer(graph, input_shapes, kept_nodes=frozenset()):
+    """infer, reusing the typed outputs of the nodes whose id is in `kept_nodes` (see retype)."""
     graph = validate(graph)
     ops.check_supported(graph.nodes, graph.opsets)
-    infos, dims = _bind_inputs(graph, input_shapes or {})
-    nodes, folded = [], {}
+    infos, dims = _bind_inputs(graph, input_shapes)
+    nodes, folded, changed = [], {}, set()
     kept = {*graph.outputs, *(new for new, _ in graph.updates)}
     for node in graph.nodes:
+        if _reusable(node, graph, infos, kept_nodes, changed):
+            infos.update((out, Info(graph.tensors[out].shape, graph.tensors[out].dtype)) for out in node.outputs if out)
+            nodes.append(node)
+            continue
         schema = ops.of(node, graph.opsets)
         try:
             check_types(node, [infos[i] if i else None for i in node.inputs], graph.opset, schema)
@@ -44,6 +63,9 @@ def infer(graph, input_shapes=None):
             if out:
                 value = None if values is None else np.asarray(values[k], dtype=outs[k][1]).reshape(outs[k][0])
                 infos[out] = Info(*outs[k], value)
+                before = graph.tensors[out]
+                if kept_nodes and not (before.is_static and (before.shape, before.dtype) == outs[k]):
+                    changed.add(out)
         if values is not None and not set(node.outputs) & kept:
             folded.update((out, infos[out].value) for out in node.outputs if out)
         else:
@@ -55,7 +77,16 @@ def infer(graph, input_shapes=None):
         elif name in infos:
             _check_declared(t, infos[name], dims)
             tensors[name] = replace(t, shape=infos[name].shape, dtype=infos[name].dtype)
-    return _prune(replace(graph, nodes=tuple(nodes), tensors=tensors))
+    return replace(graph, nodes=tuple(nodes), tensors=tensors)
+
+
+def _reusable(node, graph, infos, kept_nodes, changed):
+    """Whether `node` keeps its typed outputs (see retype). Inference may fold a node all of whose
+    inputs are known values, so such a node is inferred again."""
+    inputs = [i for i in node.inputs if i]
+    return (id(node) in kept_nodes and not changed.intersection(inputs)
+            and any(infos[i].value is None for i in inputs)
+            and all(graph.tensors[o].is_static for o in node.outputs if o))
 
 
 def _bind_inputs(graph, input_shapes):
@@ -160,7 +191,7 @@ def _check_declared(tensor, info, dims):
                          f"but computes to {info.shape}")
 
 
-def _prune(graph):
+def prune(graph):
     """Drop nodes no graph output depends on, and tensors nothing reads or writes."""
     needed = set(graph.outputs) | {new for new, _ in graph.updates}
     keep = []

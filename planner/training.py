@@ -3,6 +3,8 @@ node per parameter whose results the plan writes over the parameter and its stat
 
     model -> training mode -> + loss -> + gradients -> + optimizer -> typed graph
 
+(the passes of planner.passes.TRAINING, each a function of this module, losses or autodiff).
+
 Each parameter is updated as soon as its gradient is complete ("eager", so gradient buffers are
 transient), or after the whole backward pass ("after_backward", as `loss.backward(); opt.step()`).
 
@@ -23,10 +25,9 @@ from dataclasses import replace
 import numpy as np
 
 from . import ops, shapes
-from .autodiff import Builder, gradients
+from .autodiff import Builder
 from .errors import ConfigError, ModelError
-from .ir import Tensor
-from .losses import IGNORE_INDEX, append, criterion
+from .ir import Phase, Tensor
 
 OPTIMIZERS = {  # name: (op of the memplan domain, defaults of optimizer_args, state tensors per parameter)
     "sgd": ("SGD", {"lr": 0.01, "weight_decay": 0.0}, ()),
@@ -53,36 +54,6 @@ ARGUMENTS = {  # optimizer_args key: (accepts it, what it accepts)
               "two numbers in [0, 1), as (0.9, 0.999)"),
     "nesterov": (lambda v: isinstance(v, (bool, np.bool_)), "True or False"),
 }
-
-
-def training_graph(graph, loss="cross_entropy", loss_output=None, optimizer="sgd", optimizer_args=None,
-                   frozen=(), update="eager", inplace_update=True, trainable=(), class_axis=None,
-                   ignore_index=IGNORE_INDEX):
-    """The typed graph of one training step of a typed inference `graph`, and what the executor needs
-    to drive it: {"loss", "labels", "criterion", "params", "constants", "exported_params", "grads",
-    "optimizer", "args", "update", "lr", "step"}; "constants" says why each initializer left out of
-    "params" does not train; "exported_params" is the count of nn.Parameters a torch.export signature
-    in the file lists (None without one).
-    With `inplace_update=False` (MEGENGINE_INPLACE_UPDATE=0) each new param is a tensor of its own,
-    copied over the param at the end of the step (memplan.Assign, an op of the memplan domain), which costs a copy of the params."""
-    if optimizer not in OPTIMIZERS:
-        raise ModelError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-    if update not in UPDATES:
-        raise ModelError(f"unknown update {update!r}; choose one of {', '.join(UPDATES)}")
-    args = _arguments(optimizer, optimizer_args or {})
-    _check_names(graph, frozen, trainable)
-    graph = training_mode(graph)
-    spec = criterion(graph, loss, loss_output, class_axis, ignore_index)
-    graph, labels = append(graph, spec)
-    graph = replace(graph, outputs=("loss",))
-    params, constants = choose_params(graph, frozen, trainable)
-    if not params:
-        raise ModelError("the model has no trainable float params that the loss depends on")
-    graph, grads = gradients(graph, "loss", params)
-    graph = _append_optimizer(graph, grads, optimizer, args, update, inplace_update)
-    return graph, {"loss": "loss", "labels": labels, "criterion": spec, "params": params, "constants": constants,
-                   "exported_params": graph.exported_params, "grads": grads, "optimizer": optimizer, "args": args,
-                   "update": update, "lr": LR, "step": STEP}
 
 
 def choose_params(graph, frozen=(), trainable=()):
@@ -145,7 +116,7 @@ def _constant_by_use(t, uses):
     return None
 
 
-def _check_names(graph, frozen, trainable):
+def check_names(graph, frozen, trainable):
     """frozen and trainable name params of the model, and no name is both."""
     names = {t.name for t in graph.params()}
     for what, given in (("frozen", frozen), ("trainable", trainable)):
@@ -180,13 +151,15 @@ def training_mode(graph):
                            attrs={"ratio": node.attrs.get("ratio", 0.5), "seed": len(nodes) if seed is None else seed})
         nodes.append(node)
     tensors[STEP] = Tensor(STEP, (), np.dtype(np.float64), "input")
-    return shapes.infer(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates),
-                                inputs=(*graph.inputs, STEP)))
+    return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates),
+                                 inputs=(*graph.inputs, STEP)), graph)
 
 
-def _arguments(optimizer, given):
-    """optimizer_args over the optimizer's defaults, as plain Python values; unknown keys and values
-    outside what torch.optim accepts are errors, not left for the run to meet."""
+def optimizer_arguments(optimizer, given):
+    """optimizer_args over the optimizer's defaults, as plain Python values; an unknown optimizer, unknown
+    keys and values outside what torch.optim accepts are errors, not left for the run to meet."""
+    if optimizer not in OPTIMIZERS:
+        raise ModelError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
     defaults = OPTIMIZERS[optimizer][1]
     unknown = sorted(set(given) - set(defaults))
     if unknown:
@@ -215,12 +188,14 @@ def _real(value):
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
 
 
-def _append_optimizer(graph, grads, optimizer, args, update, inplace_update=True):
-    """One optimizer node per parameter, reading the hyperparameter inputs, the parameter, its gradient
-    and its state, placed in the file right after the last node it must follow (eager) or at the end;
-    out of place, an Assign per parameter at the very end."""
+def append_optimizer(graph, grads, optimizer, args, update="eager", inplace_update=True):
+    """The typed graph with one optimizer node per parameter ({param: gradient} `grads`), reading the
+    hyperparameter inputs, the parameter, its gradient and its state, placed in the file right after
+    the last node it must follow (eager) or at the end; with `inplace_update=False`
+    (MEGENGINE_INPLACE_UPDATE=0) each new param is a tensor of its own, copied over the param at the end
+    of the step by an Assign (memplan.Assign), which costs a copy of the params."""
     op, _, state_names = OPTIMIZERS[optimizer]
-    b = Builder(graph, prefix="optimizer", phase="optimizer")
+    b = Builder(graph, prefix="optimizer", phase=Phase.OPTIMIZER)
     scalars = [LR, STEP] if op == "Adam" else [LR]
     b.tensors[LR] = Tensor(LR, (), np.dtype(np.float64), "input")
     attrs = _attributes(optimizer, args)
@@ -240,15 +215,15 @@ def _append_optimizer(graph, grads, optimizer, args, update, inplace_update=True
     steps = list(b.nodes)
     for new, param in fresh:
         updates.append((b.op("Assign", new, domain="memplan"), param))
-    b.nodes[len(steps):] = [replace(n, meta={**n.meta, "assign": 1}) for n in b.nodes[len(steps):]]
+    b.nodes[len(steps):] = [replace(n, notes=replace(n.notes, assign=True)) for n in b.nodes[len(steps):]]
     nodes = list(graph.nodes)
     if update == "eager":
         nodes = _interleave(nodes, steps, {n.name: n.inputs[len(scalars)] for n in steps})
     else:
         nodes += steps
     nodes += b.nodes[len(steps):]
-    return shapes.infer(replace(graph, nodes=tuple(nodes), tensors={**graph.tensors, **b.tensors},
-                                inputs=(*graph.inputs, LR), updates=(*graph.updates, *updates)))
+    return shapes.retype(replace(graph, nodes=tuple(nodes), tensors={**graph.tensors, **b.tensors},
+                                 inputs=(*graph.inputs, LR), updates=(*graph.updates, *updates)), graph)
 
 
 def _attributes(optimizer, args):

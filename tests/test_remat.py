@@ -7,6 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 import planner
 from executor import Executor
 from planner import Config, PlanError, ops
+from planner.ir import Annotations
 from planner.remat import mirror, sublinear
 from zoo_cases import feeds, input_shapes, small_model
 
@@ -76,8 +77,9 @@ def test_sublinear_on_a_chain_keeps_about_sqrt_n_checkpoints():
 def test_split_keeps_mirror_stages_together():
     from dataclasses import replace
     m = chain(8)
-    graph, _ = planner.training.training_graph(planner.load(m), loss="mse")
-    staged = replace(graph, nodes=tuple(replace(n, meta={**n.meta, "mirror_stage": "s"}) if n.outputs[0] in ("m3", "t3", "m4")
+    graph, _ = planner.passes.run(planner.passes.TRAINING, planner.load(m),
+                                  planner.passes.Context(planner.CompileOptions(training=True, loss="mse")))
+    staged = replace(graph, nodes=tuple(replace(n, notes=replace(n.notes, mirror_stage="s")) if n.outputs[0] in ("m3", "t3", "m4")
                                         else n for n in graph.nodes))
     size = graph.tensors["m0"].nbytes
     drop, _, _ = sublinear.split(staged, threshold=int(3.5 * size))
@@ -88,7 +90,7 @@ def test_force_mirroring_recomputes_even_without_remat():
     from dataclasses import replace
     graph = planner.load(small_model("resnet18"), input_shapes(small_model("resnet18"), BATCH))
     conv = next(n for n in graph.nodes if n.op == "Conv")
-    graph = replace(graph, nodes=tuple(replace(n, meta={"force_mirroring": "true"}) if n is conv else n
+    graph = replace(graph, nodes=tuple(replace(n, notes=Annotations(force_mirroring=True)) if n is conv else n
                                        for n in graph.nodes))
     plan = planner.compile(graph, training=True)
     assert conv.name + "/recompute" in {s.name for s in plan.steps}

@@ -6,8 +6,9 @@ import pytest
 
 import planner
 from executor import Executor
-from frontends import zoo
-from planner import PlanError
+from frontends import read, zoo
+from planner import CompileOptions, PlanError, passes
+from planner.ir import Phase
 from planner.remat import optimal
 from zoo_cases import input_shapes, small_model
 
@@ -91,15 +92,15 @@ def test_optimal_needs_a_budget_and_a_small_graph():
 
 
 def test_the_dag_counts_only_what_can_be_freed(none):
-    from planner.training import training_graph
-    graph, _ = training_graph(planner.load(deep_mlp(), SHAPES), optimizer="adam")
+    graph, _ = passes.run(passes.TRAINING, read(deep_mlp()), passes.Context(CompileOptions(training=True, optimizer="adam"),
+                                                                         SHAPES))
     sizes, costs, deps, allowed, inplace = optimal.dag(graph)
     assert all(p < k and p in deps[k] for k, p in inplace.items()) and inplace
     nodes = graph.nodes
     assert len(sizes) == len(nodes) and min(costs) >= 1
     for t, i in zip(*np.nonzero(allowed)):
-        assert i < t and "phase" in nodes[t].meta and "phase" not in nodes[i].meta
-    updates = [k for k, n in enumerate(nodes) if n.meta.get("phase") == "optimizer"]
+        assert i < t and not nodes[t].notes.forward and nodes[i].notes.forward
+    updates = [k for k, n in enumerate(nodes) if n.notes.phase is Phase.OPTIMIZER]
     assert updates and all(sizes[k] == 0 for k in updates if all(o in dict(graph.updates) for o in nodes[k].outputs))
 
 
@@ -116,8 +117,8 @@ def test_budget_beyond_one_clone_per_tensor_uses_nearby_clones_and_trains_exactl
 def test_a_shorter_horizon_recomputes_more():
     from planner.remat import budget
     from planner.remat.recompute import droppable, recompute
-    from planner.training import training_graph
-    graph, _ = training_graph(planner.load(deep_mlp(), SHAPES), optimizer="adam")
+    graph, _ = passes.run(passes.TRAINING, read(deep_mlp()), passes.Context(CompileOptions(training=True, optimizer="adam"),
+                                                                         SHAPES))
     drop = droppable(graph)
     flops = [budget.recompute_flops(recompute(graph, drop, horizon)) for horizon in (None, 16, 4, 0)]
     assert flops == sorted(flops) and flops[0] < flops[-1]

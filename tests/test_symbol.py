@@ -6,6 +6,7 @@ import pytest
 import planner
 from frontends import symbol as S
 from planner.errors import ModelError
+from planner.ir import Annotations
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -77,8 +78,8 @@ def _plain(value):
 
 def assert_same_graph(a, b):
     assert (a.inputs, a.outputs, a.opset) == (b.inputs, b.outputs, b.opset)
-    assert [(n.op, n.name, n.inputs, n.outputs, n.meta) for n in a.nodes] == \
-        [(n.op, n.name, n.inputs, n.outputs, n.meta) for n in b.nodes]
+    assert [(n.op, n.name, n.inputs, n.outputs, n.notes) for n in a.nodes] == \
+        [(n.op, n.name, n.inputs, n.outputs, n.notes) for n in b.nodes]
     for na, nb in zip(a.nodes, b.nodes):
         assert {k: _plain(v) for k, v in na.attrs.items()} == {k: _plain(v) for k, v in nb.attrs.items()}, na.name
     assert list(a.tensors) == list(b.tensors)
@@ -154,11 +155,10 @@ def test_annotations():
             b = S.sigmoid(a, name="b", meta={"mirror_stage": "s2", "force_mirroring": False})
         c = S.tanh(b, name="c")
     d = S.exp(c, name="d", meta={"mirror_stage": 3})
-    want = {"a": {"force_mirroring": "1", "mirror_stage": "s1"},
-            "b": {"force_mirroring": "0", "mirror_stage": "s2"},
-            "c": {"force_mirroring": "1"}, "d": {"mirror_stage": "3"}}
+    want = {"a": Annotations(force_mirroring=True, mirror_stage="s1"), "b": Annotations(mirror_stage="s2"),
+            "c": Annotations(force_mirroring=True), "d": Annotations(mirror_stage="3")}
     for graph in (d.to_graph(), planner.load(d.to_onnx())):
-        assert {n.name: n.meta for n in graph.nodes} == want
+        assert {n.name: n.notes for n in graph.nodes} == want
     props = {n.name: {p.key: p.value for p in n.metadata_props} for n in d.to_onnx().graph.node}
     assert props["a"] == {"memplan.force_mirroring": "1", "memplan.mirror_stage": "s1"}
 

@@ -13,9 +13,9 @@ stores them. Every op function also takes `name=` (default: op type and a counte
 a graph is built) and `meta=`. Symbols know their dtype (and rank where it is cheap), so
 Python scalars promote to constants of the other operand's dtype.
 
-Annotations (`meta={...}` or `with annotate(...)`) land in Node.meta as strings: True -> "1",
-False -> "0", anything else str(value); ONNX keeps them as node metadata_props "memplan.KEY",
-so they read back unchanged.
+Annotations (`meta={...}` or `with annotate(...)`, keys planner.ir.HINTS) become strings (True ->
+"1", False -> "0", anything else str(value)) and then Node.notes; ONNX keeps them as node
+metadata_props "memplan.KEY", so they read back unchanged.
 """
 from . import layers
 from .graph import IR_VERSION, MIN_EXPORT_OPSET, Symbol, annotate, const, group, op, param, var

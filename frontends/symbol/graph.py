@@ -11,7 +11,7 @@ from onnx import AttributeProto, helper, numpy_helper
 
 from planner import dtypes, ops
 from planner.errors import ModelError
-from planner.ir import DEFAULT_OPSETS, Graph, Node, Tensor
+from planner.ir import DEFAULT_OPSETS, Annotations, Graph, Node, Tensor
 
 from ..onnx_frontend import MAX_OPSET, META
 from .rules import canon, latest_schema, output_dtypes, output_ranks, static_dtype
@@ -297,7 +297,7 @@ def _build(symbol, opset):
         if op.op == "Split" and "split" not in attrs and opset >= 18:
             attrs["num_outputs"] = len(outs)
         nodes.append(Node(op.op, tuple("" if x is None else tensor(*x._outs[0]) for x in op.inputs),
-                          outs, attrs, names[op], dict(op.meta)))
+                          outs, attrs, names[op], Annotations.from_metadata(op.meta, f"node {names[op]!r}")))
     for op in order:
         if op.kind == "const" and names[op] not in tensors:
             add(names[op], op.data.shape, op.data.dtype, "const", op.data)
@@ -362,7 +362,7 @@ def _export(graph, dts, opset):
                 inputs[i] = name
         proto = helper.make_node(node.op, inputs, node.outputs, name=node.name)
         proto.attribute.extend(_attribute(k, v) for k, v in attrs.items())
-        for key, value in node.meta.items():
+        for key, value in node.notes.metadata().items():
             proto.metadata_props.add(key=META + key, value=value)
         protos.append(proto)
     for name, value in consts.items():

@@ -1,1 +1,29 @@
-"""Graph rewrites, one per module: each a function from a typed graph to a typed graph."""
+"""Passes over the graph (one rewrite per file, each a `Pass`), and the named pipelines planner.compile
+runs before planning: plain lists, applied top to bottom by `run`."""
+from .base import GRADIENTS, LOSS, PRUNED, TYPED, UPDATES, Context, Pass, Result, run
+from .decompose import decompose
+from .gradients import gradients
+from .infer_shapes import infer_shapes
+from .loss import loss
+from .optimizer import optimizer
+from .prune import prune
+from .recomputation import recomputation
+from .training_mode import training_mode
+
+INFERENCE = [
+    infer_shapes,       # concrete shapes and dtypes, constants folded
+    decompose,          # composite ops replaced by their parts
+    prune,              # what no output needs dropped
+]
+TRAINING = [
+    *INFERENCE,
+    training_mode,      # batch statistics, dropout masks
+    loss,               # the scalar "loss", the labels input
+    gradients,          # the backward pass
+    optimizer,          # the param updates
+    recomputation,      # forward values recomputed in backward instead of kept
+]
+
+__all__ = ["Pass", "Result", "Context", "run", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
+           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "prune", "training_mode", "loss", "gradients", "optimizer",
+           "recomputation"]

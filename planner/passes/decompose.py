@@ -4,9 +4,10 @@ from dataclasses import replace
 
 from .. import ops, shapes
 from ..autodiff import Builder
+from .base import TYPED, Pass, Result
 
 
-def decompose(graph, which=lambda schema: schema.kernel is None):
+def decomposed(graph, which=lambda schema: schema.kernel is None):
     """The typed `graph` with every node whose schema has a `decompose` rule and satisfies `which`
     (default: the op has no kernel of its own) replaced by its parts, which write the node's outputs
     and carry its annotations; the graph itself when there is none."""
@@ -16,12 +17,19 @@ def decompose(graph, which=lambda schema: schema.kernel is None):
         if schema.decompose is None or not which(schema):
             nodes.append(node)
             continue
-        b = Builder(graph, prefix=node.name or node.op, phase=None)
-        made = schema.decompose(b, node)
-        rename = dict(zip(made, node.outputs))
-        for part in b.nodes:
-            nodes.append(replace(part, inputs=tuple(rename.get(i, i) for i in part.inputs),
-                                 outputs=tuple(rename.get(o, o) for o in part.outputs), meta=dict(node.meta)))
+        b = Builder(graph, prefix=node.name or node.op, phase=node.notes.phase)
+        rename = dict(zip(schema.decompose(b, node), node.outputs))
+        nodes += [replace(part, inputs=tuple(rename.get(i, i) for i in part.inputs),
+                          outputs=tuple(rename.get(o, o) for o in part.outputs), notes=node.notes)
+                  for part in b.nodes]
         tensors.update((name, t) for name, t in b.tensors.items() if name not in rename)
         changed = True
-    return shapes.infer(replace(graph, nodes=tuple(nodes), tensors=tensors)) if changed else graph
+    return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors), graph) if changed else graph
+
+
+def _decompose(graph, context):
+    result = decomposed(graph)
+    return Result(result, result is not graph)
+
+
+decompose = Pass("decompose", _decompose, needs=frozenset({TYPED}), makes=frozenset({TYPED}))

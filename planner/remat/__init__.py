@@ -36,7 +36,7 @@ def rematerialize(graph, remat, score, memory_budget=None, config=None):
         rewritten, info["solver"] = optimal.plan_optimal(graph, memory_budget, score, config.time_limit,
                                                          config.remat_solver)
         info.update(budget=memory_budget, recomputed=sorted({o.rsplit(SUFFIX, 1)[0] for n in rewritten.nodes
-                                                             if n.meta.get("recompute") for o in n.outputs if o}))
+                                                             if n.notes.recompute for o in n.outputs if o}))
         return rewritten, info
     drop = mirror.mirror(graph, enabled=remat == "mirror")
     if remat == "budget":

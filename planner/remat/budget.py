@@ -34,7 +34,7 @@ product), k from these, fewest first: each recomputed one is a single op away fr
 
 def recompute_flops(graph):
     """FLOPs of the recomputing clones in a rewritten graph."""
-    return sum(ops.node_flops(graph, n) for n in graph.nodes if n.meta.get("recompute"))
+    return sum(ops.node_flops(graph, n) for n in graph.nodes if n.notes.recompute)
 
 
 def plan_budget(graph, budget, score, steps=12, forced=frozenset()):
@@ -99,7 +99,7 @@ def _candidates(graph, budget, evaluate, steps):
             lo, hi = (lo, mid) if fits(mid) else (mid, hi)
         drop = sublinear.split(graph, hi)[0] | extra
         answers.append((evaluate(drop)[1], drop))
-    expensive = [o for n in graph.nodes if "phase" not in n.meta for o in n.outputs
+    expensive = [o for n in graph.nodes if n.notes.forward for o in n.outputs
                  if o in candidates and o not in cheap]
     for stride in STRIDES:
         drop = cheap | {t for k, t in enumerate(expensive) if k % stride == stride - 1}

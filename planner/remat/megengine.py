@@ -25,7 +25,7 @@ def search(graph, score, nr_try=10, nr_iter=0, pool_size=20, lower_bound=0, work
     start the population with."""
     global _SCORE
     candidates = droppable(graph)
-    order = [t for n in graph.nodes if "phase" not in n.meta for t in n.outputs if t in candidates]
+    order = [t for n in graph.nodes if n.notes.forward for t in n.outputs if t in candidates]
     total = sum(graph.tensors[t].nbytes for t in order)
     _SCORE = score
     seen, tried = {}, []

@@ -5,11 +5,6 @@ from .. import ops
 from .recompute import droppable
 
 
-def forced(node):
-    """Whether the node carries a true `force_mirroring` annotation (a bool, or text from ONNX metadata)."""
-    return str(node.meta.get("force_mirroring", "")).lower() in ("1", "true", "yes")
-
-
 def need_mirror(node, enabled=True):
     """REFERENCE.md §2: never random ops; yes when forced; otherwise, when mirroring is on, every op
     but the expensive ones, whose schemas say `mirror = False` (MXNet's list: Convolution,
@@ -18,7 +13,7 @@ def need_mirror(node, enabled=True):
     schema = ops.of(node)
     if schema.random:
         return False
-    return forced(node) or enabled and schema.mirror
+    return node.notes.force_mirroring or enabled and schema.mirror
 
 
 DEPTH = 4
@@ -33,9 +28,9 @@ def mirror(graph, enabled=True, depth=DEPTH):
     a chain of more than `depth` recomputations; there the output is kept, which ends the chain."""
     candidates = droppable(graph)
     chain, drop = {}, set()
-    for node in (n for n in graph.nodes if "phase" not in n.meta):
+    for node in (n for n in graph.nodes if n.notes.forward):
         length = 1 + max((chain.get(i, 0) for i in node.inputs), default=0)
-        if need_mirror(node, enabled) and (length <= depth or forced(node)):
+        if need_mirror(node, enabled) and (length <= depth or node.notes.force_mirroring):
             for o in node.outputs:
                 if o in candidates:
                     drop.add(o)

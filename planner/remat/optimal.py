@@ -34,7 +34,7 @@ def dag(graph):
     being the file's k-th node, allowed[t, i] whether stage t may compute forward node i again, and
     inplace {k: p} the nodes whose output the planner writes over (or views) node p's."""
     keep = droppable(graph)
-    free = keep | {o for n in graph.nodes if "phase" in n.meta for o in n.outputs}
+    free = keep | {o for n in graph.nodes if not n.notes.forward for o in n.outputs}
     free -= {new for new, _ in graph.updates} | set(graph.outputs)
     root_of, _ = aliases(graph, graph.nodes)
     producer, sizes, costs, deps, inplace = {}, [], [], [], {}
@@ -48,7 +48,7 @@ def dag(graph):
         if over:
             inplace[k] = over[0]
         producer.update((o, k) for o in outputs)
-    backward = np.array(["phase" in n.meta for n in graph.nodes])
+    backward = np.array([not n.notes.forward for n in graph.nodes])
     forward = np.array([not b and any(o in keep for o in n.outputs) for b, n in zip(backward, graph.nodes)])
     return sizes, costs, deps, np.tril(np.outer(backward, forward), -1), inplace
 

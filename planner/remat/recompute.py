@@ -4,12 +4,13 @@ backward pass; backward readers read clones, computed again from the tensors tha
 
 `replay` places clones of forward nodes just before given backward nodes (a node may be recomputed
 several times); `recompute` is the common case where each tensor of a drop set is recomputed once,
-just before its first backward reader (or again for readers more than a horizon later). Clones are backward nodes marked `recompute` in their meta.
+just before its first backward reader (or again for readers more than a horizon later). Clones are backward nodes annotated
+`recompute`.
 """
 from dataclasses import replace
 
 from .. import shapes
-from ..ir import Tensor
+from ..ir import Phase, Tensor
 
 SUFFIX = "/recompute"
 
@@ -19,7 +20,7 @@ def droppable(graph):
     updates. Only those backward reads, directly or through the clones that compute them, are
     recomputed; dropping the others changes nothing."""
     kept = {new for new, _ in graph.updates} | set(graph.outputs)
-    return {o for n in graph.nodes if "phase" not in n.meta for o in n.outputs
+    return {o for n in graph.nodes if n.notes.forward for o in n.outputs
             if o and o not in kept and graph.tensors[o].kind == "activation"}
 
 
@@ -32,7 +33,7 @@ def recompute(graph, drop, horizon=None):
         return graph
     producer, made, before = graph.producers, {}, {}  # made: node name -> position of its latest clone
     for position, node in enumerate(graph.nodes):
-        if "phase" not in node.meta:
+        if node.notes.forward:
             continue
 
         def fresh(n):
@@ -78,8 +79,8 @@ def replay(graph, before):
                 tensors[o] = Tensor(o, None, None, "activation")
                 latest[o[:-len(suffix)]] = o
             nodes.append(replace(source, name=source.name + suffix, inputs=inputs, outputs=outs,
-                                 meta={**source.meta, "phase": "backward", "recompute": 1}))
-        if "phase" in node.meta:
+                                 notes=replace(source.notes, phase=Phase.BACKWARD, recompute=True)))
+        if not node.notes.forward:
             node = replace(node, inputs=tuple(latest.get(i, i) for i in node.inputs))
         nodes.append(node)
-    return shapes.infer(replace(graph, nodes=tuple(nodes), tensors=tensors))
+    return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors), graph)

@@ -13,13 +13,13 @@ def split(graph, threshold):
     candidates = droppable(graph)
     drop, stage_kept, stages = set(), set(), {}
     kept = largest = temp = 0
-    for node in (n for n in graph.nodes if "phase" not in n.meta):
+    for node in (n for n in graph.nodes if n.notes.forward):
         outs = [o for o in node.outputs if o in candidates]
         if not outs:
             continue
         size = sum(graph.tensors[o].nbytes for o in outs)
         temp += size
-        stage = node.meta.get("mirror_stage")
+        stage = node.notes.mirror_stage
         if stage is not None:
             stages.setdefault(stage, []).extend(outs)
         if temp > threshold:

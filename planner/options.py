@@ -1,0 +1,72 @@
+"""CompileOptions: what planner.compile plans, as one checked value instead of a long keyword list."""
+from dataclasses import dataclass, fields, replace
+
+from .config import Config
+from .errors import ModelError, PlanError
+from .losses import IGNORE_INDEX
+from .training import UPDATES, optimizer_arguments
+
+STRATEGIES = {  # name: (allocator, in-place allowed)
+    "naive": ("naive", False),
+    "inplace": ("naive", True),
+    "share": ("share", True),
+    "bestfit": ("bestfit", True),
+    "optimal": ("optimal", True),
+}
+SCHEDULES = ("file", "memory", "auto")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """planner.compile's options (see its docstring), checked when made: an unknown strategy, schedule,
+    optimizer, update or optimizer argument, and training options without `training=True`, are errors
+    before any model is read. None means the default: `loss` "cross_entropy", `optimizer` "sgd",
+    `config` Config.from_env() when compile runs."""
+
+    strategy: str = "bestfit"
+    schedule: str = "auto"
+    training: bool = False
+    loss: str | None = None
+    optimizer: str | None = None
+    optimizer_args: dict | None = None
+    loss_output: str | None = None
+    frozen: tuple = ()
+    update: str = "eager"
+    remat: str | None = None
+    memory_budget: int | None = None
+    config: Config | None = None
+    fetch: tuple = ()
+    trainable: tuple = ()
+    class_axis: int | None = None
+    ignore_index: int | None = IGNORE_INDEX
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGIES:
+            raise PlanError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        if self.schedule not in SCHEDULES:
+            raise PlanError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if not self.training:
+            if (self.loss or self.optimizer or self.optimizer_args or self.loss_output or self.frozen or self.remat
+                    or self.trainable or self.memory_budget is not None or self.class_axis is not None
+                    or self.ignore_index != IGNORE_INDEX):
+                raise PlanError("loss, optimizer, optimizer_args, loss_output, frozen, trainable, class_axis, "
+                                "ignore_index, remat and memory_budget apply to training=True")
+            return
+        optimizer_arguments(self.optimizer or "sgd", self.optimizer_args or {})
+        if self.update not in UPDATES:
+            raise ModelError(f"unknown update {self.update!r}; choose one of {', '.join(UPDATES)}")
+
+    @classmethod
+    def of(cls, options=None, **keywords):
+        """`options` (default: the defaults) with `keywords` over it; an unknown keyword is a TypeError
+        naming the options there are."""
+        unknown = sorted(set(keywords) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"planner.compile got unknown options {', '.join(unknown)}; it takes "
+                            f"{', '.join(f.name for f in fields(cls))}")
+        return replace(options or cls(), **keywords)
+
+    @property
+    def orders(self):
+        """The schedule orders to plan: both for "auto", which keeps the smaller plan."""
+        return ("file", "memory") if self.schedule == "auto" else (self.schedule,)

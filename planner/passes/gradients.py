@@ -1,0 +1,19 @@
+"""Gradients of the loss (planner.autodiff) for the params a training step updates
+(planner.training.choose_params). Facts: "params", "constants" (why each other initializer stays),
+"exported_params" (nn.Parameters a torch.export signature in the file lists, or None), "grads"."""
+from .. import autodiff, training
+from ..errors import ModelError
+from .base import GRADIENTS, LOSS, TYPED, Pass, Result
+
+
+def _gradients(graph, context):
+    params, constants = training.choose_params(graph, context.options.frozen, context.options.trainable)
+    if not params:
+        raise ModelError("the model has no trainable float params that the loss depends on")
+    graph, grads = autodiff.gradients(graph, "loss", params)
+    return Result(graph, True, {"params": params, "constants": constants, "exported_params": graph.exported_params,
+                                "grads": grads})
+
+
+gradients = Pass("gradients", _gradients, needs=frozenset({TYPED, LOSS}), makes=frozenset({GRADIENTS}),
+                 keeps=frozenset({TYPED, LOSS}))

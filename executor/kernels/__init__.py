@@ -1,11 +1,13 @@
 """Kernels: how each op computes, writing into the output views it is given.
 
 A kernel is `fn(xp, step, ins, outs, ws)`: `xp` the array module (numpy or cupy), `step` the plan's
-Step (its `.attrs`; `attr(step, name)` reads an attribute with its ONNX default), `ins` the input
+Step (its `.attrs` hold every attribute, ONNX defaults filled in when planning), `ins` the input
 arrays (None for an omitted input), `outs` the output views to fill (None for an omitted output;
-an output may share memory with an input when the plan wrote it in place), `ws` the op's workspace
-as a uint8 array, or None. Kernels register with `@kernel("Op", ...)` (`domain=` for ops outside ONNX's
-default domain), keyed by (domain, op) as schemas are.
+an output may share memory with an input when the plan wrote it in place), `ws` the op's scratch as
+{slice name: view}, cut by the executor from the step's workspace by the Layout its schema's
+`workspace` gave (empty when it has none). A kernel allocates nothing on the device: what it needs
+besides its inputs and outputs it asks for in that Layout. Kernels register with `@kernel("Op", ...)`
+(`domain=` for ops outside ONNX's default domain), keyed by (domain, op) as schemas are.
 """
 from planner import ops
 
@@ -21,8 +23,8 @@ def kernel(*op_types, domain=""):
 
 
 def attr(step, name):
-    """An attribute of the step, or its default from the op's schema."""
-    return ops.of(step).attr(step, name)
+    """`step.attrs[name]`: the elementwise kernels read attributes through it until their rewrite."""
+    return step.attrs[name]
 
 
 def evaluated(xp, step, ins, outs):

@@ -1,7 +1,7 @@
 """Reduction kernels: ReduceSum, ReduceMean and ReduceMax over the step's axes, straight into the output."""
 from planner import ops
 
-from . import attr, evaluated, kernel
+from . import evaluated, kernel
 
 REDUCERS = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max"}
 
@@ -18,5 +18,5 @@ def reduce(xp, step, ins, outs, ws):
     elif x.size == 0 or step.op == "ReduceMean" and y.dtype.kind in "biu":
         evaluated(xp, step, ins, outs)
     else:
-        kept = y if attr(step, "keepdims") else y.reshape([1 if k in axes else d for k, d in enumerate(x.shape)])
+        kept = y if step.attrs["keepdims"] else y.reshape([1 if k in axes else d for k, d in enumerate(x.shape)])
         getattr(xp, REDUCERS[step.op])(x, axis=axes, keepdims=True, out=kept)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import UnsupportedOpError
 from ..ir import op_name
-from .base import Info, Schema
+from .base import Info, Layout, Schema, Slice
 
 SCHEMAS = {}
 """(domain, op type) -> [(since version, schema)], oldest first."""
@@ -73,4 +73,4 @@ def node_flops(graph, node):
 
 from . import elementwise, activation, nn, linalg, shape_ops, views, resize, reduce, misc, optim, loss  # noqa: E402,F401  (registration)
 
-__all__ = ["SCHEMAS", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Schema"]
+__all__ = ["SCHEMAS", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout", "Schema", "Slice"]

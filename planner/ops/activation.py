@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from . import schema
-from .base import Schema, axis, no_gradient, per_input_element, same_as_input
+from .base import Layout, Schema, axis, no_gradient, per_input_element, same_as_input
 
 
 ACTIVATIONS = {
@@ -143,6 +143,10 @@ class Softmax(Schema):
         return [b.op("Sub", dy, b.op("Mul", b.op("Exp", y), b.op("ReduceSum", dy, axes=a, keepdims=1)))]
 
     def workspace(self, node, ins, outs, limit):
-        """One value per row (the input without its `axis`): the row's max, then the row's sum."""
+        """`rows`, one value per row (the input with its `axis` kept as 1): the row's max, then the row's
+        sum (LogSoftmax finds its max again in the output's first column; see its kernel)."""
         x = ins[0]
-        return math.prod(x.shape) // max(x.shape[axis(self.attr(node, "axis"), x.rank)], 1) * np.dtype(x.dtype).itemsize
+        if not math.prod(x.shape):
+            return Layout()
+        a = axis(self.attr(node, "axis"), x.rank)
+        return Layout.pack(("rows", (*x.shape[:a], 1, *x.shape[a + 1:]), x.dtype))

@@ -9,7 +9,7 @@ on CuPy, a GEMM into a chunk of rows (when one image's columns exceed the worksp
 output is not contiguous.
 """
 import math
-from functools import cache
+from functools import cache, partial
 from itertools import product
 
 import numpy as np
@@ -109,14 +109,14 @@ def _pointwise(xp, x, w, y, group, transposed):
 
 def _zero_padding(cols, kernel_shape, taps):
     """Zero the columns no tap's copy writes (where a window lies on padding), once per chunk: every
-    group's copies write the same places."""
-    covered = {tap: at for tap, at, _ in taps}
+    group's copies write the same places. `taps` (from `_taps`) come in the order of np.ndindex."""
+    reaching = next(taps, None)
     for tap in np.ndindex(*kernel_shape):
         block = cols[(slice(None), slice(None), *tap)]
-        at = covered.get(tap)
-        if at is None:
+        if reaching is None or reaching[0] != tap:
             block.fill(0)
             continue
+        at, reaching = reaching[1], next(taps, None)
         for d, (span, size) in enumerate(zip(at, block.shape[2:])):
             for gap in (slice(0, span.start), slice(span.stop, size)):
                 if gap.start < gap.stop:
@@ -136,13 +136,13 @@ def conv(xp, step, ins, outs, ws):
         kernel_shape, cg, mg = w.shape[2:], x.shape[1] // group, y.shape[1] // group
         win = _window(step, x.shape[2:], kernel_shape, y.shape[2:])
         for n0, n1, r0, r1 in _walk(chunks, x.shape[0], y.shape[2]):
-            taps = list(_taps(win, kernel_shape, y.shape[2:], x.shape[2:], (r0, r1)))
+            taps = partial(_taps, win, kernel_shape, y.shape[2:], x.shape[2:], (r0, r1))
             cols = _columns(ws, (n1 - n0, cg, *kernel_shape, r1 - r0, *y.shape[3:]), x.dtype)
-            _zero_padding(cols, kernel_shape, taps)
-            copies = [(cols[(slice(None), slice(None), *tap, *at)], x[n0:n1][_at(source)]) for tap, at, source in taps]
+            _zero_padding(cols, kernel_shape, taps())
             for g in range(group):
-                for dst, src in copies:
-                    xp.copyto(dst, src[:, g * cg:(g + 1) * cg])
+                images = x[n0:n1, g * cg:(g + 1) * cg]
+                for tap, at, source in taps():
+                    xp.copyto(cols[(slice(None), slice(None), *tap, *at)], images[_at(source)])
                 _matmul(xp, w[g * mg:(g + 1) * mg].reshape(mg, -1), cols.reshape(n1 - n0, w[0].size, -1),
                         y[n0:n1, g * mg:(g + 1) * mg, r0:r1].reshape(n1 - n0, mg, -1))
     _add_bias(xp, y, b)
@@ -162,13 +162,13 @@ def conv_transpose(xp, step, ins, outs, ws):
         win = _window(step, x.shape[2:], kernel_shape, y.shape[2:], transposed=True)
         y.fill(0)
         for n0, n1, r0, r1 in _walk(chunks, x.shape[0], x.shape[2]):
-            taps = list(_taps(win, kernel_shape, x.shape[2:], y.shape[2:], (r0, r1)))
+            taps = partial(_taps, win, kernel_shape, x.shape[2:], y.shape[2:], (r0, r1))
             cols = _columns(ws, (n1 - n0, mg, *kernel_shape, r1 - r0, *x.shape[3:]), x.dtype)
             for g in range(group):
                 rows = x[n0:n1, g * cg:(g + 1) * cg, r0:r1].reshape(n1 - n0, cg, -1)
                 _matmul(xp, w[g * cg:(g + 1) * cg].reshape(cg, -1).T, rows, cols.reshape(n1 - n0, w[0].size, -1))
                 image = y[n0:n1, g * mg:(g + 1) * mg]
-                for tap, at, target in taps:
+                for tap, at, target in taps():
                     dst = image[_at(target)]
                     xp.add(dst, cols[(slice(None), slice(None), *tap, *at)], out=dst)
     _add_bias(xp, y, b)
@@ -190,13 +190,13 @@ def max_pool(xp, step, ins, outs, ws):
     """The maximum over the taps reaching each output; with Indices, the flat index of the first."""
     x, (y, indices) = ins[0], _padded(outs, 2)
     kernel_shape, win = _pool_window(step, x, y)
-    taps = list(_taps(win, kernel_shape, y.shape[2:], x.shape[2:]))
+    taps = partial(_taps, win, kernel_shape, y.shape[2:], x.shape[2:])
     y.fill(_lowest(y.dtype))
-    for _, at, source in taps:
+    for _, at, source in taps():
         dst = y[_at(at)]
         xp.maximum(dst, x[_at(source)], out=dst)
     if indices is not None and indices.size:
-        _argmax(xp, x, y, indices, taps, win, ws["mask"], step.attrs["storage_order"])
+        _argmax(xp, x, y, indices, list(taps()), win, ws["mask"], step.attrs["storage_order"])
 
 
 def _argmax(xp, x, y, indices, taps, win, masks, storage_order):
@@ -231,12 +231,14 @@ def _argmax(xp, x, y, indices, taps, win, masks, storage_order):
 def _add_window_starts(xp, indices, win, strides, image_size):
     """Add to each index the flat index its window starts at: image and channel, then each spatial dim."""
     n, c = indices.shape[:2]
-    parts = [((i,), i * c * image_size) for i in range(n)] + [((slice(None), j), j * image_size) for j in range(c)]
+    for d, (size, scale) in enumerate(((n, c * image_size), (c, image_size))):
+        for i in range(size):
+            part = indices[(slice(None),) * d + (i,)]
+            xp.add(part, i * scale, out=part)
     for d, (s, b, stride) in enumerate(zip(win.strides, win.begin, strides)):
-        parts += [((slice(None),) * (2 + d) + (o,), (o * s - b) * stride) for o in range(indices.shape[2 + d])]
-    for where, start in parts:
-        part = indices[where]
-        xp.add(part, start, out=part)
+        for o in range(indices.shape[2 + d]):
+            part = indices[(slice(None),) * (2 + d) + (o,)]
+            xp.add(part, (o * s - b) * stride, out=part)
 
 
 @kernel("AveragePool")

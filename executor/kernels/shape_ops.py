@@ -84,8 +84,18 @@ def slice_(xp, step, ins, outs, ws):
 
 @kernel("Gather")
 def gather(xp, step, ins, outs, ws):
+    """Negative indices count from the end. NumPy's take buffers its whole output while it checks the
+    indices, so here they are checked first and taken wrapping, straight into the output."""
     data, idx = ins
-    xp.take(data, idx, axis=step.attrs["axis"] % data.ndim, out=outs[0])  # negative indices count from the end
+    a = step.attrs["axis"] % data.ndim
+    if xp is not np:
+        xp.take(data, idx, axis=a, out=outs[0])
+        return
+    n = data.shape[a]
+    low, high = (int(idx.min()), int(idx.max())) if idx.size else (0, 0)
+    if low < -n or high >= n:
+        raise IndexError(f"index {low if low < -n else high} is out of bounds for axis {a} with size {n}")
+    np.take(data, idx, axis=a, out=outs[0], mode="wrap")
 
 
 @kernel("GatherElements")
@@ -107,7 +117,10 @@ def gather_elements(xp, step, ins, outs, ws):
             offsets = ws[f"offsets{k}"]
             _upload(xp, offsets, np.arange(n) * strides[k])
             xp.add(flat, offsets, out=flat)
-    xp.take(data.reshape(-1), flat, out=y)
+    if xp is np:
+        np.take(data.reshape(-1), flat, out=y, mode="clip")  # in range already; "raise" would buffer the output
+    else:
+        xp.take(data.reshape(-1), flat, out=y)
 
 
 @kernel("ScatterND")

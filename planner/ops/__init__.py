@@ -73,4 +73,5 @@ def node_flops(graph, node):
 
 from . import elementwise, activation, nn, linalg, shape_ops, views, resize, reduce, misc, optim, loss  # noqa: E402,F401  (registration)
 
-__all__ = ["SCHEMAS", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout", "Schema", "Slice"]
+__all__ = ["SCHEMAS", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout", "Schema",
+           "Slice"]

@@ -4,7 +4,8 @@ A sliding window is walked one kernel tap at a time, each tap a strided view of 
 with the output positions whose window it lands in (padding is the positions no tap reaches). Conv
 is im2col + GEMM and ConvTranspose GEMM + col2im, one group at a time, with the column buffer in the
 planned workspace and the batch walked in the chunks the plan sized it for (the shape of its
-`columns` slice, see `planner.ops.nn.Conv.workspace`). Kernels allocate nothing, with one exception:
+`columns` slice, see `planner.ops.nn.Conv.workspace`). Kernels allocate nothing, with two exceptions:
+NumPy's inference BatchNormalization (two vectors of C values, cheaper than a pass per channel) and,
 on CuPy, a GEMM into a chunk of rows (when one image's columns exceed the workspace limit), whose
 output is not contiguous.
 """
@@ -292,15 +293,15 @@ def batch_normalization(xp, step, ins, outs, ws):
 
     In training (training_mode=1, or statistics outputs asked for) mean and var are the batch's,
     kept in the workspace with the partial sums of squares (see the schema), and the running ones
-    are updated. Inference has no workspace: on CuPy one fused elementwise kernel; on NumPy one
-    channel at a time, its factor and shift host scalars.
+    are updated. Inference has no workspace: on CuPy one fused elementwise kernel; on NumPy the
+    per-channel factor and shift are two small temporaries (C values each).
     """
     x, scale, bias, mean, var = ins
     y, eps = outs[0], step.attrs["epsilon"]
     if xp.may_share_memory(x, y):
         x = y  # in place: one array object for both, or CuPy copies the input it sees overlapping
     if not (step.attrs["training_mode"] or any(o is not None for o in outs[1:])):
-        _normalize(xp, x, y, scale, bias, mean, var, eps)
+        _normalize(xp, x, y, *(_per_channel(v, x.ndim) for v in (scale, bias, mean, var)), eps)
         return
     batch_mean, batch_var = ws["mean"], ws["var"]
     _batch_statistics(xp, x, y, batch_mean, batch_var, ws["partial"])
@@ -314,15 +315,15 @@ def batch_normalization(xp, step, ins, outs, ws):
 
 
 def _normalize(xp, x, y, scale, bias, mean, var, eps):
-    """y = x * factor + shift per channel, factor = scale / sqrt(var + eps) and shift = bias - mean *
-    factor (each statistic one value per channel)."""
+    """y = (x - mean) * scale / sqrt(var + eps) + bias, the statistics broadcasting per channel."""
     if _cupy(xp):
-        _cupy_normalize(xp)(x, *(_per_channel(v, x.ndim) for v in (scale, bias, mean, var)), x.dtype.type(eps), y)
+        _cupy_normalize(xp)(x, scale, bias, mean, var, x.dtype.type(eps), y)
         return
-    for c in range(x.shape[1]):
-        factor = scale[c] / np.sqrt(var[c] + eps)
-        xp.multiply(x[:, c], factor, out=y[:, c])
-        xp.add(y[:, c], bias[c] - mean[c] * factor, out=y[:, c])
+    factor = xp.sqrt(var + eps)
+    xp.divide(scale, factor, out=factor)
+    shift = bias - mean * factor
+    xp.multiply(x, factor, out=y)
+    xp.add(y, shift, out=y)
 
 
 @cache

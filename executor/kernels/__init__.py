@@ -9,6 +9,10 @@ an output may share memory with an input when the plan wrote it in place), `ws` 
 besides its inputs and outputs it asks for in that Layout. Kernels register with `@kernel("Op", ...)`
 (`domain=` for ops outside ONNX's default domain), keyed by (domain, op) as schemas are.
 """
+import math
+
+import numpy as np
+
 from planner import ops
 
 KERNELS = {}
@@ -27,10 +31,16 @@ def attr(step, name):
     return step.attrs[name]
 
 
+def cut(raw, shape, dtype):
+    """The front of a raw (uint8) scratch slice as an array of `shape` and `dtype`: for scratch whose
+    views change from one use to the next (a chunk of columns, the results between passes)."""
+    dtype = np.dtype(dtype)
+    return raw.reshape(-1)[:math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+
+
 def evaluated(xp, step, ins, outs):
     """Fill the outputs from the op's NumPy form (its schema's `evaluate`), computed on the host: for
     the rare cases (dtypes, modes) a direct kernel leaves to it."""
-    import numpy as np
     host = [None if a is None else (a if xp is np else xp.asnumpy(a)) for a in ins]
     for out, value in zip(outs, ops.of(step).evaluate(step, *host)):
         if out is not None:

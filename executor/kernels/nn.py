@@ -18,7 +18,7 @@ import numpy as np
 from planner import ops
 from planner.ops.nn import Chunks, window
 
-from . import kernel
+from . import cut, kernel
 
 
 def _padded(items, n):
@@ -71,13 +71,6 @@ def _walk(chunks, batch, rows):
     for n0 in range(0, batch, chunks.images):
         for r0 in range(0, rows, chunks.rows):
             yield n0, min(n0 + chunks.images, batch), r0, min(r0 + chunks.rows, rows)
-
-
-def _columns(ws, shape, dtype):
-    """One chunk's columns, an array of `shape` and `dtype` over the front of the raw `columns` bytes
-    (the last chunk of images or rows may be short)."""
-    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-    return ws["columns"].reshape(-1)[:nbytes].view(dtype).reshape(shape)
 
 
 def _cupy(xp):
@@ -138,7 +131,7 @@ def conv(xp, step, ins, outs, ws):
         win = _window(step, x.shape[2:], kernel_shape, y.shape[2:])
         for n0, n1, r0, r1 in _walk(chunks, x.shape[0], y.shape[2]):
             taps = partial(_taps, win, kernel_shape, y.shape[2:], x.shape[2:], (r0, r1))
-            cols = _columns(ws, (n1 - n0, cg, *kernel_shape, r1 - r0, *y.shape[3:]), x.dtype)
+            cols = cut(ws["columns"], (n1 - n0, cg, *kernel_shape, r1 - r0, *y.shape[3:]), x.dtype)
             _zero_padding(cols, kernel_shape, taps())
             for g in range(group):
                 images = x[n0:n1, g * cg:(g + 1) * cg]
@@ -164,7 +157,7 @@ def conv_transpose(xp, step, ins, outs, ws):
         y.fill(0)
         for n0, n1, r0, r1 in _walk(chunks, x.shape[0], x.shape[2]):
             taps = partial(_taps, win, kernel_shape, x.shape[2:], y.shape[2:], (r0, r1))
-            cols = _columns(ws, (n1 - n0, mg, *kernel_shape, r1 - r0, *x.shape[3:]), x.dtype)
+            cols = cut(ws["columns"], (n1 - n0, mg, *kernel_shape, r1 - r0, *x.shape[3:]), x.dtype)
             for g in range(group):
                 rows = x[n0:n1, g * cg:(g + 1) * cg, r0:r1].reshape(n1 - n0, cg, -1)
                 _matmul(xp, w[g * cg:(g + 1) * cg].reshape(cg, -1).T, rows, cols.reshape(n1 - n0, w[0].size, -1))

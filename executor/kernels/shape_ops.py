@@ -13,7 +13,7 @@ import numpy as np
 from planner import ops
 from planner.ops.shape_ops import pad_source, scatter_nd
 
-from . import kernel
+from . import cut, kernel
 
 
 def _upload(xp, dst, host):
@@ -23,12 +23,6 @@ def _upload(xp, dst, host):
         dst[...] = host
     else:
         dst.set(host)
-
-
-def _words(raw, shape, dtype):
-    """The front of a raw workspace slice as an array of `shape` and `dtype`."""
-    dtype = np.dtype(dtype)
-    return raw[:math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def _along(a, index):
@@ -200,13 +194,13 @@ def resize(xp, step, ins, outs, ws):
     for k, p in enumerate(passes):
         shape[p.axis] = y.shape[p.axis]
         last = k == len(passes) - 1
-        dst = y if last and work == y.dtype else _words(ws[("ping", "pong")[k % 2]], shape, work)
+        dst = y if last and work == y.dtype else cut(ws[("ping", "pong")[k % 2]], shape, work)
         index = ws[f"index{k}"]
         _upload(xp, index, p.index)
         weight = ws.get(f"weight{k}")
         if weight is not None:
             _upload(xp, weight, p.weight)
-        tap = _words(ws["tap"], shape, work) if len(p.index) > 1 else None
+        tap = cut(ws["tap"], shape, work) if len(p.index) > 1 else None
         _resample(xp, src, dst, p.axis, index, weight, tap)
         if p.outside is not None:
             edges = np.flatnonzero(np.diff(np.concatenate([[0], p.outside.astype(np.int8), [0]])))

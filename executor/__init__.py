@@ -88,15 +88,16 @@ class Executor:
         return self.views[key]
 
     def _bind(self, step):
-        """(kernel, step, input views, output views, workspace bytes), or None for a step whose outputs
-        are all views of its input: its bytes are already in place."""
+        """(kernel, step, input views, output views, {scratch slice name: view}), or None for a step whose
+        outputs are all views of its input: its bytes are already in place."""
         views = self._view
         if step.outputs and all(not o or self.plan.tensors[o].view for o in step.outputs):
             return None
-        ws = None
+        ws = {}
         if step.workspace:
-            t = self.plan.tensors[step.workspace]
-            ws = self.arena.bytes(t.offset, t.nbytes)
+            base = self.plan.tensors[step.workspace].offset
+            ws = {c.name: self.arena.bytes(base + c.offset, c.nbytes).view(np.dtype(c.dtype)).reshape(c.shape)
+                  for c in step.scratch}
         return (kernels.find(self.backend.kernels, step, self.plan.opsets), step, [views(i) if i else None for i in step.inputs],
                 [views(o) if o else None for o in step.outputs], ws)
 

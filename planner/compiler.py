@@ -91,7 +91,7 @@ def plan_graph(graph, strategy, order, config, fetch=(), training=None):
     life = lifetimes(graph, steps, held)
     root_of, views = aliases(graph, steps, held, writes=inplace_allowed and config.enable_inplace)
     root_of.update(graph.updates)
-    scratch = workspace.requests(graph, steps, config.workspace_limit)
+    scratch = workspace.layouts(graph, steps, config.workspace_limit)
     places, spans, steps_out, ws = _tensors(graph, steps, life, root_of, views, scratch, config)
     for tensor, role in _roles(graph, training).items():
         places[tensor]["role"] = role
@@ -134,8 +134,9 @@ def _tensors(graph, steps, life, root_of, views, scratch, config):
             first, last = life[t.name]
             lo, hi = spans.get(key, (first, last))
             spans[key] = (min(lo, first), max(hi, last))
-    steps_out, ws = [], {"mode": config.workspace_mode, "limit": config.workspace_limit, "requests": len(scratch),
-                         "largest": max(scratch.values(), default=0), "total_requested": sum(scratch.values())}
+    asked = [layout.nbytes for layout in scratch.values()]
+    steps_out, ws = [], {"mode": config.workspace_mode, "limit": config.workspace_limit, "requests": len(asked),
+                         "largest": max(asked, default=0), "total_requested": sum(asked)}
     slot_of = {}
     if config.workspace_mode == "pool" and scratch:
         slot_sizes, slot_of = workspace.pool(graph, steps, config.workspace_limit, config.temp_slots)
@@ -145,18 +146,18 @@ def _tensors(graph, steps, life, root_of, views, scratch, config):
                                                 alias_of=None, view=False)
         ws["slots"] = list(slot_sizes)
     for step, node in enumerate(steps):
-        used = None
-        if node.name in scratch:
+        used, layout = None, scratch.get(node.name)
+        if layout is not None:
             if config.workspace_mode == "pool":
                 used = f"workspace:slot{slot_of[node.name]}"
             else:
                 used = f"{node.name}:workspace"
-                places[used] = dict(name=used, shape=(scratch[node.name],), dtype="uint8", kind="workspace",
-                                    nbytes=scratch[node.name], offset=0, lifetime=(step, step), alias_of=None,
-                                    view=False)
+                places[used] = dict(name=used, shape=(layout.nbytes,), dtype="uint8", kind="workspace",
+                                    nbytes=layout.nbytes, offset=0, lifetime=(step, step), alias_of=None, view=False)
                 spans[used] = (step, step)
         phase = "recompute" if node.notes.recompute else "" if node.notes.forward else node.notes.phase.value
-        steps_out.append(Step(node.name, node.op, node.inputs, node.outputs, dict(node.attrs), used, phase, node.domain))
+        steps_out.append(Step(node.name, node.op, node.inputs, node.outputs, ops.of(node, graph.opsets).normalize(node),
+                              used, phase, node.domain, layout.slices if layout else ()))
     return places, spans, steps_out, ws
 
 

@@ -26,9 +26,10 @@ import numpy as np
 from . import dtypes  # noqa: F401  (registers ml_dtypes' names with NumPy)
 from .errors import PlanError
 from .ir import KINDS as GRAPH_KINDS
+from .ops.base import Slice
 
 ALIGNMENT = 256
-FORMAT = "memplan-plan/3"
+FORMAT = "memplan-plan/4"
 PERSISTENT = ("param", "const", "state", "workspace_slot")
 KINDS = (*GRAPH_KINDS, "workspace", "workspace_slot")
 PHASES = ("", "backward", "recompute", "optimizer")
@@ -58,9 +59,10 @@ class PlannedTensor:
 
 @dataclass(frozen=True)
 class Step:
-    """One node to run: its op (of `domain`, as Node's), tensors, attributes, the workspace tensor it
-    may use as scratch, and its part of a training step: "" (forward), "backward", "recompute" or
-    "optimizer"."""
+    """One node to run: its op (of `domain`, as Node's), tensors, every attribute (defaults filled in,
+    see Schema.normalize), the workspace tensor it may use as scratch and the `scratch` Slices the
+    kernel gets cut from it (the op's workspace Layout), and its part of a training step: ""
+    (forward), "backward", "recompute" or "optimizer"."""
 
     name: str
     op: str
@@ -70,6 +72,7 @@ class Step:
     workspace: str | None = None
     phase: str = ""
     domain: str = ""
+    scratch: tuple = ()
 
 
 @dataclass
@@ -217,7 +220,8 @@ TOP_FIELDS = {"format": "str", "strategy": "str", "schedule": "str", "arena_byte
 TENSOR_FIELDS = {"name": "str", "shape": "shape", "dtype": "str", "kind": "str", "nbytes": "int", "offset": "int",
                  "lifetime": "lifetime", "alias_of": "name?", "view": "bool", "role": "str"}
 STEP_FIELDS = {"name": "str", "op": "str", "inputs": "names", "outputs": "names", "attrs": "object",
-               "workspace": "name?", "phase": "phase", "domain": "str"}
+               "workspace": "name?", "phase": "phase", "domain": "str", "scratch": "list"}
+SLICE_FIELDS = {"name": "str", "offset": "int", "shape": "shape", "dtype": "str"}
 
 
 def _read_json(path):
@@ -255,10 +259,12 @@ def _fields(obj, spec, where):
 
 
 def _step(obj, where):
-    """The Step a JSON object describes, its array attributes decoded."""
+    """The Step a JSON object describes, its array attributes decoded and its scratch made Slices."""
     s = _fields(obj, STEP_FIELDS, where)
+    scratch = [_fields(c, SLICE_FIELDS, f"{where}: scratch[{k}]") for k, c in enumerate(s["scratch"])]
     return Step(**{**s, "inputs": tuple(s["inputs"]), "outputs": tuple(s["outputs"]),
-                   "attrs": {k: _decode(v, f"{where}: attribute {k!r}") for k, v in s["attrs"].items()}})
+                   "attrs": {k: _decode(v, f"{where}: attribute {k!r}") for k, v in s["attrs"].items()},
+                   "scratch": tuple(Slice(**{**c, "shape": tuple(c["shape"])}) for c in scratch)})
 
 
 def _data_path(path):
@@ -469,3 +475,8 @@ def _check_reads(plan):
             first, last = _span(plan, t)
             if not first <= step_no <= last:
                 raise PlanError(f"step {step_no} ({step.name!r}) uses {name!r} outside its lifetime {t.lifetime}")
+        room = plan.tensors[step.workspace].nbytes if step.workspace else 0
+        for c in step.scratch:
+            if _dtype(c) is None or min(c.shape, default=0) < 0 or c.offset < 0 or c.offset + c.nbytes > room:
+                raise PlanError(f"step {step_no} ({step.name!r}): scratch {c.name!r} ({c.dtype}, bytes {c.offset} to "
+                                f"{c.offset + c.nbytes}) does not lie in its workspace of {room} bytes")

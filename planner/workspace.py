@@ -8,18 +8,23 @@ from . import ops
 from .ops import Info
 
 
-def requests(graph, steps, limit):
-    """{node name: scratch bytes} for the nodes of `steps` whose op needs scratch, each at most `limit`
-    (see the op's `workspace` for the one exception)."""
+def layouts(graph, steps, limit):
+    """{node name: workspace Layout} for the nodes of `steps` whose op needs scratch, each of at most
+    `limit` bytes (see the op's `workspace` for the one exception)."""
     tensors = graph.tensors
     asked = {}
     for node in steps:
         ins = [Info(tensors[name].shape, tensors[name].dtype) if name else None for name in node.inputs]
         outs = [(tensors[name].shape, tensors[name].dtype) if name else None for name in node.outputs]
-        nbytes = ops.of(node, graph.opsets).workspace(node, ins, outs, limit)
-        if nbytes > 0:
-            asked[node.name] = nbytes
+        layout = ops.of(node, graph.opsets).workspace(node, ins, outs, limit)
+        if layout.nbytes > 0:
+            asked[node.name] = layout
     return asked
+
+
+def requests(graph, steps, limit):
+    """{node name: scratch bytes} of the nodes `layouts` gives."""
+    return {name: layout.nbytes for name, layout in layouts(graph, steps, limit).items()}
 
 
 def color_nodes(steps, ncolor, importance):

@@ -98,6 +98,10 @@ def test_an_unused_negative_tensor_no_longer_hides_an_overlap(mlp, saved):
     (lambda d: d["steps"][0].update(attrs={"value": {"ndarray": [1, 2], "dtype": "<f4", "shape": [3]}}),
      "attribute 'value' is not an encoded array"),
     (lambda d: d["steps"][0].update(inputs=["nope"]), "uses 'nope', which the plan does not place"),
+    (lambda d: d["steps"][0].update(scratch=[{"name": "rows"}]),
+     r"steps\[0\]: scratch\[0\]: field 'offset' is missing"),
+    (lambda d: d["steps"][0].update(scratch=[{"name": "rows", "offset": 0, "shape": [4], "dtype": "float32"}]),
+     r"scratch 'rows' \(float32, bytes 0 to 16\) does not lie in its workspace of 0 bytes"),
     (lambda d: d["tensors"][0].update(kind="weight"), "tensor 'layers.0.weight': kind 'weight' is not one of"),
     (lambda d: d["tensors"][6].update(role="hero"), "tensor 'input': role 'hero' is not one of"),
     (lambda d: d["tensors"][0].update(dtype="float33"), "dtype 'float33' is not a numeric or bool NumPy dtype"),
@@ -109,7 +113,7 @@ def test_an_unused_negative_tensor_no_longer_hides_an_overlap(mlp, saved):
     (lambda d: d.update(inputs=["ghost"]), "graph input 'ghost' has no place in the plan"),
     (lambda d: d.update(arena_bytes=d["arena_bytes"] - 256), "fall outside the arena"),
     (lambda d: d["stats"].update(persistent_bytes="all"), "stats.persistent_bytes 'all' must be an int"),
-    (lambda d: d.update(format="memplan-plan/2"), "not a memplan plan of format 'memplan-plan/3'"),
+    (lambda d: d.update(format="memplan-plan/2"), "not a memplan plan of format 'memplan-plan/4'"),
     (lambda d: d.update(values_digest=5), "field 'values_digest' must be null or a string"),
 ])
 def test_a_broken_field_is_named(saved, change, message):
@@ -143,8 +147,8 @@ def test_training_names_are_checked(tmp_path):
     ("", "invalid JSON: Expecting value at line 1 column 1"),
     ("{", "invalid JSON"),
     ("[" * 100000, "invalid JSON"),
-    ("[]", "not a memplan plan of format 'memplan-plan/3' \\(found 'list'\\)"),
-    ('{"format": "memplan-plan/3"}', "field 'strategy' is missing"),
+    ("[]", "not a memplan plan of format 'memplan-plan/4' \\(found 'list'\\)"),
+    ('{"format": "memplan-plan/4"}', "field 'strategy' is missing"),
 ])
 def test_an_unreadable_file_is_a_plan_error(tmp_path, content, message):
     path = tmp_path / "plan.json"
@@ -252,6 +256,15 @@ def test_values_must_be_complete_to_save_or_run(mlp, tmp_path):
         partial.to_json(tmp_path / "plan.json")
     with pytest.raises(PlanError, match="no value for param 'layers.1.bias'"):
         Executor(partial, backend="numpy")
+
+
+def test_attributes_and_scratch_round_trip(tmp_path):
+    """A step keeps every attribute, its ONNX defaults included, and the named slices of its workspace."""
+    plan = planner.compile("zoo:lenet", {"input": (2, 1, 28, 28)})
+    conv = next(s for s in plan.steps if s.op == "Conv")
+    assert planner.ops.get("Conv").defaults.keys() <= conv.attrs.keys()
+    assert [c.name for c in conv.scratch] == ["columns"] and conv.scratch[0].dtype == "uint8"
+    assert Plan.from_json(plan.to_json(tmp_path / "lenet.json")).steps == plan.steps
 
 
 def test_a_reloaded_plan_runs_like_the_original(mlp, saved):

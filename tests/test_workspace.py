@@ -99,10 +99,10 @@ def test_chunks_fit_the_limit(case, dtype):
     per_image = columns * np.dtype(dtype).itemsize
     row = per_image // grid[0]
     batch = x_shape[0]
-    assert schema.workspace(node, ins, outs, 1 << 40) == batch * per_image
+    assert schema.workspace(node, ins, outs, 1 << 40).nbytes == batch * per_image
     for limit in LIMITS:
         c = schema.chunks(node, ins, outs, limit)
-        assert c.nbytes == schema.workspace(node, ins, outs, limit)
+        assert c.nbytes == schema.workspace(node, ins, outs, limit).nbytes
         if per_image <= limit:  # whole images, as many as fit
             assert c.rows == grid[0] and 1 <= c.images <= batch and c.nbytes == c.images * per_image <= limit
             assert c.images == batch or (c.images + 1) * per_image > limit

@@ -5,7 +5,6 @@ from functools import lru_cache
 
 from planner import ops
 
-from ..kernels import attr
 from ..kernels import loss
 from ..kernels.optim import in_place
 
@@ -35,13 +34,11 @@ def overrides(cupy):
     sum_exp = cupy.ReductionKernel("T y", "T s", "exp((double)y)", "a + b", "s = (T)a", "0", "memplan_sum_exp")
 
     def log_softmax(xp, step, ins, outs, ws):
-        """x - max - log(sum exp(x - max)), the per-row max and sum in the workspace."""
+        """x - max - log(sum exp(x - max)), the per-row max and sum in the workspace's `rows`."""
         x, y = ins[0], outs[0]
         if not x.size:
             return
-        a = attr(step, "axis") % x.ndim
-        r = ws[:y.dtype.itemsize * (x.size // max(x.shape[a], 1))].view(y.dtype).reshape(
-            x.shape[:a] + (1,) + x.shape[a + 1:])
+        a, r = step.attrs["axis"] % x.ndim, ws["rows"]
         xp.max(x, axis=a, keepdims=True, out=r)
         xp.subtract(x, r, out=y)
         sum_exp(y, axis=a, keepdims=True, out=r)
@@ -64,8 +61,8 @@ def _dropout(cupy):
     without = cupy.ElementwiseKernel(params, "T y", body, "memplan_dropout")
 
     def run(xp, step, ins, outs, ws):
-        ratio = attr(step, "ratio")
-        args = (*ins, attr(step, "seed"), min(int(ratio * 2**32), 2**32 - 1), 1 / (1 - ratio))
+        ratio = step.attrs["ratio"]
+        args = (*ins, step.attrs["seed"], min(int(ratio * 2**32), 2**32 - 1), 1 / (1 - ratio))
         mask = outs[1] if len(outs) > 1 else None
         with_mask(*args, outs[0], mask) if mask is not None else without(*args, outs[0])
 
@@ -84,17 +81,17 @@ def _cross_entropy(cupy, sum_exp):
 
     def run(xp, step, ins, outs, ws):
         scores, labels, class_weights = [*ins, None][:3]
-        rows, losses, weights, log_prob, total = loss.scratch(step, ins, outs, ws)
+        rows, losses, weights, log_prob = ws["rows"], ws["losses"], ws["weights"], loss.log_prob_of(outs, ws)
         xp.max(scores, axis=1, keepdims=True, out=rows)
         xp.subtract(scores, rows, out=log_prob)
         sum_exp(log_prob, axis=1, keepdims=True, out=rows)
         xp.log(rows, out=rows)
         xp.subtract(log_prob, rows, out=log_prob)
-        ignore = attr(step, "ignore_index")
+        ignore = step.attrs["ignore_index"]
         take(log_prob, labels, log_prob if class_weights is None else class_weights, scores.shape[1],
              labels.size // labels.shape[0], 0 if ignore is None else ignore, ignore is not None,
              class_weights is not None, losses, weights)
-        loss.reduce(xp, step, losses, weights, outs[0], total)
+        loss.reduce(xp, step, ws, outs[0])
 
     return run
 
@@ -120,15 +117,15 @@ def _optimizers(cupy):
     def run_sgd(xp, step, ins, outs, ws):
         in_place(xp, ins, outs, 1)
         if len(outs) == 1:
-            sgd(ins[0], ins[2], attr(step, "weight_decay"), *outs)
+            sgd(ins[0], ins[2], step.attrs["weight_decay"], *outs)
         else:
-            momentum_sgd(ins[0], ins[2], attr(step, "weight_decay"), attr(step, "momentum"),
-                         bool(attr(step, "nesterov")), *outs)
+            momentum_sgd(ins[0], ins[2], step.attrs["weight_decay"], step.attrs["momentum"],
+                         bool(step.attrs["nesterov"]), *outs)
 
     def run_adam(xp, step, ins, outs, ws):
         in_place(xp, ins, outs, 2)
-        adam(ins[0], ins[1], ins[3], *(attr(step, k) for k in ("beta1", "beta2", "epsilon", "weight_decay")),
-             bool(attr(step, "decoupled")), *outs)
+        adam(ins[0], ins[1], ins[3], *(step.attrs[k] for k in ("beta1", "beta2", "epsilon", "weight_decay")),
+             bool(step.attrs["decoupled"]), *outs)
 
     return {("memplan", "SGD"): run_sgd, ("memplan", "Adam"): run_adam}
 

@@ -1,12 +1,18 @@
 """Kernels: how each op computes, writing into the output views it is given.
 
 A kernel is `fn(xp, step, ins, outs, ws)`: `xp` the array module (numpy or cupy), `step` the plan's
-Step (its `.attrs`; `attr(step, name)` reads an attribute with its ONNX default), `ins` the input
+Step (its `.attrs` hold every attribute, ONNX defaults filled in when planning), `ins` the input
 arrays (None for an omitted input), `outs` the output views to fill (None for an omitted output;
-an output may share memory with an input when the plan wrote it in place), `ws` the op's workspace
-as a uint8 array, or None. Kernels register with `@kernel("Op", ...)` (`domain=` for ops outside ONNX's
-default domain), keyed by (domain, op) as schemas are.
+an output may share memory with an input when the plan wrote it in place), `ws` the op's scratch as
+{slice name: view}, cut by the executor from the step's workspace by the Layout its schema's
+`workspace` gave (empty when it has none). A kernel allocates nothing on the device: what it needs
+besides its inputs and outputs it asks for in that Layout. Kernels register with `@kernel("Op", ...)`
+(`domain=` for ops outside ONNX's default domain), keyed by (domain, op) as schemas are.
 """
+import math
+
+import numpy as np
+
 from planner import ops
 
 KERNELS = {}
@@ -29,15 +35,16 @@ def find(table, step, opsets=None):
     return fn
 
 
-def attr(step, name):
-    """An attribute of the step, or its default from the op's schema."""
-    return ops.of(step).attr(step, name)
+def cut(raw, shape, dtype):
+    """The front of a raw (uint8) scratch slice as an array of `shape` and `dtype`: for scratch whose
+    views change from one use to the next (a chunk of columns, the results between passes)."""
+    dtype = np.dtype(dtype)
+    return raw.reshape(-1)[:math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def evaluated(xp, step, ins, outs):
     """Fill the outputs from the op's NumPy form (its schema's `evaluate`), computed on the host: for
     the rare cases (dtypes, modes) a direct kernel leaves to it."""
-    import numpy as np
     host = [None if a is None else (a if xp is np else xp.asnumpy(a)) for a in ins]
     for out, value in zip(outs, ops.of(step).evaluate(step, *host)):
         if out is not None:

@@ -1,7 +1,7 @@
 """Matrix products: Gemm, MatMul and Einsum, written straight into their outputs."""
 import numpy as np
 
-from . import attr, kernel
+from . import kernel
 
 
 @kernel("Gemm")
@@ -10,8 +10,8 @@ def gemm(xp, step, ins, outs, ws):
     writes Y and the scalings and C's broadcast add happen in place."""
     a, b, c = [*ins, None][:3]
     y = outs[0]
-    alpha, beta = attr(step, "alpha"), attr(step, "beta")
-    xp.matmul(a.T if attr(step, "transA") else a, b.T if attr(step, "transB") else b, out=y)
+    alpha, beta = step.attrs["alpha"], step.attrs["beta"]
+    xp.matmul(a.T if step.attrs["transA"] else a, b.T if step.attrs["transB"] else b, out=y)
     if c is None or beta == 0:
         if alpha != 1:
             xp.multiply(y, alpha, out=y)
@@ -40,7 +40,7 @@ def matmul(xp, step, ins, outs, ws):
 def einsum(xp, step, ins, outs, ws):
     """xp.einsum into the output; dtypes einsum has no loop for (bfloat16) are summed in float32.
     CuPy's einsum takes no `out`: there the result is a temporary, copied in."""
-    y, equation = outs[0], attr(step, "equation")
+    y, equation = outs[0], step.attrs["equation"]
     if xp.__name__ == "cupy":
         xp.copyto(y, xp.einsum(equation, *ins))
     elif y.dtype.kind == "V":

@@ -3,46 +3,52 @@ output (or the workspace), then each position's loss and weight, then the reduct
 with one fused kernel (backends/cupy_kernels.py)."""
 import numpy as np
 
-from . import attr, kernel
+from . import kernel
 
 
-def scratch(step, ins, outs, ws):
-    """Views over the workspace: row maxima (N, 1, d...), losses and weights (N, d...), log_prob."""
-    scores, labels = ins[:2]
-    dtype, n = scores.dtype, labels.size
-    rows = ws[:n * dtype.itemsize].view(dtype).reshape(labels.shape[0], 1, *labels.shape[1:])
-    losses, weights = (ws[k * n * dtype.itemsize:(k + 1) * n * dtype.itemsize].view(dtype).reshape(labels.shape)
-                       for k in (1, 2))
-    log_prob = outs[1] if len(outs) > 1 and outs[1] is not None else \
-        ws[3 * n * dtype.itemsize:(3 * n + scores.size) * dtype.itemsize].view(dtype).reshape(scores.shape)
-    total = ws[(ws.nbytes // dtype.itemsize - 1) * dtype.itemsize:].view(dtype)[:1].reshape(())
-    return rows, losses, weights, log_prob, total
+def log_softmax(xp, scores, ws, log_prob):
+    """log_prob = scores - max - log(sum exp(scores - max)) over dim 1: the exponentials summed in
+    log_prob itself, their sum kept in the workspace's `losses` (free until the losses are taken)."""
+    rows = ws["rows"]
+    sums = ws["losses"].reshape(rows.shape)
+    xp.max(scores, axis=1, keepdims=True, out=rows)
+    xp.subtract(scores, rows, out=log_prob)
+    xp.exp(log_prob, out=log_prob)
+    xp.sum(log_prob, axis=1, keepdims=True, out=sums)
+    xp.log(sums, out=sums)
+    xp.subtract(scores, rows, out=log_prob)
+    xp.subtract(log_prob, sums, out=log_prob)
 
 
-def reduce(xp, step, losses, weights, loss, total):
+def reduce(xp, step, ws, loss):
     """The loss output from the per-position losses and weights."""
-    reduction = attr(step, "reduction")
+    losses, reduction = ws["losses"], step.attrs["reduction"]
     if reduction == "none":
         xp.copyto(loss, losses)
         return
     xp.sum(losses, out=loss)
     if reduction == "mean":
-        xp.sum(weights, out=total)
-        xp.divide(loss, total, out=loss)
+        xp.sum(ws["weights"], out=ws["total"])
+        xp.divide(loss, ws["total"], out=loss)
+
+
+def log_prob_of(outs, ws):
+    """Where the log-probabilities go: the second output, or the workspace when it is omitted."""
+    return outs[1] if len(outs) > 1 and outs[1] is not None else ws["log_prob"]
 
 
 @kernel("SoftmaxCrossEntropyLoss")
 def softmax_cross_entropy(xp, step, ins, outs, ws):
+    """On NumPy the label lookups (ignored positions, class weights, the log-probability each label
+    takes) make temporaries of one value per position (not per score)."""
     scores, labels, class_weights = [*ins, None][:3]
-    rows, losses, weights, log_prob, total = scratch(step, ins, outs, ws)
-    xp.max(scores, axis=1, keepdims=True, out=rows)
-    xp.subtract(scores, rows, out=log_prob)
-    xp.subtract(log_prob, xp.log(xp.exp(log_prob).sum(axis=1, keepdims=True)), out=log_prob)
-    ignore = attr(step, "ignore_index")
+    log_prob, losses, weights = log_prob_of(outs, ws), ws["losses"], ws["weights"]
+    log_softmax(xp, scores, ws, log_prob)
+    ignore = step.attrs["ignore_index"]
     ignored = np.zeros(labels.shape, bool) if ignore is None else labels == ignore
     safe = np.where(ignored, 0, labels)
     weights[...] = 1 if class_weights is None else class_weights[safe]
     weights[ignored] = 0
     picked = np.take_along_axis(log_prob, safe.reshape(labels.shape[0], 1, *labels.shape[1:]), axis=1)
     np.multiply(-picked.reshape(labels.shape), weights, out=losses)
-    reduce(xp, step, losses, weights, outs[0], total)
+    reduce(xp, step, ws, outs[0])

@@ -2,7 +2,7 @@
 from planner import ops
 from planner.ops.misc import dropout_keep
 
-from . import attr, evaluated, kernel
+from . import evaluated, kernel
 
 
 @kernel("Cast")
@@ -24,13 +24,22 @@ def arange(xp, step, ins, outs, ws):
 @kernel("ConstantOfShape")
 def constant_of_shape(xp, step, ins, outs, ws):
     """The output filled with the one-element `value`."""
-    outs[0].fill(attr(step, "value").reshape(-1)[0])
+    outs[0].fill(step.attrs["value"].reshape(-1)[0])
 
 
 @kernel("Trilu")
 def trilu(xp, step, ins, outs, ws):
-    """The upper (or lower) triangle from diagonal k of the last two dims, zeros elsewhere."""
-    xp.copyto(outs[0], (xp.triu if attr(step, "upper") else xp.tril)(ins[0], attr(step, "k")))
+    """The input, then the other side of diagonal k zeroed row by row of the last two dims (the upper
+    triangle keeps columns from row + k on, the lower up to row + k)."""
+    x, y = ins[0], outs[0]
+    k, upper = step.attrs["k"], step.attrs["upper"]
+    if y is not x:
+        xp.copyto(y, x)
+    rows, cols = y.shape[-2:]
+    for i in range(rows):
+        edge = min(max(i + k + (0 if upper else 1), 0), cols)
+        zeroed = y[..., i, :edge] if upper else y[..., i, edge:]
+        zeroed.fill(0)
 
 
 @kernel("Dropout")
@@ -52,8 +61,8 @@ def step_dropout(xp, step, ins, outs, ws):
     """The step's mask from the hash (one fused kernel on the GPU: backends/cupy_kernels.py)."""
     x, t = ins
     y, mask = [*outs, None][:2]
-    ratio = attr(step, "ratio")
-    keep = dropout_keep(xp, x.size, attr(step, "seed"), float(t), ratio).reshape(x.shape)
+    ratio = step.attrs["ratio"]
+    keep = dropout_keep(xp, x.size, step.attrs["seed"], float(t), ratio).reshape(x.shape)
     if mask is not None:
         xp.copyto(mask, keep)
     xp.multiply(x, keep, out=y)

@@ -3,21 +3,22 @@
 A sliding window is walked one kernel tap at a time, each tap a strided view of the input paired
 with the output positions whose window it lands in (padding is the positions no tap reaches). Conv
 is im2col + GEMM and ConvTranspose GEMM + col2im, one group at a time, with the column buffer in the
-planned workspace and the batch walked in the chunks `planner.ops.nn.Conv.chunks` gives for that
-buffer's size. Kernels allocate nothing, with two exceptions: NumPy's inference BatchNormalization
-(two vectors of C values) and, on CuPy, a GEMM into a chunk of rows (when one image's columns exceed
-the workspace limit), whose output is not contiguous.
+planned workspace and the batch walked in the chunks the plan sized it for (the shape of its
+`columns` slice, see `planner.ops.nn.Conv.workspace`). Kernels allocate nothing, with two exceptions:
+NumPy's inference BatchNormalization (two vectors of C values, cheaper than a pass per channel) and,
+on CuPy, a GEMM into a chunk of rows (when one image's columns exceed the workspace limit), whose
+output is not contiguous.
 """
 import math
-from functools import cache
+from functools import cache, partial
 from itertools import product
 
 import numpy as np
 
 from planner import ops
-from planner.ops.nn import window
+from planner.ops.nn import Chunks, window
 
-from . import attr, kernel
+from . import cut, kernel
 
 
 def _padded(items, n):
@@ -58,10 +59,11 @@ def _at(spatial):
     return (slice(None), slice(None), *spatial)
 
 
-def _chunks(step, x, w, y, ws):
-    """The chunks the planner sized the workspace for (they are idempotent in its size; a pooled slot
-    larger than this step's request just gives larger chunks that still fit)."""
-    return ops.of(step).chunks(step, (x, w), [(y.shape, y.dtype)], 0 if ws is None else ws.nbytes)
+def _chunks(ws):
+    """The Chunks the plan sized the column buffer for, read off its (images, rows, row bytes) shape;
+    None when there are no columns (a pointwise conv runs the GEMM on the images themselves)."""
+    columns = ws.get("columns")
+    return None if columns is None else Chunks(*columns.shape[:2], columns.nbytes)
 
 
 def _walk(chunks, batch, rows):
@@ -69,15 +71,6 @@ def _walk(chunks, batch, rows):
     for n0 in range(0, batch, chunks.images):
         for r0 in range(0, rows, chunks.rows):
             yield n0, min(n0 + chunks.images, batch), r0, min(r0 + chunks.rows, rows)
-
-
-def _scratch(ws, shape, dtype, start=0):
-    """An array of `shape` and `dtype` over the workspace bytes from `start`."""
-    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-    if ws is None or start + nbytes > ws.nbytes:
-        raise ValueError(f"the step's workspace of {0 if ws is None else ws.nbytes} bytes is smaller than "
-                         f"the {start + nbytes} bytes its kernel needs")
-    return ws[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def _cupy(xp):
@@ -110,14 +103,14 @@ def _pointwise(xp, x, w, y, group, transposed):
 
 def _zero_padding(cols, kernel_shape, taps):
     """Zero the columns no tap's copy writes (where a window lies on padding), once per chunk: every
-    group's copies write the same places."""
-    covered = {tap: at for tap, at, _ in taps}
+    group's copies write the same places. `taps` (from `_taps`) come in the order of np.ndindex."""
+    reaching = next(taps, None)
     for tap in np.ndindex(*kernel_shape):
         block = cols[(slice(None), slice(None), *tap)]
-        at = covered.get(tap)
-        if at is None:
+        if reaching is None or reaching[0] != tap:
             block.fill(0)
             continue
+        at, reaching = reaching[1], next(taps, None)
         for d, (span, size) in enumerate(zip(at, block.shape[2:])):
             for gap in (slice(0, span.start), slice(span.stop, size)):
                 if gap.start < gap.stop:
@@ -129,21 +122,21 @@ def conv(xp, step, ins, outs, ws):
     """im2col + GEMM: per chunk and group, the columns (images, C/group, k..., rows, out...) are zeroed
     where padding shows, filled tap by tap, and multiplied by the group's weights into the output."""
     x, w, b = _padded(ins, 3)
-    y, group = outs[0], attr(step, "group")
-    chunks = _chunks(step, x, w, y, ws)
-    if chunks.nbytes == 0:
+    y, group = outs[0], step.attrs["group"]
+    chunks = _chunks(ws)
+    if chunks is None:
         _pointwise(xp, x, w, y, group, transposed=False)
     else:
         kernel_shape, cg, mg = w.shape[2:], x.shape[1] // group, y.shape[1] // group
         win = _window(step, x.shape[2:], kernel_shape, y.shape[2:])
         for n0, n1, r0, r1 in _walk(chunks, x.shape[0], y.shape[2]):
-            taps = list(_taps(win, kernel_shape, y.shape[2:], x.shape[2:], (r0, r1)))
-            cols = _scratch(ws, (n1 - n0, cg, *kernel_shape, r1 - r0, *y.shape[3:]), x.dtype)
-            _zero_padding(cols, kernel_shape, taps)
-            copies = [(cols[(slice(None), slice(None), *tap, *at)], x[n0:n1][_at(source)]) for tap, at, source in taps]
+            taps = partial(_taps, win, kernel_shape, y.shape[2:], x.shape[2:], (r0, r1))
+            cols = cut(ws["columns"], (n1 - n0, cg, *kernel_shape, r1 - r0, *y.shape[3:]), x.dtype)
+            _zero_padding(cols, kernel_shape, taps())
             for g in range(group):
-                for dst, src in copies:
-                    xp.copyto(dst, src[:, g * cg:(g + 1) * cg])
+                images = x[n0:n1, g * cg:(g + 1) * cg]
+                for tap, at, source in taps():
+                    xp.copyto(cols[(slice(None), slice(None), *tap, *at)], images[_at(source)])
                 _matmul(xp, w[g * mg:(g + 1) * mg].reshape(mg, -1), cols.reshape(n1 - n0, w[0].size, -1),
                         y[n0:n1, g * mg:(g + 1) * mg, r0:r1].reshape(n1 - n0, mg, -1))
     _add_bias(xp, y, b)
@@ -154,22 +147,22 @@ def conv_transpose(xp, step, ins, outs, ws):
     """GEMM + col2im: per chunk and group, the weights' transpose times the input rows gives the
     columns (images, M/group, k..., rows, in...), which are added tap by tap into the zeroed output."""
     x, w, b = _padded(ins, 3)
-    y, group = outs[0], attr(step, "group")
-    chunks = _chunks(step, x, w, y, ws)
-    if chunks.nbytes == 0:
+    y, group = outs[0], step.attrs["group"]
+    chunks = _chunks(ws)
+    if chunks is None:
         _pointwise(xp, x, w, y, group, transposed=True)
     else:
         kernel_shape, cg, mg = w.shape[2:], x.shape[1] // group, y.shape[1] // group
         win = _window(step, x.shape[2:], kernel_shape, y.shape[2:], transposed=True)
         y.fill(0)
         for n0, n1, r0, r1 in _walk(chunks, x.shape[0], x.shape[2]):
-            taps = list(_taps(win, kernel_shape, x.shape[2:], y.shape[2:], (r0, r1)))
-            cols = _scratch(ws, (n1 - n0, mg, *kernel_shape, r1 - r0, *x.shape[3:]), x.dtype)
+            taps = partial(_taps, win, kernel_shape, x.shape[2:], y.shape[2:], (r0, r1))
+            cols = cut(ws["columns"], (n1 - n0, mg, *kernel_shape, r1 - r0, *x.shape[3:]), x.dtype)
             for g in range(group):
                 rows = x[n0:n1, g * cg:(g + 1) * cg, r0:r1].reshape(n1 - n0, cg, -1)
                 _matmul(xp, w[g * cg:(g + 1) * cg].reshape(cg, -1).T, rows, cols.reshape(n1 - n0, w[0].size, -1))
                 image = y[n0:n1, g * mg:(g + 1) * mg]
-                for tap, at, target in taps:
+                for tap, at, target in taps():
                     dst = image[_at(target)]
                     xp.add(dst, cols[(slice(None), slice(None), *tap, *at)], out=dst)
     _add_bias(xp, y, b)
@@ -177,7 +170,7 @@ def conv_transpose(xp, step, ins, outs, ws):
 
 def _pool_window(step, x, y):
     """A pool's kernel shape and window."""
-    kernel_shape = attr(step, "kernel_shape")
+    kernel_shape = step.attrs["kernel_shape"]
     return kernel_shape, _window(step, x.shape[2:], kernel_shape, y.shape[2:])
 
 
@@ -191,34 +184,33 @@ def max_pool(xp, step, ins, outs, ws):
     """The maximum over the taps reaching each output; with Indices, the flat index of the first."""
     x, (y, indices) = ins[0], _padded(outs, 2)
     kernel_shape, win = _pool_window(step, x, y)
-    taps = list(_taps(win, kernel_shape, y.shape[2:], x.shape[2:]))
+    taps = partial(_taps, win, kernel_shape, y.shape[2:], x.shape[2:])
     y.fill(_lowest(y.dtype))
-    for _, at, source in taps:
+    for _, at, source in taps():
         dst = y[_at(at)]
         xp.maximum(dst, x[_at(source)], out=dst)
-    if indices is not None:
-        _argmax(xp, x, y, indices, taps, win, ws, attr(step, "storage_order"))
+    if indices is not None and indices.size:
+        _argmax(xp, x, y, indices, list(taps()), win, ws["mask"], step.attrs["storage_order"])
 
 
-def _argmax(xp, x, y, indices, taps, win, ws, storage_order):
+def _argmax(xp, x, y, indices, taps, win, masks, storage_order):
     """Indices of the maxima into x flattened (spatial dims column-major when storage_order is 1),
     the first tap in window order winning ties as in ONNX's reference.
 
     Taps are walked last to first; where a tap holds the maximum, its offset in the window replaces
-    the index, as index = (index - offset) * (x != max) + offset with the comparison in the workspace
-    (one bool per output value, as many images at a time as it holds): ufuncs with a scalar, so
+    the index, as index = (index - offset) * (x != max) + offset with the comparison in `masks` (the
+    workspace's one bool per output value of as many images as it holds): ufuncs with a scalar, so
     nothing is allocated. The offset of each window's start is added at the end.
     """
     spatial = x.shape[2:]
     sizes = spatial[::-1] if storage_order else spatial
     strides = [math.prod(sizes[d + 1:]) for d in range(len(sizes))]
     strides = strides[::-1] if storage_order else strides
-    per_image = math.prod(y.shape[1:])
-    images = max(1, ws.nbytes // per_image)
+    images = masks.shape[0]
     indices.fill(0)
     for n0 in range(0, x.shape[0], images):
         n1 = min(n0 + images, x.shape[0])
-        mask = _scratch(ws, (n1 - n0, *y.shape[1:]), np.bool_)
+        mask = masks[:n1 - n0]
         for tap, at, source in reversed(taps):
             offset = sum(t * dil * s for t, dil, s in zip(tap, win.dilations, strides))
             other, where = mask[_at(at)], (slice(n0, n1), slice(None), *at)
@@ -233,12 +225,14 @@ def _argmax(xp, x, y, indices, taps, win, ws, storage_order):
 def _add_window_starts(xp, indices, win, strides, image_size):
     """Add to each index the flat index its window starts at: image and channel, then each spatial dim."""
     n, c = indices.shape[:2]
-    parts = [((i,), i * c * image_size) for i in range(n)] + [((slice(None), j), j * image_size) for j in range(c)]
+    for d, (size, scale) in enumerate(((n, c * image_size), (c, image_size))):
+        for i in range(size):
+            part = indices[(slice(None),) * d + (i,)]
+            xp.add(part, i * scale, out=part)
     for d, (s, b, stride) in enumerate(zip(win.strides, win.begin, strides)):
-        parts += [((slice(None),) * (2 + d) + (o,), (o * s - b) * stride) for o in range(indices.shape[2 + d])]
-    for where, start in parts:
-        part = indices[where]
-        xp.add(part, start, out=part)
+        for o in range(indices.shape[2 + d]):
+            part = indices[(slice(None),) * (2 + d) + (o,)]
+            xp.add(part, (o * s - b) * stride, out=part)
 
 
 @kernel("AveragePool")
@@ -296,16 +290,14 @@ def batch_normalization(xp, step, ins, outs, ws):
     per-channel factor and shift are two small temporaries (C values each).
     """
     x, scale, bias, mean, var = ins
-    y, eps = outs[0], attr(step, "epsilon")
+    y, eps = outs[0], step.attrs["epsilon"]
     if xp.may_share_memory(x, y):
         x = y  # in place: one array object for both, or CuPy copies the input it sees overlapping
-    if not (attr(step, "training_mode") or any(o is not None for o in outs[1:])):
+    if not (step.attrs["training_mode"] or any(o is not None for o in outs[1:])):
         _normalize(xp, x, y, *(_per_channel(v, x.ndim) for v in (scale, bias, mean, var)), eps)
         return
-    n, c = x.shape[:2]
-    batch_mean, batch_var = _scratch(ws, (c,), x.dtype), _scratch(ws, (c,), x.dtype, c * x.dtype.itemsize)
-    partial = _scratch(ws, (n, c, 1, 1), x.dtype, 2 * c * x.dtype.itemsize)
-    _batch_statistics(xp, x, y, batch_mean, batch_var, partial)
+    batch_mean, batch_var = ws["mean"], ws["var"]
+    _batch_statistics(xp, x, y, batch_mean, batch_var, ws["partial"])
     _running_statistics(xp, step, outs, mean, var, batch_mean, batch_var)
     factor = batch_var  # y holds X - batch mean: scale it by scale / sqrt(var + epsilon), then shift
     xp.add(batch_var, eps, out=factor)
@@ -338,7 +330,7 @@ def _running_statistics(xp, step, outs, mean, var, batch_mean, batch_var):
     """The outputs after Y: running mean and variance (old * momentum + batch * (1 - momentum)),
     then the batch's own mean and variance, each only where asked for."""
     running_mean, running_var, saved_mean, saved_var = _padded(outs[1:], 4)
-    momentum = attr(step, "momentum")
+    momentum = step.attrs["momentum"]
     for out, old, new in ((running_mean, mean, batch_mean), (running_var, var, batch_var)):
         if out is not None:  # as new + (old - new) * momentum, needing no temporary
             xp.subtract(old, new, out=out)
@@ -369,22 +361,16 @@ def layer_normalization(xp, step, ins, outs, ws):
     workspace (mean first, see the schema)."""
     x, scale, bias = _padded(ins, 3)
     y, mean, inv_std = _padded(outs, 3)
-    a = attr(step, "axis") % x.ndim
-    rows, stash = math.prod(x.shape[:a]), ops.of(step).stash_dtype(step)
-    used = 0
-    stats = []
-    for out in (mean, inv_std):
-        if out is None:
-            out = _scratch(ws, (rows,), stash, used)
-            used += out.nbytes
-        stats.append(out.reshape(rows))
-    mean, inv_std = stats
+    a = step.attrs["axis"] % x.ndim
+    rows = math.prod(x.shape[:a])
+    mean, inv_std = (ws[name] if out is None else out.reshape(rows) for out, name in ((mean, "mean"),
+                                                                                      (inv_std, "inv_std")))
     x2, y2 = x.reshape(rows, -1), y.reshape(rows, -1)
     xp.mean(x2, axis=1, out=mean)
     xp.subtract(x2, mean[:, None], out=y2)
     xp.matmul(y2[:, None, :], y2[:, :, None], out=inv_std[:, None, None])
     xp.divide(inv_std, y2.shape[1], out=inv_std)
-    xp.add(inv_std, attr(step, "epsilon"), out=inv_std)
+    xp.add(inv_std, step.attrs["epsilon"], out=inv_std)
     xp.sqrt(inv_std, out=inv_std)
     xp.divide(1, inv_std, out=inv_std)
     xp.multiply(y2, inv_std[:, None], out=y2)

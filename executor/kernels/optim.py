@@ -1,7 +1,7 @@
 """Optimizer kernels (memplan.SGD, memplan.Adam; rules in planner/ops/optim.py). The new parameter and
 state are planned into the old ones' bytes, so each output is usually its input itself. NumPy's form
 makes parameter-sized temporaries; the GPU runs one fused kernel (backends/cupy_kernels.py)."""
-from . import attr, kernel
+from . import kernel
 
 
 def in_place(xp, ins, outs, first):
@@ -16,13 +16,13 @@ def in_place(xp, ins, outs, first):
 def sgd(xp, step, ins, outs, ws):
     lr, grad = float(ins[0]), ins[2]
     x, *buf = in_place(xp, ins, outs, 1)
-    decay, momentum = attr(step, "weight_decay"), attr(step, "momentum")
+    decay, momentum = step.attrs["weight_decay"], step.attrs["momentum"]
     g = grad + x.dtype.type(decay) * x if decay else grad
     if buf:
         buf = buf[0]
         xp.multiply(buf, x.dtype.type(momentum), out=buf)
         xp.add(buf, g, out=buf)
-        g = g + x.dtype.type(momentum) * buf if attr(step, "nesterov") else buf
+        g = g + x.dtype.type(momentum) * buf if step.attrs["nesterov"] else buf
     xp.subtract(x, x.dtype.type(lr) * g, out=x)
 
 
@@ -30,10 +30,10 @@ def sgd(xp, step, ins, outs, ws):
 def adam(xp, step, ins, outs, ws):
     lr, t, grad = float(ins[0]), float(ins[1]), ins[3]
     x, m, v = in_place(xp, ins, outs, 2)
-    b1, b2, eps, decay = (attr(step, k) for k in ("beta1", "beta2", "epsilon", "weight_decay"))
+    b1, b2, eps, decay = (step.attrs[k] for k in ("beta1", "beta2", "epsilon", "weight_decay"))
     f = x.dtype.type
     g = grad
-    if decay and attr(step, "decoupled"):
+    if decay and step.attrs["decoupled"]:
         xp.multiply(x, f(1 - lr * decay), out=x)
     elif decay:
         g = grad + f(decay) * x

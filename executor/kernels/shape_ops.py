@@ -13,7 +13,7 @@ import numpy as np
 from planner import ops
 from planner.ops.shape_ops import pad_source, scatter_nd
 
-from . import attr, kernel
+from . import cut, kernel
 
 
 def _upload(xp, dst, host):
@@ -23,12 +23,6 @@ def _upload(xp, dst, host):
         dst[...] = host
     else:
         dst.set(host)
-
-
-def _words(ws, at, shape, dtype):
-    """The workspace bytes from offset `at` as an array of `shape` and `dtype`."""
-    dtype = np.dtype(dtype)
-    return ws[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def _along(a, index):
@@ -60,7 +54,7 @@ def transpose(xp, step, ins, outs, ws):
 @kernel("Concat")
 def concat(xp, step, ins, outs, ws):
     """Each input into its stretch of the output along the axis."""
-    a, at = attr(step, "axis") % outs[0].ndim, 0
+    a, at = step.attrs["axis"] % outs[0].ndim, 0
     for x in ins:
         xp.copyto(outs[0][_along(a, slice(at, at + x.shape[a]))], x)
         at += x.shape[a]
@@ -70,7 +64,7 @@ def concat(xp, step, ins, outs, ws):
 def split(xp, step, ins, outs, ws):
     """Each output from its stretch of the input along the axis (omitted outputs skipped)."""
     x, at = ins[0], 0
-    a = attr(step, "axis") % x.ndim
+    a = step.attrs["axis"] % x.ndim
     for y, size in zip(outs, ops.get("Split").split_sizes(step, x.shape[a])):
         if y is not None:
             xp.copyto(y, x[_along(a, slice(at, at + size))])
@@ -84,31 +78,43 @@ def slice_(xp, step, ins, outs, ws):
 
 @kernel("Gather")
 def gather(xp, step, ins, outs, ws):
+    """Negative indices count from the end. NumPy's take buffers its whole output while it checks the
+    indices, so here they are checked first and taken wrapping, straight into the output."""
     data, idx = ins
-    xp.take(data, idx, axis=attr(step, "axis") % data.ndim, out=outs[0])  # negative indices count from the end
+    a = step.attrs["axis"] % data.ndim
+    if xp is not np:
+        xp.take(data, idx, axis=a, out=outs[0])
+        return
+    n = data.shape[a]
+    low, high = (int(idx.min()), int(idx.max())) if idx.size else (0, 0)
+    if low < -n or high >= n:
+        raise IndexError(f"index {low if low < -n else high} is out of bounds for axis {a} with size {n}")
+    np.take(data, idx, axis=a, out=outs[0], mode="wrap")
 
 
 @kernel("GatherElements")
 def gather_elements(xp, step, ins, outs, ws):
-    """A gather from the flattened data at offsets built in the workspace: each index (wrapped when
-    negative) times its axis's stride, plus the position along every other axis times that one's."""
+    """A gather from the flattened data at offsets built in the workspace's `flat`: each index (wrapped
+    when negative) times its axis's stride, plus the position along every other axis times that one's
+    (from `offsets{k}`)."""
     (data, idx), y = ins, outs[0]
     if not y.size:
         return
-    a = attr(step, "axis") % data.ndim
+    a = step.attrs["axis"] % data.ndim
     strides = [math.prod(data.shape[k + 1:]) for k in range(data.ndim)]
-    flat = _words(ws, 0, idx.shape, np.int64)
+    flat = ws["flat"]
     xp.copyto(flat, idx)
     xp.remainder(flat, data.shape[a], out=flat)
     xp.multiply(flat, strides[a], out=flat)
-    at = flat.nbytes
     for k, n in enumerate(idx.shape):
         if k != a and n > 1:
-            offsets = _words(ws, at, (n,) + (1,) * (idx.ndim - k - 1), np.int64)
+            offsets = ws[f"offsets{k}"]
             _upload(xp, offsets, np.arange(n) * strides[k])
             xp.add(flat, offsets, out=flat)
-            at += offsets.nbytes
-    xp.take(data.reshape(-1), flat, out=y)
+    if xp is np:
+        np.take(data.reshape(-1), flat, out=y, mode="clip")  # in range already; "raise" would buffer the output
+    else:
+        xp.take(data.reshape(-1), flat, out=y)
 
 
 @kernel("ScatterND")
@@ -116,14 +122,14 @@ def scatter(xp, step, ins, outs, ws):
     data, idx, updates = ins
     if outs[0] is not data:
         xp.copyto(outs[0], data)
-    scatter_nd(xp, outs[0], idx, updates, attr(step, "reduction"))
+    scatter_nd(xp, outs[0], idx, updates, step.attrs["reduction"])
 
 
 @kernel("Tile")
 def tile(xp, step, ins, outs, ws):
     """The output seen with each axis split into (repeat, dim): the input broadcast over the repeats."""
     x, y = ins[0], outs[0]
-    pairs = [n for r, d in zip(attr(step, "repeats"), x.shape) for n in (r, d)]
+    pairs = [n for r, d in zip(step.attrs["repeats"], x.shape) for n in (r, d)]
     xp.copyto(y.reshape(pairs), x.reshape([n for d in x.shape for n in (1, d)]))
 
 
@@ -134,10 +140,10 @@ def pad(xp, step, ins, outs, ws):
     positions step by -1, 0 (broadcast) or 1, and each combination of runs over the axes is one copy
     (from the input, never from the output itself, which CuPy would first copy aside)."""
     x, y = ins[0], outs[0]
-    pads, mode = ops.get("Pad").pad_widths(step, x.ndim), attr(step, "mode")
+    pads, mode = ops.get("Pad").pad_widths(step, x.ndim), step.attrs["mode"]
     kept = x[tuple(slice(max(-b, 0), d - max(-e, 0)) for d, (b, e) in zip(x.shape, pads))]
     if mode == "constant":
-        y.fill(np.asarray(attr(step, "constant_value"), y.dtype).reshape(())[()])
+        y.fill(np.asarray(step.attrs["constant_value"], y.dtype).reshape(())[()])
         xp.copyto(y[(*(slice(max(b, 0), max(b, 0) + n) for n, (b, _) in zip(kept.shape, pads)), ...)], kept)
         return
     if not kept.size:
@@ -172,32 +178,34 @@ def _taken(first, stride, length):
 
 @kernel("Resize")
 def resize(xp, step, ins, outs, ws):
-    """One resized axis at a time (see planner.ops.shape_ops.ResizePass): the taps gathered, weighed and
-    summed between buffers of the workspace; integers interpolate in a float dtype, then round."""
+    """One resized axis at a time (see planner.ops.resize.ResizePass): the taps gathered, weighed and
+    summed between buffers of the workspace (see Resize.workspace); integers interpolate in a float
+    dtype, that of the workspace's `source`, then round. The passes' tables are the schema's, computed
+    on the host from the static shapes and copied into the workspace."""
     x, y = ins[0], outs[0]
     if not y.size:
         return
-    layout = ops.get("Resize").layout(step, x.shape, y.shape, y.dtype)
-    work, at = layout.work, layout.offsets
+    passes = ops.get("Resize").passes(step, x.shape, y.shape)
     src, shape = x, list(x.shape)
+    work = ws["source"].dtype if "source" in ws else y.dtype
     if work != y.dtype:
-        src = _words(ws, at["source"], x.shape, work)
+        src = ws["source"]
         xp.copyto(src, x)
-    for k, p in enumerate(layout.passes):
+    for k, p in enumerate(passes):
         shape[p.axis] = y.shape[p.axis]
-        last = k == len(layout.passes) - 1
-        dst = y if last and work == y.dtype else _words(ws, at[("ping", "pong")[k % 2]], shape, work)
-        index = _words(ws, at[f"index{k}"], p.index.shape, np.int64)
+        last = k == len(passes) - 1
+        dst = y if last and work == y.dtype else cut(ws[("ping", "pong")[k % 2]], shape, work)
+        index = ws[f"index{k}"]
         _upload(xp, index, p.index)
-        weight = None if p.weight is None else _words(ws, at[f"weight{k}"], p.weight.shape, work)
+        weight = ws.get(f"weight{k}")
         if weight is not None:
             _upload(xp, weight, p.weight)
-        tap = _words(ws, at["tap"], shape, work) if len(p.index) > 1 else None
+        tap = cut(ws["tap"], shape, work) if len(p.index) > 1 else None
         _resample(xp, src, dst, p.axis, index, weight, tap)
         if p.outside is not None:
             edges = np.flatnonzero(np.diff(np.concatenate([[0], p.outside.astype(np.int8), [0]])))
             for lo, hi in edges.reshape(-1, 2):
-                dst[_along(p.axis, slice(lo, hi))].fill(attr(step, "extrapolation_value"))
+                dst[_along(p.axis, slice(lo, hi))].fill(step.attrs["extrapolation_value"])
         src = dst
     if src is not y:
         if y.dtype.kind in "iu" and src.dtype != y.dtype:

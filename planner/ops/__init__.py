@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import UnsupportedOpError
 from ..ir import op_name
-from .base import Info, Schema
+from .base import Info, Layout, Schema, Slice
 
 SCHEMAS = {}
 """(domain, op type) -> [(since version, schema)], oldest first."""
@@ -82,4 +82,5 @@ def node_flops(graph, node):
 
 from . import elementwise, arithmetic, math_ops, activation, composite, nn, linalg, shape_ops, views, resize, reduce, misc, optim, loss  # noqa: E402,F401  (registration)
 
-__all__ = ["SCHEMAS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Schema"]
+__all__ = ["SCHEMAS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",
+           "Schema", "Slice"]

@@ -9,9 +9,8 @@ import math
 import numpy as np
 
 from . import register, schema
-from .base import Schema, axis, per_input_element, same_as_input
+from .base import Layout, Schema, axis, per_input_element, same_as_input
 from .elementwise import Elementwise, unary
-from ..errors import ShapeError
 
 CHUNK = 1 << 14
 """Elements of the scratch of the ops that hold x and a function of x at once."""
@@ -28,13 +27,13 @@ def _erf(xp):
 
 def chunked(body):
     """The `fn` of an op computing `body(xp, x, t, y, **attrs)` over chunks of x and the output y, with
-    `t` a scratch chunk of the workspace (a temporary when folding, where there is none)."""
-    def fn(xp, x, out=None, ws=None, **attrs):
+    `t` a chunk of scratch: the workspace's, or a temporary when folding, where there is none."""
+    def fn(xp, x, out=None, chunk=None, **attrs):
         out = xp.empty_like(x) if out is None else out
         if not x.size:
             return out
-        flat_x, flat_y, n = x.reshape(-1), out.reshape(-1), min(x.size, CHUNK)
-        scratch = xp.empty(n, x.dtype) if ws is None else ws[:n * x.dtype.itemsize].view(x.dtype)
+        flat_x, flat_y = x.reshape(-1), out.reshape(-1)
+        scratch = xp.empty(min(x.size, CHUNK), x.dtype) if chunk is None else chunk
         for start in range(0, x.size, CHUNK):
             xc, yc = flat_x[start:start + CHUNK], flat_y[start:start + CHUNK]
             body(xp, xc, scratch[:xc.size], yc, **attrs)
@@ -42,16 +41,9 @@ def chunked(body):
     return fn
 
 
-class Chunked(Elementwise):
-    """An activation computed by `chunked`: its workspace is one chunk of the input's dtype."""
-
-    arity = 1
-
-    def workspace(self, node, ins, outs, limit):
-        return min(math.prod(ins[0].shape), CHUNK) * np.dtype(ins[0].dtype).itemsize
-
-    def kernel(self, xp, step, ins, outs, ws):
-        self.fn(xp, ins[0], out=outs[0], ws=ws, **self.arguments(step))
+def one_chunk(ins, outs):
+    """The scratch of a `chunked` op: one chunk of the input's dtype."""
+    return [("chunk", (min(math.prod(ins[0].shape), CHUNK),), ins[0].dtype)]
 
 
 def _leaky_relu(xp, x, t, y, alpha):
@@ -167,12 +159,12 @@ unary("Erf", lambda xp, x, out=None: _erf(xp)(x, out=out), _erf_grad, torch="erf
 unary("HardSigmoid", _hard_sigmoid, _hard_sigmoid_grad, defaults={"alpha": 0.2, "beta": 0.5},
       torch=lambda torch, x, alpha, beta: torch.clamp(x * alpha + beta, 0, 1),
       cuda="min(max(alpha * v + beta, 0.0), 1.0)")
-register(Chunked("LeakyRelu", chunked(_leaky_relu), _leaky_relu_grad, defaults={"alpha": 0.01},
-                 torch=lambda torch, x, alpha: torch.nn.functional.leaky_relu(x, alpha), cuda="v < 0 ? alpha * v : v"))
-register(Chunked("HardSwish", chunked(_hard_swish), _hard_swish_grad, torch=lambda torch, x: torch.nn.functional.hardswish(x),
-                 cuda="v * min(max(v / 6 + 0.5, 0.0), 1.0)"))
-register(Chunked("Gelu", chunked(_gelu), _gelu_grad, defaults={"approximate": "none"}, torch=_torch_gelu,
-                 cuda=lambda approximate: GELU_CUDA[approximate]))
+unary("LeakyRelu", chunked(_leaky_relu), _leaky_relu_grad, scratch=one_chunk, defaults={"alpha": 0.01},
+      torch=lambda torch, x, alpha: torch.nn.functional.leaky_relu(x, alpha), cuda="v < 0 ? alpha * v : v")
+unary("HardSwish", chunked(_hard_swish), _hard_swish_grad, scratch=one_chunk,
+      torch=lambda torch, x: torch.nn.functional.hardswish(x), cuda="v * min(max(v / 6 + 0.5, 0.0), 1.0)")
+unary("Gelu", chunked(_gelu), _gelu_grad, scratch=one_chunk, defaults={"approximate": "none"}, torch=_torch_gelu,
+      cuda=lambda approximate: GELU_CUDA[approximate])
 unary("Softplus", lambda xp, x, out=None: xp.logaddexp(x, 0, out=out),
       lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Sigmoid", x)), torch=lambda torch, x: torch.nn.functional.softplus(x))
 
@@ -238,6 +230,10 @@ class Softmax(Schema):
         return [b.op("Sub", dy, b.op("Mul", b.op("Exp", y), b.op("ReduceSum", dy, axes=a, keepdims=1)))]
 
     def workspace(self, node, ins, outs, limit):
-        """One value per row (the input without its `axis`): the row's max, then the row's sum."""
+        """`rows`, one value per row (the input with its `axis` kept as 1): the row's max, then the row's
+        sum (LogSoftmax finds its max again in the output's first column; see its kernel)."""
         x = ins[0]
-        return math.prod(x.shape) // max(x.shape[axis(self.attr(node, "axis"), x.rank)], 1) * np.dtype(x.dtype).itemsize
+        if not math.prod(x.shape):
+            return Layout()
+        a = axis(self.attr(node, "axis"), x.rank)
+        return Layout.pack(("rows", (*x.shape[:a], 1, *x.shape[a + 1:]), x.dtype))

@@ -6,12 +6,21 @@ from .elementwise import binary, unary
 from ..dtypes import to_onnx
 
 
-def _div(xp, a, b, out=None):
+def _div(xp, a, b, out=None, remainder=None):
     """ONNX integer Div truncates toward zero, as in C: a - fmod(a, b) is an exact multiple of b, so
-    flooring its quotient is exact for every integer width (a float quotient is not, past 2^53)."""
+    flooring its quotient is exact for every integer width (a float quotient is not, past 2^53). The
+    multiple is made in the `remainder` scratch, since the output may be a or b themselves."""
     if a.dtype.kind not in "iu":
         return xp.true_divide(a, b, out=out)
-    return xp.floor_divide(a - xp.fmod(a, b), b, out=out)
+    exact = xp.fmod(a, b, out=remainder)
+    xp.subtract(a, exact, out=exact)
+    return xp.floor_divide(exact, b, out=out)
+
+
+def _integer_remainder(ins, outs):
+    """Integer Div's scratch: the output-sized multiple of b it divides exactly."""
+    shape, dtype = outs[0]
+    return [("remainder", shape, dtype)] if np.dtype(dtype).kind in "iu" else None
 
 
 def _pow(xp, a, b, out=None):
@@ -78,7 +87,7 @@ def _torch_shift(torch, a, b, direction="LEFT"):
 binary("Add", "add", _add_grad, torch="add")
 binary("Sub", "subtract", _sub_grad, torch="sub")
 binary("Mul", "multiply", _mul_grad, torch="mul")
-binary("Div", _div, _div_grad, torch=_torch_div)
+binary("Div", _div, _div_grad, torch=_torch_div, scratch=_integer_remainder)
 binary("Pow", _pow, _pow_grad, torch=lambda torch, a, b: torch.pow(a, b).to(a.dtype), same_dtype=False,
        inplace=((0, 0),))
 binary("Mod", _mod, _mod_grad, torch=_torch_mod, defaults={"fmod": 0})

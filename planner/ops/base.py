@@ -33,8 +33,9 @@ class Schema:
     - `infer(node, ins)`: the (shape, dtype) of each output from the inputs' Info.
     - `evaluate(node, *arrays)`: the outputs in NumPy, for ops worth folding when their
       inputs are known (shape arithmetic); None when the op is not folded.
-    - `workspace(node, ins, outs, limit)`: scratch bytes the kernel needs besides its inputs
-      and outputs.
+    - `normalize(node)`: every attribute, the ONNX defaults filled in (a plan's Step holds these).
+    - `workspace(node, ins, outs, limit)`: the Layout of the scratch the kernel needs besides its
+      inputs and outputs, as named slices (the executor cuts them for the kernel).
     - `flops(node, ins, outs)`: floating-point operations of one run (a multiply-add counts 2).
     - `kernel(xp, step, ins, outs, ws)`: how the op computes, with `xp` NumPy or CuPy, when its
       definition holds it (the elementwise families); None where executor/kernels has it.
@@ -79,6 +80,11 @@ class Schema:
             return self.defaults[name]
         raise ShapeError(f"required attribute {name!r} is missing")
 
+    def normalize(self, node):
+        """{attribute: value} of every attribute the node sets or the op defaults, resolved once when
+        planning so that kernels read `step.attrs[name]` directly (None where ONNX has no default)."""
+        return {**self.defaults, **node.attrs}
+
     def is_view(self, node):
         """Whether output 0 is input 0's bytes, unchanged (Reshape; Dropout in inference)."""
         return self.identity
@@ -87,13 +93,13 @@ class Schema:
         raise NotImplementedError
 
     def workspace(self, node, ins, outs, limit):
-        """Scratch bytes the kernel needs beyond its inputs and outputs, at most `limit` (an op whose
-        full scratch is larger works in chunks; see its own docstring for any exception).
+        """The Layout of the scratch the kernel needs beyond its inputs and outputs, at most `limit` bytes
+        (an op whose full scratch is larger works in chunks; see its own docstring for any exception).
 
         `ins` are the inputs' Info (None for an omitted optional input), `outs` the outputs'
         (shape, dtype) pairs as `infer` gives them. Most ops need none.
         """
-        return 0
+        return Layout()
 
     def flops(self, node, ins, outs):
         """Floating-point operations of one run, a multiply-add counting 2; `ins` and `outs` as for
@@ -118,6 +124,41 @@ class Schema:
         if self.evaluate is None or any(i is not None and i.value is None for i in ins):
             return None
         return self.evaluate(node, *(None if i is None else i.value for i in ins))
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One named view of an op's workspace: `shape` elements of `dtype` (a NumPy dtype name) from byte
+    `offset`; "uint8" slices are raw bytes the kernel cuts itself (chunked scratch)."""
+
+    name: str
+    offset: int
+    shape: tuple
+    dtype: str
+
+    @property
+    def nbytes(self):
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An op's workspace: its named slices and its size in bytes (what the planner reserves)."""
+
+    slices: tuple = ()
+    nbytes: int = 0
+
+    @classmethod
+    def pack(cls, *parts, align=1):
+        """The (name, shape, dtype) parts one after the other, each at a multiple of its itemsize and of
+        `align`, the total rounded up to `align`; None parts are left out."""
+        slices, end = [], 0
+        for name, shape, dtype in filter(None, parts):
+            step = math.lcm(np.dtype(dtype).itemsize, align)
+            start = -(-end // step) * step
+            slices.append(Slice(name, start, tuple(int(d) for d in shape), str(np.dtype(dtype))))
+            end = start + slices[-1].nbytes
+        return cls(tuple(slices), -(-end // align) * align)
 
 
 FLOATS = frozenset({"tensor(float16)", "tensor(bfloat16)", "tensor(float)", "tensor(double)"})

@@ -8,7 +8,7 @@ gradient, PyTorch form (`torch`) and optional fused CUDA body (`cuda`) sit besid
 import numpy as np
 
 from . import register
-from .base import Schema, broadcast, no_gradient
+from .base import Layout, Schema, broadcast, no_gradient
 from ..dtypes import to_onnx
 from ..errors import ShapeError
 
@@ -34,12 +34,14 @@ class Elementwise(Schema):
     """An op computed element by element with NumPy broadcasting by `fn`.
 
     `result`: the output dtype where it is fixed (bool for comparisons), else the first input's;
-    `same_dtype`: the inputs share one dtype; `grad(b, node, *inputs, y, dy, **attributes)`: the input
+    `same_dtype`: the inputs share one dtype; `scratch(ins, outs)`: the (name, shape, dtype) parts of
+    a workspace that `fn` takes by name (None: none), for the forms that would need temporaries; `grad(b, node, *inputs, y, dy, **attributes)`: the input
     gradients (one per input, None where none flows), or None for an op memplan does not differentiate.
     """
 
     fn = None
     grad = None
+    scratch = None
     ranks = "broadcast"
     same_dtype = True
     inplace = ((0, 0),)
@@ -70,8 +72,12 @@ class Elementwise(Schema):
     def evaluate(self, node, *arrays):
         return [self.fn(np, *arrays, **self.arguments(node))]
 
+    def workspace(self, node, ins, outs, limit):
+        parts = self.scratch(ins, outs) if self.scratch else None
+        return Layout.pack(*parts) if parts else Layout()
+
     def kernel(self, xp, step, ins, outs, ws):
-        self.fn(xp, *ins, out=outs[0], **self.arguments(step))
+        self.fn(xp, *ins, out=outs[0], **ws, **self.arguments(step))
 
     def gradient(self, b, node, dys):
         if self.grad is None:

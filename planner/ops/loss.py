@@ -3,7 +3,7 @@ cross_entropy loss of a training step is made of."""
 import numpy as np
 
 from . import schema
-from .base import Schema
+from .base import Layout, Schema
 from .. import dtypes
 from ..errors import ShapeError
 
@@ -36,12 +36,14 @@ class SoftmaxCrossEntropyLoss(Schema):
         return [(loss, scores.dtype), (scores.shape, scores.dtype)]
 
     def workspace(self, node, ins, outs, limit):
-        """Per position of the labels: the row maximum and log-sum-exp, its loss and its weight; and
-        the log-probabilities when they are not an output."""
+        """In the scores' dtype: per position of the labels, the row maximum (`rows`, N x 1 x d...), its
+        loss (`losses`, first the row's sum of exponentials) and its weight (`weights`); `log_prob`
+        when the log-probabilities are not an output; the weights' sum (`total`)."""
         scores, labels = ins[:2]
         stored = len(outs) > 1 and outs[1] is not None
-        return (3 * int(np.prod(labels.shape)) + (0 if stored else int(np.prod(scores.shape))) + 1) \
-            * np.dtype(scores.dtype).itemsize
+        n, dtype = labels.shape, scores.dtype
+        return Layout.pack(("rows", (n[0], 1, *n[1:]), dtype), ("losses", n, dtype), ("weights", n, dtype),
+                           None if stored else ("log_prob", scores.shape, dtype), ("total", (), dtype))
 
     def flops(self, node, ins, outs):
         return 5 * int(np.prod(ins[0].shape))

@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import schema
-from .base import Schema, axis, broadcast, no_gradient, per_input_element
+from .base import Layout, Schema, axis, broadcast, no_gradient, per_input_element
 from .reduce import max_gradient
 from .shape_ops import scatter_add_flat
 from ..dtypes import from_onnx
@@ -195,8 +195,12 @@ class Conv(Schema):
     transposed = False
 
     def workspace(self, node, ins, outs, limit):
-        """The column buffer, chunked to fit `limit` (see `conv_chunks` for when one row exceeds it)."""
-        return self.chunks(node, ins, outs, limit).nbytes
+        """The column buffer of one chunk, chunked to fit `limit` (see `conv_chunks` for when one row
+        exceeds it): `columns`, raw bytes shaped (images, rows, bytes of a row) by the chunk."""
+        c = self.chunks(node, ins, outs, limit)
+        if not c.nbytes:
+            return Layout()
+        return Layout.pack(("columns", (c.images, c.rows, c.nbytes // (c.images * c.rows)), np.uint8))
 
     def flops(self, node, ins, outs):
         """2 per multiply-add: each output element (input element, for ConvTranspose) meets
@@ -336,13 +340,14 @@ class MaxPool(_Pool):
         return [scatter_add_flat(b, indices[0], dys[0], b.shape(x), b.dtype(x))]
 
     def workspace(self, node, ins, outs, limit):
-        """With Indices, one bool per output value to mark where a tap holds the maximum, for as many
-        whole images as fit in `limit` (at least one)."""
+        """With Indices, `mask`: one bool per output value to mark where a tap holds the maximum, for as
+        many whole images as fit in `limit` (at least one)."""
         if len(outs) < 2 or outs[1] is None:
-            return 0
+            return Layout()
         shape = outs[1][0]
         per_image = math.prod(shape[1:])
-        return max(1, min(shape[0], limit // per_image if per_image else 1)) * per_image
+        images = max(1, min(shape[0], limit // per_image if per_image else 1))
+        return Layout.pack(("mask", (images, *shape[1:]), np.bool_))
 
 
 @schema("GlobalAveragePool", "GlobalMaxPool")
@@ -394,11 +399,12 @@ class BatchNormalization(Schema):
     def workspace(self, node, ins, outs, limit):
         """Inference needs none. Training (training_mode=1, or statistics outputs asked for) keeps the
         batch mean and variance and, to sum the squares without a temporary, one partial sum per
-        image and channel: (2 + N) * C values of X's dtype."""
+        image and channel: `mean` and `var` (C,), `partial` (N, C, 1, 1), in X's dtype."""
         x = ins[0]
         if not (self.attr(node, "training_mode") or any(o is not None for o in outs[1:])):
-            return 0
-        return (2 + x.shape[0]) * x.shape[1] * np.dtype(x.dtype).itemsize
+            return Layout()
+        n, c = x.shape[:2]
+        return Layout.pack(("mean", (c,), x.dtype), ("var", (c,), x.dtype), ("partial", (n, c, 1, 1), x.dtype))
 
     def gradient(self, b, node, dys):
         """Through Y, with the batch statistics in training (where the running mean and variance do
@@ -444,11 +450,11 @@ class LayerNormalization(Schema):
 
     def workspace(self, node, ins, outs, limit):
         """The Mean and InvStdDev the kernel keeps, one per normalised row, for those not among the
-        outputs: the mean first."""
+        outputs: `mean` first, then `inv_std`."""
         x = ins[0]
         rows = math.prod(x.shape[:axis(self.attr(node, "axis"), x.rank)])
-        omitted = sum(len(outs) <= k or outs[k] is None for k in (1, 2))
-        return omitted * rows * self.stash_dtype(node).itemsize
+        return Layout.pack(*((name, (rows,), self.stash_dtype(node)) if len(outs) <= k or outs[k] is None else None
+                             for k, name in ((1, "mean"), (2, "inv_std"))))
 
     def gradient(self, b, node, dys):
         x, scale, *bias = node.inputs

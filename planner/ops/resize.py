@@ -5,7 +5,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import schema
-from .base import Schema, axis
+from .base import Layout, Schema, axis
 from .shape_ops import transposed_along
 from ..errors import ShapeError
 
@@ -74,36 +74,6 @@ class Resize(Schema):
                 out.append(_resize_pass(self, node, a, in_shape[a], out_shape[a], scale, (lows[a], highs[a])))
         return out
 
-    def layout(self, node, in_shape, out_shape, dtype):
-        """Where the kernel keeps its passes' tables and the results between passes (see ResizeLayout).
-        Passes compute in the output's dtype, or in a float one for integers that they interpolate."""
-        passes, dtype = self.passes(node, in_shape, out_shape), np.dtype(dtype)
-        work = dtype
-        if dtype.kind != "f" and any(p.weight is not None for p in passes):
-            work = np.dtype(np.float32 if dtype.itemsize < 4 else np.float64)
-        nbytes = {}
-
-        def need(region, n):
-            nbytes[region] = max(nbytes.get(region, 0), n)
-
-        if work != dtype:
-            need("source", math.prod(in_shape) * work.itemsize)
-        shape = list(in_shape)
-        for k, p in enumerate(passes):
-            shape[p.axis] = out_shape[p.axis]
-            size = math.prod(shape) * work.itemsize
-            if k < len(passes) - 1 or work != dtype:
-                need(("ping", "pong")[k % 2], size)
-            if len(p.index) > 1:
-                need("tap", size)
-            need(f"index{k}", p.index.nbytes)
-            if p.weight is not None:
-                need(f"weight{k}", p.weight.size * work.itemsize)
-        offsets, at = {}, 0
-        for region, n in nbytes.items():
-            offsets[region], at = at, at + -(-n // 256) * 256
-        return ResizeLayout(passes, work, offsets, at)
-
     def gradient(self, b, node, dys):
         """Each pass is a linear map of its axis (see ResizePass): dY goes back through their matrices,
         transposed, axis by axis; positions set to extrapolation_value take none."""
@@ -121,9 +91,37 @@ class Resize(Schema):
         return [dy]
 
     def workspace(self, node, ins, outs, limit):
-        """The layout's bytes (not chunked to `limit`: the passes are not split)."""
-        (out_shape, dtype), x = outs[0], ins[0]
-        return self.layout(node, x.shape, out_shape, dtype).nbytes if math.prod(out_shape) else 0
+        """Where the kernel keeps its passes' tables and the results between passes, each region at a
+        multiple of 256 bytes (not chunked to `limit`: the passes are not split). Passes compute in
+        the output's dtype, or in a float one for integers that they interpolate: `source` is the input
+        in that dtype, when it differs; `ping` and `pong` (results between passes, alternately) and
+        `tap` (one tap of a pass) are raw bytes; `index{k}` and `weight{k}` are pass k's tables."""
+        (out_shape, dtype), in_shape = outs[0], ins[0].shape
+        if not math.prod(out_shape):
+            return Layout()
+        passes, dtype = self.passes(node, in_shape, out_shape), np.dtype(dtype)
+        work = dtype
+        if dtype.kind != "f" and any(p.weight is not None for p in passes):
+            work = np.dtype(np.float32 if dtype.itemsize < 4 else np.float64)
+        regions = {}  # name: (shape, dtype), in the order first needed
+
+        def raw(name, shape):
+            size = max(regions.get(name, ((0,),))[0][0], math.prod(shape) * work.itemsize)
+            regions[name] = ((size,), np.uint8)
+
+        if work != dtype:
+            regions["source"] = (in_shape, work)
+        shape = list(in_shape)
+        for k, p in enumerate(passes):
+            shape[p.axis] = out_shape[p.axis]
+            if k < len(passes) - 1 or work != dtype:
+                raw(("ping", "pong")[k % 2], shape)
+            if len(p.index) > 1:
+                raw("tap", shape)
+            regions[f"index{k}"] = (p.index.shape, np.int64)
+            if p.weight is not None:
+                regions[f"weight{k}"] = (p.weight.shape, work)
+        return Layout.pack(*((name, *region) for name, region in regions.items()), align=256)
 
     def resized_axes(self, node, rank):
         """The axes `scales` or `sizes` apply to: `axes`, or every axis."""
@@ -139,17 +137,6 @@ class ResizePass(NamedTuple):
     index: np.ndarray
     weight: np.ndarray | None
     outside: np.ndarray | None
-
-
-class ResizeLayout(NamedTuple):
-    """Resize's passes, the dtype `work` they compute in, and {region: byte offset} in the workspace
-    for: `source` (the input in `work`, when that is not its dtype), `ping` and `pong` (results
-    between passes, alternately), `tap` (one tap of a pass), `index{k}` and `weight{k}` (pass k's)."""
-
-    passes: list
-    work: np.dtype
-    offsets: dict
-    nbytes: int
 
 
 _TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",

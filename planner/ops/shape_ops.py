@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 from . import schema
-from .base import Schema, axis, broadcast, no_flops, no_gradient
+from .base import Layout, Schema, axis, broadcast, no_flops, no_gradient
 from ..errors import ShapeError
 
 
@@ -251,9 +251,14 @@ class GatherElements(Schema):
         return [scatter_add_flat(b, flat, dys[0], shape, b.dtype(data)), None]
 
     def workspace(self, node, ins, outs, limit):
-        """The kernel gathers by flat offsets: one int64 per index, then each axis's position offsets."""
-        n = math.prod(ins[1].shape)
-        return 8 * (n + sum(ins[1].shape)) if n else 0
+        """The kernel gathers by flat offsets, int64: `flat`, one per index; `offsets{k}`, axis k's
+        position offsets, shaped to broadcast against `flat` (the kernel skips the gathered axis and
+        axes of size 1)."""
+        shape = ins[1].shape
+        if not math.prod(shape):
+            return Layout()
+        return Layout.pack(("flat", shape, np.int64), *((f"offsets{k}", (n, *(1,) * (len(shape) - k - 1)), np.int64)
+                                                        for k, n in enumerate(shape)))
 
 
 @schema("Expand")

@@ -12,9 +12,11 @@ def _div(xp, a, b, out=None, remainder=None):
     multiple is made in the `remainder` scratch, since the output may be a or b themselves."""
     if a.dtype.kind not in "iu":
         return xp.true_divide(a, b, out=out)
-    exact = xp.fmod(a, b, out=remainder)
-    xp.subtract(a, exact, out=exact)
-    return xp.floor_divide(exact, b, out=out)
+    if remainder is None:
+        return xp.floor_divide(a - xp.fmod(a, b), b, out=out)
+    xp.fmod(a, b, out=remainder)
+    xp.subtract(a, remainder, out=remainder)
+    return xp.floor_divide(remainder, b, out=out)
 
 
 def _integer_remainder(ins, outs):

@@ -60,7 +60,7 @@ def compile(model, input_shapes=None, options=None, **keywords):
     _check_plannable(graph, fetch)
     plans = [plan_graph(graph, options.strategy, order, config, fetch, facts) for order in options.orders]
     plan = min(plans, key=lambda p: p.arena_bytes)
-    plan.training = facts
+    plan.training, plan.device, plan.rank = facts, options.device, options.rank
     plan.stats.update(_flops(graph), plan_seconds=time.perf_counter() - start)
     if config.debug:
         unshared = sum(allocators.align(t.nbytes, ALIGNMENT) for t in plan.tensors.values())

@@ -20,7 +20,8 @@ SCHEDULES = ("file", "memory", "auto")
 class CompileOptions:
     """planner.compile's options (see its docstring), checked when made: an unknown strategy, schedule,
     optimizer, update or optimizer argument, and training options without `training=True`, are errors
-    before any model is read. None means the default: `loss` "cross_entropy", `optimizer` "sgd",
+    before any model is read. `device` and `rank` are recorded in the plan: which device its arena is
+    for ("any": whichever runs it) and which of several cooperating plans it is. None means the default: `loss` "cross_entropy", `optimizer` "sgd",
     `config` Config.from_env() when compile runs."""
 
     strategy: str = "bestfit"
@@ -39,8 +40,14 @@ class CompileOptions:
     trainable: tuple = ()
     class_axis: int | None = None
     ignore_index: int | None = IGNORE_INDEX
+    device: str = "any"
+    rank: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.device, str) or not self.device:
+            raise PlanError(f"device must name a device (\"any\", \"cuda:0\", ...), got {self.device!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise PlanError(f"rank must be an int >= 0, got {self.rank!r}")
         if self.strategy not in STRATEGIES:
             raise PlanError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if self.schedule not in SCHEDULES:

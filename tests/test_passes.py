@@ -125,3 +125,15 @@ def test_annotations_convert_to_and_from_metadata_in_one_place():
     assert Annotations.from_metadata({"force_mirroring": "0"}).metadata() == {}
     with pytest.raises(planner.ModelError, match="node 'n' has annotations 'force_mirorring'"):
         Annotations.from_metadata({"force_mirorring": "1"}, "node 'n'")
+
+
+def test_plans_carry_their_device_and_rank(tmp_path):
+    """device and rank are options recorded in the plan and its file; bad values are PlanErrors."""
+    plan = planner.compile("zoo:mlp", {"input": (2, 784)}, device="cuda:1", rank=3)
+    assert (plan.device, plan.rank) == ("cuda:1", 3)
+    assert planner.compile("zoo:mlp", {"input": (2, 784)}).device == "any"
+    back = planner.Plan.from_json(plan.to_json(tmp_path / "plan.json"))
+    assert (back.device, back.rank, back.opsets) == ("cuda:1", 3, plan.opsets)
+    for bad in (dict(rank=-1), dict(rank=True), dict(device="")):
+        with pytest.raises(planner.PlanError, match="rank|device"):
+            planner.compile("zoo:mlp", {"input": (2, 784)}, **bad)

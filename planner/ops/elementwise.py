@@ -46,17 +46,16 @@ class Elementwise(Schema):
     same_dtype = True
     inplace = ((0, 0),)
 
-    def __init__(self, op="", fn=None, grad=None, torch=None, cuda=None, result=None, defaults=None,
-                 decompose=None, **rules):
-        if fn is not None:
-            self.op, self.fn, self.grad, self.cuda, self.result = op, fn, grad, cuda, result
-            self.torch = torch_function(torch) if isinstance(torch, str) else torch
-            self.defaults = defaults or {}
-            self.decompose = decompose
-            for key, value in rules.items():
-                if not hasattr(Schema, key) and not hasattr(Elementwise, key):
-                    raise TypeError(f"{op}: unknown rule {key!r}")
-                setattr(self, key, value)
+    def __init__(self, op, fn, grad=None, torch=None, defaults=None, **rules):
+        """The entry of `op`; `torch` is a torch function's name or a form `fn(torch, *tensors, **attrs)`,
+        `defaults` the ONNX attributes `fn` takes, `rules` any other class attribute (result, cuda,
+        inplace, scratch, domain, since, ...)."""
+        self.op, self.fn, self.grad, self.defaults = op, fn, grad, defaults or {}
+        self.torch = torch_function(torch) if isinstance(torch, str) else torch
+        for key, value in rules.items():
+            if not hasattr(self, key):
+                raise TypeError(f"{op}: unknown rule {key!r}")
+            setattr(self, key, value)
 
     def infer(self, node, ins):
         present = [i for i in ins if i is not None]

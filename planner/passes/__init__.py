@@ -8,11 +8,13 @@ from .loss import loss
 from .optimizer import optimizer
 from .prune import prune
 from .recomputation import recomputation
+from .simplify import simplify
 from .training_mode import training_mode
 
 INFERENCE = [
     infer_shapes,       # concrete shapes and dtypes, constants folded
     decompose,          # composite ops replaced by their parts
+    simplify,           # Identity and Casts to the same dtype dropped
     prune,              # what no output needs dropped
 ]
 TRAINING = [
@@ -25,5 +27,5 @@ TRAINING = [
 ]
 
 __all__ = ["Pass", "Result", "Context", "run", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
-           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "prune", "training_mode", "loss", "gradients", "optimizer",
+           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "prune", "training_mode", "loss", "gradients", "optimizer",
            "recomputation"]

@@ -203,3 +203,28 @@ def test_reduction_gradients(op, keepdims):
     x = np.abs(p(2, 3, 4)) + 0.5  # positive, away from |x|'s kink and log's pole
     check(weighted([(op, ["x", "axes"], ["a"], dict(keepdims=keepdims))], [2, 3, 4],
                    dict(axes=np.array([0, 2], np.int64)), opset=18), x)
+
+
+@pytest.mark.parametrize("op, inputs, attrs, opset", [
+    ("InstanceNormalization", dict(scale=(3,), bias=(3,)), {}, 22),
+    ("GroupNormalization", dict(scale=(4,), bias=(4,)), dict(num_groups=2), 21),
+    ("RMSNormalization", dict(scale=(5,)), dict(axis=-1), 23),
+    ("MeanVarianceNormalization", {}, dict(axes=[0, 2]), 17),
+    ("LpNormalization", {}, dict(axis=1, p=2), 22),
+    ("LpNormalization", {}, dict(axis=-1, p=1), 22),
+])
+def test_normalisation_gradients(op, inputs, attrs, opset):
+    channels = 4 if op == "GroupNormalization" else 3
+    params = {name: p(*shape) + 1.5 for name, shape in inputs.items()}
+    m = weighted([(op, ["x", *params], ["a"], attrs)], [2, channels, 5], params, opset=opset)
+    check(m, p(2, channels, 5) + 0.5)
+
+
+def test_normalisations_refuse_bad_weights():
+    m = model([("InstanceNormalization", ["x", "s", "b"], ["y"], {})], [2, 3, 4], dict(s=p(4), b=p(3)), opset=22)
+    with pytest.raises(planner.ShapeError, match=r"one value per channel, shape \(3,\); got \(4,\)"):
+        planner.load(m)
+    m = model([("GroupNormalization", ["x", "s", "b"], ["y"], dict(num_groups=2))], [2, 3, 4],
+              dict(s=p(3), b=p(3)), opset=21)
+    with pytest.raises(planner.ShapeError, match="num_groups 2 must divide the 3 channels"):
+        planner.load(m)

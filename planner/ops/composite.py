@@ -21,8 +21,12 @@ class Composite(Schema):
     ranks = "broadcast"
     arity = 1
 
-    def __init__(self, op, parts, defaults=None, since=1):
+    def __init__(self, op, parts, defaults=None, since=1, **rules):
         self.op, self.parts, self.defaults, self.since = op, parts, defaults or {}, since
+        for key, value in rules.items():
+            if not hasattr(self, key):
+                raise TypeError(f"{op}: unknown rule {key!r}")
+            setattr(self, key, value)
 
     def infer(self, node, ins):
         return same_as_input(node, ins)

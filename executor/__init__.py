@@ -52,7 +52,7 @@ class Executor:
         if foreign:
             raise MemplanError(f"backend {self.backend.NAME!r} cannot hold tensors of dtype {', '.join(foreign)}")
         missing = sorted({op_name(s.domain, s.op) for s in plan.steps
-                          if kernels.find(self.backend.kernels, s, plan.opsets) is None})
+                          if kernels.find(self.backend.kernels, s, self.backend.fuse) is None})
         if missing:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.arena = Arena(plan, self.backend.xp)
@@ -98,7 +98,7 @@ class Executor:
             base = self.plan.tensors[step.workspace].offset
             ws = {c.name: self.arena.bytes(base + c.offset, c.nbytes).view(np.dtype(c.dtype)).reshape(c.shape)
                   for c in step.scratch}
-        return (kernels.find(self.backend.kernels, step, self.plan.opsets), step, [views(i) if i else None for i in step.inputs],
+        return (kernels.find(self.backend.kernels, step, self.backend.fuse), step, [views(i) if i else None for i in step.inputs],
                 [views(o) if o else None for o in step.outputs], ws)
 
     def run(self, feeds):

@@ -60,7 +60,8 @@ class GraphModule(nn.Module):
 
     def __init__(self, graph):
         super().__init__()
-        missing = [op_name(node.domain, node.op) for node in graph.nodes if form(node.op, node.domain) is None]
+        self.forms = [form(node.op, node.domain, graph.opsets.get(node.domain)) for node in graph.nodes]
+        missing = [op_name(node.domain, node.op) for node, fn in zip(graph.nodes, self.forms) if fn is None]
         if missing:
             raise unsupported(*missing)
         self.graph = graph
@@ -99,8 +100,8 @@ class GraphModule(nn.Module):
         device = next((t.device for t in [*self.parameters(), *self.buffers()]), None)
         env = {**self.graph_parameters(), **self.graph_buffers(),
                **{n: _tensor(x, device) for n, x in feeds.items()}}
-        for node, dead in zip(self.graph.nodes, self.dead):
-            outs = form(node.op, node.domain)(self, node, [env[i] if i else None for i in node.inputs])
+        for node, fn, dead in zip(self.graph.nodes, self.forms, self.dead):
+            outs = fn(self, node, [env[i] if i else None for i in node.inputs])
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
             env.update((name, y) for name, y in zip(node.outputs, outs) if name)
             for name in dead:

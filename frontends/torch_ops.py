@@ -43,12 +43,12 @@ def attr(node, name):
 
 # --- elementwise: their PyTorch forms are in their op entries (planner/ops/elementwise.py) ---
 
-def form(op_type, domain=""):
-    """fn(module, node, ins) computing an op in PyTorch: registered here, or its op entry's `torch`
-    form; None when memplan has neither."""
+def form(op_type, domain="", version=None):
+    """fn(module, node, ins) computing an op in PyTorch: registered here, or the `torch` form of its op
+    entry at `version` (None: the newest); None when memplan has neither."""
     if not domain and op_type in OPS:
         return OPS[op_type]
-    schema = ops.get(op_type, domain) if ops.known(op_type, domain) else None
+    schema = ops.get(op_type, domain, version) if ops.known(op_type, domain) else None
     if schema is None or schema.torch is None:
         return None
     return lambda m, node, ins: schema.torch(torch, *ins, **schema.arguments(node))

@@ -139,7 +139,8 @@ def _tensors(graph, steps, life, root_of, views, scratch, config):
                          "largest": max(asked, default=0), "total_requested": sum(asked)}
     slot_of = {}
     if config.workspace_mode == "pool" and scratch:
-        slot_sizes, slot_of = workspace.pool(graph, steps, config.workspace_limit, config.temp_slots)
+        asked = {name: layout.nbytes for name, layout in scratch.items()}
+        slot_sizes, slot_of = workspace.pool(steps, asked, config.temp_slots)
         for k, size in enumerate(slot_sizes):
             places[f"workspace:slot{k}"] = dict(name=f"workspace:slot{k}", shape=(size,), dtype="uint8",
                                                 kind="workspace_slot", nbytes=size, offset=0, lifetime=None,
@@ -157,7 +158,7 @@ def _tensors(graph, steps, life, root_of, views, scratch, config):
                 spans[used] = (step, step)
         phase = "recompute" if node.notes.recompute else "" if node.notes.forward else node.notes.phase.value
         steps_out.append(Step(node.name, node.op, node.inputs, node.outputs, ops.of(node, graph.opsets).normalize(node),
-                              used, phase, node.domain, layout.slices if layout else ()))
+                              used, phase, node.domain, layout.slices if layout else (), graph.opsets.get(node.domain)))
     return places, spans, steps_out, ws
 
 

@@ -62,7 +62,8 @@ class Step:
     """One node to run: its op (of `domain`, as Node's), tensors, every attribute (defaults filled in,
     see Schema.normalize), the workspace tensor it may use as scratch and the `scratch` Slices the
     kernel gets cut from it (the op's workspace Layout), and its part of a training step: ""
-    (forward), "backward", "recompute" or "optimizer"."""
+    (forward), "backward", "recompute" or "optimizer". `version` is the opset of its domain the
+    graph imported, which selects the op's schema (None: the newest)."""
 
     name: str
     op: str
@@ -73,6 +74,7 @@ class Step:
     phase: str = ""
     domain: str = ""
     scratch: tuple = ()
+    version: int | None = None
 
 
 @dataclass
@@ -210,6 +212,7 @@ TYPES = {  # name: (what the field must be, its test)
     "lifetime": ("null or two ints", lambda v: v is None or (isinstance(v, list) and len(v) == 2
                                                              and all(map(_is_int, v)))),
     "name?": ("null or a string", lambda v: v is None or isinstance(v, str)),
+    "int?": ("null or an int", lambda v: v is None or _is_int(v)),
     "phase": (f"one of {PHASES}", lambda v: v in PHASES),
     "opsets": ("an object of domain: version", lambda v: isinstance(v, dict) and all(map(_is_int, v.values()))),
 }
@@ -220,7 +223,7 @@ TOP_FIELDS = {"format": "str", "strategy": "str", "schedule": "str", "arena_byte
 TENSOR_FIELDS = {"name": "str", "shape": "shape", "dtype": "str", "kind": "str", "nbytes": "int", "offset": "int",
                  "lifetime": "lifetime", "alias_of": "name?", "view": "bool", "role": "str"}
 STEP_FIELDS = {"name": "str", "op": "str", "inputs": "names", "outputs": "names", "attrs": "object",
-               "workspace": "name?", "phase": "phase", "domain": "str", "scratch": "list"}
+               "workspace": "name?", "phase": "phase", "domain": "str", "scratch": "list", "version": "int?"}
 SLICE_FIELDS = {"name": "str", "offset": "int", "shape": "shape", "dtype": "str"}
 
 

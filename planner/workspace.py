@@ -22,11 +22,6 @@ def layouts(graph, steps, limit):
     return asked
 
 
-def requests(graph, steps, limit):
-    """{node name: scratch bytes} of the nodes `layouts` gives."""
-    return {name: layout.nbytes for name, layout in layouts(graph, steps, limit).items()}
-
-
 def color_nodes(steps, ncolor, importance):
     """{node name: colour} by ColorNodeGroup: `ncolor - 1` times, the heaviest path (by summed
     `importance`, {node name: weight}, 0 when absent) takes the next colour for its weighted nodes,
@@ -76,13 +71,13 @@ def _heaviest_path(weight, preds):
     return path
 
 
-def pool(graph, steps, limit, slots):
-    """(slot sizes, {node name: slot index}): the nodes requesting scratch coloured into at most
-    `slots` groups (Config.temp_slots), each slot sized to the largest request of its group.
+def pool(steps, asked, slots):
+    """(slot sizes, {node name: slot index}): the nodes of `steps` that ask for scratch (`asked`, {node
+    name: bytes}) coloured into at most `slots` groups (Config.temp_slots), each slot sized to the
+    largest request of its group.
 
     Colours no request fell into are dropped, so a graph whose requests lie on one path gets one slot.
     """
-    asked = requests(graph, steps, limit)
     color = color_nodes(steps, slots, {name: 1 for name in asked})
     slot_of_color = {c: k for k, c in enumerate(sorted({color[name] for name in asked}))}
     sizes = [0] * len(slot_of_color)

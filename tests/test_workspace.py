@@ -17,6 +17,11 @@ from planner.ops.nn import Chunks, conv_chunks
 MiB = 1 << 20
 
 
+def requests(graph, limit):
+    """{node name: scratch bytes} of a loaded graph's nodes that ask for any, under `limit`."""
+    return {name: layout.nbytes for name, layout in workspace.layouts(graph, graph.nodes, limit).items()}
+
+
 def conv_model(x_shape, w_shape, op="Conv", dtype=np.float32, **attrs):
     """A one-node opset-17 model: y = op(x, w) with zero weights."""
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
@@ -29,12 +34,12 @@ def conv_model(x_shape, w_shape, op="Conv", dtype=np.float32, **attrs):
 
 
 def conv_chunks_of(x_shape, w_shape, limit, op="Conv", dtype=np.float32, **attrs):
-    """The loaded conv node's Chunks under `limit`, and its requests as `workspace.requests` gives them."""
+    """The loaded conv node's Chunks under `limit`, and its requests as `requests` gives them."""
     g = planner.load(conv_model(x_shape, w_shape, op, dtype, **attrs))
     node = g.nodes[0]
     ins = [Info(g.tensors[n].shape, g.tensors[n].dtype) for n in node.inputs]
     outs = [(g.tensors[n].shape, g.tensors[n].dtype) for n in node.outputs]
-    return ops.get(op).chunks(node, ins, outs, limit), workspace.requests(g, g.nodes, limit)
+    return ops.get(op).chunks(node, ins, outs, limit), requests(g, limit)
 
 
 def test_resnet50_first_conv_batch32():
@@ -208,25 +213,25 @@ def two_branch_convs():
 
 def test_pool_slot_is_the_largest_request_of_its_colour():
     g = two_branch_convs()
-    asked = workspace.requests(g, g.nodes, 64 * MiB)
+    asked = requests(g, 64 * MiB)
     cols = {"a1": 8 * 9, "a2": 8 * 25, "b": 16 * 9}  # columns per output pixel
     assert asked == {n: 2 * c * 16 * 16 * 4 for n, c in cols.items()}
-    sizes, slot_of = workspace.pool(g, g.nodes, 64 * MiB, 2)
+    sizes, slot_of = workspace.pool(g.nodes, requests(g, 64 * MiB), 2)
     assert slot_of == {"a1": 0, "a2": 0, "b": 1}
     assert sizes == [max(asked["a1"], asked["a2"]), asked["b"]]
-    assert workspace.pool(g, g.nodes, 64 * MiB, 1) == ([max(asked.values())], dict.fromkeys(asked, 0))
+    assert workspace.pool(g.nodes, requests(g, 64 * MiB), 1) == ([max(asked.values())], dict.fromkeys(asked, 0))
     # a limit of one a2 image: each conv takes as many whole images as fit
-    sizes, _ = workspace.pool(g, g.nodes, asked["a2"] // 2, 2)
+    sizes, _ = workspace.pool(g.nodes, requests(g, asked["a2"] // 2), 2)
     assert sizes == [asked["a2"] // 2, asked["b"] // 2]
 
 
 def test_resnet50_batch32_workspace():
     g = planner.load("zoo:resnet50", {"input": (32, 3, 224, 224)})
-    asked = workspace.requests(g, g.nodes, 64 * MiB)
+    asked = requests(g, 64 * MiB)
     assert asked and max(asked.values()) <= 64 * MiB
     assert {n.op for n in g.nodes if n.name in asked} == {"Conv"}
-    sizes, slot_of = workspace.pool(g, g.nodes, 64 * MiB, 1)
+    sizes, slot_of = workspace.pool(g.nodes, requests(g, 64 * MiB), 1)
     assert sizes == [max(asked.values())] and set(slot_of) == set(asked)
-    sizes, slot_of = workspace.pool(g, g.nodes, 64 * MiB, 2)
+    sizes, slot_of = workspace.pool(g.nodes, requests(g, 64 * MiB), 2)
     assert len(sizes) == 2 and max(sizes) == max(asked.values())
     assert all(sizes[slot_of[n]] >= b for n, b in asked.items())

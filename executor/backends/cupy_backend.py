@@ -8,11 +8,13 @@ from ..kernels import KERNELS
 NAME = "cupy"
 kernels = dict(KERNELS)
 xp = None
+fuse = None
+"""fuse(schema, step): the step's kernel from its op's `cuda` body, bound when CuPy is available."""
 
 
 def available():
     """Whether CuPy imports and sees a CUDA device; binds `xp` to cupy when it does."""
-    global xp
+    global xp, fuse
     try:
         import cupy
         if cupy.cuda.runtime.getDeviceCount() < 1:
@@ -22,8 +24,9 @@ def available():
     cupy._core.set_reduction_accelerators([])
     cupy._core.set_routine_accelerators([])
     if xp is None:
-        from .cupy_kernels import overrides
+        from .cupy_kernels import fuser, overrides
         kernels.update(overrides(cupy))
+        fuse = fuser(cupy)
     xp = cupy
     return True
 

@@ -3,30 +3,30 @@ device memory while a plan runs: the `cuda` bodies of op entries, and the kernel
 import zlib
 from functools import lru_cache
 
-from planner import ops
-
 from ..kernels import loss
 from ..kernels.optim import in_place
 
 
-def _fused(cupy):
-    """The kernel of every op entry with a `cuda` body: one ElementwiseKernel per body, over `v` (the
-    input as a double) and the op's numeric attributes as float64 parameters."""
+def fuser(cupy):
+    """fuse(schema, step): the step's kernel from its op entry's `cuda` body (None without one), bound
+    once: one ElementwiseKernel per body, over `v` (the input as a double) and the op's numeric
+    attributes as float64 parameters, which are the step's."""
     @lru_cache(maxsize=None)
     def compile_body(body, params):
         signature = ", ".join(("T x", *(f"float64 {p}" for p in params)))
         return cupy.ElementwiseKernel(signature, "T y", f"double v = (double)x; y = (T)({body});",
                                       f"memplan_fused_{zlib.crc32(body.encode()):08x}")
 
-    def run(xp, step, ins, outs, ws):
-        schema = ops.of(step)
+    def fuse(schema, step):
+        if schema.cuda is None:
+            return None
         arguments = schema.arguments(step)
         numeric = {k: v for k, v in arguments.items() if isinstance(v, (int, float))}
         body = schema.cuda(**arguments) if callable(schema.cuda) else schema.cuda
-        compile_body(body, tuple(numeric))(ins[0], *numeric.values(), outs[0])
+        fused, values = compile_body(body, tuple(numeric)), tuple(numeric.values())
+        return lambda xp, step, ins, outs, ws: fused(ins[0], *values, outs[0])
 
-    return {(domain, op): run for (domain, op), versions in ops.SCHEMAS.items()
-            if any(s.cuda is not None for _, s in versions)}
+    return fuse
 
 
 def overrides(cupy):
@@ -45,9 +45,25 @@ def overrides(cupy):
         xp.log(r, out=r)
         xp.subtract(y, r, out=y)
 
-    return {**_fused(cupy), ("", "LogSoftmax"): log_softmax,
+    return {("", "LogSoftmax"): log_softmax, ("", "Trilu"): _trilu(cupy),
             ("", "SoftmaxCrossEntropyLoss"): _cross_entropy(cupy, sum_exp), ("memplan", "Dropout"): _dropout(cupy),
             **_optimizers(cupy)}
+
+
+def _trilu(cupy):
+    """Trilu in one launch (the NumPy kernel zeroes row by row): each element kept or zeroed by its
+    row and column in the last two dims; right in place, since each reads only its own input."""
+    keep = cupy.ElementwiseKernel(
+        "raw T x, int64 rows, int64 cols, int64 k, bool upper", "T y",
+        "long long c = i % cols, r = (i / cols) % rows; y = (upper ? c - r >= k : c - r <= k) ? x[i] : (T)0;",
+        "memplan_trilu")
+
+    def run(xp, step, ins, outs, ws):
+        y = outs[0]
+        if y.size:
+            keep(ins[0], *y.shape[-2:], step.attrs["k"], bool(step.attrs["upper"]), y)
+
+    return run
 
 
 def _dropout(cupy):

@@ -10,6 +10,8 @@ from ..kernels import KERNELS
 
 NAME = "numpy"
 kernels = KERNELS
+fuse = None
+"""NumPy fuses nothing: every op runs its array form."""
 
 
 def free_bytes():

@@ -26,12 +26,14 @@ def kernel(*op_types, domain=""):
     return register
 
 
-def find(table, step, opsets=None):
-    """The kernel of a step: the backend's `table` entry for its (domain, op), else the kernel its op's
-    definition holds (the elementwise entries); None when neither has one."""
+def find(table, step, fuse=None):
+    """The kernel of a step: the backend's `table` entry for its (domain, op); else, where the backend
+    can `fuse(schema, step)` the op's CUDA body, that; else the kernel its op's entry holds; None when
+    there is none."""
     fn = table.get((step.domain, step.op))
     if fn is None and ops.known(step.op, step.domain):
-        fn = ops.of(step, opsets).kernel
+        schema = ops.of(step)
+        fn = fuse and fuse(schema, step) or schema.kernel
     return fn
 
 
@@ -40,15 +42,6 @@ def cut(raw, shape, dtype):
     views change from one use to the next (a chunk of columns, the results between passes)."""
     dtype = np.dtype(dtype)
     return raw.reshape(-1)[:math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
-
-
-def evaluated(xp, step, ins, outs):
-    """Fill the outputs from the op's NumPy form (its schema's `evaluate`), computed on the host: for
-    the rare cases (dtypes, modes) a direct kernel leaves to it."""
-    host = [None if a is None else (a if xp is np else xp.asnumpy(a)) for a in ins]
-    for out, value in zip(outs, ops.of(step).evaluate(step, *host)):
-        if out is not None:
-            out[...] = xp.asarray(value)
 
 
 from . import activation, nn, linalg, shape_ops, misc, optim, loss  # noqa: E402,F401

@@ -2,7 +2,7 @@
 from planner import ops
 from planner.ops.misc import dropout_keep
 
-from . import evaluated, kernel
+from . import kernel
 
 
 @kernel("Cast")
@@ -12,13 +12,13 @@ def cast(xp, step, ins, outs, ws):
     if outs[0].dtype.type.__module__ == "numpy":
         xp.copyto(outs[0], ins[0], casting="unsafe")
     else:
-        evaluated(xp, step, ins, outs)
+        ops.of(step).evaluate_into(xp, step, ins, outs)
 
 
 @kernel("Range")
 def arange(xp, step, ins, outs, ws):
     """Computed on the host by the schema (its length was fixed when planning)."""
-    evaluated(xp, step, ins, outs)
+    ops.of(step).evaluate_into(xp, step, ins, outs)
 
 
 @kernel("ConstantOfShape")
@@ -47,7 +47,7 @@ def dropout(xp, step, ins, outs, ws):
     """In inference the data passes through (usually as a view, already in place) with an all-true
     mask; the random training form is the schema's, drawn on the host from `seed`."""
     if not ops.of(step).is_view(step):
-        evaluated(xp, step, ins, outs)
+        ops.of(step).evaluate_into(xp, step, ins, outs)
         return
     y, mask = [*outs, None][:2]
     if y is not None and y is not ins[0]:

@@ -353,7 +353,7 @@ def _export(graph, dts, opset):
             if name in consts:
                 constant(name, consts.pop(name))
         inputs, attrs = list(node.inputs), dict(node.attrs)
-        for attr, i, since in ops.of(node).attr_inputs:
+        for attr, i, since in ops.of(node, graph.opsets).attr_inputs:
             if attr in attrs and opset >= since:
                 name = _fresh(f"{node.name}.{attr}", taken)
                 like = dts[inputs[0]] if inputs and inputs[0] else np.dtype(np.float32)

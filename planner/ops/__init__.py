@@ -1,7 +1,7 @@
 """Op schemas, registered by (domain, op type, first version), as ONNX versions its operators.
 
 Adding an op is one entry in the module of its family: a line for the elementwise ones (planner/ops/
-math.py), a class with `@schema("OpType")` for the others. A schema for a newer version of an op is
+math_ops.py), a class with `@schema("OpType")` for the others. A schema for a newer version of an op is
 another one registered with `since=` its first opset. Domains: "" (ONNX's default), "memplan"
 (memplan's own ops: optimizers, the training-mode Dropout).
 """
@@ -48,8 +48,10 @@ def get(op_type, domain="", version=None):
 
 
 def of(node, opsets=None):
-    """The schema of a Node (or a Plan's Step) at the graph's `opsets` ({domain: version}; None: newest)."""
-    return get(node.op, node.domain, None if opsets is None else opsets.get(node.domain))
+    """The schema of a Node at the graph's `opsets` ({domain: version}), or of a Plan's Step at the
+    version it records."""
+    version = opsets.get(node.domain) if opsets is not None else getattr(node, "version", None)
+    return get(node.op, node.domain, version)
 
 
 def known(op_type, domain=""):

@@ -119,6 +119,14 @@ class Schema:
         narrow_float = dtype.itemsize < 4 and (is_float(dtype) or dtype.name.startswith("float"))
         return np.dtype(np.float32) if narrow_float else dtype
 
+    def evaluate_into(self, xp, step, ins, outs):
+        """Fill a step's outputs from `evaluate`, computed by NumPy on the host: the kernel of the rare
+        cases (dtypes, modes, empty inputs) a direct one leaves to it."""
+        host = [None if a is None else (a if xp is np else xp.asnumpy(a)) for a in ins]
+        for out, value in zip(outs, self.evaluate(step, *host)):
+            if out is not None:
+                out[...] = xp.asarray(value)
+
     def fold(self, node, ins):
         """Output values when every input's value is known and the op can be evaluated, else None."""
         if self.evaluate is None or any(i is not None and i.value is None for i in ins):
@@ -183,6 +191,14 @@ def broadcast(*shapes):
                              f"{' and '.join(map(str, sorted(sizes)))} meet on one axis")
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
+
+
+def same_dtype(ins):
+    """The one dtype of the present inputs (their Info); ShapeError when they have several."""
+    dtypes = {i.dtype for i in ins if i is not None}
+    if len(dtypes) > 1:
+        raise ShapeError(f"inputs have different dtypes {sorted(map(str, dtypes))}")
+    return next(i.dtype for i in ins if i is not None)
 
 
 def elements(outs):

@@ -1,5 +1,5 @@
 """Elementwise ops, one entry each: the entry holds everything memplan knows of the op, so that adding
-one is one line (see planner/ops/math.py and the README's "Adding an op").
+one is one line (see planner/ops/math_ops.py and the README's "Adding an op").
 
 An entry's `fn(xp, *arrays, out=None, **attrs)` computes the op with NumPy or CuPy (`xp`): the kernel,
 writing into `out`, and the constant folder, making a new array, alike. Its dtype rule, in-place rule,
@@ -8,16 +8,9 @@ gradient, PyTorch form (`torch`) and optional fused CUDA body (`cuda`) sit besid
 import numpy as np
 
 from . import register
-from .base import Layout, Schema, broadcast, no_gradient
+from .base import Layout, Schema, broadcast, no_gradient, same_dtype
 from ..dtypes import to_onnx
 from ..errors import ShapeError
-
-
-def check_same_dtype(ins):
-    """Raise ShapeError unless the present inputs (their Info) share one dtype."""
-    dts = {i.dtype for i in ins if i is not None}
-    if len(dts) > 1:
-        raise ShapeError(f"inputs have different dtypes {sorted(map(str, dts))}")
 
 
 def ufunc(name):
@@ -60,7 +53,7 @@ class Elementwise(Schema):
     def infer(self, node, ins):
         present = [i for i in ins if i is not None]
         if self.same_dtype:
-            check_same_dtype(present)
+            same_dtype(present)
         dtype = np.dtype(self.result) if self.result is not None else present[0].dtype
         return [(broadcast(*(i.shape for i in present)), dtype)]
 
@@ -182,7 +175,7 @@ class Where(Elementwise):
     def infer(self, node, ins):
         if ins[0].dtype != np.bool_:
             raise ShapeError(f"condition must be bool, not {ins[0].dtype}")
-        check_same_dtype(ins[1:])
+        same_dtype(ins[1:])
         return [(broadcast(*(i.shape for i in ins)), ins[1].dtype)]
 
     def gradient(self, b, node, dys):

@@ -3,15 +3,8 @@ import math
 import re
 
 from . import schema
-from .base import Schema, broadcast, no_gradient
+from .base import Schema, broadcast, no_gradient, same_dtype
 from ..errors import ShapeError
-
-
-def _same_dtype(ins):
-    dtypes = {i.dtype for i in ins if i is not None}
-    if len(dtypes) > 1:
-        raise ShapeError(f"inputs have different dtypes {sorted(map(str, dtypes))}")
-    return ins[0].dtype
 
 
 @schema("Gemm")
@@ -32,7 +25,7 @@ class Gemm(Schema):
             raise ShapeError(f"A {a.shape} and B {b.shape} do not agree on the inner dim (transA, transB)")
         if c is not None and broadcast((m, n), c.shape) != (m, n):
             raise ShapeError(f"C {c.shape} does not broadcast to the result ({m}, {n})")
-        return [((m, n), _same_dtype(ins))]
+        return [((m, n), same_dtype(ins))]
 
     def flops(self, node, ins, outs):
         """2 M N K, and M N more to add C."""
@@ -71,7 +64,7 @@ class MatMul(Schema):
             raise ShapeError(f"shapes {a} and {b} do not agree on the inner dim")
         rows = a2[-2:-1] if len(a) > 1 else ()
         cols = b2[-1:] if len(b) > 1 else ()
-        return [((*broadcast(a2[:-2], b2[:-2]), *rows, *cols), _same_dtype(ins))]
+        return [((*broadcast(a2[:-2], b2[:-2]), *rows, *cols), same_dtype(ins))]
 
     def flops(self, node, ins, outs):
         """2 K per output element, K the inner dim."""
@@ -134,7 +127,7 @@ class Einsum(Schema):
     mirror = False
 
     def infer(self, node, ins):
-        return [(_einsum_shape(self.attr(node, "equation"), [i.shape for i in ins]), _same_dtype(ins))]
+        return [(_einsum_shape(self.attr(node, "equation"), [i.shape for i in ins]), same_dtype(ins))]
 
     def flops(self, node, ins, outs):
         """Evaluated naively: over every combination of the indices (and broadcast dims), one multiply

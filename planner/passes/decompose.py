@@ -7,14 +7,14 @@ from ..autodiff import Builder
 from .base import TYPED, Pass, Result
 
 
-def decomposed(graph, which=lambda schema: schema.kernel is None):
-    """The typed `graph` with every node whose schema has a `decompose` rule and satisfies `which`
-    (default: the op has no kernel of its own) replaced by its parts, which write the node's outputs
-    and carry its annotations; the graph itself when there is none."""
+def decomposed(graph):
+    """The typed `graph` with every node whose op has a `decompose` rule and no kernel of its own
+    replaced by its parts, which write the node's outputs and carry its annotations; the graph itself
+    when there is none."""
     nodes, tensors, changed = [], dict(graph.tensors), False
     for node in graph.nodes:
         schema = ops.of(node, graph.opsets)
-        if schema.decompose is None or not which(schema):
+        if schema.decompose is None or schema.kernel is not None:
             nodes.append(node)
             continue
         b = Builder(graph, prefix=node.name or node.op, phase=node.notes.phase)

@@ -5,12 +5,12 @@ from .. import ops
 from .recompute import droppable
 
 
-def need_mirror(node, enabled=True):
+def need_mirror(node, opsets, enabled=True):
     """REFERENCE.md §2: never random ops; yes when forced; otherwise, when mirroring is on, every op
     but the expensive ones, whose schemas say `mirror = False` (MXNet's list: Convolution,
     FullyConnected, Concat, SoftmaxOutput, in ONNX terms Conv, ConvTranspose, Gemm, MatMul, Einsum,
-    Concat, SoftmaxCrossEntropyLoss)."""
-    schema = ops.of(node)
+    Concat, SoftmaxCrossEntropyLoss). `opsets`: the graph's, which select the op's schema."""
+    schema = ops.of(node, opsets)
     if schema.random:
         return False
     return node.notes.force_mirroring or enabled and schema.mirror
@@ -30,7 +30,7 @@ def mirror(graph, enabled=True, depth=DEPTH):
     chain, drop = {}, set()
     for node in (n for n in graph.nodes if n.notes.forward):
         length = 1 + max((chain.get(i, 0) for i in node.inputs), default=0)
-        if need_mirror(node, enabled) and (length <= depth or node.notes.force_mirroring):
+        if need_mirror(node, graph.opsets, enabled) and (length <= depth or node.notes.force_mirroring):
             for o in node.outputs:
                 if o in candidates:
                     drop.add(o)

@@ -8,7 +8,8 @@ It also merges initializers of equal values, which would tie the RMSNorm weights
 created), so they are given distinct values first. Each nn.Parameter is found among the initializers
 by its values (as they are, or transposed).
 
-Attention is "eager": transformers' default "sdpa" exports IsNaN, which memplan has no schema for.
+Training uses "eager" attention, as the PyTorch side trains it; transformers' default "sdpa" (whose
+export reads IsNaN) is planned and run against onnxruntime in inference.
 """
 import copy
 import warnings
@@ -42,10 +43,10 @@ class Logits(torch.nn.Module):
         return self.lm(input_ids=input_ids, use_cache=False).logits
 
 
-def tiny_llama():
+def tiny_llama(attention="eager"):
     config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                       num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                                      initializer_range=0.2, use_cache=False, attn_implementation="eager")
+                                      initializer_range=0.2, use_cache=False, attn_implementation=attention)
     torch.manual_seed(0)
     module = Logits(transformers.LlamaForCausalLM(config)).eval()
     with torch.no_grad():
@@ -163,3 +164,17 @@ def test_three_sgd_steps_match_pytorch(exported):
         stored, transposed = found[name]
         value = p.detach().numpy()
         assert rel_l2(trained[stored], value.T if transposed else value) < RTOL, name
+
+
+def test_the_default_sdpa_export_runs_like_onnxruntime(tmp_path):
+    """transformers' default attention, whose export masks with IsNaN and Where, planned and run with
+    poison on against onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(2))
+    model = export(tiny_llama("sdpa"), ids, tmp_path / "sdpa.onnx")
+    assert "IsNaN" in {n.op_type for n in model.graph.node}
+    plan = planner.compile(str(tmp_path / "sdpa.onnx"), {"input_ids": (BATCH, SEQ)})
+    got = Executor(plan, backend="numpy", poison=True).run({"input_ids": ids.numpy()})["logits"]
+    session = ort.InferenceSession(str(tmp_path / "sdpa.onnx"), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"input_ids": ids.numpy()})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,66 @@
+"""Tiny transformers models built from configs (no downloads), exported by torch.onnx, planned and run
+with poison on against onnxruntime: what a user's first export meets."""
+import warnings
+
+import numpy as np
+import pytest
+
+import planner
+from executor import Executor
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+ort = pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.torch
+BATCH, SEQ, VOCAB = 2, 8, 64
+
+
+class LastHidden(torch.nn.Module):
+    """An encoder's last hidden state, from input ids alone."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids).last_hidden_state
+
+
+def _runs_like_onnxruntime(module, path, dynamo):
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), (ids,), str(path), input_names=["input_ids"], output_names=["out"],
+                          dynamo=dynamo, **({} if dynamo else {"opset_version": 17}))
+    plan = planner.compile(str(path), {"input_ids": (BATCH, SEQ)})
+    got = Executor(plan, backend="numpy", poison=True).run({"input_ids": ids.numpy()})["out"]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(got, session.run(None, {"input_ids": ids.numpy()})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_t5_encoder_by_the_torchscript_exporter(tmp_path):
+    """T5's relative position buckets export GreaterOrEqual, Min, Log and Abs over shapes and constants."""
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
+    torch.manual_seed(0)
+    _runs_like_onnxruntime(LastHidden(transformers.T5EncoderModel(config)), tmp_path / "t5.onnx", dynamo=False)
+
+
+class Logits(torch.nn.Module):
+    """A causal language model's logits, from input ids alone, without a cache."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def test_qwen2_with_sdpa_attention_by_the_dynamo_exporter(tmp_path):
+    """transformers' default attention (sdpa), whose mask the dynamo export builds with IsNaN and Where."""
+    pytest.importorskip("onnxscript")
+    config = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                                      use_cache=False)
+    torch.manual_seed(0)
+    _runs_like_onnxruntime(Logits(transformers.Qwen2ForCausalLM(config)), tmp_path / "qwen2.onnx", dynamo=True)

@@ -228,3 +228,17 @@ def test_normalisations_refuse_bad_weights():
               dict(s=p(3), b=p(3)), opset=21)
     with pytest.raises(planner.ShapeError, match="num_groups 2 must divide the 3 channels"):
         planner.load(m)
+
+
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumsum_gradients(exclusive, reverse):
+    m = weighted([("CumSum", ["x", "axis"], ["a"], dict(exclusive=exclusive, reverse=reverse))], [3, 4],
+                 dict(axis=np.array(1, np.int64)))
+    check(m, p(3, 4))
+
+
+def test_argmax_in_a_trained_graph_passes_no_gradient():
+    """ArgMax's int64 indices select values (GatherElements) whose gradient flows to x; none to the indices."""
+    m = weighted([("ArgMax", ["x"], ["i"], dict(axis=1)), ("GatherElements", ["x", "i"], ["a"], dict(axis=1))],
+                 [3, 4], {})
+    check(m, p(3, 4))

@@ -80,6 +80,11 @@ class Schema:
             return self.defaults[name]
         raise ShapeError(f"required attribute {name!r} is missing")
 
+    def arguments(self, node):
+        """The op's attributes by name, each of `defaults` (what an entry's `fn`, `torch` and `cuda`
+        forms take)."""
+        return {k: self.attr(node, k) for k in self.defaults}
+
     def normalize(self, node):
         """{attribute: value} of every attribute the node sets or the op defaults, resolved once when
         planning so that kernels read `step.attrs[name]` directly (None where ONNX has no default)."""

@@ -57,10 +57,6 @@ class Elementwise(Schema):
         dtype = np.dtype(self.result) if self.result is not None else present[0].dtype
         return [(broadcast(*(i.shape for i in present)), dtype)]
 
-    def arguments(self, node):
-        """The op's attributes as `fn` takes them: every attribute of `defaults`, by name."""
-        return {k: self.attr(node, k) for k in self.defaults}
-
     def evaluate(self, node, *arrays):
         return [self.fn(np, *arrays, **self.arguments(node))]
 

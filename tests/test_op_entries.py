@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import planner
-from executor import Executor
+from executor import Executor, RunError
 from planner import ops
 from planner.autodiff import backward
 from planner.ops.elementwise import unary
@@ -242,3 +242,13 @@ def test_argmax_in_a_trained_graph_passes_no_gradient():
     m = weighted([("ArgMax", ["x"], ["i"], dict(axis=1)), ("GatherElements", ["x", "i"], ["a"], dict(axis=1))],
                  [3, 4], {})
     check(m, p(3, 4))
+
+
+def test_gathernd_gradient_and_bounds():
+    m = weighted([("GatherND", ["x", "idx"], ["a"], {})], [3, 4, 2],
+                 dict(idx=np.array([[0, 1], [2, -1], [0, 1]], np.int64)))  # a repeated tuple accumulates
+    check(m, p(3, 4, 2))
+    bad = model([("GatherND", ["x", "idx"], ["y"], {})], [3, 4], dict(idx=np.array([[0, 4]], np.int64)))
+    plan = planner.compile(bad)
+    with pytest.raises(RunError, match="index 4 is out of bounds for a dimension of size 4"):
+        Executor(plan, backend="numpy").run({"x": p(3, 4)})

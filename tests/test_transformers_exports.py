@@ -26,16 +26,22 @@ class LastHidden(torch.nn.Module):
         return self.model(input_ids=input_ids).last_hidden_state
 
 
-def _runs_like_onnxruntime(module, path, dynamo):
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+def _ids():
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+
+
+def _runs_like_onnxruntime(module, path, dynamo, **inputs):
+    """Export `module` on `inputs` (default: token ids), plan the file and run it with poison on."""
+    inputs = inputs or {"input_ids": _ids()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), (ids,), str(path), input_names=["input_ids"], output_names=["out"],
-                          dynamo=dynamo, **({} if dynamo else {"opset_version": 17}))
-    plan = planner.compile(str(path), {"input_ids": (BATCH, SEQ)})
-    got = Executor(plan, backend="numpy", poison=True).run({"input_ids": ids.numpy()})["out"]
+        torch.onnx.export(module.eval(), tuple(inputs.values()), str(path), input_names=list(inputs),
+                          output_names=["out"], dynamo=dynamo, **({} if dynamo else {"opset_version": 17}))
+    feeds = {name: value.numpy() for name, value in inputs.items()}
+    plan = planner.compile(str(path), {name: value.shape for name, value in feeds.items()})
+    got = Executor(plan, backend="numpy", poison=True).run(feeds)["out"]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(got, session.run(None, {"input_ids": ids.numpy()})[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, session.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_t5_encoder_by_the_torchscript_exporter(tmp_path):
@@ -64,3 +70,28 @@ def test_qwen2_with_sdpa_attention_by_the_dynamo_exporter(tmp_path):
                                       use_cache=False)
     torch.manual_seed(0)
     _runs_like_onnxruntime(Logits(transformers.Qwen2ForCausalLM(config)), tmp_path / "qwen2.onnx", dynamo=True)
+
+
+class SpeechToText(torch.nn.Module):
+    """A speech model's decoder logits, from input features and decoder ids."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_features, decoder_input_ids):
+        return self.model(input_features=input_features, decoder_input_ids=decoder_input_ids, use_cache=False).logits
+
+
+def test_whisper_by_the_dynamo_exporter(tmp_path):
+    """Whisper's convolutional front end, encoder and decoder with sdpa attention."""
+    pytest.importorskip("onnxscript")
+    config = transformers.WhisperConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
+                                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                                        decoder_ffn_dim=64, num_mel_bins=8, max_source_positions=16,
+                                        max_target_positions=16, decoder_start_token_id=0, pad_token_id=0,
+                                        bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    features = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(0))
+    _runs_like_onnxruntime(SpeechToText(transformers.WhisperForConditionalGeneration(config)), tmp_path / "whisper.onnx",
+                           dynamo=True, input_features=features, decoder_input_ids=_ids()[:1, :4])

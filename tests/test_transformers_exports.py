@@ -15,15 +15,16 @@ pytestmark = pytest.mark.torch
 BATCH, SEQ, VOCAB = 2, 8, 64
 
 
-class LastHidden(torch.nn.Module):
-    """An encoder's last hidden state, from input ids alone."""
+class Output(torch.nn.Module):
+    """One output (`field`) of a transformers model called with its inputs by name (and `fixed` keywords),
+    so that the export takes plain tensors."""
 
-    def __init__(self, model):
+    def __init__(self, model, names, field, **fixed):
         super().__init__()
-        self.model = model
+        self.model, self.names, self.field, self.fixed = model, names, field, fixed
 
-    def forward(self, input_ids):
-        return self.model(input_ids=input_ids).last_hidden_state
+    def forward(self, *inputs):
+        return getattr(self.model(**dict(zip(self.names, inputs)), **self.fixed), self.field)
 
 
 def _ids():
@@ -48,18 +49,8 @@ def test_t5_encoder_by_the_torchscript_exporter(tmp_path):
     """T5's relative position buckets export GreaterOrEqual, Min, Log and Abs over shapes and constants."""
     config = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
     torch.manual_seed(0)
-    _runs_like_onnxruntime(LastHidden(transformers.T5EncoderModel(config)), tmp_path / "t5.onnx", dynamo=False)
-
-
-class Logits(torch.nn.Module):
-    """A causal language model's logits, from input ids alone, without a cache."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids):
-        return self.model(input_ids=input_ids, use_cache=False).logits
+    encoder = Output(transformers.T5EncoderModel(config), ["input_ids"], "last_hidden_state")
+    _runs_like_onnxruntime(encoder, tmp_path / "t5.onnx", dynamo=False)
 
 
 def test_qwen2_with_sdpa_attention_by_the_dynamo_exporter(tmp_path):
@@ -69,18 +60,8 @@ def test_qwen2_with_sdpa_attention_by_the_dynamo_exporter(tmp_path):
                                       num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
                                       use_cache=False)
     torch.manual_seed(0)
-    _runs_like_onnxruntime(Logits(transformers.Qwen2ForCausalLM(config)), tmp_path / "qwen2.onnx", dynamo=True)
-
-
-class SpeechToText(torch.nn.Module):
-    """A speech model's decoder logits, from input features and decoder ids."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_features, decoder_input_ids):
-        return self.model(input_features=input_features, decoder_input_ids=decoder_input_ids, use_cache=False).logits
+    language_model = Output(transformers.Qwen2ForCausalLM(config), ["input_ids"], "logits", use_cache=False)
+    _runs_like_onnxruntime(language_model, tmp_path / "qwen2.onnx", dynamo=True)
 
 
 def test_whisper_by_the_dynamo_exporter(tmp_path):
@@ -93,5 +74,7 @@ def test_whisper_by_the_dynamo_exporter(tmp_path):
                                         bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
     features = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(0))
-    _runs_like_onnxruntime(SpeechToText(transformers.WhisperForConditionalGeneration(config)), tmp_path / "whisper.onnx",
+    whisper = Output(transformers.WhisperForConditionalGeneration(config), ["input_features", "decoder_input_ids"],
+                     "logits", use_cache=False)
+    _runs_like_onnxruntime(whisper, tmp_path / "whisper.onnx",
                            dynamo=True, input_features=features, decoder_input_ids=_ids()[:1, :4])

@@ -23,10 +23,12 @@ class ModelError(MemplanError):
 class UnsupportedOpError(MemplanError):
     """The model uses op types that memplan has no schema for."""
 
-    def __init__(self, op_types):
+    def __init__(self, op_types, reasons=None):
         self.counts = Counter(op_types)
+        self.reasons = {op: why for op, why in (reasons or {}).items() if op in self.counts}
         listed = ", ".join(f"{op} (x{n})" for op, n in sorted(self.counts.items()))
-        super().__init__(f"unsupported op types: {listed}")
+        why = "".join(f"; {op}: {reason}" for op, reason in sorted(self.reasons.items()))
+        super().__init__(f"unsupported op types: {listed}{why}")
 
 
 class ShapeError(MemplanError):

@@ -3,12 +3,13 @@ fold the shape arithmetic exporters emit (Shape -> Gather -> Concat -> Reshape) 
 constants, and drop what no output needs.
 """
 import math
+from collections import deque
 from dataclasses import replace
 
 import numpy as np
 
-from . import ops
-from .errors import ModelError, ShapeError, say
+from . import ops, reference
+from .errors import ModelError, ShapeError, UnsupportedOpError, say
 from .ir import Tensor, check_size, op_name, validate
 from .onnx_types import check_types
 from .ops import Info
@@ -33,52 +34,107 @@ def retype(graph, typed):
 
 
 def _infer(graph, input_shapes, kept_nodes=frozenset()):
-    """infer, reusing the typed outputs of the nodes whose id is in `kept_nodes` (see retype)."""
+    """infer, reusing the typed outputs of the nodes whose id is in `kept_nodes` (see retype). Control
+    flow is inlined as it is met; an op with no schema folds through ONNX's reference evaluator when its
+    inputs are constants, and is refused (all of them listed) when it would remain in the plan."""
     graph = validate(graph)
-    ops.check_supported(graph.nodes, graph.opsets)
     infos, dims = _bind_inputs(graph, input_shapes)
-    nodes, folded, changed = [], {}, set()
+    tensors = dict(graph.tensors)
+    nodes, folded, changed, missing = [], {}, set(), []
     kept = {*graph.outputs, *(new for new, _ in graph.updates)}
-    for node in graph.nodes:
-        if _reusable(node, graph, infos, kept_nodes, changed):
+    todo = deque(graph.nodes)
+    while todo:
+        node = todo.popleft()
+        if not _supported(node, graph.opsets) or any(i and i not in infos for i in node.inputs):
+            values = _reference(node, infos, graph.opsets, kept)
+            if values is None:
+                missing.extend([op_name(node.domain, node.op)] * (not _supported(node, graph.opsets)))
+                continue
+            outs = [(v.shape, v.dtype) if v is not None else None for v in values]
+        elif _reusable(node, graph, infos, kept_nodes, changed):
             infos.update((out, Info(graph.tensors[out].shape, graph.tensors[out].dtype)) for out in node.outputs if out)
             nodes.append(node)
             continue
-        schema = ops.of(node, graph.opsets)
-        try:
-            check_types(node, [infos[i] if i else None for i in node.inputs], graph.opset, schema)
-            node = _static_attrs(schema, node, graph, infos)
-            ins = [infos[i] if i else None for i in node.inputs]
-            outs = [(tuple(int(d) for d in shape), np.dtype(dtype)) for shape, dtype in schema.infer(node, ins)]
-            for out, (shape, dtype) in zip(node.outputs, outs):
-                check_size(f"output {out!r}", shape, dtype)
-        except ShapeError as e:
-            raise ShapeError(f"node {node.name!r} ({op_name(node.domain, node.op)}): {e}") from None
-        if len(outs) < len(node.outputs):
-            raise ShapeError(f"node {node.name!r} ({op_name(node.domain, node.op)}) has {len(node.outputs)} outputs, the op makes {len(outs)}")
-        values = None
-        if all(math.prod(shape) <= FOLD_LIMIT for shape, _ in outs):
-            with np.errstate(all="ignore"):  # IEEE results (log 0 = -inf) are ONNX's too
-                values = schema.fold(node, ins)
+        else:
+            schema = ops.of(node, graph.opsets)
+            if getattr(schema, "expand", None):
+                inlined, made = _expanded(schema, node, infos, graph.opsets)
+                tensors.update(made)
+                infos.update((t.name, _source_info(t)) for t in made.values() if t.kind in ("param", "const"))
+                todo.extendleft(reversed(inlined))
+                continue
+            node, outs, values = _typed(schema, node, graph.opset, tensors, infos)
         for k, out in enumerate(node.outputs):
             if out:
                 value = None if values is None else np.asarray(values[k], dtype=outs[k][1]).reshape(outs[k][0])
                 infos[out] = Info(*outs[k], value)
-                before = graph.tensors[out]
+                before = tensors[out]
                 if kept_nodes and not (before.is_static and (before.shape, before.dtype) == outs[k]):
                     changed.add(out)
         if values is not None and not set(node.outputs) & kept:
             folded.update((out, infos[out].value) for out in node.outputs if out)
         else:
             nodes.append(node)
-    tensors = {}
-    for name, t in graph.tensors.items():
+    if missing:
+        raise UnsupportedOpError(missing, ops.REASONS)
+    typed = {}
+    for name, t in tensors.items():
         if name in folded:
-            tensors[name] = Tensor(name, infos[name].shape, infos[name].dtype, "const", folded[name])
+            typed[name] = Tensor(name, infos[name].shape, infos[name].dtype, "const", folded[name])
         elif name in infos:
             _check_declared(t, infos[name], dims)
-            tensors[name] = replace(t, shape=infos[name].shape, dtype=infos[name].dtype)
-    return replace(graph, nodes=tuple(nodes), tensors=tensors)
+            typed[name] = replace(t, shape=infos[name].shape, dtype=infos[name].dtype)
+    return replace(graph, nodes=tuple(nodes), tensors=typed)
+
+
+def _typed(schema, node, opset, tensors, infos):
+    """(node with its static inputs moved into attrs, its outputs' (shape, dtype), their values when
+    they fold or None), the shape rule's errors named by the node."""
+    try:
+        check_types(node, [infos[i] if i else None for i in node.inputs], opset, schema)
+        node = _static_attrs(schema, node, tensors, infos)
+        ins = [infos[i] if i else None for i in node.inputs]
+        outs = [(tuple(int(d) for d in shape), np.dtype(dtype)) for shape, dtype in schema.infer(node, ins)]
+        for out, (shape, dtype) in zip(node.outputs, outs):
+            check_size(f"output {out!r}", shape, dtype)
+    except ShapeError as e:
+        raise ShapeError(f"node {node.name!r} ({op_name(node.domain, node.op)}): {e}") from None
+    if len(outs) < len(node.outputs):
+        raise ShapeError(f"node {node.name!r} ({op_name(node.domain, node.op)}) has {len(node.outputs)} outputs, "
+                         f"the op makes {len(outs)}")
+    values = None
+    if all(math.prod(shape) <= FOLD_LIMIT for shape, _ in outs):
+        with np.errstate(all="ignore"):  # IEEE results (log 0 = -inf) are ONNX's too
+            values = schema.fold(node, ins)
+    return node, outs, values
+
+
+def _expanded(schema, node, infos, opsets):
+    """The nodes and new tensors that replace a control-flow node, its errors named by the node."""
+    try:
+        return schema.expand(node, [infos[i] if i else None for i in node.inputs], opsets)
+    except ShapeError as e:
+        raise ShapeError(f"node {node.name!r} ({op_name(node.domain, node.op)}): {e}") from None
+
+
+def _supported(node, opsets):
+    """Whether the node's op has a schema at the graph's opsets."""
+    try:
+        ops.of(node, opsets)
+    except UnsupportedOpError:
+        return False
+    return True
+
+
+def _reference(node, infos, opsets, kept):
+    """The values of a node memplan has no schema for, when every input is a constant, no graph output
+    is among its outputs and the reference computes it within FOLD_LIMIT; else None."""
+    if set(node.outputs) & kept or any(i and (i not in infos or infos[i].value is None) for i in node.inputs):
+        return None
+    values = reference.evaluate(node, [infos[i].value if i else None for i in node.inputs], opsets)
+    if values is None or any(v is not None and np.asarray(v).size > FOLD_LIMIT for v in values):
+        return None
+    return [None if v is None else np.asarray(v) for v in values]
 
 
 def _reusable(node, graph, infos, kept_nodes, changed):
@@ -92,8 +148,7 @@ def _reusable(node, graph, infos, kept_nodes, changed):
 
 def _bind_inputs(graph, input_shapes):
     """Infos of graph inputs (shapes bound from `input_shapes`, dim names shared across inputs), params and
-    consts; and the dim names bound. Weights (float params of more than one element) carry no value, so
-    what is computed from them stays in the graph, where training can update them."""
+    consts (see _source_info); and the dim names bound."""
     unknown = sorted(set(input_shapes) - set(graph.inputs))
     if unknown:
         raise ShapeError(f"input_shapes names {', '.join(map(repr, unknown))}, but the model's inputs are "
@@ -131,12 +186,17 @@ def _bind_inputs(graph, input_shapes):
         infos[name] = Info(shape, t.dtype)
     for t in graph.tensors.values():
         if t.kind in ("param", "const"):
-            weight = t.kind == "param" and t.dtype.kind == "f" and t.data.size > 1
-            value = None if weight else t.data
-            infos[t.name] = Info(tuple(t.data.shape), t.data.dtype, value)
+            infos[t.name] = _source_info(t)
         elif t.kind == "state":
             infos[t.name] = Info(t.shape, t.dtype)
     return infos, dims
+
+
+def _source_info(t):
+    """The Info of a param or const. Weights (float params of more than one element) carry no value, so
+    what is computed from them stays in the graph, where training can update them."""
+    weight = t.kind == "param" and t.dtype.kind == "f" and t.data.size > 1
+    return Info(tuple(t.data.shape), t.data.dtype, None if weight else t.data)
 
 
 def _unbound(shape, axes):
@@ -159,7 +219,7 @@ def _binding(name, shape, unbound=()):
     return say(f"input_shapes={{{name!r}: {tuple(example)}}}", f"--input {name}:{'x'.join(map(str, example))}{batch}")
 
 
-def _static_attrs(schema, node, graph, infos):
+def _static_attrs(schema, node, tensors, infos):
     """Move inputs that ONNX passes as tensors but planning needs as constants (axes, pads, sizes) into attrs,
     and drop trailing omitted inputs."""
     present = [(attr, i) for attr, i, _ in schema.attr_inputs if i < len(node.inputs) and node.inputs[i]]
@@ -168,7 +228,7 @@ def _static_attrs(schema, node, graph, infos):
     attrs, inputs = dict(node.attrs), list(node.inputs)
     for attr, i in present:
         name = inputs[i]
-        value = infos[name].value if infos[name].value is not None else graph.tensors[name].data
+        value = infos[name].value if infos[name].value is not None else tensors[name].data
         if value is None:
             raise ShapeError(f"input {name!r} ({attr}) must be computable from the model's constants and input "
                              "shapes, but it depends on input data")

@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import UnsupportedOpError
 from ..ir import op_name
 from .base import Info, Layout, Schema, Slice
+from .refused import REASONS
 
 SCHEMAS = {}
 """(domain, op type) -> [(since version, schema)], oldest first."""
@@ -60,7 +61,8 @@ def known(op_type, domain=""):
 
 
 def check_supported(nodes, opsets=None):
-    """Raise UnsupportedOpError listing every op (with counts) of `nodes` that has no schema at `opsets`."""
+    """Raise UnsupportedOpError listing every op (with counts) of `nodes` that has no schema at `opsets`,
+    with the reason of those memplan refuses by design."""
     missing = []
     for node in nodes:
         try:
@@ -68,7 +70,7 @@ def check_supported(nodes, opsets=None):
         except UnsupportedOpError:
             missing.append(op_name(node.domain, node.op))
     if missing:
-        raise UnsupportedOpError(missing)
+        raise UnsupportedOpError(missing, REASONS)
 
 
 def node_flops(graph, node):
@@ -84,5 +86,5 @@ def node_flops(graph, node):
 
 from . import elementwise, arithmetic, math_ops, activation, composite, normalization, axis_ops, indexing, nn, linalg, shape_ops, views, resize, reduce, misc, optim, loss  # noqa: E402,F401  (registration)
 
-__all__ = ["SCHEMAS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",
+__all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",
            "Schema", "Slice"]

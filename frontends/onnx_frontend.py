@@ -9,7 +9,7 @@ from onnx import AttributeProto, TensorProto, checker, external_data_helper, hel
 
 from planner import dtypes
 from planner.errors import ModelError
-from planner.ir import DEFAULT_OPSETS, Annotations, Graph, Node, Tensor
+from planner.ir import DEFAULT_OPSETS, Annotations, Graph, Node, Tensor, captured
 
 META = "memplan."
 """Prefix of the node metadata_props keys that carry the user's annotations (ir.HINTS)."""
@@ -47,15 +47,25 @@ def _check_nodes(model, opset):
     ctx.ir_version = max(model.ir_version, 3)
     ctx.opset_imports = {"": opset}
     scope = checker.C.LexicalScopeContext()
-    for i, node in enumerate(model.graph.node):
-        if _domain(node.domain) or not onnx.defs.has(node.op_type):
-            continue
+    for i, node in _checked(model.graph.node):
         try:
             checker.check_node(node, ctx, scope)
         except checker.ValidationError as e:
             why = re.sub(r"^Node (with schema\(.*?\) |\(.*?\)'s )", "", str(e).split("\n", 1)[0].strip())
             raise ModelError(f"node {node.name or f'{node.op_type}_{i}'!r} ({node.op_type}) is not valid ONNX at "
                              f"opset {opset}: {why}") from None
+
+
+def _checked(nodes):
+    """(index, node) of the default-domain nodes the checker can take alone: a node holding subgraphs
+    reads names of the scope around it, which the checker cannot be given, so its subgraphs' nodes are
+    checked instead."""
+    for i, node in enumerate(nodes):
+        graphs = [a.g for a in node.attribute if a.type == AttributeProto.GRAPH]
+        if graphs:
+            yield from (found for g in graphs for found in _checked(g.node))
+        elif not _domain(node.domain) and onnx.defs.has(node.op_type):
+            yield i, node
 
 
 def _domain(name):
@@ -100,10 +110,12 @@ def _graph(g, opsets, base_dir):
             continue
         name = proto.name if proto.name and proto.name not in names else f"{proto.op_type}_{i}"
         names.add(name)
-        attrs = {a.name: _attribute(a, base_dir) for a in proto.attribute}
+        attrs = {a.name: _attribute(a, base_dir, opsets) for a in proto.attribute}
+        subgraphs = [v for v in attrs.values() if isinstance(v, Graph)]
+        reads = (*proto.input, *captured(*subgraphs)) if subgraphs else tuple(proto.input)
         notes = Annotations.from_metadata({p.key[len(META):]: p.value for p in proto.metadata_props
                                            if p.key.startswith(META)}, f"node {name!r}")
-        node = Node(proto.op_type, tuple(proto.input), tuple(proto.output), attrs, name, notes, _domain(proto.domain))
+        node = Node(proto.op_type, reads, tuple(proto.output), attrs, name, notes, _domain(proto.domain))
         if not node.domain and node.op in ("Softmax", "LogSoftmax") and opsets[""] < 13:
             nodes.extend(_legacy_softmax(node, tensors))
         else:
@@ -141,6 +153,8 @@ def _legacy_softmax(node, tensors):
 
 def _value_info(vi):
     """(shape, dtype) of a declared value: dims are ints, dim names, or None when unknown."""
+    if vi.type.WhichOneof("value") is None:  # a subgraph's value of no declared type
+        return None, None
     if vi.type.WhichOneof("value") != "tensor_type":
         raise ModelError(f"value {vi.name!r} is a {vi.type.WhichOneof('value')}, only tensors are supported")
     t = vi.type.tensor_type
@@ -210,12 +224,15 @@ def _constant_value(proto, base_dir):
     raise ModelError(f"Constant node {proto.name or proto.output[0]!r}: attribute {attr.name!r} is not supported")
 
 
-def _attribute(attr, base_dir):
-    """An attribute as plain Python: numbers, str, lists of them, or a NumPy array for tensors."""
+def _attribute(attr, base_dir, opsets=None):
+    """An attribute as plain Python: numbers, str, lists of them, a NumPy array for tensors, a Graph for
+    a subgraph (the body of an If, Loop or Scan)."""
     if attr.type == AttributeProto.TENSOR:
         return _array(attr.t, base_dir)
+    if attr.type == AttributeProto.GRAPH and opsets is not None:
+        return _graph(attr.g, opsets, base_dir)
     if attr.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS, AttributeProto.SPARSE_TENSOR):
-        raise ModelError(f"attribute {attr.name!r}: subgraph and sparse attributes are not supported")
+        raise ModelError(f"attribute {attr.name!r}: lists of subgraphs and sparse attributes are not supported")
     value = helper.get_attribute_value(attr)
     if isinstance(value, bytes):
         return value.decode()

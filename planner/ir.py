@@ -189,6 +189,17 @@ class Graph:
             ", ".join(f"{op} x{n}" for op, n in counts.most_common())
 
 
+def captured(*graphs):
+    """The outer names the subgraphs (of an If, Loop or Scan) read without defining them, sorted: the
+    frontend appends them to the node's inputs, so that ordering and pruning see what the node reads."""
+    names = set()
+    for g in graphs:
+        defined = {*g.inputs, *(t.name for t in g.tensors.values() if t.kind in ("param", "const"))}
+        defined.update(o for n in g.nodes for o in n.outputs if o)
+        names.update(x for x in (*(i for n in g.nodes for i in n.inputs), *g.outputs) if x and x not in defined)
+    return sorted(names)
+
+
 def validate(graph):
     """Check names and edges, and return the graph with its nodes in a topological order.
 

@@ -40,7 +40,7 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
     graph = validate(graph)
     infos, dims = _bind_inputs(graph, input_shapes)
     tensors = dict(graph.tensors)
-    nodes, folded, changed, missing = [], {}, set(), []
+    nodes, folded, changed, missing, unread = [], {}, set(), [], []
     kept = {*graph.outputs, *(new for new, _ in graph.updates)}
     todo = deque(graph.nodes)
     while todo:
@@ -48,7 +48,7 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
         if not _supported(node, graph.opsets) or any(i and i not in infos for i in node.inputs):
             values = _reference(node, infos, graph.opsets, kept)
             if values is None:
-                missing.extend([op_name(node.domain, node.op)] * (not _supported(node, graph.opsets)))
+                (unread if _supported(node, graph.opsets) else missing).append(node)
                 continue
             outs = [(v.shape, v.dtype) if v is not None else None for v in values]
         elif _reusable(node, graph, infos, kept_nodes, changed):
@@ -76,7 +76,11 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
         else:
             nodes.append(node)
     if missing:
-        raise UnsupportedOpError(missing, ops.REASONS)
+        raise UnsupportedOpError([op_name(n.domain, n.op) for n in missing], ops.REASONS)
+    if unread:
+        node = unread[0]
+        raise ModelError(f"node {node.name!r} ({op_name(node.domain, node.op)}) reads "
+                         f"{', '.join(repr(i) for i in node.inputs if i and i not in infos)} before any node computes it")
     typed = {}
     for name, t in tensors.items():
         if name in folded:

@@ -17,6 +17,10 @@ REFUSED = {
     # name: (error, reason); each case must fail with exactly that error
     "test_identity_sequence": (ModelError, "sequence types are not planned, only tensors"),
     "test_identity_opt": (ModelError, "optional types are not planned, only tensors"),
+    "test_if_seq": (ModelError, "sequence types are not planned, only tensors"),
+    "test_if_opt": (ModelError, "optional types are not planned, only tensors"),
+    "test_loop13_seq": (ModelError, "sequence types are not planned, only tensors"),
+    "test_loop16_seq_none": (ModelError, "optional types are not planned, only tensors"),
 }
 
 
@@ -69,6 +73,7 @@ def as_planned(case):
     static = {n.input[i] for n in model.graph.node if ops.known(n.op_type)
               for _, i, _ in ops.get(n.op_type).attr_inputs if i < len(n.input)}
     static.update(i for n in model.graph.node if n.op_type == "Range" for i in n.input)  # its length
+    static.update(i for n in model.graph.node if n.op_type == "Loop" for i in n.input[:2] if i)  # its iterations
     static |= _sources_of(model.graph, static)
     for name in [k for k in inputs if k in static]:
         model.graph.initializer.append(numpy_helper.from_array(np.asarray(inputs.pop(name)), name))

@@ -20,7 +20,7 @@ def test_shapes_and_values(case):
         assert got.dtype == want.dtype, f"{name}: dtype {got.dtype}, expected {want.dtype}"
     values = {**inputs, **{t.name: t.data for t in graph.tensors.values() if t.data is not None}}
     for node in graph.nodes:
-        schema = ops.get(node.op)
+        schema = ops.of(node, graph.opsets)
         if schema.evaluate is None or not all(i in values for i in node.inputs if i):
             continue
         with np.errstate(all="ignore"):
@@ -32,11 +32,14 @@ def test_shapes_and_values(case):
                                            rtol=case.rtol, atol=case.atol, err_msg=name)
 
 
+TESTED_ELSEWHERE = {"Scan": "tests/test_control_flow.py: the backend's Scan cases are of opsets before 11"}
+
+
 def test_every_op_has_cases():
     """Each supported ONNX op is exercised by at least one backend node test (memplan's own training
     ops, of the memplan domain, by tests/test_training_plan.py)."""
     covered = {n.op_type for c in CASES for n in c.model.graph.node}
-    assert {op for domain, op in ops.SCHEMAS if not domain} - covered == set()
+    assert {op for domain, op in ops.SCHEMAS if not domain} - covered == set(TESTED_ELSEWHERE)
 
 
 def test_views_are_the_reshaping_ops():

@@ -117,6 +117,11 @@ class Schema:
     back), the gradient of each input (None where it has none), built with the autodiff Builder `b`
     out of ops the planner knows. None: the op is not differentiable."""
 
+    @property
+    def differentiable(self):
+        """Whether the op has a gradient rule of its own."""
+        return self.gradient is not None
+
     def accumulation(self, dtype):
         """The dtype the op sums or multiplies-and-adds in for inputs of `dtype`: float32 for the
         16-bit and narrower floats (as cuBLAS and PyTorch accumulate), the dtype itself otherwise."""

@@ -67,6 +67,10 @@ class Elementwise(Schema):
     def kernel(self, xp, step, ins, outs, ws):
         self.fn(xp, *ins, out=outs[0], **ws, **self.arguments(step))
 
+    @property
+    def differentiable(self):
+        return self.grad is not None
+
     def gradient(self, b, node, dys):
         if self.grad is None:
             return no_gradient(node)

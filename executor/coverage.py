@@ -1,0 +1,54 @@
+"""The op-coverage table of the README, generated from the registries: each op memplan plans, the
+opsets its schemas cover, how it runs and whether it trains; then the ops refused by design.
+`python -m executor.coverage` prints it as Markdown; tests/test_coverage.py keeps the README's copy current."""
+from frontends.onnx_frontend import MAX_OPSET, MIN_OPSET
+from planner import ops
+from planner.ir import op_name
+
+from .kernels import KERNELS
+
+
+def rows():
+    """[(op, opsets, runs, gradient)] of every registered op, the default domain first."""
+    out = []
+    for (domain, op), versions in sorted(ops.SCHEMAS.items(), key=lambda item: (item[0][0] != "", item[0])):
+        newest = versions[-1][1]
+        starts = [max(since, MIN_OPSET) if not domain else since for since, _ in versions]
+        opsets = ", ".join(f"{s}+" for s in dict.fromkeys(starts))
+        out.append((op_name(domain, op), opsets, _runs(domain, op, newest), _trains(newest)))
+    return out
+
+
+def _runs(domain, op, schema):
+    if (domain, op) in KERNELS or schema.kernel is not None or schema.cuda is not None:
+        return "kernel"
+    if getattr(schema, "expand", None):
+        return "inlined"
+    return "its parts" if schema.decompose is not None else "no"
+
+
+def _trains(schema):
+    if schema.differentiable:
+        return "yes"
+    return "its parts" if schema.decompose is not None or getattr(schema, "expand", None) else "—"
+
+
+def markdown():
+    """The table and the refused ops, as the README shows them."""
+    lines = [f"{len(ops.SCHEMAS)} op types ({sum(1 for d, _ in ops.SCHEMAS if not d)} of ONNX's default domain), "
+             f"read at opsets {MIN_OPSET} to {MAX_OPSET}. *runs*: a kernel shared by the NumPy and CuPy backends, "
+             "*its parts* (a composite replaced by the ops it is made of when planning), or *inlined* (control "
+             "flow, replaced by its subgraphs); *gradient*: a rule of its own, or through its parts.", "",
+             "| op | opsets | runs | gradient |", "|---|---|---|---|"]
+    lines += [f"| {op} | {opsets} | {runs} | {grad} |" for op, opsets, runs, grad in rows()]
+    lines += ["", "Refused by design, with the reason the error gives (unless the op's inputs are constants "
+              "and it folds away when planning):", ""]
+    by_reason = {}
+    for op, reason in ops.REASONS.items():
+        by_reason.setdefault(reason, []).append(op)
+    lines += [f"- {', '.join(sorted(names))}: {reason}." for reason, names in by_reason.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -44,7 +44,7 @@ class LpPool(Composite):
             raise ShapeError(f"p {self.attr(node, 'p')} must be at least 1")
         return get("AveragePool").infer(node, ins)  # the pools' window rule
 
-    def parts_of(self, b, node, x, kernel_shape, p, **attrs):
+    def parts_of(self, b, node, x, kernel_shape, p, **rest):
         xs, ys = b.shape(x), b.shape(node.outputs[0])
         win = window(self, node, xs[2:], kernel_shape, ys[2:])
         end = [max(0, (o - 1) * s + (k - 1) * d + 1 - i - p0)

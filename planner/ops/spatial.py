@@ -135,7 +135,7 @@ class Col2Im(Composite):
                              f"blocks {tuple(block)} fit {tuple(grid)} times in the padded image")
         return [((x.shape[0], x.shape[1] // math.prod(block), *self.attr(node, "image_shape")), x.dtype)]
 
-    def parts_of(self, b, node, x, image_shape, block_shape, **window):
+    def parts_of(self, b, node, x, image_shape, block_shape, **rest):
         strides, dilations, pads, grid = self.window(node)
         n, taps = b.shape(x)[0], math.prod(block_shape)
         channels = b.shape(x)[1] // taps

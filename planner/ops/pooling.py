@@ -29,41 +29,39 @@ def _root(b, s, p):
     return b.op("Pow", s, b.const(1 / p, s))
 
 
-class LpPool(Composite):
+class Pool(Composite):
+    """A composite over (N, C, spatial...) taking the p-norm of windows, whose output shape follows the
+    rule of the pool named `like`."""
+
+    arity = None
+    ranks = "same"
+    like = None
+
+    def infer(self, node, ins):
+        if self.attr(node, "p") < 1:
+            raise ShapeError(f"p {self.attr(node, 'p')} must be at least 1")
+        return get(self.like).infer(node, ins)
+
+
+class LpPool(Pool):
     """LpPool: the p-norm of each window, padding counting as zeros; the sums are a Conv with a ones
     kernel over the input's images and channels folded into its batch, its end padding widened to hold
     the windows ceil_mode adds."""
 
-    ranks = "same"
+    like = "AveragePool"
 
     def __init__(self):
         super().__init__("LpPool", self.parts_of, {**WINDOW, "kernel_shape": None, "ceil_mode": 0, "p": 2})
 
-    def infer(self, node, ins):
-        if self.attr(node, "p") < 1:
-            raise ShapeError(f"p {self.attr(node, 'p')} must be at least 1")
-        return get("AveragePool").infer(node, ins)  # the pools' window rule
-
     def parts_of(self, b, node, x, kernel_shape, p, **rest):
         xs, ys = b.shape(x), b.shape(node.outputs[0])
         win = window(self, node, xs[2:], kernel_shape, ys[2:])
-        end = [max(0, (o - 1) * s + (k - 1) * d + 1 - i - p0)
-               for o, s, k, d, i, p0 in zip(ys[2:], win.strides, kernel_shape, win.dilations, xs[2:], win.begin)]
+        end = [max(0, (o - 1) * s + (k - 1) * d + 1 - i - start)
+               for o, s, k, d, i, start in zip(ys[2:], win.strides, kernel_shape, win.dilations, xs[2:], win.begin)]
         folded = b.op("Reshape", _powered(b, x, p), shape=[xs[0] * xs[1], 1, *xs[2:]])
         sums = b.op("Conv", folded, b.const(np.ones((1, 1, *kernel_shape)), x), strides=list(win.strides),
                     dilations=list(win.dilations), pads=[*win.begin, *end])
         return _root(b, b.op("Reshape", sums, shape=list(ys)), p)
-
-
-class GlobalLpPool(Composite):
-    """GlobalLpPool: the p-norm of each channel over all spatial dims."""
-
-    ranks = "same"
-
-    def infer(self, node, ins):
-        if self.attr(node, "p") < 1:
-            raise ShapeError(f"p {self.attr(node, 'p')} must be at least 1")
-        return get("GlobalAveragePool").infer(node, ins)
 
 
 def _global_lp_pool(b, node, x, p):
@@ -74,6 +72,7 @@ class LRN(Composite):
     """LRN: x / (bias + alpha / size * the sum of squares over `size` channels about x's) ** beta. The sums
     are an AveragePool over the channels (padding counted, so each mean is the sum over size)."""
 
+    arity = None
     ranks = "same"
 
     def infer(self, node, ins):
@@ -193,5 +192,5 @@ class MaxUnpool(Schema):
 
 
 register(LpPool())
-register(GlobalLpPool("GlobalLpPool", _global_lp_pool, {"p": 2}))
+register(Pool("GlobalLpPool", _global_lp_pool, {"p": 2}, like="GlobalAveragePool"))
 register(LRN("LRN", _lrn, {"alpha": 1e-4, "beta": 0.75, "bias": 1.0, "size": None}))

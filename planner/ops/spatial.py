@@ -55,7 +55,6 @@ class Rearrange(Schema):
         return [b.op("Reshape", moved, shape=list(out))]
 
 
-
 @schema("CenterCropPad")
 class CenterCropPad(Schema):
     """CenterCropPad: each of `axes` cropped or zero-padded to its size in `shape` about its centre (the
@@ -141,11 +140,10 @@ class Col2Im(Composite):
         channels = b.shape(x)[1] // taps
         folded = b.op("Reshape", x, shape=[n * channels, taps, *grid])
         identity = b.const(np.eye(taps).reshape(taps, 1, *block_shape), x)
-        extra = [i + p + e - (k - 1) * d - 1 - (g - 1) * s
-                 for i, p, e, k, d, g, s in zip(image_shape, pads, pads[len(grid):], block_shape, dilations, grid,
-                                                strides)]
+        beyond = [(i + p + e - (k - 1) * d - 1) % s  # image positions past the last block's reach
+                  for i, p, e, k, d, s in zip(image_shape, pads, pads[len(grid):], block_shape, dilations, strides)]
         y = b.op("ConvTranspose", folded, identity, strides=list(strides), dilations=list(dilations), pads=list(pads),
-                 output_padding=extra)
+                 output_padding=beyond)
         return b.op("Reshape", y, shape=[n, channels, *image_shape])
 
 

@@ -84,7 +84,28 @@ def node_flops(graph, node):
     return int(of(node, getattr(graph, "opsets", None)).flops(node, ins, outs))
 
 
-from . import elementwise, arithmetic, math_ops, activation, composite, normalization, axis_ops, indexing, nn, linalg, shape_ops, views, resize, reduce, misc, optim, loss, control_flow  # noqa: E402,F401  (registration)
+from . import (  # noqa: E402,F401  (registration, one family per line)
+    elementwise,
+    arithmetic,
+    math_ops,
+    activation,
+    composite,
+    normalization,
+    axis_ops,
+    indexing,
+    nn,
+    linalg,
+    shape_ops,
+    views,
+    resize,
+    reduce,
+    misc,
+    optim,
+    loss,
+    control_flow,
+    spatial,
+    pooling,
+)
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",
            "Schema", "Slice"]

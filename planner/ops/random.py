@@ -4,7 +4,8 @@ Multinomial.
 Each run draws from a fresh `xp.random.default_rng` (NumPy's PCG64 on the CPU, CuPy's XORWOW on the GPU)
 straight into the output or the op's workspace. With a `seed` attribute every run of a plan draws the same
 values, as each ONNX Runtime session does; without one each run draws others. The schemas are `random` and
-have no `evaluate`: they are never folded into constants, nor recomputed by MXNet's mirror.
+have no `evaluate`: they are never folded into constants, nor recomputed by any rematerialisation
+(planner/remat: mirror's need_mirror, recompute's droppable).
 """
 import math
 
@@ -134,6 +135,7 @@ class RandomNormal(Normal):
 @schema("RandomNormalLike")
 class RandomNormalLike(Normal):
     like = True
+    ranks = "same"
     defaults = {"dtype": None, "mean": 0.0, "scale": 1.0, "seed": None}
 
 
@@ -147,6 +149,7 @@ class RandomUniform(Uniform):
 @schema("RandomUniformLike")
 class RandomUniformLike(Uniform):
     like = True
+    ranks = "same"
     defaults = {"dtype": None, "high": 1.0, "low": 0.0, "seed": None}
 
 

@@ -22,7 +22,8 @@ SHAPE = (400, 500)  # 200,000 draws: a mean's standard error is 0.2% of the spre
 def model(op, attrs, inputs=(), opset=22):
     """One `op` node writing y, reading the given {name: array} as graph inputs."""
     node = helper.make_node(op, list(inputs), ["y"], **attrs)
-    fed = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in inputs.items()]
+    fed = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+           for k, v in inputs.items()]
     graph = helper.make_graph([node], op, fed, [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
@@ -71,15 +72,17 @@ def test_like_forms_take_the_input_shape_and_its_dtype_or_their_own():
     x = np.zeros((30, 40, 50), np.float16)
     y = draw("RandomUniformLike", dict(low=5.0, high=6.0), {"x": x})
     assert y.shape == x.shape and y.dtype == np.float16 and 5 <= y.min() and y.max() < 6
-    y = draw("RandomNormalLike", dict(dtype=TensorProto.DOUBLE, mean=-1.0, scale=0.5), {"x": np.zeros((200, 300), np.int64)})
+    y = draw("RandomNormalLike", dict(dtype=TensorProto.DOUBLE, mean=-1.0, scale=0.5),
+             {"x": np.zeros((200, 300), np.int64)})
     assert y.shape == (200, 300) and y.dtype == np.float64
     assert abs(y.mean() + 1) < 0.01 and abs(y.std() - 0.5) < 0.01
     with pytest.raises(ShapeError, match="the output dtype .* is int64, but the op draws"):
         planner.compile(model("RandomNormalLike", {}, {"x": np.zeros(3, np.int64)}))
 
 
-@pytest.mark.parametrize("dtype, want", [(None, np.float32), (TensorProto.BOOL, np.bool_), (TensorProto.INT64, np.int64),
-                                         (TensorProto.DOUBLE, np.float64), (TensorProto.UINT8, np.uint8)])
+@pytest.mark.parametrize("dtype, want", [(None, np.float32), (TensorProto.BOOL, np.bool_),
+                                         (TensorProto.INT64, np.int64), (TensorProto.DOUBLE, np.float64),
+                                         (TensorProto.UINT8, np.uint8)])
 def test_bernoulli_is_exact_at_0_and_1(dtype, want):
     probs = np.repeat(np.array([[0], [1], [0.3], [0.9]], np.float32), 100_000, axis=1)
     y = draw("Bernoulli", {} if dtype is None else dict(dtype=dtype), {"p": probs})
@@ -167,8 +170,10 @@ def test_rematerialisation_keeps_the_draws():
     rng, nodes, inits, prev = np.random.default_rng(0), [], [], "x"
     for k in range(4):
         inits.append(helper.make_tensor(f"w{k}", TensorProto.FLOAT, [64, 64], rng.standard_normal(64 * 64) * 0.1))
-        nodes += [helper.make_node("MatMul", [prev, f"w{k}"], [f"h{k}"]), helper.make_node("RandomNormalLike", [f"h{k}"], [f"e{k}"]),
-                  helper.make_node("Mul", [f"h{k}", f"e{k}"], [f"z{k}"]), helper.make_node("Tanh", [f"z{k}"], [f"t{k}"])]
+        nodes += [helper.make_node("MatMul", [prev, f"w{k}"], [f"h{k}"]),
+                  helper.make_node("RandomNormalLike", [f"h{k}"], [f"e{k}"]),
+                  helper.make_node("Mul", [f"h{k}", f"e{k}"], [f"z{k}"]),
+                  helper.make_node("Tanh", [f"z{k}"], [f"t{k}"])]
         prev = f"t{k}"
     graph = helper.make_graph(nodes, "noisy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
                               [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [16, 64])], inits)
@@ -208,7 +213,8 @@ def test_kernels_allocate_nothing(op, attrs, inputs):
     ("RandomUniform", dict(shape=[2], low=1.0, high=0.0), {}, "low 1.0 must not be above high 0.0"),
     ("Multinomial", {}, {"x": np.zeros(4, np.float32)}, "input has shape \\(4,\\), Multinomial needs"),
     ("Multinomial", {}, {"x": np.zeros((2, 0), np.float32)}, "classes >= 1"),
-    ("Multinomial", dict(dtype=TensorProto.FLOAT), {"x": np.zeros((2, 3), np.float32)}, "dtype float32 must be int32 or int64"),
+    ("Multinomial", dict(dtype=TensorProto.FLOAT), {"x": np.zeros((2, 3), np.float32)},
+     "dtype float32 must be int32 or int64"),
     ("Bernoulli", dict(dtype=TensorProto.STRING), {"p": np.zeros(3, np.float32)}, "is not a number or bool type"),
 ])
 def test_bad_attributes_are_shape_errors(op, attrs, inputs, message):
@@ -267,7 +273,8 @@ def test_moments_on_gpu():
         backends.get("cupy")
     except planner.MemplanError:
         pytest.skip("needs CuPy and a CUDA GPU")
-    y = runs("RandomUniform", dict(shape=[1000, 1000], low=-2.0, high=3.0, dtype=TensorProto.FLOAT16), backend="cupy")[0]
+    y = runs("RandomUniform", dict(shape=[1000, 1000], low=-2.0, high=3.0, dtype=TensorProto.FLOAT16),
+             backend="cupy")[0]
     assert y.min() >= -2 and y.max() < 3 and abs(y.astype(np.float64).mean() - 0.5) < 0.03
     y = runs("RandomNormal", dict(shape=list(SHAPE), mean=1.5, scale=2.0), backend="cupy")[0]
     assert abs(y.mean() - 1.5) < 0.03 and abs(y.std() - 2) < 0.03

@@ -3,9 +3,9 @@ Multinomial.
 
 Each run draws from a fresh `xp.random.default_rng` (NumPy's PCG64 on the CPU, CuPy's XORWOW on the GPU)
 straight into the output or the op's workspace. With a `seed` attribute every run of a plan draws the same
-values (the seed's, as a fresh ONNX Runtime session's first run); without one each run draws others. The schemas are `random` and
-have no `evaluate`: they are never folded into constants, nor recomputed by any rematerialisation
-(planner/remat: mirror's need_mirror, recompute's droppable).
+values (the seed's, as a fresh ONNX Runtime session's first run); without one each run draws others. The
+schemas are `random` and have no `evaluate`: they are never folded into constants, nor recomputed by any
+rematerialisation (planner/remat: mirror's need_mirror, recompute's droppable).
 """
 import math
 

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import planner
-from node_cases import as_planned, assert_outputs, params, supported_cases
+from node_cases import RANDOM, as_planned, assert_outputs, params, supported_cases
 from zoo_cases import CASES, feeds, input_shapes, reference, rel_l2, small_model
 
 torch = pytest.importorskip("torch")
@@ -65,7 +65,7 @@ def test_node(case):
     except planner.UnsupportedOpError as e:
         assert any(n.op in str(e) for n in graph.nodes)
         pytest.skip(str(e))
-    assert_outputs(got, expected, max(case.rtol, 1e-5), max(case.atol, 1e-6))
+    assert_outputs(got, expected, max(case.rtol, 1e-5), max(case.atol, 1e-6), values=case.name not in RANDOM)
 
 
 def test_params_are_parameters_and_statistics_buffers():

@@ -9,7 +9,7 @@ just before its first backward reader (or again for readers more than a horizon 
 """
 from dataclasses import replace
 
-from .. import shapes
+from .. import ops, shapes
 from ..ir import Phase, Tensor
 
 SUFFIX = "/recompute"
@@ -17,10 +17,11 @@ SUFFIX = "/recompute"
 
 def droppable(graph):
     """The tensors a strategy may drop: activations of the forward pass other than graph outputs and
-    updates. Only those backward reads, directly or through the clones that compute them, are
-    recomputed; dropping the others changes nothing."""
+    updates, and other than the draws of random ops (computed again they would differ from the values
+    the forward pass used; MXNet never recomputes them either). Only those backward reads, directly or
+    through the clones that compute them, are recomputed; dropping the others changes nothing."""
     kept = {new for new, _ in graph.updates} | set(graph.outputs)
-    return {o for n in graph.nodes if n.notes.forward for o in n.outputs
+    return {o for n in graph.nodes if n.notes.forward and not ops.of(n, graph.opsets).random for o in n.outputs
             if o and o not in kept and graph.tensors[o].kind == "activation"}
 
 

@@ -32,6 +32,17 @@ def check_param(what, shape, target):
         raise ShapeError(f"{what} of shape {tuple(shape)} does not broadcast onto {tuple(target)}")
 
 
+def check_side(what, shape, operand, row):
+    """ShapeError unless a scale or zero point of A (`row`) or B is one value, or one per row of A (its
+    last dim 1) or per column of B (its next-to-last dim 1, or a vector): never one per inner index,
+    which the sum over that index could not factor out."""
+    shape = rows(shape, len(operand)) if row else (1, *shape) if len(shape) == 1 else tuple(shape)
+    inner = -1 if row else -2
+    if math.prod(shape) != 1 and (len(operand) < 2 or len(shape) < -inner or shape[inner] != 1):
+        raise ShapeError(f"{what} of shape {tuple(shape)} must be one value or one per {'row of A' if row else 'column of B'}")
+    check_param(what, shape, operand)
+
+
 def widen(xp, source, zero, out):
     """out (int32) = source - zero, `zero` None or already shaped to broadcast."""
     xp.copyto(out, source, casting="unsafe")
@@ -57,53 +68,50 @@ def as_int32(*infos):
 
 
 class IntegerMatMul(Schema):
-    """The shape rule and widening both integer matrix products share: A and B with their zero points
-    (scalars, one per row of A, one per column of B) at `zeros`, int32 sums `wide`."""
+    """What both integer matrix products share: MatMul's shape rule, and its kernel on A and B less
+    their zero points, widened to int32. `a`, `b`: their input indices; `a_params` and `b_params`: the
+    indices of their zero points (first) and scales."""
 
     mirror = False
-    zeros = (2, 3)
 
-    def check(self, ins):
-        """A's and B's zero points (or scales) fit A's rows and B's columns; the product's shape."""
-        a, b = ins[0], ins[self.operands[1]]
-        shape = get("MatMul").infer(None, as_int32(a, b))[0][0]
-        for k in self.params:
-            if k < len(ins) and ins[k] is not None:
-                side = a if k in self.a_params else b
-                check_param(f"input {k}", rows(ins[k].shape, side.rank) if side is a else ins[k].shape, side.shape)
+    def check(self, node, ins):
+        """The product's shape, once each zero point and scale is found to fit A's rows or B's columns."""
+        a, b = ins[self.a], ins[self.b]
+        shape = get("MatMul").infer(node, as_int32(a, b))[0][0]
+        for indices, operand, row in ((self.a_params, a, True), (self.b_params, b, False)):
+            for k in indices:
+                if k < len(ins) and ins[k] is not None:
+                    check_side(f"input {k} ({'A' if row else 'B'}'s)", ins[k].shape, operand.shape, row)
         return shape
 
+    def widened(self, ins):
+        """`a` and `b`: A and B less their zero points, in int32."""
+        return ("a", ins[self.a].shape, WIDE), ("b", ins[self.b].shape, WIDE)
+
     def flops(self, node, ins, outs):
-        return get("MatMul").flops(node, [ins[0], ins[self.operands[1]]], outs)
+        return get("MatMul").flops(node, [ins[self.a], ins[self.b]], outs)
 
     def products(self, xp, ins, ws, out):
         """A and B less their zero points, widened in the workspace, multiplied into `out` (int32) by
         MatMul's kernel."""
         from executor.kernels.linalg import matmul
-        a, b = ins[0], ins[self.operands[1]]
-        za, zb = (ins[k] if k < len(ins) else None for k in self.zeros)
+        a, b = ins[self.a], ins[self.b]
+        za, zb = (ins[k[0]] if k[0] < len(ins) else None for k in (self.a_params, self.b_params))
         widen(xp, a, None if za is None else za.reshape(rows(za.shape, a.ndim)), ws["a"])
         widen(xp, b, zb, ws["b"])
         matmul(xp, None, [ws["a"], ws["b"]], [out], {})
-
-    def widened(self, ins):
-        a, b = ins[0], ins[self.operands[1]]
-        return ("a", a.shape, WIDE), ("b", b.shape, WIDE)
 
 
 @schema("MatMulInteger", since=10)
 class MatMulInteger(IntegerMatMul):
     """MatMulInteger: (A - a_zero_point) @ (B - b_zero_point), summed exactly in int32."""
 
-    operands = (0, 1)
-    params = (2, 3)
-    a_params = (2,)
+    a, b, a_params, b_params = 0, 1, (2,), (3,)
 
     def infer(self, node, ins):
-        return [(self.check(ins), WIDE)]
+        return [(self.check(node, ins), WIDE)]
 
     def workspace(self, node, ins, outs, limit):
-        """`a` and `b`: A and B less their zero points, in int32."""
         return Layout.pack(*self.widened(ins))
 
     def kernel(self, xp, step, ins, outs, ws):
@@ -115,18 +123,15 @@ class QLinearMatMul(IntegerMatMul):
     """QLinearMatMul: the int32 product of a and b less their zero points, requantized by
     a_scale * b_scale / y_scale (computed in the scales' dtype) to y_zero_point's dtype."""
 
-    operands = (0, 3)
-    params = (1, 2, 4, 5)
-    a_params = (1, 2)
-    zeros = (2, 5)
+    a, b, a_params, b_params = 0, 3, (2, 1), (5, 4)
 
     def infer(self, node, ins):
         a, y_zero = ins[0], ins[7]
         if not all(i.dtype.name in ("int8", "uint8") for i in (a, ins[3], y_zero)):
             raise ShapeError("QLinearMatMul runs on int8 and uint8 only (no reference defines its float8 form)")
-        shape = self.check(ins)
-        check_param("y_scale", ins[6].shape, shape)
-        check_param("y_zero_point", y_zero.shape, shape)
+        shape = self.check(node, ins)
+        for k in (6, 7):
+            check_side(f"input {k} (Y's)", ins[k].shape, shape, row=False)
         return [(shape, y_zero.dtype)]
 
     def multiplier(self, ins):
@@ -153,34 +158,35 @@ class QLinearMatMul(IntegerMatMul):
         requantize(xp, ws["sums"], ws["wide"], multiplier, y_zero, outs[0])
 
 
+def check_channels(what, shape, channels):
+    """ShapeError unless a scale or zero point of `shape` is one value or one per output channel (or,
+    with `channels` None, one value)."""
+    if math.prod(shape) != 1 and (channels is None or tuple(shape) != (channels,)):
+        raise ShapeError(f"{what} of shape {tuple(shape)} must be one value"
+                         + (f" or one per output channel ({channels})" if channels is not None else ""))
+
+
 class IntegerConv(Schema):
     """What both integer convolutions share: Conv's shape rule, chunked columns and kernel on x and w
-    less their zero points (x's one value, w's one or one per output channel), widened to int32."""
+    less their zero points (x's one value, w's one or one per output channel), widened to int32. `x`,
+    `w`, `x_zero`, `w_zero`: their input indices; the bias, where the op has one, is input 8."""
 
     mirror = False
     defaults = Conv.defaults
-    data = (0, 1)
-    zeros = (2, 3)
 
     def conv(self, node, ins):
-        """Conv's shape of the int32 convolution of x and w (with the bias, if any)."""
-        x, w = ins[self.data[0]], ins[self.data[1]]
-        bias = ins[8] if len(ins) > 8 else None
+        """Conv's shape of the int32 convolution of x and w (with the bias, if any), once the zero
+        points are found to fit."""
+        x, w, bias = ins[self.x], ins[self.w], ins[8] if len(ins) > 8 else None
+        for what, k, channels in (("x's zero point", self.x_zero, None), ("w's zero point", self.w_zero, w.shape[0])):
+            if k < len(ins) and ins[k] is not None:
+                check_channels(what, ins[k].shape, channels)
         return get("Conv").infer(node, as_int32(x, w, bias))[0][0]
-
-    def check_zeros(self, ins, zx, zw):
-        x, w = ins[self.data[0]], ins[self.data[1]]
-        if zx is not None and math.prod(zx.shape) != 1:
-            raise ShapeError(f"x's zero point of shape {zx.shape} must be one value")
-        if zw is not None and math.prod(zw.shape) != 1 and zw.shape != (w.shape[0],):
-            raise ShapeError(f"w's zero point of shape {zw.shape} must be one value or one per output channel "
-                             f"({w.shape[0]})")
-        return x, w
 
     def layout(self, node, ins, out, limit, *more):
         """`x`, `w`: x and w less their zero points (int32), then `more`, then Conv's `columns` for the
         int32 convolution, chunked to the rest of `limit` (at least a row: see nn.conv_chunks)."""
-        x, w = ins[self.data[0]], ins[self.data[1]]
+        x, w = ins[self.x], ins[self.w]
         parts = [("x", x.shape, WIDE), ("w", w.shape, WIDE), *more]
         used = Layout.pack(*parts).nbytes
         columns = get("Conv").workspace(node, as_int32(x, w), [(out, WIDE)], max(limit - used, 0))
@@ -188,14 +194,14 @@ class IntegerConv(Schema):
 
     def flops(self, node, ins, outs):
         bias = [ins[8]] if len(ins) > 8 and ins[8] is not None else []
-        return get("Conv").flops(node, [ins[self.data[0]], ins[self.data[1]], *bias], outs)
+        return get("Conv").flops(node, [ins[self.x], ins[self.w], *bias], outs)
 
     def convolve(self, xp, step, ins, ws, out):
         """x and w less their zero points, widened in the workspace, convolved into `out` (int32) by
         Conv's kernel (with the bias, if any)."""
         from executor.kernels.nn import conv
-        x, w = ins[self.data[0]], ins[self.data[1]]
-        zx, zw = (ins[k] if k < len(ins) else None for k in self.zeros)
+        x, w = ins[self.x], ins[self.w]
+        zx, zw = (ins[k] if k < len(ins) else None for k in (self.x_zero, self.w_zero))
         widen(xp, x, None if zx is None else zx.reshape(()), ws["x"])
         widen(xp, w, None if zw is None else zw.reshape(-1, *[1] * (w.ndim - 1)), ws["w"])
         bias = ins[8] if len(ins) > 8 else None
@@ -207,8 +213,9 @@ class ConvInteger(IntegerConv):
     """ConvInteger: Conv of (x - x_zero_point) and (w - w_zero_point), summed exactly in int32; the
     padding holds x's zero point (0 once shifted)."""
 
+    x, w, x_zero, w_zero = 0, 1, 2, 3
+
     def infer(self, node, ins):
-        self.check_zeros(ins, *[*ins, None, None][2:4])
         return [(self.conv(node, ins), WIDE)]
 
     def workspace(self, node, ins, outs, limit):
@@ -223,18 +230,14 @@ class QLinearConv(IntegerConv):
     """QLinearConv: ConvInteger's int32 sums plus the int32 bias, requantized by
     x_scale * w_scale / y_scale (w_scale one value or one per output channel) to y_zero_point's dtype."""
 
-    data = (0, 3)
-    zeros = (2, 5)
+    x, w, x_zero, w_zero = 0, 3, 2, 5
 
     def infer(self, node, ins):
-        x, w = self.check_zeros(ins, ins[2], ins[5])
-        for name, k in (("x_scale", 1), ("y_scale", 6), ("y_zero_point", 7)):
-            if math.prod(ins[k].shape) != 1:
-                raise ShapeError(f"{name} of shape {ins[k].shape} must be one value")
-        if math.prod(ins[4].shape) != 1 and ins[4].shape != (w.shape[0],):
-            raise ShapeError(f"w_scale of shape {ins[4].shape} must be one value or one per output channel "
-                             f"({w.shape[0]})")
-        return [(self.conv(node, ins), ins[7].dtype)]
+        shape = self.conv(node, ins)
+        for what, k, channels in (("x_scale", 1, None), ("w_scale", 4, ins[3].shape[0]), ("y_scale", 6, None),
+                                  ("y_zero_point", 7, None)):
+            check_channels(what, ins[k].shape, channels)
+        return [(shape, ins[7].dtype)]
 
     def workspace(self, node, ins, outs, limit):
         """Conv's (see `IntegerConv.layout`), and `sums`: the int32 convolution; `wide`: it requantized

@@ -190,20 +190,23 @@ class DynamicQuantizeLinear(Schema):
         return [(ins[0].shape, np.dtype(np.uint8)), ((), np.dtype(np.float32)), ((), np.dtype(np.uint8))]
 
     def workspace(self, node, ins, outs, limit):
-        """`quotient`: x / scale (float32), rounded, shifted and clipped before it becomes y."""
-        return Layout.pack(("quotient", ins[0].shape, np.float32))
+        """`quotient`: x / scale (float32), rounded, shifted and clipped before it becomes y; `extremes`:
+        x's min and max."""
+        return Layout.pack(("quotient", ins[0].shape, np.float32), ("extremes", (2,), np.float32))
 
     def flops(self, node, ins, outs):
         """The min and max, then a division, a rounding, an addition and a clip per element."""
         return 6 * math.prod(ins[0].shape)
 
     def kernel(self, xp, step, ins, outs, ws):
-        x, (y, scale, zero), quotient = ins[0], outs, ws["quotient"]
-        f32 = np.float32
-        high = f32(max(0, float(x.max()))) if x.size else f32(0)
-        low = f32(min(0, float(x.min()))) if x.size else f32(0)
-        step_ = f32(1.0 if high == low else high - low) / f32(255)
-        point = np.rint(f32(max(0, min(255, f32(0) - low / step_))))
+        x, (y, scale, zero), quotient, extremes = ins[0], outs, ws["quotient"], ws["extremes"]
+        extremes.fill(0)
+        if x.size:
+            xp.min(x, out=extremes[0:1].reshape(()))
+            xp.max(x, out=extremes[1:2].reshape(()))
+        low, high = np.float32(min(float(extremes[0]), 0)), np.float32(max(float(extremes[1]), 0))
+        step_ = np.float32(1.0 if high == low else high - low) / np.float32(255)
+        point = np.rint(np.float32(max(0, min(255, np.float32(0) - low / step_))))
         scale.fill(step_)
         zero.fill(point)
         xp.divide(x, step_, out=quotient)

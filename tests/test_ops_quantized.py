@@ -169,12 +169,16 @@ def test_scratch_is_planned(op):
 
 @pytest.mark.parametrize("op,consts,attrs,message", [
     ("QuantizeLinear", {"s": np.ones(3, np.float32)}, {"axis": 1}, "neither one value nor one per index"),
-    ("QuantizeLinear", {"s": np.ones((4, 2), np.float32)}, {"axis": 1, "block_size": 2}, "need a scale of shape \\(4, 3, 1, 1\\)"),
+    ("QuantizeLinear", {"s": np.ones((4, 2), np.float32)}, {"axis": 1, "block_size": 2},
+     "need a scale of shape \\(4, 3, 1, 1\\)"),
     ("QuantizeLinear", {"s": np.ones(5, np.float32), "z": np.ones(5, np.int8)}, {"output_dtype": TensorProto.UINT8},
      "differs from the zero point's dtype"),
     ("DequantizeLinear", {"s": np.ones(5, np.float32), "z": np.ones(4, np.int8)}, {}, "zero point's shape"),
     ("MatMulInteger", {"b": np.ones((5, 2), np.int8), "za": np.ones(3, np.int8)}, {}, "does not broadcast"),
+    ("MatMulInteger", {"b": np.ones((5, 2), np.int8), "za": np.ones(4, np.int8), "zb": np.ones((5, 1), np.int8)}, {},
+     "one value or one per column of B"),
     ("ConvInteger", {"w": np.ones((2, 4, 1, 1), np.int8)}, {}, "do not agree on channels"),
+    ("ConvInteger", {"w": np.ones((2, 5, 1, 1), np.int8), "zx": np.ones(5, np.int8)}, {}, "x's zero point"),
     ("BitCast", {}, {"to": TensorProto.INT16}, "the widths must be equal"),
 ])
 def test_refusals(op, consts, attrs, message):
@@ -185,3 +189,16 @@ def test_refusals(op, consts, attrs, message):
     m = model(op, {"x": x}, consts, TensorProto.UNDEFINED, opset=26 if op == "BitCast" else 21, **attrs)
     with pytest.raises(planner.ShapeError, match=message):
         planner.compile(m, {"x": x.shape})
+
+
+def test_bitcast_is_a_view():
+    """The output is x's bytes read as another dtype: no bytes of its own, nothing run."""
+    x = RNG.normal(0, 1, (3, 4)).astype(np.float32)
+    m = model("BitCast", {"x": x}, {}, TensorProto.INT32, opset=26, to=TensorProto.INT32)
+    m.graph.node.append(helper.make_node("Add", ["y", "one"], ["z"]))
+    m.graph.initializer.append(numpy_helper.from_array(np.array(1, np.int32), "one"))
+    m.graph.output[0].name = "z"
+    plan = planner.compile(m, {"x": x.shape})
+    assert plan.tensors["y"].view and plan.tensors["y"].alias_of == "x"
+    got = Executor(plan, backend="numpy", poison=True).run({"x": x})["z"]
+    np.testing.assert_array_equal(got, x.view(np.int32) + 1)

@@ -46,7 +46,8 @@ def check_granularity(schema, node, x, scale, zero):
         return
     want = (*x.shape[:a], -(-x.shape[a] // block), *x.shape[a + 1:])
     if scale.shape != want:
-        raise ShapeError(f"blocks of {block} along axis {a} of {x.shape} need a scale of shape {want}, not {scale.shape}")
+        raise ShapeError(f"blocks of {block} along axis {a} of {x.shape} need a scale of shape {want}, "
+                         f"not {scale.shape}")
 
 
 def pieces(arrays, params, axis_, block):
@@ -172,11 +173,11 @@ class DequantizeLinear(Schema):
         wide = ws.get("wide", y)
         if not x.size:
             return
-        for (xs, ws_), (ss, zs) in pieces([x, wide], [scale, zero], step.attrs["axis"], step.attrs["block_size"]):
-            xp.copyto(ws_, xs, casting="unsafe")
+        for (xs, part), (ss, zs) in pieces([x, wide], [scale, zero], step.attrs["axis"], step.attrs["block_size"]):
+            xp.copyto(part, xs, casting="unsafe")
             if zs is not None:
-                xp.subtract(ws_, zs, out=ws_, casting="unsafe")
-            xp.multiply(ws_, ss, out=ws_, casting="unsafe")
+                xp.subtract(part, zs, out=part, casting="unsafe")
+            xp.multiply(part, ss, out=part, casting="unsafe")
         if wide is not y:
             xp.copyto(y, wide, casting="unsafe")
 

@@ -39,7 +39,8 @@ def check_side(what, shape, operand, row):
     shape = rows(shape, len(operand)) if row else (1, *shape) if len(shape) == 1 else tuple(shape)
     inner = -1 if row else -2
     if math.prod(shape) != 1 and (len(operand) < 2 or len(shape) < -inner or shape[inner] != 1):
-        raise ShapeError(f"{what} of shape {tuple(shape)} must be one value or one per {'row of A' if row else 'column of B'}")
+        raise ShapeError(f"{what} of shape {tuple(shape)} must be one value or one per "
+                         f"{'row of A' if row else 'column of B'}")
     check_param(what, shape, operand)
 
 

@@ -75,6 +75,33 @@ def test_dequantize_to_float16_and_from_int4():
     np.testing.assert_array_equal(got, want.astype(np.float16))
 
 
+@pytest.mark.parametrize("block_size", [0, 3])
+def test_torch_forms_match(block_size):
+    """frontends.torch_module runs QuantizeLinear then DequantizeLinear (blocks with a short last one) and
+    QLinearMatMul as memplan's kernels do."""
+    torch = pytest.importorskip("torch")
+    from frontends.torch_module import to_torch
+    x = RNG.normal(0, 4, (2, 10, 3)).astype(np.float32)
+    shape = (10,) if not block_size else (2, 4, 3)
+    consts = {"s": RNG.uniform(0.02, 0.2, shape).astype(np.float32), "z": RNG.integers(-5, 5, shape).astype(np.int8)}
+    m = model("QuantizeLinear", {"x": x}, consts, TensorProto.FLOAT, axis=1, block_size=block_size)
+    m.graph.node[0].output[0] = "q"
+    m.graph.node.append(helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=1, block_size=block_size))
+    a = RNG.integers(0, 255, (3, 10)).astype(np.uint8)
+    mm = model("QLinearMatMul", {"a": a}, {}, TensorProto.UINT8)
+    mm.graph.node[0].input[:] = ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"]
+    mm.graph.initializer.extend(numpy_helper.from_array(v, n) for n, v in {
+        "sa": np.array(0.05, np.float32), "za": np.array(120, np.uint8),
+        "b": RNG.integers(-128, 127, (10, 4)).astype(np.int8), "sb": RNG.uniform(0.01, 0.03, 4).astype(np.float32),
+        "zb": np.zeros(4, np.int8), "sy": np.array(0.3, np.float32), "zy": np.array(7, np.uint8)}.items())
+    for graph, inputs in ((m, {"x": x}), (mm, {"a": a})):
+        plan = planner.compile(graph, {k: v.shape for k, v in inputs.items()})
+        want = Executor(plan, backend="numpy").run(inputs)["y"]
+        with torch.no_grad():
+            got = to_torch(graph, {k: v.shape for k, v in inputs.items()})(**inputs)["y"].numpy()
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("a_type,b_type", [(np.uint8, np.int8), (np.int8, np.uint8), (np.uint8, np.uint8)])
 def test_matmul_integer_sums_exactly(a_type, b_type):
     """Long rows of extreme values: sums beyond float32's integers, exact in int32; B's zero point per column."""

@@ -53,9 +53,10 @@ def check_granularity(schema, node, x, scale, zero):
 def pieces(arrays, params, axis_, block):
     """Views of `arrays` (of x's shape) and of `params` (the scale and zero point, None where
     omitted) that broadcast together, piece by piece: one piece per tensor and per axis; blocked,
-    the whole blocks, then the short last one (when block_size does not divide the axis)."""
+    the whole blocks, then the short last one (when block_size does not divide the axis). Arrays of
+    NumPy, CuPy or PyTorch."""
     x = arrays[0]
-    if params[0].size == 1:
+    if math.prod(params[0].shape) == 1:
         yield arrays, [None if p is None else p.reshape(()) for p in params]
         return
     a = axis_ % x.ndim
@@ -142,6 +143,24 @@ class QuantizeLinear(Schema):
                 xp.add(part, zs, out=part, casting="unsafe")
         xp.copyto(y, quotient, casting="unsafe")
 
+    def torch(self, torch, x, scale, zero=None, *, axis, saturate, block_size, output_dtype, precision):
+        """The integer targets: rounded half to even in the division's dtype, shifted and clipped in int32."""
+        from frontends.torch_ops import torch_dtype, unsupported
+        dtype = np.dtype(zero.cpu().numpy().dtype) if zero is not None else \
+            from_onnx(output_dtype) if output_dtype else np.dtype(np.uint8)
+        if target(dtype) != "integer":
+            raise unsupported(f"QuantizeLinear to {dtype}")
+        quotient = torch.empty(x.shape, dtype=torch_dtype(from_onnx(precision)) if precision else
+                               torch.result_type(x, scale) if x.is_floating_point() else torch.float64, device=x.device)
+        for (xs, qs), (ss,) in pieces([x, quotient], [scale], axis, block_size):
+            qs.copy_(xs.to(qs.dtype) / ss.to(qs.dtype))
+        ints = quotient.round().clamp(-65504, 65504).to(torch.int32)
+        if zero is not None:
+            for (part,), (zs,) in pieces([ints], [zero], axis, block_size):
+                part.add_(zs.to(torch.int32))
+        info = ml_dtypes.iinfo(dtype)
+        return ints.clamp(int(info.min), int(info.max)).to(torch_dtype(dtype))
+
 
 @schema("DequantizeLinear", since=10)
 class DequantizeLinear(Schema):
@@ -181,6 +200,13 @@ class DequantizeLinear(Schema):
         if wide is not y:
             xp.copyto(y, wide, casting="unsafe")
 
+    def torch(self, torch, x, scale, zero=None, *, axis, block_size, output_dtype):
+        from frontends.torch_ops import torch_dtype
+        wide = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        for (xs, part), (ss, zs) in pieces([x, wide], [scale, zero], axis, block_size):
+            part.copy_(xs.float() - (0 if zs is None else zs.float())).mul_(ss.float())
+        return wide.to(torch_dtype(from_onnx(output_dtype)) if output_dtype else scale.dtype)
+
 
 @schema("DynamicQuantizeLinear", since=11)
 class DynamicQuantizeLinear(Schema):
@@ -215,6 +241,14 @@ class DynamicQuantizeLinear(Schema):
         xp.add(quotient, point, out=quotient)
         xp.clip(quotient, 0, 255, out=quotient)
         xp.copyto(y, quotient, casting="unsafe")
+
+    def torch(self, torch, x):
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
+        low, high = torch.minimum(x.min(), zero), torch.maximum(x.max(), zero)
+        scale = torch.where(high == low, torch.ones_like(high), high - low) / 255
+        point = (0 - low / scale).clamp(0, 255).round()
+        y = ((x / scale).round() + point).clamp(0, 255).to(torch.uint8)
+        return y, scale, point.to(torch.uint8)
 
 
 def bits(dtype):

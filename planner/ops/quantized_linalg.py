@@ -102,6 +102,12 @@ class IntegerMatMul(Schema):
         widen(xp, b, zb, ws["b"])
         matmul(xp, None, [ws["a"], ws["b"]], [out], {})
 
+    def torch_products(self, torch, a, b, za, zb):
+        """The PyTorch form of `products`, in float64 (exact: PyTorch has no integer GEMM on the GPU)."""
+        a = a.double() if za is None else a.double() - za.double().reshape(rows(za.shape, a.ndim))
+        b = b.double() if zb is None else b.double() - zb.double()
+        return torch.matmul(a, b)
+
 
 @schema("MatMulInteger", since=10)
 class MatMulInteger(IntegerMatMul):
@@ -117,6 +123,9 @@ class MatMulInteger(IntegerMatMul):
 
     def kernel(self, xp, step, ins, outs, ws):
         self.products(xp, ins, ws, outs[0])
+
+    def torch(self, torch, a, b, a_zero=None, b_zero=None):
+        return self.torch_products(torch, a, b, a_zero, b_zero).to(torch.int32)
 
 
 @schema("QLinearMatMul", since=10)
@@ -157,6 +166,12 @@ class QLinearMatMul(IntegerMatMul):
         xp.multiply(a_scale.reshape(rows(a_scale.shape, a.ndim)), b_scale, out=multiplier)
         xp.divide(multiplier, y_scale, out=multiplier)
         requantize(xp, ws["sums"], ws["wide"], multiplier, y_zero, outs[0])
+
+    def torch(self, torch, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero):
+        multiplier = a_scale.reshape(rows(a_scale.shape, a.ndim)) * b_scale / y_scale
+        wide = self.torch_products(torch, a, b, a_zero, b_zero) * multiplier.double() + y_zero.double()
+        info = ml_dtypes.iinfo(y_zero.cpu().numpy().dtype)
+        return wide.round().clamp(int(info.min), int(info.max)).to(y_zero.dtype)
 
 
 def check_channels(what, shape, channels):

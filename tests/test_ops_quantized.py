@@ -47,6 +47,15 @@ def test_quantize_per_axis_and_blocked(dtype, block_size):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.uint16, np.int16])
+def test_quantize_saturates_and_rounds_half_to_even(dtype):
+    x = np.array([-1e9, -7e4, -3e4, -2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3e4, 7e4, 1e9, np.inf, -np.inf], np.float32)
+    consts = {"s": np.array(1, np.float32), "z": np.array(3, dtype)}
+    got, want = run_both(model("QuantizeLinear", {"x": x}, consts, helper.np_dtype_to_tensor_dtype(np.dtype(dtype))),
+                         {"x": x})
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 @pytest.mark.parametrize("block_size", [0, 2, 4])
 def test_dequantize_per_axis_and_blocked(dtype, block_size):

@@ -27,6 +27,12 @@ def target(dtype):
     return "narrow" if name.startswith(("float4", "float6")) else None
 
 
+def bound(dtype):
+    """How far QuantizeLinear clips a rounded quotient of `dtype` before it becomes int32: past every
+    integer target's range less its zero point (2 ** 17), or float16's largest value."""
+    return 65504 if np.dtype(dtype) == np.float16 else 1 << 17
+
+
 def check_granularity(schema, node, x, scale, zero):
     """ShapeError unless `scale` (and `zero`, of its shape) quantizes x per tensor (one value), per
     axis (one per index of `axis`) or in blocks of `block_size` along `axis` (x's shape with that dim
@@ -125,8 +131,7 @@ class QuantizeLinear(Schema):
         if kind == "integer":
             ints = ws["ints"]
             xp.rint(quotient, out=quotient)
-            bound = 65504 if quotient.dtype == np.float16 else 1 << 17  # past every range, inside int32
-            xp.clip(quotient, -bound, bound, out=quotient)
+            xp.clip(quotient, -bound(quotient.dtype), bound(quotient.dtype), out=quotient)
             xp.copyto(ints, quotient, casting="unsafe")
             if zero is not None:
                 for (part,), (zs,) in pieces([ints], [zero], *where):
@@ -154,7 +159,8 @@ class QuantizeLinear(Schema):
                                torch.result_type(x, scale) if x.is_floating_point() else torch.float64, device=x.device)
         for (xs, qs), (ss,) in pieces([x, quotient], [scale], axis, block_size):
             qs.copy_(xs.to(qs.dtype) / ss.to(qs.dtype))
-        ints = quotient.round().clamp(-65504, 65504).to(torch.int32)
+        limit = bound(np.float16 if quotient.dtype == torch.float16 else np.float32)
+        ints = quotient.round().clamp(-limit, limit).to(torch.int32)
         if zero is not None:
             for (part,), (zs,) in pieces([ints], [zero], axis, block_size):
                 part.add_(zs.to(torch.int32))

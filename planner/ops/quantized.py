@@ -270,9 +270,8 @@ def bits(dtype):
 
 @schema("BitCast", since=26)
 class BitCast(Schema):
-    """BitCast: x's bytes read as the dtype `to` of the same width; a view of x, no copy."""
+    """BitCast: x's bytes read as the dtype `to` of the same width, copied into the output."""
 
-    identity = True
     ranks = "same"
     defaults = {"to": None}
     flops = staticmethod(no_flops)
@@ -291,10 +290,8 @@ class BitCast(Schema):
         return [x.view(from_onnx(self.attr(node, "to")))]
 
     def kernel(self, xp, step, ins, outs, ws):
-        """Where the plan did not make the output a view: the bytes copied."""
         xp.copyto(outs[0], ins[0].view(outs[0].dtype))
 
     def torch(self, torch, x, to):
         from frontends.torch_ops import torch_dtype
         return x.view(torch_dtype(from_onnx(to)))
-

@@ -106,6 +106,8 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     spatial,
     pooling,
     random,
+    quantized,
+    quantized_linalg,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

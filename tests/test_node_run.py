@@ -22,7 +22,7 @@ def test_node(case):
                    values=case.name not in RANDOM)
 
 
-ML_DTYPES = ("FLOAT8", "INT4", "UINT4", "FLOAT4", "BFLOAT16", "INT2", "UINT2")
+ML_DTYPES = ("FLOAT8", "E4M3", "E5M2", "INT4", "UINT4", "FLOAT4", "BFLOAT16", "INT2", "UINT2")
 NOT_ON_GPU = {**NOT_RUN, **{c.name: (planner.MemplanError, "CuPy has no bfloat16, 8-, 4- or 2-bit types")
                             for c in CASES if any(t in c.name.upper() for t in ML_DTYPES)},
               **{f"test_mod_float_edge_cases_fmod_0_{t}": (AssertionError, "CuPy's float mod differs from NumPy's "

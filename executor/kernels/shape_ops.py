@@ -12,6 +12,7 @@ import numpy as np
 
 from planner import ops
 from planner.ops.shape_ops import pad_source, scatter_nd
+from planner.ops.base import take
 
 from . import cut, kernel
 
@@ -78,18 +79,15 @@ def slice_(xp, step, ins, outs, ws):
 
 @kernel("Gather")
 def gather(xp, step, ins, outs, ws):
-    """Negative indices count from the end. NumPy's take buffers its whole output while it checks the
-    indices, so here they are checked first and taken wrapping, straight into the output."""
+    """Negative indices count from the end; on NumPy they are checked first, then taken straight into the
+    output (see ops.base.take)."""
     data, idx = ins
     a = step.attrs["axis"] % data.ndim
-    if xp is not np:
-        xp.take(data, idx, axis=a, out=outs[0])
-        return
     n = data.shape[a]
-    low, high = (int(idx.min()), int(idx.max())) if idx.size else (0, 0)
+    low, high = (int(idx.min()), int(idx.max())) if idx.size and xp is np else (0, 0)
     if low < -n or high >= n:
         raise IndexError(f"index {low if low < -n else high} is out of bounds for axis {a} with size {n}")
-    np.take(data, idx, axis=a, out=outs[0], mode="wrap")
+    take(xp, data, idx, a, outs[0])
 
 
 @kernel("GatherElements")

@@ -211,6 +211,14 @@ def same_dtype(ins):
     return next(i.dtype for i in ins if i is not None)
 
 
+def take(xp, a, indices, axis, out):
+    """xp.take of in-range `indices` into `out`: NumPy's wrapping form, since its default checking one
+    buffers the whole output; CuPy's take has no modes."""
+    if xp is np:
+        return np.take(a, indices, axis=axis, out=out, mode="wrap")
+    return xp.take(a, indices, axis=axis, out=out)
+
+
 def elements(outs):
     """The number of elements of (shape, dtype) pairs, summed (None: an omitted output)."""
     return sum(math.prod(o[0]) for o in outs if o is not None)

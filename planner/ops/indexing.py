@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 from . import register
-from .base import Info, Layout, Schema, no_flops, no_gradient
+from .base import Info, Layout, Schema, no_flops, no_gradient, take
 from .shape_ops import wrapped, zeros
 from ..errors import ShapeError
 
@@ -63,7 +63,7 @@ class GatherND(Schema):
             xp.add(rows, term, out=rows)
         for first in range(1, batch):
             rows[first * n:(first + 1) * n] += first * m
-        xp.take(data.reshape(batch * m, rest), rows, axis=0, out=out.reshape(batch * n, rest), mode="wrap")
+        take(xp, data.reshape(batch * m, rest), rows, 0, out.reshape(batch * n, rest))
         return out
 
     def evaluate(self, node, data, indices):

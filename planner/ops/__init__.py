@@ -105,6 +105,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     control_flow,
     spatial,
     pooling,
+    recurrent,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

@@ -84,7 +84,7 @@ class Recurrent(Schema):
 
     def workspace(self, node, ins, outs, limit):
         """The gates of one step, the recurrent product, two (B, H) temporaries and the state."""
-        s, dtype = self.settings(self.arguments(node), ins[0].shape, ins[2].shape), outs[1][1]
+        s, dtype = self.settings(self.arguments(node), ins[0].shape, ins[2].shape), ins[0].dtype
         rows = (s.B, s.H)
         return Layout.pack(("gates", (s.B, self.gates * s.H), dtype), ("rec", (s.B, self.recurrent * s.H), dtype),
                            ("t1", rows, dtype), ("t2", rows, dtype), ("h", rows, dtype),

@@ -22,7 +22,7 @@ def _elu(xp, x, t, alpha, beta):
 def _leaky_relu(xp, x, t, alpha, beta):
     xp.minimum(x, 0, out=t)
     xp.multiply(t, alpha - 1, out=t)
-    xp.subtract(x, t, out=x)  # x - (1 - alpha) min(x, 0)
+    xp.add(x, t, out=x)  # x - (1 - alpha) min(x, 0)
 
 
 def _thresholded_relu(xp, x, t, alpha, beta):

@@ -16,7 +16,8 @@ T, B, I, H = 3, 2, 2, 2
 def recurrent_model(op, inputs, outputs, feeds, params, opset=22, **attrs):
     """A float32 model of one `op` node; `feeds` ({name: array}) are graph inputs, `params` initializers."""
     node = helper.make_node(op, inputs, outputs, **attrs)
-    fed = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()]
+    fed = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+           for k, v in feeds.items()]
     graph = helper.make_graph([node], op, fed, [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None)
                                                for o in outputs if o],
                               [numpy_helper.from_array(v, k) for k, v in params.items()])
@@ -78,6 +79,19 @@ def test_no_gradient_with_sequence_lens():
         check(m, p(T, B, I))
 
 
+def test_training_steps_through_an_lstm():
+    """planner.compile(training=True) unrolls the LSTM for its gradients; its weights train."""
+    feeds = {"x": np.random.default_rng(0).standard_normal((T, 4, I)).astype(np.float32)}
+    w = {k: v for k, v in weights("LSTM").items() if k != "P"}
+    plan = planner.compile(recurrent_model("LSTM", ["x", "W", "R", "B"], ["", "Y_h"], feeds, w, hidden_size=H),
+                           {"x": feeds["x"].shape}, training=True)
+    assert plan.training["params"] == ["W", "R", "B"] and "LSTM" not in {s.op for s in plan.steps}
+    labels = plan.tensors[plan.training["labels"]]
+    ex = Executor(plan, backend="numpy")
+    losses = [float(ex.train_step({**feeds, labels.name: np.zeros(labels.shape, labels.dtype)})) for _ in range(3)]
+    assert losses[0] > losses[1] > losses[2]
+
+
 def torch_reference(op, w, x, lengths=None, bidirectional=False):
     """PyTorch's nn.LSTM or nn.GRU with the ONNX weights `w` copied in (gates reordered), run on x
     (T, B, I), packed by `lengths` if given: (Y as (T, D, B, H), Y_h)."""
@@ -134,8 +148,8 @@ CUSTOM = {  # op: attributes exercising the activations, their parameters, clip 
                   activation_beta=[0.4, 0.7, 0.6, 0.5], clip=0.9, direction="bidirectional"),
              dict(activations=["Sigmoid", "Softsign", "Softplus"], input_forget=1, layout=1)],
     "GRU": [dict(activations=["LeakyRelu", "ThresholdedRelu"], activation_alpha=[0.2, 0.1], clip=1.2),
-            dict(activations=["Sigmoid", "Relu", "HardSigmoid", "Affine"], activation_alpha=[0.3, 0.5], activation_beta=[0.4, 0.1],
-                 direction="bidirectional", layout=1)],
+            dict(activations=["Sigmoid", "Relu", "HardSigmoid", "Affine"], activation_alpha=[0.3, 0.5],
+                 activation_beta=[0.4, 0.1], direction="bidirectional", layout=1)],
     "RNN": [dict(activations=["Softplus"], direction="reverse"), dict(activations=["Relu", "Elu"], clip=0.5,
                                                                         direction="bidirectional", layout=1)],
 }

@@ -30,10 +30,11 @@ def _chunks(x, n, size):
 class Recurrent(Schema):
     """What the three ops share: inputs X, W, R, B, sequence_lens, initial_h (and LSTM's initial_c, P),
     outputs Y, Y_h (and LSTM's Y_c); `gates` blocks of H rows in W and R, `acts` activations per
-    direction, `cell` the step in an algebra (planner/ops/recurrent_parts.py), `recurrent` the width of
-    the recurrent product the kernel's `step` takes at once (in hidden sizes)."""
+    direction, `cell` the step in an algebra (planner/ops/recurrent_parts.py); for the kernel's `step`,
+    `recurrent` the width of the recurrent product it takes at once (in hidden sizes), `states` the
+    (B, H) states it carries (h, and LSTM's c) and `temporaries` the (B, H) scratch it needs."""
 
-    gates = acts = recurrent = 1
+    gates = acts = recurrent = states = temporaries = 1
     cell = None
     mirror = False
     default_acts = ()
@@ -80,15 +81,14 @@ class Recurrent(Schema):
                                  f"input size {s.I}), got {tuple(info.shape)}")
         dtype = same_dtype([x, w, r, bias, h0, c0, p])
         y = (s.T, d, s.B, h) if s.layout == 0 else (s.B, s.T, d, h)
-        return [(y, dtype)] + [(state, dtype)] * (2 if self.cell is lstm_cell else 1)
+        return [(y, dtype)] + [(state, dtype)] * self.states
 
     def workspace(self, node, ins, outs, limit):
-        """The gates of one step, the recurrent product, two (B, H) temporaries and the state."""
+        """The gates of one step, the recurrent product, the (B, H) temporaries and states."""
         s, dtype = self.settings(self.arguments(node), ins[0].shape, ins[2].shape), ins[0].dtype
-        rows = (s.B, s.H)
+        rows = [(name, (s.B, s.H), dtype) for name in ("t1", "t2")[:self.temporaries] + ("h", "c")[:self.states]]
         return Layout.pack(("gates", (s.B, self.gates * s.H), dtype), ("rec", (s.B, self.recurrent * s.H), dtype),
-                           ("t1", rows, dtype), ("t2", rows, dtype), ("h", rows, dtype),
-                           ("c", rows, dtype) if self.cell is lstm_cell else None)
+                           *rows)
 
     def flops(self, node, ins, outs):
         """Per direction and time step: the two matmuls (2 B H' (I + H), H' the gate rows), and about
@@ -189,7 +189,7 @@ class Recurrent(Schema):
 class LSTM(Recurrent):
     """LSTM: gates i, o, f, c; peepholes P, input_forget (f = 1 - i), cell state c beside h."""
 
-    gates, acts, recurrent = 4, 3, 4
+    gates, acts, recurrent, states = 4, 3, 4, 2
     cell = staticmethod(lstm_cell)
     default_acts = ("Sigmoid", "Tanh", "Tanh")
     defaults = {**Recurrent.defaults, "input_forget": 0}
@@ -224,7 +224,7 @@ class LSTM(Recurrent):
 class GRU(Recurrent):
     """GRU: gates z, r, h; linear_before_reset applies the reset gate after the recurrent product."""
 
-    gates, acts, recurrent = 3, 2, 2
+    gates, acts, recurrent, temporaries = 3, 2, 2, 2
     cell = staticmethod(gru_cell)
     default_acts = ("Sigmoid", "Tanh")
     defaults = {**Recurrent.defaults, "linear_before_reset": 0}

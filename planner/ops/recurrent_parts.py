@@ -12,6 +12,7 @@ from ..ir import Tensor
 
 
 def _elu(xp, x, t, alpha, beta):
+    """The in-place forms below take scratch `t` of x's shape where x and a function of it meet."""
     xp.minimum(x, 0, out=t)
     xp.expm1(t, out=t)
     xp.multiply(t, alpha, out=t)
@@ -42,12 +43,10 @@ def _hard_sigmoid(xp, x, t, alpha, beta):
     xp.clip(x, 0, 1, out=x)
 
 
-def _built(op, **attrs):
-    """The Builder form of an activation that is one op of memplan's."""
-    def build(b, x, alpha, beta):
-        named = {k: {"alpha": alpha, "beta": beta}[v] for k, v in attrs.items()}
-        return b.op(op, x, **named)
-    return build
+def _built(op, *names):
+    """The Builder form of an activation that is one op of memplan's, taking alpha (and beta) as the
+    attributes `names`."""
+    return lambda b, x, alpha, beta: b.op(op, x, **dict(zip(names, (alpha, beta))))
 
 
 def _composite(op):
@@ -68,11 +67,11 @@ ACTIVATIONS = {
     "scaledtanh": ((1.0, 1.0), lambda xp, x, t, a, c: xp.multiply(xp.tanh(xp.multiply(x, c, out=x), out=x), a, out=x),
                    lambda b, x, a, c: b.op("Mul", b.op("Tanh", b.op("Mul", x, b.const(c, x))), b.const(a, x)),
                    lambda torch, x, a, c: torch.tanh(x * c) * a),
-    "leakyrelu": ((0.01,), _leaky_relu, _built("LeakyRelu", alpha="alpha"),
+    "leakyrelu": ((0.01,), _leaky_relu, _built("LeakyRelu", "alpha"),
                   lambda torch, x, a, c: torch.nn.functional.leaky_relu(x, a)),
     "thresholdedrelu": ((1.0,), _thresholded_relu, _composite("ThresholdedRelu"),
                         lambda torch, x, a, c: torch.where(x > a, x, torch.zeros_like(x))),
-    "hardsigmoid": ((0.2, 0.5), _hard_sigmoid, _built("HardSigmoid", alpha="alpha", beta="beta"),
+    "hardsigmoid": ((0.2, 0.5), _hard_sigmoid, _built("HardSigmoid", "alpha", "beta"),
                     lambda torch, x, a, c: torch.clamp(x * a + c, 0, 1)),
     "elu": ((1.0,), _elu, _composite("Elu"), lambda torch, x, a, c: torch.nn.functional.elu(x, a)),
     "softsign": ((), _softsign, _composite("Softsign"), lambda torch, x, a, c: torch.nn.functional.softsign(x)),

@@ -115,7 +115,7 @@ def _through_parts(graph, needs):
     """The graph with each node that gradients pass through and whose op has a kernel and a `decompose`
     rule but no gradient rule (LSTM, GRU, RNN) replaced by its parts, which are differentiated instead."""
     from .passes.decompose import decomposed  # the passes import this module
-    return decomposed(graph, lambda node, schema: schema.gradient is None and any(i in needs for i in node.inputs))
+    return decomposed(graph, lambda node, schema: not schema.differentiable and any(i in needs for i in node.inputs))
 
 
 def _depends_on(graph, sources):

@@ -199,7 +199,7 @@ class LSTM(Recurrent):
         h, c, t1 = ws["h"], ws["c"], ws["t1"]
         i, o, f, g = _chunks(self.gates_of(xp, x, k, ws), 4, s.H)
         if k["p"] is not None:
-            for gate, peep in ((i, k["p"][0]), (f, k["p"][2]))[:1 if s.input_forget else 2]:
+            for gate, peep in [(i, k["p"][0])] + ([] if s.input_forget else [(f, k["p"][2])]):
                 xp.multiply(c, peep, out=t1)
                 xp.add(gate, t1, out=gate)
         _activate(xp, s, i, f_act, t1)
@@ -242,16 +242,13 @@ class GRU(Recurrent):
         xp.add(gates[:, :2 * H], rec, out=gates[:, :2 * H])
         _activate(xp, s, z, f_act, t1)
         _activate(xp, s, r, f_act, t1)
-        if s.linear_before_reset:
-            xp.matmul(h, rt[:, 2 * H:], out=t2)
-            if k["rb"] is not None:
-                xp.add(t2, k["rb"][2 * H:], out=t2)
-            xp.multiply(t2, r, out=t2)
-        else:
+        if not s.linear_before_reset:
             xp.multiply(r, h, out=t1)
-            xp.matmul(t1, rt[:, 2 * H:], out=t2)
-            if k["rb"] is not None:
-                xp.add(t2, k["rb"][2 * H:], out=t2)
+        xp.matmul(h if s.linear_before_reset else t1, rt[:, 2 * H:], out=t2)
+        if k["rb"] is not None:
+            xp.add(t2, k["rb"][2 * H:], out=t2)
+        if s.linear_before_reset:
+            xp.multiply(t2, r, out=t2)
         xp.add(candidate, t2, out=candidate)
         _activate(xp, s, candidate, g_act, t1)
         xp.subtract(h, candidate, out=t1)

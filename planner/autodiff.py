@@ -83,6 +83,7 @@ def gradients(graph, loss, wrt=None):
     tensor in `wrt` that the loss does not depend on differentiably gets zeros. Shape inference
     prunes what no output or update reads: the caller adds the gradients' readers before planning."""
     wrt = [t.name for t in graph.params() if t.dtype.kind == "f"] if wrt is None else list(wrt)
+    graph = _through_parts(graph, _depends_on(graph, set(wrt)))
     needs = _depends_on(graph, set(wrt))
     if loss not in needs:
         raise ModelError(f"loss {loss!r} does not depend on any of the tensors to differentiate")
@@ -108,6 +109,13 @@ def gradients(graph, loss, wrt=None):
     typed = shapes.retype(replace(graph, nodes=(*graph.nodes, *b.nodes), tensors={**graph.tensors, **b.tensors},
                                   outputs=(*graph.outputs, *grads.values())), graph)
     return replace(typed, outputs=graph.outputs), grads
+
+
+def _through_parts(graph, needs):
+    """The graph with each node that gradients pass through and whose op has a kernel and a `decompose`
+    rule but no gradient rule (LSTM, GRU, RNN) replaced by its parts, which are differentiated instead."""
+    from .passes.decompose import decomposed  # the passes import this module
+    return decomposed(graph, lambda node, schema: not schema.differentiable and any(i in needs for i in node.inputs))
 
 
 def _depends_on(graph, sources):

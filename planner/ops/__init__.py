@@ -105,9 +105,10 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     control_flow,
     spatial,
     pooling,
-    random,
+from . import (  # noqa: E402,F401  (registration, one family per line)
     quantized,
     quantized_linalg,
+)
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

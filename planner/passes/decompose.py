@@ -7,14 +7,15 @@ from ..autodiff import Builder
 from .base import TYPED, Pass, Result
 
 
-def decomposed(graph):
-    """The typed `graph` with every node whose op has a `decompose` rule and no kernel of its own
-    replaced by its parts, which write the node's outputs and carry its annotations; the graph itself
-    when there is none."""
+def decomposed(graph, select=None):
+    """The typed `graph` with every node whose op has a `decompose` rule and no kernel of its own (or
+    one, where `select(node, schema)` picks the node) replaced by its parts, which write the node's
+    outputs and carry its annotations; the graph itself when there is none. A rule gives None for an
+    output the node leaves out."""
     nodes, tensors, changed = [], dict(graph.tensors), False
     for node in graph.nodes:
         schema = ops.of(node, graph.opsets)
-        if schema.decompose is None or schema.kernel is not None:
+        if schema.decompose is None or (schema.kernel is not None and not (select and select(node, schema))):
             nodes.append(node)
             continue
         b = Builder(graph, prefix=node.name or node.op, phase=node.notes.phase)

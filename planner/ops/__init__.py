@@ -105,10 +105,10 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     control_flow,
     spatial,
     pooling,
-from . import (  # noqa: E402,F401  (registration, one family per line)
+    random,
     quantized,
     quantized_linalg,
-)
+    recurrent,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

@@ -12,8 +12,8 @@ install:
 
 install-test: install
 	$(PIP) -e ".[test]"
-	$(PIP) torch==2.13.0 || echo "PyTorch could not be installed: the exporter tests will be skipped"
-	$(PIP) transformers onnxscript || echo "transformers or onnxscript could not be installed: the LLaMA export test will be skipped"
+	$(PIP) torch==2.13.0 torchvision || echo "PyTorch could not be installed: the exporter tests will be skipped"
+	$(PIP) transformers onnxscript timm || echo "transformers, onnxscript or timm could not be installed: the export tests that need them will be skipped"
 	command -v dot >/dev/null || apt-get install -y -qq graphviz >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || \
 		echo "Graphviz could not be installed: the picture tests will be skipped"

@@ -110,6 +110,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     quantized_linalg,
     recurrent,
     selection,
+    scatter,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

@@ -68,12 +68,14 @@ class TopK(Schema):
         return [(shape, ins[0].dtype), (shape, np.dtype(np.int64))]
 
     def workspace(self, node, ins, outs, limit):
+        """Rows with the axis last, contiguous (so that an arg-extreme reads them in place): `work` the data,
+        `taken` the picked places; per row, the pick, its flat offset and value, and the row's start."""
         a, _ = self.k(node, ins[0].shape)
         outer, n, inner = around(ins[0].shape, a)
-        row = (outer, 1, inner)
-        return Layout.pack(("work", (outer, n, inner), ins[0].dtype), ("taken", (outer, n, inner), np.bool_),
-                           ("pick", row, np.int64), ("other", row, np.int64), ("flat", row, np.int64),
-                           ("base", row, np.int64), ("got", row, ins[0].dtype), ("hit", row, np.bool_))
+        rows, one = (outer, inner, n), (outer, inner, 1)
+        return Layout.pack(("work", rows, ins[0].dtype), ("taken", rows, np.bool_), ("pick", one, np.int64),
+                           ("other", one, np.int64), ("flat", one, np.int64), ("start", one, np.int64),
+                           ("got", one, ins[0].dtype), ("hit", one, np.bool_))
 
     def sentinel(self, node, dtype):
         """A value no pick prefers to any other: the lowest of the dtype for the largest, else the highest."""
@@ -88,36 +90,27 @@ class TopK(Schema):
         outer, n, inner = around(x.shape, a)
         if not values.size:
             return
-        work, taken = ws["work"].reshape(outer, n, inner), ws["taken"].reshape(outer, n, inner)
-        pick, other, flat, base, got, hit = (ws[s].reshape(outer, 1, inner)
-                                             for s in ("pick", "other", "flat", "base", "got", "hit"))
-        xp.copyto(work, x.reshape(outer, n, inner))
+        work, taken = ws["work"].reshape(outer, inner, n), ws["taken"].reshape(outer, inner, n)
+        pick, other, flat, start, got, hit = (ws[s].reshape(outer, inner, 1)
+                                              for s in ("pick", "other", "flat", "start", "got", "hit"))
+        xp.copyto(work, x.reshape(outer, n, inner).transpose(0, 2, 1))
         taken.fill(False)
-        count_into(xp, base)  # base: the flat offset of (o, 0, i), o n inner + i
-        xp.floor_divide(base, inner, out=flat)
-        xp.multiply(flat, (n - 1) * inner, out=flat)
-        xp.add(base, flat, out=base)
+        count_into(xp, start, n)
         extreme, sentinel = xp.argmax if self.attr(node, "largest") else xp.argmin, self.sentinel(node, x.dtype)
         values3, indices3 = values.reshape(outer, k, inner), indices.reshape(outer, k, inner)
         for j in range(k):
-            extreme(work, axis=1, out=pick, keepdims=True)
-            self.offsets(xp, pick, base, inner, flat)
+            extreme(work, axis=2, out=pick, keepdims=True)
+            xp.add(start, pick, out=flat)
             take_into(xp, work.reshape(-1), flat, got)
             xp.equal(got, sentinel, out=hit)  # all left hold the sentinel's value: the first not taken
-            xp.argmin(taken, axis=1, out=other, keepdims=True)
+            xp.argmin(taken, axis=2, out=other, keepdims=True)
             xp.copyto(pick, other, where=hit)
-            self.offsets(xp, pick, base, inner, flat)
-            xp.copyto(indices3[:, j:j + 1], pick)
-            take_into(xp, x.reshape(-1), flat, got)
-            xp.copyto(values3[:, j:j + 1], got)
+            xp.add(start, pick, out=flat)
+            take_into(xp, work.reshape(-1), flat, got)  # not taken yet, so the data's value
+            xp.copyto(indices3[:, j:j + 1], pick.reshape(outer, 1, inner))
+            xp.copyto(values3[:, j:j + 1], got.reshape(outer, 1, inner))
             work.reshape(-1)[flat] = sentinel
             taken.reshape(-1)[flat] = True
-
-    @staticmethod
-    def offsets(xp, pick, base, inner, flat):
-        """flat = the offsets of the picked positions: pick inner + base."""
-        xp.multiply(pick, inner, out=flat)
-        xp.add(flat, base, out=flat)
 
     def evaluate(self, node, x):
         a, k = self.k(node, x.shape)
@@ -166,18 +159,25 @@ class Hardmax(Schema):
     infer = staticmethod(same_as_input)
 
     def workspace(self, node, ins, outs, limit):
+        """`rows`: the data with the axis last, when it is not (an arg-extreme over another axis copies
+        it); `pick`, the first largest of each; `mask`, the places it marks, in the rows' order."""
         outer, n, inner = self.rows(node, ins[0].shape)
-        return Layout.pack(("pick", (outer, 1, inner), np.int64), ("count", (n, 1), np.int64),
-                           ("mask", (outer, n, inner), np.bool_))
+        return Layout.pack(("rows", (outer, inner, n), ins[0].dtype) if inner > 1 else None,
+                           ("pick", (outer, inner, 1), np.int64), ("count", (n,), np.int64),
+                           ("mask", (outer, inner, n), np.bool_))
 
     def kernel(self, xp, step, ins, outs, ws):
-        shape = self.rows(step, ins[0].shape)
-        if not math.prod(shape):
+        outer, n, inner = self.rows(step, ins[0].shape)
+        if not outer * n * inner:
             return
-        mask, pick = ws["mask"].reshape(shape), ws["pick"].reshape(shape[0], 1, shape[2])
-        xp.argmax(ins[0].reshape(shape), axis=1, out=pick, keepdims=True)
+        rows = ins[0].reshape(outer, n, inner).transpose(0, 2, 1)
+        if inner > 1:
+            xp.copyto(ws["rows"].reshape(outer, inner, n), rows)
+            rows = ws["rows"].reshape(outer, inner, n)
+        mask, pick = ws["mask"].reshape(outer, inner, n), ws["pick"].reshape(outer, inner, 1)
+        xp.argmax(rows, axis=2, out=pick, keepdims=True)
         xp.equal(pick, count_into(xp, ws["count"]), out=mask)
-        xp.copyto(outs[0].reshape(shape), mask)
+        xp.copyto(outs[0].reshape(outer, n, inner), mask.transpose(0, 2, 1))
 
     def evaluate(self, node, x):
         shape = self.rows(node, x.shape)
@@ -220,17 +220,18 @@ class OneHot(Schema):
 
     def workspace(self, node, ins, outs, limit):
         a, depth = self.sizes(node, ins[0].shape)
-        return Layout.pack(("index", ins[0].shape, np.int64), ("negative", ins[0].shape, np.bool_),
+        return Layout.pack(("index", ins[0].shape, np.int64), ("shift", ins[0].shape, np.int64),
                            ("count", (depth, 1), np.int64), ("mask", outs[0][0], np.bool_))
 
     def kernel(self, xp, step, ins, outs, ws):
         indices, _, values = ins
         a, depth = self.sizes(step, indices.shape)
         shape = (math.prod(indices.shape[:a]), depth, math.prod(indices.shape[a:]))
-        y, index, negative = outs[0].reshape(shape), ws["index"], ws["negative"]
+        y, index, shift = outs[0].reshape(shape), ws["index"], ws["shift"]
         xp.copyto(index, indices, casting="unsafe")
-        xp.less(index, 0, out=negative)
-        xp.add(index, depth, out=index, where=negative)
+        xp.less(index, 0, out=shift)  # depth added to the negative ones (CuPy's ufuncs take no `where`)
+        xp.multiply(shift, depth, out=shift)
+        xp.add(index, shift, out=index)
         mask = ws["mask"].reshape(shape)
         xp.equal(index.reshape(shape[0], 1, shape[2]), count_into(xp, ws["count"]), out=mask)
         flat = values.reshape(-1)

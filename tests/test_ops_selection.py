@@ -173,3 +173,12 @@ def test_castlike_plans_as_cast_and_size_folds():
     y = Executor(plan, backend="numpy").run({"x": x})["y"]
     assert y.dtype == np.float16
     np.testing.assert_array_equal(y, x.astype(np.float16) * np.float16(6))
+
+
+@pytest.mark.parametrize("mode, write", [("linear", None), ("linear", [2, 0]), ("circular", [3, 1])])
+def test_tensor_scatter_gradients(mode, write):
+    consts = {"u": p(2, 3, 2, 2)}
+    if write is not None:
+        consts["w"] = np.array(write, np.int64)
+    m = weighted([("TensorScatter", ["x", *consts], ["a"], dict(mode=mode, axis=2))], [2, 3, 4, 2], consts, opset=24)
+    check(m, p(2, 3, 4, 2))

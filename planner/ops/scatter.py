@@ -140,6 +140,23 @@ class TensorScatter(Schema):
                     where = (sample, *(slice(None),) * (a - 1))
                     xp.copyto(y[(*where, slice(at, at + size))], update[(*where, slice(source, source + size))])
 
+    def gradient(self, b, node, dys):
+        """The cache's: dY with the written places zeroed (the same scatter, of zeros); the update's: dY
+        read back from those places (the first ones without write indices, else GatherElements at each
+        sample's write index plus the step, wrapped in circular mode)."""
+        cache, update, *write = node.inputs
+        shape = b.shape(update)
+        a = axis(self.attr(node, "axis"), len(shape))
+        kept = b.op("TensorScatter", dys[0], zeros(b, shape, b.dtype(cache)), *write, **self.arguments(node))
+        if not any(write):
+            return [kept, b.op("Slice", dys[0], starts=[0], ends=[shape[a]], axes=[a]), *[None] * len(write)]
+        steps = np.arange(shape[a]).reshape([-1 if k == a else 1 for k in range(len(shape))])
+        places = b.op("Add", b.op("Reshape", write[0], shape=[-1] + [1] * (len(shape) - 1)), b.const(steps, write[0]))
+        if self.attr(node, "mode") == "circular":
+            places = b.op("Mod", places, b.const(b.shape(cache)[a], write[0]))
+        places = b.op("Expand", places, shape=list(shape))
+        return [kept, b.op("GatherElements", dys[0], places, axis=a), None]
+
     def torch(self, torch, cache, update, write_indices=None, axis=-2, mode="linear"):
         a = axis % cache.ndim
         y, length, count = cache.clone(), cache.shape[a], update.shape[a]

@@ -2,10 +2,11 @@
 picked places), EyeLike, Size, CastLike. Their kernels see the data as (outer, n, inner) around the
 chosen axis and keep every index table in their workspace, so that they allocate nothing."""
 import math
+from dataclasses import replace
 
 import numpy as np
 
-from . import register, schema
+from . import get, register, schema
 from .base import Layout, Schema, axis, no_flops, same_as_input
 from .shape_ops import zeros
 from .. import dtypes
@@ -321,6 +322,13 @@ class CastLike(Schema):
 
     def infer(self, node, ins):
         return [(ins[0].shape, ins[1].dtype)]
+
+    def fold(self, node, ins):
+        """Cast's value when input 0's is known: input 1 gives only its dtype (often it is data)."""
+        if ins[0].value is None:
+            return None
+        cast = replace(node, op="Cast", inputs=node.inputs[:1], attrs={**node.attrs, "to": dtypes.to_onnx(ins[1].dtype)})
+        return get("Cast").evaluate(cast, ins[0].value)
 
     def decompose(self, b, node):
         return [b.op("Cast", node.inputs[0], to=dtypes.to_onnx(b.dtype(node.inputs[1])), **self.arguments(node))]

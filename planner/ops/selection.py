@@ -333,6 +333,10 @@ class CastLike(Schema):
     def decompose(self, b, node):
         return [b.op("Cast", node.inputs[0], to=dtypes.to_onnx(b.dtype(node.inputs[1])), **self.arguments(node))]
 
+    def torch(self, torch, x, like, saturate, round_mode):
+        """For graphs run before planning decomposes it (planned graphs hold the Cast)."""
+        return x.to(like.dtype)
+
 
 register(Hardmax(1, 1, True))
 register(Hardmax(13, -1, False))

@@ -182,3 +182,11 @@ def test_tensor_scatter_gradients(mode, write):
         consts["w"] = np.array(write, np.int64)
     m = weighted([("TensorScatter", ["x", *consts], ["a"], dict(mode=mode, axis=2))], [2, 3, 4, 2], consts, opset=24)
     check(m, p(2, 3, 4, 2))
+
+
+@pytest.mark.parametrize("k", [-300, -1, 0, 5, 600])
+def test_eyelike_too_large_to_fold_runs_its_kernel(k):
+    plan = planner.compile(model([("EyeLike", ["x"], ["y"], dict(k=k))], [300, 400], {}))
+    assert [s.op for s in plan.steps] == ["EyeLike"]
+    y = Executor(plan, backend="numpy", poison=True).run({"x": np.zeros((300, 400))})["y"]
+    np.testing.assert_array_equal(y, np.eye(300, 400, k))

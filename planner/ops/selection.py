@@ -252,7 +252,7 @@ class OneHot(Schema):
         a = axis % (indices.ndim + 1)
         index = indices.long()
         index = torch.where(index < 0, index + depth, index).unsqueeze(a)
-        count = torch.arange(depth).reshape([-1] + [1] * (indices.ndim - a))
+        count = torch.arange(depth, device=indices.device).reshape([-1] + [1] * (indices.ndim - a))
         flat = values.reshape(-1)
         return torch.where(index == count, flat[1], flat[0])
 
@@ -310,7 +310,7 @@ class Size(Schema):
         outs[0].fill(ins[0].size)
 
     def torch(self, torch, x):
-        return torch.tensor(x.numel(), dtype=torch.int64)
+        return torch.tensor(x.numel(), dtype=torch.int64, device=x.device)
 
 
 @schema("CastLike")

@@ -46,15 +46,16 @@ def one_node(op, inputs, consts=None, opset=18, outputs=("y",), **attrs):
     consts = consts or {}
     graph = helper.make_graph(
         [helper.make_node(op, [*inputs, *consts], list(outputs), **attrs)], op,
-        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for k, v in inputs.items()],
         [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs],
         [numpy_helper.from_array(v, k) for k, v in consts.items()])
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     plan = planner.compile(m)
     got = Executor(plan, backend="numpy", poison=True).run(inputs)
     for o in m.graph.output:
-        o.CopyFrom(helper.make_tensor_value_info(o.name, helper.np_dtype_to_tensor_dtype(np.dtype(plan.tensors[o.name].dtype)),
-                                                 None))
+        dtype = helper.np_dtype_to_tensor_dtype(np.dtype(plan.tensors[o.name].dtype))
+        o.CopyFrom(helper.make_tensor_value_info(o.name, dtype, None))
     session = onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     return [got[o] for o in outputs], session.run(None, inputs)
 
@@ -126,7 +127,8 @@ def runs(op, inputs, consts, opset=18, **attrs):
     """Plans one node and runs it on the inputs."""
     graph = helper.make_graph(
         [helper.make_node(op, [*inputs, *consts], ["y", "i"] if op == "TopK" else ["y"], **attrs)], op,
-        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for k, v in inputs.items()],
         [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)],
         [numpy_helper.from_array(v, k) for k, v in consts.items()])
     plan = planner.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]))
@@ -190,3 +192,9 @@ def test_eyelike_too_large_to_fold_runs_its_kernel(k):
     assert [s.op for s in plan.steps] == ["EyeLike"]
     y = Executor(plan, backend="numpy", poison=True).run({"x": np.zeros((300, 400))})["y"]
     np.testing.assert_array_equal(y, np.eye(300, 400, k))
+
+
+def test_scatter_elements_constant_indices_are_checked_when_planning():
+    with pytest.raises(planner.ShapeError, match="index -4 is out of range for axis 1 of size 3"):
+        runs("ScatterElements", {"x": np.zeros((2, 3), np.float32)},
+             {"i": np.array([[0, -4]], np.int64), "u": np.zeros((1, 2), np.float32)}, axis=1)

@@ -1,6 +1,6 @@
-"""Ops along one axis, one entry each: CumSum and CumProd (running sums and products, exclusive and
-reversed forms) and ArgMax / ArgMin (int64 indices of the extremes). Their kernels work through views (a reversed axis is a
-negative stride), so they need no temporaries."""
+"""Ops along one axis, one entry each: CumSum and CumProd (running sums and products, exclusive and reversed
+forms) and ArgMax / ArgMin (int64 indices of the extremes). Their kernels work through views (a reversed
+axis is a negative stride), so they need no temporaries."""
 import numpy as np
 
 from . import register
@@ -117,7 +117,8 @@ class CumProd(CumSum):
         if a != rank - 1:
             x, dy = b.op("Transpose", x, perm=perm), b.op("Transpose", dy, perm=perm)
         right = b.const(np.triu(np.ones((n, n), bool), 1), like)
-        rows = b.op("Where", b.op("Cast", right, to=to_onnx(np.bool_)), b.op("Unsqueeze", x, axes=[-2]), b.const(1, like))
+        right = b.op("Cast", right, to=to_onnx(np.bool_))
+        rows = b.op("Where", right, b.op("Unsqueeze", x, axes=[-2]), b.const(1, like))
         inner = b.op("Trilu", b.op("CumProd", rows, axis=-1), upper=1)
         summed = b.op("Squeeze", b.op("MatMul", inner, b.op("Unsqueeze", dy, axes=[-1])), axes=[-1])
         dx = b.op("Mul", b.op("CumProd", x, axis=-1, exclusive=1), summed)

@@ -28,7 +28,11 @@ class ScatterElements(Schema):
 
     def infer(self, node, ins):
         data, indices, updates = ins
-        axis(self.attr(node, "axis"), data.rank)
+        dim = data.shape[axis(self.attr(node, "axis"), data.rank)]
+        known = indices.value
+        if known is not None and known.size and not -dim <= known.min() <= known.max() < dim:
+            bad = known.min() if known.min() < -dim else known.max()
+            raise ShapeError(f"index {bad} is out of range for axis {self.attr(node, 'axis')} of size {dim}")
         if not data.rank == indices.rank or indices.shape != updates.shape:
             raise ShapeError(f"indices {indices.shape} and updates {updates.shape} must have one shape, of the "
                              f"rank of data {data.shape}")

@@ -327,7 +327,8 @@ class CastLike(Schema):
         """Cast's value when input 0's is known: input 1 gives only its dtype (often it is data)."""
         if ins[0].value is None:
             return None
-        cast = replace(node, op="Cast", inputs=node.inputs[:1], attrs={**node.attrs, "to": dtypes.to_onnx(ins[1].dtype)})
+        to = dtypes.to_onnx(ins[1].dtype)
+        cast = replace(node, op="Cast", inputs=node.inputs[:1], attrs={**node.attrs, "to": to})
         return get("Cast").evaluate(cast, ins[0].value)
 
     def decompose(self, b, node):

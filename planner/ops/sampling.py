@@ -8,6 +8,7 @@ import numpy as np
 
 from . import register
 from .base import Layout, Schema
+from .composite import Composite
 from ..dtypes import is_float
 from ..errors import ShapeError
 
@@ -236,3 +237,45 @@ class GridSample(Schema):
 
 register(GridSample(16, {"bilinear": "linear", "nearest": "nearest", "bicubic": "cubic"}))
 register(GridSample(20, {"linear": "linear", "nearest": "nearest", "cubic": "cubic"}))
+
+
+class AffineGrid(Composite):
+    """AffineGrid (opset 20): the grid (N, *size[2:], r) of theta (N, r, r + 1) applied to the
+    normalized coordinates (x, y[, z], 1) of every point of the output size (x along the last dim),
+    as GridSample reads them. Planned as one MatMul of those constant coordinates by theta."""
+
+    arity = None
+    ranks = None
+    attr_inputs = (("size", 1, 20),)
+
+    def __init__(self):
+        super().__init__("AffineGrid", _affine_grid, {"size": None, "align_corners": 0}, since=20)
+
+    def infer(self, node, ins):
+        theta, size = ins[0], self.attr(node, "size")
+        if size is None or len(size) not in (4, 5) or min(size) < 0:
+            raise ShapeError(f"size must be (N, C, H, W) or (N, C, D, H, W), got {size}")
+        r = len(size) - 2
+        if theta.shape != (size[0], r, r + 1):
+            raise ShapeError(f"theta must be ({size[0]}, {r}, {r + 1}) for size {tuple(size)}, got {theta.shape}")
+        return [((size[0], *size[2:], r), theta.dtype)]
+
+    def torch(self, torch, theta, size, align_corners):
+        return torch.nn.functional.affine_grid(theta, list(size), align_corners=bool(align_corners))
+
+
+def grid_coordinates(spatial, align_corners):
+    """(points, r + 1): the normalized coordinates of each point of `spatial`, innermost dim first, then 1."""
+    axes = [np.linspace(-1, 1, n) if align_corners else (2 * np.arange(n) + 1) / n - 1 for n in spatial]
+    mesh = np.meshgrid(*axes, indexing="ij")
+    return np.stack([m.reshape(-1) for m in reversed(mesh)] + [np.ones(math.prod(spatial))], axis=1)
+
+
+def _affine_grid(b, node, theta, size, align_corners):
+    spatial = size[2:]
+    base = b.const(grid_coordinates(spatial, align_corners), theta)
+    grid = b.op("MatMul", base, b.op("Transpose", theta, perm=[0, 2, 1]))
+    return b.op("Reshape", grid, shape=[size[0], *spatial, len(spatial)])
+
+
+register(AffineGrid())

@@ -7,7 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import planner
-from executor import Executor
+from executor import Executor, RunError
 from planner.config import Config
 from planner.errors import ShapeError
 from test_autodiff import check, p, weighted
@@ -24,13 +24,14 @@ def one_node(op, inputs, attrs, opset, inits=()):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def run_like_reference(op, inputs, attrs, opset, inits=(), limit=None, rtol=1e-5, atol=1e-6):
-    """The node planned (its workspace under `limit` bytes) and run with poison on, against the reference."""
+def run_like_reference(op, inputs, attrs, opset, inits=(), limit=None, rtol=1e-5, atol=1e-6, reference=None):
+    """The node planned (its workspace under `limit` bytes) and run with poison on, against the reference
+    (of the `reference` model where given)."""
     model = one_node(op, inputs, attrs, opset, inits)
     config = Config(workspace_limit=limit) if limit else None
     plan = planner.compile(model, {n: v.shape for n, v in inputs}, config=config)
     got = Executor(plan, backend="numpy", poison=True).run(dict(inputs))["y"]
-    want = ReferenceEvaluator(model).run(None, dict(inputs))[0]
+    want = ReferenceEvaluator(reference or model).run(None, dict(inputs))[0]
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
     return plan
 
@@ -85,3 +86,31 @@ def test_affine_grid_trains_theta_and_refuses_bad_sizes():
     with pytest.raises(ShapeError, match=r"theta must be \(2, 2, 3\) for size \(2, 1, 3, 4\)"):
         planner.compile(one_node("AffineGrid", [("theta", np.zeros((2, 3, 4), np.float32))], {}, 20,
                                  [("size", size["size"])]))
+
+
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("transform, ratio, opset", [("half_pixel", 0, 16), ("output_half_pixel", 2, 16),
+                                                     (None, 0, 11)])
+def test_roialign_like_reference(mode, transform, ratio, opset):
+    """Regions inside, across the border and outside the image, of every size (adaptive sampling counts
+    differ per roi), a float64 image, channels in chunks of 2. Opset 10's form is opset 16's
+    output_half_pixel, as the spec says (the reference takes it for half_pixel)."""
+    x = RNG.standard_normal((2, 5, 6, 7))
+    rois = np.array([[0.5, 1, 4, 5], [-3, -2, 2.5, 1], [5, 4, 12, 11], [1, 1, 1.2, 1.1], [9, 9, 12, 12]], np.float32)
+    attrs = dict(mode=mode, output_height=3, output_width=2, sampling_ratio=ratio, spatial_scale=0.75)
+    if transform:
+        attrs["coordinate_transformation_mode"] = transform
+    inits = [("batch_indices", np.array([0, 1, 1, 0, 1], np.int64))]
+    inputs = [("x", x), ("rois", rois.astype(np.float64))]
+    reference = None if transform else one_node("RoiAlign", inputs, {**attrs, "coordinate_transformation_mode":
+                                                                     "output_half_pixel"}, 16, inits)
+    run_like_reference("RoiAlign", inputs, attrs, opset, inits, limit=2 * 6 * 8, rtol=1e-6, atol=1e-9,
+                       reference=reference)
+
+
+def test_roialign_batch_index_out_of_range():
+    model = one_node("RoiAlign", [("x", np.zeros((1, 1, 4, 4), np.float32)), ("rois", np.zeros((1, 4), np.float32))],
+                     {}, 16, [("batch_indices", np.array([1], np.int64))])
+    with pytest.raises(RunError, match="batch index 1 is out of range for 1 images"):
+        Executor(planner.compile(model), backend="numpy").run({"x": np.zeros((1, 1, 4, 4), np.float32),
+                                                               "rois": np.zeros((1, 4), np.float32)})

@@ -264,6 +264,147 @@ class AffineGrid(Composite):
         return torch.nn.functional.affine_grid(theta, list(size), align_corners=bool(align_corners))
 
 
+class RoiAlign(Schema):
+    """RoiAlign: Y[r, c] (output_height, output_width) pooled from X[batch_indices[r], c] over the region
+    rois[r] = (x1, y1, x2, y2) times spatial_scale, each bin the average (or, as onnxruntime does, the
+    largest weighted corner) of its bilinear samples: sampling_ratio per axis, or when 0 ceil(region /
+    bins), which only the rois' values say. Opset 16's coordinate_transformation_mode half_pixel (its
+    default) shifts regions by half a pixel; output_half_pixel, opset 10's behaviour, does not and
+    widens regions below one pixel to one.
+
+    The kernel reads the rois on the host (the sample counts are data) and takes one roi and a chunk of
+    channels at a time: per sample, each axis's corners and weights, then one gather per corner."""
+
+    op = "RoiAlign"
+    mirror = False
+
+    def __init__(self, since, transform):
+        self.since = since
+        self.defaults = {"mode": "avg", "output_height": 1, "output_width": 1, "sampling_ratio": 0,
+                         "spatial_scale": 1.0, "coordinate_transformation_mode": transform}
+
+    def infer(self, node, ins):
+        x, rois, indices = ins
+        if self.attr(node, "mode") not in ("avg", "max"):
+            raise ShapeError(f"mode {self.attr(node, 'mode')!r} is not avg or max")
+        if self.attr(node, "coordinate_transformation_mode") not in ("half_pixel", "output_half_pixel"):
+            raise ShapeError(f"coordinate_transformation_mode {self.attr(node, 'coordinate_transformation_mode')!r} "
+                             "is not half_pixel or output_half_pixel")
+        height, width = self.attr(node, "output_height"), self.attr(node, "output_width")
+        if height < 1 or width < 1 or self.attr(node, "sampling_ratio") < 0:
+            raise ShapeError(f"output_height {height} and output_width {width} must be positive and sampling_ratio "
+                             f"{self.attr(node, 'sampling_ratio')} not negative")
+        if x.rank != 4 or rois.rank != 2 or rois.shape[1] != 4 or indices.shape != rois.shape[:1]:
+            raise ShapeError(f"X {x.shape} must be (N, C, H, W), rois {rois.shape} (R, 4) and batch_indices "
+                             f"{indices.shape} (R,)")
+        return [((rois.shape[0], x.shape[1], height, width), x.dtype)]
+
+    def workspace(self, node, ins, outs, limit):
+        """Per axis (`rows`, `cols`): the sample positions, far and near corner weights, corner indices
+        (`rowidx`, `colidx`) and `mask`; `ramp` 0, 1, ...; `flat` and `w`, one corner of every bin;
+        `gather` (channels, bins) and `term`, `acc` where the data is not of the work dtype. Channels
+        are chunked to fit `limit`."""
+        (shape, dtype), x = outs[0], ins[0]
+        if not math.prod(shape):
+            return Layout()
+        bins, work, longer = shape[2] * shape[3], work_dtype(self, dtype), max(shape[2:])
+        narrow = work != dtype
+        per_channel = bins * (np.dtype(dtype).itemsize + 2 * narrow * work.itemsize)
+        channels = max(1, min(x.shape[1], limit // per_channel))
+        return Layout.pack(("ramp", (longer,), work), ("rows", (3, shape[2]), work), ("cols", (3, shape[3]), work),
+                           ("rowidx", (2, shape[2]), np.int64), ("colidx", (2, shape[3]), np.int64),
+                           ("mask", (2, longer), np.bool_), ("flat", shape[2:], np.int64), ("w", shape[2:], work),
+                           ("gather", (channels, bins), dtype), ("term", (channels, bins), work) if narrow else None,
+                           ("acc", (channels, bins), work) if narrow else None)
+
+    def flops(self, node, ins, outs):
+        """Two per corner of each sample (sampling_ratio^2 of them, taken as one when adaptive) of every output."""
+        return 8 * max(self.attr(node, "sampling_ratio"), 1) ** 2 * math.prod(outs[0][0])
+
+    def kernel(self, xp, step, ins, outs, ws):
+        x, rois, indices = ins
+        y = outs[0]
+        if not y.size:
+            return
+        n, channels, height, width = x.shape
+        rows, cols = y.shape[2:]
+        boxes, batch = ((a if xp is np else xp.asnumpy(a)).tolist() for a in (rois, indices))
+        bad = [b for b in batch if not 0 <= b < n]
+        if bad:
+            raise IndexError(f"batch index {bad[0]} is out of range for {n} images")
+        ramp = ws["ramp"]
+        ramp.fill(1)
+        xp.cumsum(ramp, out=ramp)
+        xp.subtract(ramp, 1, out=ramp)
+        half = self.attr(step, "coordinate_transformation_mode") == "half_pixel"
+        scale, ratio = self.attr(step, "spatial_scale"), self.attr(step, "sampling_ratio")
+        xs, chunk = x.reshape(n, channels, height * width), ws["gather"].shape[0]
+        for r, (box, b) in enumerate(zip(boxes, batch)):
+            start_w, start_h, end_w, end_h = (v * scale - 0.5 * half for v in box)
+            extent_h, extent_w = end_h - start_h, end_w - start_w
+            if not half:
+                extent_h, extent_w = max(extent_h, 1.0), max(extent_w, 1.0)
+            bin_h, bin_w = extent_h / rows, extent_w / cols
+            grid_h, grid_w = (ratio, ratio) if ratio > 0 else (math.ceil(extent_h / rows), math.ceil(extent_w / cols))
+            for c0 in range(0, channels, chunk):
+                k = min(chunk, channels - c0)
+                out = y[r, c0:c0 + k].reshape(k, rows * cols)
+                acc = out if "acc" not in ws else front(ws["acc"], (k, rows * cols))
+                samples = [(iy, ix) for iy in range(grid_h) for ix in range(grid_w)]
+                for s, (iy, ix) in enumerate(samples):
+                    self.samples(xp, ramp[:rows], start_h + (iy + 0.5) * bin_h / grid_h, bin_h, height, width,
+                                 ws["rows"], ws["rowidx"], ws["mask"][:, :rows])
+                    self.samples(xp, ramp[:cols], start_w + (ix + 0.5) * bin_w / grid_w, bin_w, width, 1,
+                                 ws["cols"], ws["colidx"], ws["mask"][:, :cols])
+                    self.corners(xp, step, xs[b, c0:c0 + k], acc, ws, k, first=not s)
+                if not samples:
+                    acc.fill(0)
+                elif self.attr(step, "mode") == "avg":
+                    xp.divide(acc, max(grid_h * grid_w, 1), out=acc)
+                if "acc" in ws:
+                    xp.copyto(out, acc, casting="unsafe")
+
+    @staticmethod
+    def samples(xp, ramp, start, step, size, stride, rows, index, mask):
+        """One sample of each bin along an axis: positions start + bin * step, clamped into the image;
+        rows[1] and rows[2] the weights of the far and near corners, 0 for samples more than a pixel
+        outside; index[0] and index[1] the near and far corners times `stride`."""
+        pos, far, near = rows
+        xp.multiply(ramp, step, out=pos)
+        xp.add(pos, start, out=pos)
+        xp.less(pos, -1, out=mask[0])
+        xp.greater(pos, size, out=mask[1])
+        xp.logical_or(mask[0], mask[1], out=mask[0])
+        xp.clip(pos, 0, size - 1, out=pos)
+        xp.floor(pos, out=far)
+        xp.copyto(index[0], far, casting="unsafe")
+        xp.add(index[0], 1, out=index[1])
+        xp.minimum(index[1], size - 1, out=index[1])
+        xp.subtract(pos, far, out=far)
+        xp.subtract(1, far, out=near)
+        xp.copyto(far, 0, where=mask[0])
+        xp.copyto(near, 0, where=mask[0])
+        xp.multiply(index, stride, out=index)
+
+    def corners(self, xp, step, image, acc, ws, k, first):
+        """The four corners of one sample of every bin, weighted, summed into `acc` (avg) or kept where
+        larger (max); the first sample's first corner starts it."""
+        flat, w = ws["flat"], ws["w"]
+        gather = front(ws["gather"], acc.shape)
+        term = gather if "term" not in ws else front(ws["term"], acc.shape)
+        combine = xp.add if self.attr(step, "mode") == "avg" else xp.maximum
+        for (ri, rw), (ci, cw) in itertools.product(((0, 2), (1, 1)), repeat=2):
+            xp.add(ws["rowidx"][ri][:, None], ws["colidx"][ci][None, :], out=flat)
+            xp.multiply(ws["rows"][rw][:, None], ws["cols"][cw][None, :], out=w)
+            take_columns(xp, image, flat.reshape(-1), gather)
+            xp.multiply(gather, w.reshape(-1), out=term)
+            if first:
+                xp.copyto(acc, term)
+                first = False
+            else:
+                combine(acc, term, out=acc)
+
+
 def grid_coordinates(spatial, align_corners):
     """(points, r + 1): the normalized coordinates of each point of `spatial`, innermost dim first, then 1."""
     axes = [np.linspace(-1, 1, n) if align_corners else (2 * np.arange(n) + 1) / n - 1 for n in spatial]
@@ -279,3 +420,5 @@ def _affine_grid(b, node, theta, size, align_corners):
 
 
 register(AffineGrid())
+register(RoiAlign(10, "output_half_pixel"))
+register(RoiAlign(16, "half_pixel"))

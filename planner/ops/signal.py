@@ -1,0 +1,221 @@
+"""Signal ops: the windows (HannWindow, HammingWindow, BlackmanWindow) and MelWeightMatrix, whose sizes
+are known when planning so that they fold to constants; DFT and STFT, planned as MatMuls by constant
+cos/sin matrices (so that they run and differentiate as MatMul, Gather and Transpose do); Det."""
+import numpy as np
+
+from . import register
+from .base import Schema, axis as to_axis, no_flops
+from .composite import Composite
+from ..dtypes import from_onnx
+from ..errors import ShapeError
+
+
+def scalar(value, name):
+    """The one integer of an input known when planning (a scalar or one-element tensor)."""
+    values = np.ravel(value)
+    if values.size != 1:
+        raise ShapeError(f"{name} must be one value, got {list(values)}")
+    return values[0].item()
+
+
+class Generated(Schema):
+    """An op whose inputs are all known when planning and whose output it computes on the host with
+    `values(**attributes)`: folded to a constant, or (past the folding limit) computed by its kernel
+    and copied to the device."""
+
+    flops = staticmethod(no_flops)
+
+    def __init__(self, op, values, inputs, since=17):
+        self.op, self.values, self.since = op, values, since
+        self.attr_inputs = tuple((name, k, since) for k, name in enumerate(inputs))
+        self.defaults = {**dict.fromkeys(inputs), "output_datatype": 1, **({"periodic": 1} if len(inputs) == 1 else {})}
+
+    def arguments(self, node):
+        args = super().arguments(node)
+        for name, _, _ in self.attr_inputs:
+            if args[name] is None:
+                raise ShapeError(f"input {name} is required")
+            args[name] = scalar(args[name], name)
+        return args
+
+    def infer(self, node, ins):
+        value = self.values(**self.arguments(node))
+        return [(value.shape, from_onnx(self.attr(node, "output_datatype")))]
+
+    def evaluate(self, node):
+        return [self.values(**self.arguments(node)).astype(from_onnx(self.attr(node, "output_datatype")))]
+
+    def kernel(self, xp, step, ins, outs, ws):
+        self.evaluate_into(xp, step, ins, outs)
+
+
+def _cosine_window(*coefficients):
+    """values(size, periodic, output_datatype) of a window sum_k a_k cos(2 pi k n / N), N the size
+    (periodic) or the size less one (symmetric)."""
+    def values(size, periodic, output_datatype):
+        if size < 0:
+            raise ShapeError(f"size {size} is negative")
+        angle = 2 * np.pi * np.arange(size) / (size if periodic else size - 1)
+        return sum(a * np.cos(k * angle) for k, a in enumerate(coefficients))
+    return values
+
+
+def _mel_weights(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz, output_datatype):
+    """(dft_length // 2 + 1, num_mel_bins) triangular filters, evenly spaced in mel between the edges
+    (the ONNX reference's construction)."""
+    if num_mel_bins < 1 or dft_length < 1 or sample_rate <= 0 or not 0 <= lower_edge_hertz < upper_edge_hertz:
+        raise ShapeError(f"num_mel_bins {num_mel_bins} and dft_length {dft_length} must be positive, sample_rate "
+                         f"{sample_rate} too, and 0 <= lower_edge_hertz {lower_edge_hertz} < upper_edge_hertz "
+                         f"{upper_edge_hertz}")
+    low, high = (2595 * np.log10(1 + f / 700) for f in (lower_edge_hertz, upper_edge_hertz))
+    mels = np.arange(num_mel_bins + 2) * ((high - low) / (num_mel_bins + 2)) + low
+    edges = (((dft_length + 1) * (700 * (10 ** (mels / 2595) - 1))) // sample_rate).astype(int)
+    out = np.zeros((dft_length // 2 + 1, num_mel_bins))
+    for i, (left, centre, right) in enumerate(zip(edges, edges[1:], edges[2:])):
+        if centre == left:
+            out[centre, i] = 1
+        else:
+            out[left:centre + 1, i] = (np.arange(left, centre + 1) - left) / (centre - left)
+        if right > centre:
+            out[centre:right, i] = (right - np.arange(centre, right)) / (right - centre)
+    return out
+
+
+def dft_matrix(channels, n, length, inverse, onesided):
+    """The real matrix (channels * n, 2 * bins), or (channels * n, length) for the inverse of a one-sided
+    spectrum, mapping a signal's real parts then imaginary parts (n of each, truncated or zero-padded to
+    `length`) to its transform's real parts then imaginary parts."""
+    k = np.arange(n)[:, None]
+    if inverse and onesided:  # irfft: bins past length // 2 are the others' conjugates
+        used = (k <= length // 2).astype(np.float64)
+        twice = np.where((k == 0) | (2 * k == length), 1.0, 2.0) * used / length
+        angle = 2 * np.pi * (k * np.arange(length)[None] % length) / length
+        return np.concatenate([twice * np.cos(angle), -twice * np.sin(angle)][:channels])
+    bins = length // 2 + 1 if onesided else length
+    used = (k < length).astype(np.float64) / (length if inverse else 1)
+    angle = 2 * np.pi * (k * np.arange(bins)[None] % length) / length
+    cos, sin = used * np.cos(angle), (1 if not inverse else -1) * used * np.sin(angle)
+    real = np.concatenate([cos, -sin], axis=1)
+    return np.concatenate([real, np.concatenate([sin, cos], axis=1)][:channels])
+
+
+def transformed(b, x, shape, a, matrix, out_channels, like):
+    """`x` (of `shape`, its last dim real/imaginary) times `matrix` along axis `a`: the other dims first,
+    then channels and the axis flattened into one for the MatMul, then put back."""
+    rank, channels = len(shape), shape[-1]
+    others = [d for d in range(rank - 1) if d != a]
+    flat = b.op("Reshape", b.op("Transpose", x, perm=[*others, rank - 1, a]),
+                shape=[*(shape[d] for d in others), channels * shape[a]])
+    y = b.op("MatMul", flat, b.const(matrix, like))
+    bins = matrix.shape[1] // out_channels
+    y = b.op("Reshape", y, shape=[*(shape[d] for d in others), out_channels, bins])
+    back = [rank - 1 if d == a else others.index(d) for d in range(rank - 1)]
+    return b.op("Transpose", y, perm=[*back, rank - 2])
+
+
+class Spectral(Composite):
+    """DFT and STFT: computed in float64 whatever the signal's float type (NumPy's FFT, which the ONNX
+    reference uses, computes in double), so that bins that cancel come out as exactly as there."""
+
+    arity = None
+
+    def accumulation(self, dtype):
+        return np.dtype(np.float64)
+
+
+class DFT(Spectral):
+    """DFT along `axis` of a real (last dim 1) or complex (last dim 2) signal, zero-padded or truncated
+    to dft_length; `onesided` keeps the bins up to length // 2 (the inverse then reads such a half and
+    gives a real signal); `inverse` divides by the length. Opset 17 takes `axis` as an attribute
+    (default 1), opset 20 as an input (default -2)."""
+
+    ranks = "same"
+
+    def __init__(self, since, axis, attr_inputs):
+        super().__init__("DFT", None, {"dft_length": None, "axis": axis, "inverse": 0, "onesided": 0}, since=since)
+        self.attr_inputs, self.parts = attr_inputs, self.build
+
+    def sizes(self, node, shape):
+        """(axis, signal length, dft length, output length along the axis, output channels)."""
+        a = to_axis(scalar(self.attr(node, "axis"), "axis"), len(shape))
+        if len(shape) < 2 or shape[-1] not in (1, 2) or a == len(shape) - 1:
+            raise ShapeError(f"the input must be (..., signal..., 1 or 2), the axis {a} not its last, got {shape}")
+        inverse, onesided, n = self.attr(node, "inverse"), self.attr(node, "onesided"), shape[a]
+        length = self.attr(node, "dft_length")
+        length = scalar(length, "dft_length") if length is not None else 2 * (n - 1) if inverse and onesided else n
+        if length < 1:
+            raise ShapeError(f"dft_length {length} must be positive")
+        if inverse and onesided:
+            return a, n, length, length, 1
+        return a, n, length, length // 2 + 1 if onesided else length, 2
+
+    def infer(self, node, ins):
+        shape = ins[0].shape
+        a, _, _, bins, channels = self.sizes(node, shape)
+        return [(tuple(bins if d == a else s for d, s in enumerate(shape[:-1])) + (channels,), ins[0].dtype)]
+
+    def build(self, b, node, x, dft_length, axis, inverse, onesided):
+        shape = b.shape(x)
+        a, n, length, _, channels = self.sizes(node, shape)
+        return transformed(b, x, shape, a, dft_matrix(shape[-1], n, length, inverse, onesided), channels, x)
+
+
+class STFT(Spectral):
+    """STFT (opset 17): the DFT of each frame of the signal (batch, length, 1 or 2), frame_length samples
+    every frame_step, times the window where given: (batch, frames, bins, 2), bins frame_length // 2 + 1
+    when onesided. Planned as a Gather of the frames, the window's Mul and the DFT's MatMul."""
+
+    ranks = None
+    attr_inputs = (("frame_step", 1, 17), ("frame_length", 3, 17))
+
+    def __init__(self):
+        super().__init__("STFT", None, {"frame_step": None, "frame_length": None, "onesided": 1}, since=17)
+
+    def sizes(self, node, signal, window):
+        """(frames, frame length, bins)."""
+        if len(signal) != 3 or signal[-1] not in (1, 2):
+            raise ShapeError(f"the signal must be (batch, length, 1 or 2), got {signal}")
+        step, length = self.attr(node, "frame_step"), self.attr(node, "frame_length")
+        if step is None:
+            raise ShapeError("input frame_step is required")
+        step = scalar(step, "frame_step")
+        length = scalar(length, "frame_length") if length is not None else window[0] if window else signal[1]
+        if window is not None and tuple(window) != (length,):
+            raise ShapeError(f"the window must be ({length},), one value per sample of a frame, got {tuple(window)}")
+        if step < 1 or not 1 <= length <= signal[1]:
+            raise ShapeError(f"frame_step {step} must be positive and frame_length {length} from 1 to the signal's "
+                             f"length {signal[1]}")
+        return 1 + (signal[1] - length) // step, length, length // 2 + 1 if self.attr(node, "onesided") else length
+
+    def infer(self, node, ins):
+        signal, window = ins[0], (ins[2] if len(ins) > 2 else None)
+        frames, _, bins = self.sizes(node, signal.shape, window and window.shape)
+        return [((signal.shape[0], frames, bins, 2), signal.dtype)]
+
+    def decompose(self, b, node):
+        """As Composite's, the window cast along with the signal; the frames' start indices are made
+        in its float type (exact to 2^53) and cast."""
+        signal, window = node.inputs[0], (node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None)
+        dtype = b.dtype(signal)
+        wide = self.accumulation(dtype)
+        if wide != dtype:
+            signal, window = b.cast(signal, wide), window and b.cast(window, wide)
+        shape = b.shape(signal)
+        frames, length, _ = self.sizes(node, shape, window and b.shape(window))
+        starts = np.arange(frames)[:, None] * scalar(self.attr(node, "frame_step"), "frame_step") + np.arange(length)
+        picked = b.op("Gather", signal, b.cast(b.const(starts, signal), np.int64), axis=1)
+        if window:
+            picked = b.op("Mul", picked, b.op("Reshape", window, shape=[1, 1, length, 1]))
+        matrix = dft_matrix(shape[-1], length, length, 0, self.attr(node, "onesided"))
+        y = transformed(b, picked, (shape[0], frames, length, shape[-1]), 2, matrix, 2, signal)
+        return [b.cast(y, dtype) if wide != dtype else y]
+
+
+register(DFT(17, 1, (("dft_length", 1, 17),)))
+register(DFT(20, -2, (("dft_length", 1, 17), ("axis", 2, 20))))
+register(STFT())
+register(Generated("HannWindow", _cosine_window(0.5, -0.5), ["size"]))
+register(Generated("HammingWindow", _cosine_window(25 / 46, -21 / 46), ["size"]))
+register(Generated("BlackmanWindow", _cosine_window(0.42, -0.5, 0.08), ["size"]))
+register(Generated("MelWeightMatrix", _mel_weights,
+                   ["num_mel_bins", "dft_length", "sample_rate", "lower_edge_hertz", "upper_edge_hertz"]))

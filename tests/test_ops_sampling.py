@@ -16,11 +16,12 @@ RNG = np.random.default_rng(0)
 
 
 def one_node(op, inputs, attrs, opset, inits=()):
-    """A model of one `op` node on the (name, array) `inputs`, the `inits` as initializers."""
+    """A model of one `op` node on the (name, array) `inputs`, the `inits` as initializers (("", None): an
+    omitted input)."""
     fed = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for n, v in inputs]
     node = helper.make_node(op, [n for n, _ in (*inputs, *inits)], ["y"], **attrs)
     graph = helper.make_graph([node], op, fed, [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)],
-                              [numpy_helper.from_array(v, n) for n, v in inits])
+                              [numpy_helper.from_array(v, n) for n, v in inits if n])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
@@ -114,3 +115,32 @@ def test_roialign_batch_index_out_of_range():
     with pytest.raises(RunError, match="batch index 1 is out of range for 1 images"):
         Executor(planner.compile(model), backend="numpy").run({"x": np.zeros((1, 1, 4, 4), np.float32),
                                                                "rois": np.zeros((1, 4), np.float32)})
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+@pytest.mark.parametrize("inverse, onesided", [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize("length", [None, 5, 12])
+def test_dft_like_reference(channels, inverse, onesided, length):
+    """Along a middle axis, the signal truncated (5) or zero-padded (12) to dft_length, at opset 17 (axis
+    an attribute) and 20 (an input)."""
+    x = RNG.standard_normal((2, 8, 3, channels)).astype(np.float32)
+    attrs = dict(inverse=inverse, onesided=onesided)
+    sized = [("dft_length", np.array(length, np.int64)) if length else ("", None)]
+    run_like_reference("DFT", [("x", x)], {**attrs, "axis": 1}, 17, sized[:bool(length)], rtol=1e-5, atol=1e-5)
+    run_like_reference("DFT", [("x", x)], attrs, 20, [*sized, ("axis", np.array(-3, np.int64))], rtol=1e-5,
+                       atol=1e-5)
+
+
+@pytest.mark.parametrize("onesided", [0, 1])
+def test_stft_like_reference_and_trains(onesided):
+    signal = RNG.standard_normal((2, 20, 1)).astype(np.float32)
+    inits = [("frame_step", np.array(3, np.int64)), ("window", np.hanning(6).astype(np.float32))]
+    run_like_reference("STFT", [("x", signal)], dict(onesided=onesided), 17, inits, rtol=1e-5, atol=1e-5)
+    params = dict(step=np.array(3, np.int64), window=p(6))
+    check(weighted([("STFT", ["x", "step", "window"], ["a"], dict(onesided=onesided))], [1, 14, 2], params,
+                   opset=17), p(1, 14, 2))
+
+
+def test_dft_trains():
+    check(weighted([("DFT", ["x", "n"], ["a"], dict(onesided=1, axis=1))], [2, 6, 1],
+                   dict(n=np.array(5, np.int64)), opset=17), p(2, 6, 1))

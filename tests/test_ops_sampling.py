@@ -144,3 +144,31 @@ def test_stft_like_reference_and_trains(onesided):
 def test_dft_trains():
     check(weighted([("DFT", ["x", "n"], ["a"], dict(onesided=1, axis=1))], [2, 6, 1],
                    dict(n=np.array(5, np.int64)), opset=17), p(2, 6, 1))
+
+
+def test_det_pivots_and_singular_matrices():
+    """Batches needing row swaps (a zero first pivot), singular matrices (a zero column, equal rows),
+    1 x 1 and 0 x 0 ones."""
+    x = RNG.standard_normal((3, 2, 5, 5))
+    x[0, 0, :, 0] = 0
+    x[0, 1, 0, 0] = 0
+    x[1, 1, 3] = x[1, 1, 1]
+    for value in (x, x[..., :1, :1], x[..., :0, :0], x.astype(np.float32)):
+        plan = planner.compile(one_node("Det", [("x", value)], {}, 22))
+        got = Executor(plan, backend="numpy", poison=True).run({"x": value})["y"]
+        np.testing.assert_allclose(got, np.linalg.det(value.astype(np.float64)), rtol=1e-5, atol=1e-6)
+        assert got.dtype == value.dtype
+
+
+@pytest.mark.parametrize("op, inputs, attrs, opset, inits", [
+    ("GridSample", [("x", np.ones((2, 8, 32, 32), np.float32)), ("grid", np.zeros((2, 32, 32, 2), np.float32))],
+     dict(mode="cubic", padding_mode="reflection"), 20, []),
+    ("RoiAlign", [("x", np.ones((1, 64, 32, 32), np.float32)), ("rois", np.array([[0, 0, 20, 30]] * 8, np.float32))],
+     dict(output_height=7, output_width=7), 16, [("batch_indices", np.zeros(8, np.int64))]),
+    ("Det", [("x", np.ones((512, 6, 6), np.float32))], {}, 22, []),
+])
+def test_kernels_allocate_nothing_on_large_inputs(op, inputs, attrs, opset, inits):
+    """Inputs large enough that a temporary of the data's or the output's size would show."""
+    from test_no_hidden_allocations import allocations, assert_bounded
+    ex = Executor(planner.compile(one_node(op, inputs, attrs, opset, inits)), backend="numpy")
+    assert_bounded(allocations(ex, lambda: ex.run(dict(inputs))), exempt=set())

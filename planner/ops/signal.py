@@ -1,10 +1,13 @@
 """Signal ops: the windows (HannWindow, HammingWindow, BlackmanWindow) and MelWeightMatrix, whose sizes
 are known when planning so that they fold to constants; DFT and STFT, planned as MatMuls by constant
-cos/sin matrices (so that they run and differentiate as MatMul, Gather and Transpose do); Det."""
+cos/sin matrices (so that they run and differentiate as MatMul, Gather and Transpose do); and Det, by
+an LU factorisation in its workspace."""
+import math
+
 import numpy as np
 
 from . import register
-from .base import Schema, axis as to_axis, no_flops
+from .base import Layout, Schema, axis as to_axis, no_flops
 from .composite import Composite
 from ..dtypes import from_onnx
 from ..errors import ShapeError
@@ -211,9 +214,93 @@ class STFT(Spectral):
         return [b.cast(y, dtype) if wide != dtype else y]
 
 
+class Det(Schema):
+    """Det: the determinant of each M x M matrix of the input's last two dims, by Gaussian elimination
+    with partial pivoting over the whole batch at once: each column's pivot row is swapped in through a
+    one-hot row selector (no fancy indexing, so nothing is allocated), then eliminated below."""
+
+    op = "Det"
+    mirror = False
+
+    def infer(self, node, ins):
+        x = ins[0]
+        if x.rank < 2 or x.shape[-1] != x.shape[-2]:
+            raise ShapeError(f"the input must be (..., M, M), square matrices, got {x.shape}")
+        return [(x.shape[:-2], x.dtype)]
+
+    def flops(self, node, ins, outs):
+        """About (2/3) M^3 per matrix, as LU takes."""
+        m = ins[0].shape[-1]
+        return 2 * m ** 3 // 3 * math.prod(ins[0].shape[:-2])
+
+    def workspace(self, node, ins, outs, limit):
+        """`lu` the matrices being eliminated and `update` one step's change, (B, M, M); `select` the pivot
+        rows one-hot, `row`, `swap` and `mark` (B, M); `pivot` (B,) and `ramp` 0..M-1; `det`, `value`
+        and `flag` (B,). Not chunked: the elimination needs every matrix whole."""
+        shape, work = ins[0].shape, self.accumulation(ins[0].dtype)
+        b, m = math.prod(shape[:-2]), shape[-1]
+        if not b * m:
+            return Layout()
+        return Layout.pack(("lu", (b, m, m), work), ("update", (b, m, m), work), ("select", (b, m), work),
+                           ("row", (b, m), work), ("swap", (b, m), work), ("mark", (b, m), np.bool_),
+                           ("pivot", (b,), np.int64), ("ramp", (m,), np.int64), ("det", (b,), work),
+                           ("value", (b,), work), ("flag", (b,), np.bool_))
+
+    def kernel(self, xp, step, ins, outs, ws):
+        x, y = ins[0], outs[0]
+        if not y.size:
+            return
+        m = x.shape[-1]
+        if not m:
+            y.fill(1)
+            return
+        lu, update, select, row, swap = ws["lu"], ws["update"], ws["select"], ws["row"], ws["swap"]
+        pivot, ramp, det, value, flag, mark = ws["pivot"], ws["ramp"], ws["det"], ws["value"], ws["flag"], ws["mark"]
+        xp.copyto(lu, x.reshape(lu.shape))
+        ramp.fill(1)
+        xp.cumsum(ramp, out=ramp)
+        xp.subtract(ramp, 1, out=ramp)
+        det.fill(1)
+        for k in range(m):
+            xp.absolute(lu[:, k:, k], out=swap[:, k:])
+            xp.argmax(swap[:, k:], axis=1, out=pivot)
+            xp.add(pivot, k, out=pivot)
+            xp.equal(ramp[None, :], pivot[:, None], out=mark)
+            xp.copyto(select, mark)
+            xp.multiply(select[:, :, None], lu, out=update)
+            xp.sum(update, axis=1, out=row)  # the pivot row
+            xp.subtract(lu[:, k], row, out=swap)
+            xp.multiply(select[:, :, None], swap[:, None, :], out=update)
+            xp.add(lu, update, out=lu)  # row k into the pivot's place
+            xp.copyto(lu[:, k], row)
+            xp.not_equal(pivot, k, out=flag)
+            xp.copyto(value, flag)
+            xp.multiply(value, -2, out=value)
+            xp.add(value, 1, out=value)
+            xp.multiply(det, value, out=det)  # a swap flips the sign
+            xp.multiply(det, lu[:, k, k], out=det)
+            if k == m - 1:
+                break
+            xp.equal(lu[:, k, k], 0, out=flag)  # a zero pivot (the column is zero: det is 0) divides by 1
+            xp.add(lu[:, k, k], flag, out=value)
+            below = swap[:, :m - k - 1]
+            xp.divide(lu[:, k + 1:, k], value[:, None], out=below)
+            change = update[:, :m - k - 1, :m - k]
+            xp.multiply(below[:, :, None], lu[:, k, None, k:], out=change)
+            xp.subtract(lu[:, k + 1:, k:], change, out=lu[:, k + 1:, k:])
+        xp.copyto(y.reshape(-1), det, casting="unsafe")
+
+    def evaluate(self, node, x):
+        return [np.linalg.det(x.astype(np.float64)).astype(x.dtype)]
+
+    def torch(self, torch, x):
+        return torch.linalg.det(x)
+
+
 register(DFT(17, 1, (("dft_length", 1, 17),)))
 register(DFT(20, -2, (("dft_length", 1, 17), ("axis", 2, 20))))
 register(STFT())
+register(Det())
 register(Generated("HannWindow", _cosine_window(0.5, -0.5), ["size"]))
 register(Generated("HammingWindow", _cosine_window(25 / 46, -21 / 46), ["size"]))
 register(Generated("BlackmanWindow", _cosine_window(0.42, -0.5, 0.08), ["size"]))

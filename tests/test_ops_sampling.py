@@ -9,7 +9,8 @@ from onnx.reference import ReferenceEvaluator
 import planner
 from executor import Executor, RunError
 from planner.config import Config
-from planner.errors import ShapeError
+from planner.autodiff import backward
+from planner.errors import ModelError, ShapeError
 from test_autodiff import check, p, weighted
 
 RNG = np.random.default_rng(0)
@@ -172,3 +173,21 @@ def test_kernels_allocate_nothing_on_large_inputs(op, inputs, attrs, opset, init
     from test_no_hidden_allocations import allocations, assert_bounded
     ex = Executor(planner.compile(one_node(op, inputs, attrs, opset, inits)), backend="numpy")
     assert_bounded(allocations(ex, lambda: ex.run(dict(inputs))), exempt=set())
+
+
+@pytest.mark.parametrize("padding", ["zeros", "border"])
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("spatial", [(4, 5), (3, 4, 3)])
+def test_gridsample_gradients(padding, align, spatial):
+    """Bilinear (and trilinear) sampling trains X and the grid, points inside and beyond the borders."""
+    grid = RNG.uniform(-1.3, 1.3, (2, *(3, 2, 2)[:len(spatial)], len(spatial)))
+    attrs = dict(mode="linear", padding_mode=padding, align_corners=align)
+    check(weighted([("GridSample", ["x", "grid"], ["a"], attrs)], [2, 2, *spatial], dict(grid=grid), opset=20),
+          p(2, 2, *spatial))
+
+
+def test_gridsample_cubic_has_no_gradient():
+    m = weighted([("GridSample", ["x", "grid"], ["a"], dict(mode="cubic"))], [1, 1, 3, 3],
+                 dict(grid=p(1, 2, 2, 2)), opset=20)
+    with pytest.raises(ModelError, match=r"node 'a' \(GridSample\) has no gradient rule"):
+        backward(planner.load(m), "y", wrt=["x"])

@@ -6,8 +6,9 @@ import math
 import numpy as np
 
 from . import register
-from .base import Layout, Schema
+from .base import Layout, Schema, no_gradient
 from .sampling import front, take_columns, work_dtype
+from .shape_ops import scatter_add_flat
 from ..errors import ShapeError
 
 CUBIC_A = -0.75
@@ -209,10 +210,81 @@ class GridSample(Schema):
         xp.multiply(horner, s, out=horner)
         xp.subtract(horner, 4 * a, out=s)
 
+    def gradient(self, b, node, dys):
+        """Linear mode with zeros or border padding: Y is a sum over the taps' combinations of weights
+        times gathered X. dX adds dY times each weight at its tap (one ScatterND over all of them);
+        dgrid sums, over channels and combinations, dY times the gathered X times the weight's
+        derivative along each dim (the other dims' weights, +-1 along it), times d coordinate / d grid
+        (0 where border padding held the coordinate at the edge)."""
+        x, grid = node.inputs
+        padding = self.attr(node, "padding_mode")
+        if self.mode(node) != "linear" or padding == "reflection":
+            return [no_gradient(node), None]
+        xs, gs, dtype = b.shape(x), b.shape(grid), b.dtype(x)
+        (n, c, *spatial), points, rank = xs, math.prod(gs[1:-1]), len(xs) - 2
+        g = grid if b.dtype(grid) == dtype else b.cast(grid, dtype)
+        g = b.op("Reshape", g, shape=[n, 1, points, rank])
+        dims = [self.linear_taps(b, node, g, j, spatial, x) for j in range(rank)]
+        dy = b.op("Reshape", dys[0], shape=[n, c, points])
+        flat_x = b.op("Reshape", x, shape=[-1])
+        flats, updates, sums = [], [], [None] * rank
+        for combo in itertools.product((0, 1), repeat=rank):
+            taps = [dims[j][1][t] for j, t in enumerate(combo)]  # (index, weight, slope)
+            index = taps[0][0]
+            for tap in taps[1:]:
+                index = b.op("Add", index, tap[0])
+            index = b.op("Add", index, b.const((np.arange(n * c) * math.prod(spatial)).reshape(n, c, 1), index))
+            gathered = b.op("Gather", flat_x, index, axis=0)
+            flats.append(index)
+            updates.append(b.op("Mul", dy, product(b, [tap[1] for tap in taps])))
+            for j in range(rank):
+                term = b.op("Mul", gathered, product(b, [tap[2] if k == j else tap[1] for k, tap in enumerate(taps)]))
+                sums[j] = term if sums[j] is None else b.op("Add", sums[j], term)
+        dx = scatter_add_flat(b, b.op("Concat", *flats, axis=2), b.op("Concat", *updates, axis=2), xs, dtype)
+        dg = [b.op("Mul", b.op("ReduceSum", b.op("Mul", sums[j], dy), axes=[1], keepdims=1), dims[j][0])
+              for j in reversed(range(rank))]
+        dg = b.op("Reshape", b.op("Concat", *(b.op("Unsqueeze", d, axes=[3]) for d in dg), axis=3), shape=list(gs))
+        return [dx, dg if b.dtype(grid) == dtype else b.cast(dg, b.dtype(grid))]
+
+    def linear_taps(self, b, node, g, j, spatial, like):
+        """Spatial dim j's (d coordinate / d grid, [(index times stride, weight, d weight / d coordinate)
+        of the two taps]) for the grid g (N, 1, points, rank), each (N, 1, points)."""
+        size, rank, align = spatial[j], len(spatial), self.attr(node, "align_corners")
+        scale = (size - 1) / 2 if align else size / 2
+        part = b.op("Reshape", b.op("Slice", g, starts=[rank - 1 - j], ends=[rank - j], axes=[3]), shape=[0, 1, -1])
+        u = b.op("Add", b.op("Mul", part, b.const(scale, like)), b.const(scale if align else scale - 0.5, like))
+        slope = b.const(scale, like)
+        zero, top = b.const(0, like), b.const(size - 1, like)
+        if self.attr(node, "padding_mode") == "border":
+            low, high = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+            below, above = b.op("Less", u, b.const(low, like)), b.op("Greater", u, b.const(high, like))
+            u = b.op("Where", below, zero, b.op("Where", above, top, u))
+            slope = b.op("Where", b.op("Or", below, above), zero, slope)
+        base = b.op("Floor", u)
+        frac = b.op("Sub", u, base)
+        taps = []
+        for t, weight, sign in ((0, b.op("Sub", b.const(1, like), frac), -1), (1, frac, 1)):
+            at = b.op("Add", base, b.const(t, like))
+            derivative = b.const(sign, like)
+            if self.attr(node, "padding_mode") == "zeros":
+                inside = b.op("And", b.op("GreaterOrEqual", at, zero), b.op("LessOrEqual", at, top))
+                weight, derivative = b.op("Where", inside, weight, zero), b.op("Where", inside, derivative, zero)
+            index = b.cast(b.op("Clip", at, min=0.0, max=float(size - 1)), np.int64)
+            taps.append((b.op("Mul", index, b.const(math.prod(spatial[j + 1:]), index)), weight, derivative))
+        return slope, taps
+
     def torch(self, torch, x, grid, mode, padding_mode, align_corners):
         mode = {"linear": "bilinear", "cubic": "bicubic", "nearest": "nearest"}[self.names[mode]]
         return torch.nn.functional.grid_sample(x, grid.to(x.dtype), mode=mode, padding_mode=padding_mode,
                                                align_corners=bool(align_corners))
+
+
+def product(b, names):
+    """The product of several tensors, as one Mul after another."""
+    out = names[0]
+    for name in names[1:]:
+        out = b.op("Mul", out, name)
+    return out
 
 
 register(GridSample(16, {"bilinear": "linear", "nearest": "nearest", "bicubic": "cubic"}))

@@ -116,22 +116,13 @@ def transformed(b, x, shape, a, matrix, out_channels, like):
     return b.op("Transpose", y, perm=[*back, rank - 2])
 
 
-class Spectral(Composite):
-    """DFT and STFT: computed in float64 whatever the signal's float type (NumPy's FFT, which the ONNX
-    reference uses, computes in double), so that bins that cancel come out as exactly as there."""
-
-    arity = None
-
-    def accumulation(self, dtype):
-        return np.dtype(np.float64)
-
-
-class DFT(Spectral):
+class DFT(Composite):
     """DFT along `axis` of a real (last dim 1) or complex (last dim 2) signal, zero-padded or truncated
     to dft_length; `onesided` keeps the bins up to length // 2 (the inverse then reads such a half and
     gives a real signal); `inverse` divides by the length. Opset 17 takes `axis` as an attribute
     (default 1), opset 20 as an input (default -2)."""
 
+    arity = None
     ranks = "same"
 
     def __init__(self, since, axis, attr_inputs):
@@ -163,11 +154,12 @@ class DFT(Spectral):
         return transformed(b, x, shape, a, dft_matrix(shape[-1], n, length, inverse, onesided), channels, x)
 
 
-class STFT(Spectral):
+class STFT(Composite):
     """STFT (opset 17): the DFT of each frame of the signal (batch, length, 1 or 2), frame_length samples
     every frame_step, times the window where given: (batch, frames, bins, 2), bins frame_length // 2 + 1
     when onesided. Planned as a Gather of the frames, the window's Mul and the DFT's MatMul."""
 
+    arity = None
     ranks = None
     attr_inputs = (("frame_step", 1, 17), ("frame_length", 3, 17))
 
@@ -196,8 +188,8 @@ class STFT(Spectral):
         return [((signal.shape[0], frames, bins, 2), signal.dtype)]
 
     def decompose(self, b, node):
-        """As Composite's, the window cast along with the signal; the frames' start indices are made
-        in its float type (exact to 2^53) and cast."""
+        """As Composite's, the window cast along with the signal. The frames' indices are an int64
+        constant (made like a cast zero, which nothing reads and planning drops)."""
         signal, window = node.inputs[0], (node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None)
         dtype = b.dtype(signal)
         wide = self.accumulation(dtype)
@@ -206,7 +198,7 @@ class STFT(Spectral):
         shape = b.shape(signal)
         frames, length, _ = self.sizes(node, shape, window and b.shape(window))
         starts = np.arange(frames)[:, None] * scalar(self.attr(node, "frame_step"), "frame_step") + np.arange(length)
-        picked = b.op("Gather", signal, b.cast(b.const(starts, signal), np.int64), axis=1)
+        picked = b.op("Gather", signal, b.const(starts, b.cast(b.const(0, signal), np.int64)), axis=1)
         if window:
             picked = b.op("Mul", picked, b.op("Reshape", window, shape=[1, 1, length, 1]))
         matrix = dft_matrix(shape[-1], length, length, 0, self.attr(node, "onesided"))

@@ -1,6 +1,7 @@
-"""Sampling and signal ops (planner/ops/sampling.py, signal.py) against ONNX's reference implementation
-beyond the backend node tests' cases: every mode and padding of GridSample in 1-, 2- and 3-D with its
-workspace cut into many chunks, RoiAlign's adaptive sampling, and the gradients by finite differences."""
+"""Sampling and signal ops (planner/ops/grid_sample.py, sampling.py, signal.py) against ONNX's reference
+implementation beyond the backend node tests' cases: every mode and padding of GridSample in 1-, 2- and
+3-D with its workspace cut into many chunks, RoiAlign's adaptive sampling, DFT's and STFT's forms, Det's
+pivoting; the gradients by finite differences; no temporaries on inputs large enough to show them."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -8,8 +9,8 @@ from onnx.reference import ReferenceEvaluator
 
 import planner
 from executor import Executor, RunError
-from planner.config import Config
 from planner.autodiff import backward
+from planner.config import Config
 from planner.errors import ModelError, ShapeError
 from test_autodiff import check, p, weighted
 

@@ -176,12 +176,14 @@ def test_kernels_allocate_nothing_on_large_inputs(op, inputs, attrs, opset, init
     assert_bounded(allocations(ex, lambda: ex.run(dict(inputs))), exempt=set())
 
 
-@pytest.mark.parametrize("padding", ["zeros", "border"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align", [0, 1])
 @pytest.mark.parametrize("spatial", [(4, 5), (3, 4, 3)])
 def test_gridsample_gradients(padding, align, spatial):
-    """Bilinear (and trilinear) sampling trains X and the grid, points inside and beyond the borders."""
-    grid = RNG.uniform(-1.3, 1.3, (2, *(3, 2, 2)[:len(spatial)], len(spatial)))
+    """Bilinear (and trilinear) sampling trains X and the grid, points inside and beyond the borders
+    (reflected up to three times)."""
+    far = 3.5 if padding == "reflection" else 1.3
+    grid = RNG.uniform(-far, far, (2, *(3, 2, 2)[:len(spatial)], len(spatial)))
     attrs = dict(mode="linear", padding_mode=padding, align_corners=align)
     check(weighted([("GridSample", ["x", "grid"], ["a"], attrs)], [2, 2, *spatial], dict(grid=grid), opset=20),
           p(2, 2, *spatial))

@@ -211,14 +211,13 @@ class GridSample(Schema):
         xp.subtract(horner, 4 * a, out=s)
 
     def gradient(self, b, node, dys):
-        """Linear mode with zeros or border padding: Y is a sum over the taps' combinations of weights
-        times gathered X. dX adds dY times each weight at its tap (one ScatterND over all of them);
-        dgrid sums, over channels and combinations, dY times the gathered X times the weight's
-        derivative along each dim (the other dims' weights, +-1 along it), times d coordinate / d grid
-        (0 where border padding held the coordinate at the edge)."""
+        """Linear mode: Y is a sum over the taps' combinations of weights times gathered X. dX adds dY
+        times each weight at its tap (one ScatterND over all of them); dgrid sums, over channels and
+        combinations, dY times the gathered X times the weight's derivative along each dim (the other
+        dims' weights, +-1 along it), times d coordinate / d grid (0 where border padding held the
+        coordinate at the edge, negated where reflection turned it an odd number of times)."""
         x, grid = node.inputs
-        padding = self.attr(node, "padding_mode")
-        if self.mode(node) != "linear" or padding == "reflection":
+        if self.mode(node) != "linear":
             return [no_gradient(node), None]
         xs, gs, dtype = b.shape(x), b.shape(grid), b.dtype(x)
         (n, c, *spatial), points, rank = xs, math.prod(gs[1:-1]), len(xs) - 2
@@ -255,20 +254,26 @@ class GridSample(Schema):
         u = b.op("Add", b.op("Mul", part, b.const(scale, like)), b.const(scale if align else scale - 0.5, like))
         slope = b.const(scale, like)
         zero, top = b.const(0, like), b.const(size - 1, like)
-        if self.attr(node, "padding_mode") == "border":
-            low, high = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+        low, high = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+        padding = self.attr(node, "padding_mode")
+        if padding == "border":
             below, above = b.op("Less", u, b.const(low, like)), b.op("Greater", u, b.const(high, like))
             u = b.op("Where", below, zero, b.op("Where", above, top, u))
             slope = b.op("Where", b.op("Or", below, above), zero, slope)
+        elif padding == "reflection":
+            u, sign = reflected(b, u, low, high, like)
+            slope = b.op("Mul", slope, sign)
         base = b.op("Floor", u)
         frac = b.op("Sub", u, base)
         taps = []
         for t, weight, sign in ((0, b.op("Sub", b.const(1, like), frac), -1), (1, frac, 1)):
             at = b.op("Add", base, b.const(t, like))
             derivative = b.const(sign, like)
-            if self.attr(node, "padding_mode") == "zeros":
+            if padding == "zeros":
                 inside = b.op("And", b.op("GreaterOrEqual", at, zero), b.op("LessOrEqual", at, top))
                 weight, derivative = b.op("Where", inside, weight, zero), b.op("Where", inside, derivative, zero)
+            elif padding == "reflection":
+                at = reflected(b, at, low, high, like)[0]  # the cast below truncates, as the kernel does
             index = b.cast(b.op("Clip", at, min=0.0, max=float(size - 1)), np.int64)
             taps.append((b.op("Mul", index, b.const(math.prod(spatial[j + 1:]), index)), weight, derivative))
         return slope, taps
@@ -277,6 +282,24 @@ class GridSample(Schema):
         mode = {"linear": "bilinear", "cubic": "bicubic", "nearest": "nearest"}[self.names[mode]]
         return torch.nn.functional.grid_sample(x, grid.to(x.dtype), mode=mode, padding_mode=padding_mode,
                                                align_corners=bool(align_corners))
+
+
+def reflected(b, u, low, high, like):
+    """(u reflected into [low, high] as `reflect` does, d reflected / d u): 1 inside; outside, -1 or 1 as
+    the number of whole spans beyond the border is even or odd; 0 where the range is one point."""
+    span = high - low
+    if span <= 0:
+        return b.op("Mul", u, b.const(0, like)), b.op("Mul", u, b.const(0, like))
+    lo, hi = b.const(low, like), b.const(high, like)
+    outside = b.op("Max", b.op("Sub", lo, u), b.op("Sub", u, hi))
+    turns = b.op("Floor", b.op("Div", outside, b.const(span, like)))
+    rest = b.op("Sub", outside, b.op("Mul", turns, b.const(span, like)))
+    odd = b.op("Sub", turns, b.op("Mul", b.op("Floor", b.op("Mul", turns, b.const(0.5, like))), b.const(2, like)))
+    shift = b.op("Add", rest, b.op("Mul", odd, b.op("Sub", b.const(span, like), b.op("Mul", rest, b.const(2, like)))))
+    below, above = b.op("Less", u, lo), b.op("Greater", u, hi)
+    value = b.op("Where", below, b.op("Add", lo, shift), b.op("Where", above, b.op("Sub", hi, shift), u))
+    sign = b.op("Sub", b.op("Mul", odd, b.const(2, like)), b.const(1, like))
+    return value, b.op("Where", b.op("Or", below, above), sign, b.const(1, like))
 
 
 def product(b, names):

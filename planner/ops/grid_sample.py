@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from . import register
-from .base import Layout, Schema, no_gradient
+from .base import Layout, Schema
 from .sampling import front, take_columns, work_dtype
 from .shape_ops import scatter_add_flat
 from ..errors import ShapeError
@@ -211,23 +211,22 @@ class GridSample(Schema):
         xp.subtract(horner, 4 * a, out=s)
 
     def gradient(self, b, node, dys):
-        """Linear mode: Y is a sum over the taps' combinations of weights times gathered X. dX adds dY
-        times each weight at its tap (one ScatterND over all of them); dgrid sums, over channels and
-        combinations, dY times the gathered X times the weight's derivative along each dim (the other
-        dims' weights, +-1 along it), times d coordinate / d grid (0 where border padding held the
-        coordinate at the edge, negated where reflection turned it an odd number of times)."""
+        """Y is a sum over the taps' combinations of weights times gathered X. dX adds dY times each
+        weight at its tap (one ScatterND over all of them); dgrid sums, over channels and combinations,
+        dY times the gathered X times the weight's derivative along each dim (the other dims' weights,
+        the kernel's slope along it: none for nearest), times d coordinate / d grid (0 where border
+        padding held the coordinate at the edge, negated where reflection turned it an odd number of
+        times)."""
         x, grid = node.inputs
-        if self.mode(node) != "linear":
-            return [no_gradient(node), None]
         xs, gs, dtype = b.shape(x), b.shape(grid), b.dtype(x)
         (n, c, *spatial), points, rank = xs, math.prod(gs[1:-1]), len(xs) - 2
         g = grid if b.dtype(grid) == dtype else b.cast(grid, dtype)
         g = b.op("Reshape", g, shape=[n, 1, points, rank])
-        dims = [self.linear_taps(b, node, g, j, spatial, x) for j in range(rank)]
+        dims = [self.interpolation_taps(b, node, g, j, spatial, x) for j in range(rank)]
         dy = b.op("Reshape", dys[0], shape=[n, c, points])
         flat_x = b.op("Reshape", x, shape=[-1])
         flats, updates, sums = [], [], [None] * rank
-        for combo in itertools.product((0, 1), repeat=rank):
+        for combo in itertools.product(range(self.TAPS[self.mode(node)]), repeat=rank):
             taps = [dims[j][1][t] for j, t in enumerate(combo)]  # (index, weight, slope)
             index = taps[0][0]
             for tap in taps[1:]:
@@ -245,13 +244,16 @@ class GridSample(Schema):
         dg = b.op("Reshape", b.op("Concat", *(b.op("Unsqueeze", d, axes=[3]) for d in dg), axis=3), shape=list(gs))
         return [dx, dg if b.dtype(grid) == dtype else b.cast(dg, b.dtype(grid))]
 
-    def linear_taps(self, b, node, g, j, spatial, like):
+    def interpolation_taps(self, b, node, g, j, spatial, like):
         """Spatial dim j's (d coordinate / d grid, [(index times stride, weight, d weight / d coordinate)
-        of the two taps]) for the grid g (N, 1, points, rank), each (N, 1, points)."""
+        of each tap]) for the grid g (N, 1, points, rank), each (N, 1, points), as the kernel's `taps`."""
         size, rank, align = spatial[j], len(spatial), self.attr(node, "align_corners")
         scale = (size - 1) / 2 if align else size / 2
         part = b.op("Reshape", b.op("Slice", g, starts=[rank - 1 - j], ends=[rank - j], axes=[3]), shape=[0, 1, -1])
         u = b.op("Add", b.op("Mul", part, b.const(scale, like)), b.const(scale if align else scale - 0.5, like))
+        mode = self.mode(node)
+        if mode == "nearest":
+            u = b.op("Round", u)
         slope = b.const(scale, like)
         zero, top = b.const(0, like), b.const(size - 1, like)
         low, high = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
@@ -263,12 +265,12 @@ class GridSample(Schema):
         elif padding == "reflection":
             u, sign = reflected(b, u, low, high, like)
             slope = b.op("Mul", slope, sign)
-        base = b.op("Floor", u)
+        base = u if mode == "nearest" else b.op("Floor", u)  # the cast to indices truncates, as the kernel does
         frac = b.op("Sub", u, base)
         taps = []
-        for t, weight, sign in ((0, b.op("Sub", b.const(1, like), frac), -1), (1, frac, 1)):
-            at = b.op("Add", base, b.const(t, like))
-            derivative = b.const(sign, like)
+        for offset in range(-1, 3) if mode == "cubic" else range(self.TAPS[mode]):
+            at = b.op("Add", base, b.const(offset, like))
+            weight, derivative = self.kernel_slope(b, mode, frac, offset, like)
             if padding == "zeros":
                 inside = b.op("And", b.op("GreaterOrEqual", at, zero), b.op("LessOrEqual", at, top))
                 weight, derivative = b.op("Where", inside, weight, zero), b.op("Where", inside, derivative, zero)
@@ -277,6 +279,26 @@ class GridSample(Schema):
             index = b.cast(b.op("Clip", at, min=0.0, max=float(size - 1)), np.int64)
             taps.append((b.op("Mul", index, b.const(math.prod(spatial[j + 1:]), index)), weight, derivative))
         return slope, taps
+
+    @staticmethod
+    def kernel_slope(b, mode, frac, offset, like):
+        """(weight, d weight / d coordinate) of the tap at `offset` from the coordinate's floor, `frac`
+        past it: 1 and 0 (nearest); the kernel at s = |frac - offset| and its slope, s growing with
+        the coordinate for taps at or before the floor and shrinking for those after."""
+        if mode == "nearest":
+            return b.const(1, like), b.const(0, like)
+        s = b.op("Abs", b.op("Sub", frac, b.const(offset, like)))
+        towards = 1 if offset <= 0 else -1
+        if mode == "linear":
+            return b.op("Sub", b.const(1, like), s), b.const(-towards, like)
+        a = CUBIC_A
+        inner = (a + 2, -(a + 3), 0, 1) if offset in (0, 1) else (a, -5 * a, 8 * a, -4 * a)  # cubic coefficients
+        weight, slope = b.const(inner[0], like), b.const(3 * inner[0], like)
+        for k, coefficient in enumerate(inner[1:], 1):
+            weight = b.op("Add", b.op("Mul", weight, s), b.const(coefficient, like))
+            if k < 3:
+                slope = b.op("Add", b.op("Mul", slope, s), b.const((3 - k) * coefficient, like))
+        return weight, b.op("Mul", slope, b.const(towards, like))
 
     def torch(self, torch, x, grid, mode, padding_mode, align_corners):
         mode = {"linear": "bilinear", "cubic": "bicubic", "nearest": "nearest"}[self.names[mode]]

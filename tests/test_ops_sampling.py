@@ -187,3 +187,8 @@ def test_gridsample_gradients(mode, padding, align, spatial):
     attrs = dict(mode=mode, padding_mode=padding, align_corners=align)
     check(weighted([("GridSample", ["x", "grid"], ["a"], attrs)], [2, 2, *spatial], dict(grid=grid), opset=20),
           p(2, 2, *spatial))
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_det_gradient_is_the_cofactors(m):
+    check(weighted([("Det", ["x"], ["a"], {})], [3, m, m], {}, opset=22), p(3, m, m))

@@ -21,6 +21,12 @@ def scalar(value, name):
     return values[0].item()
 
 
+def int_const(b, value, like):
+    """An int64 constant, for a Builder that makes constants like a tensor: like a cast zero of `like`'s
+    dtype, which nothing reads and planning drops."""
+    return b.const(value, b.cast(b.const(0, like), np.int64))
+
+
 class Generated(Schema):
     """An op whose inputs are all known when planning and whose output it computes on the host with
     `values(**attributes)`: folded to a constant, or (past the folding limit) computed by its kernel
@@ -188,8 +194,7 @@ class STFT(Composite):
         return [((signal.shape[0], frames, bins, 2), signal.dtype)]
 
     def decompose(self, b, node):
-        """As Composite's, the window cast along with the signal. The frames' indices are an int64
-        constant (made like a cast zero, which nothing reads and planning drops)."""
+        """As Composite's, the window cast along with the signal; the frames picked by a Gather."""
         signal, window = node.inputs[0], (node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None)
         dtype = b.dtype(signal)
         wide = self.accumulation(dtype)
@@ -198,7 +203,7 @@ class STFT(Composite):
         shape = b.shape(signal)
         frames, length, _ = self.sizes(node, shape, window and b.shape(window))
         starts = np.arange(frames)[:, None] * scalar(self.attr(node, "frame_step"), "frame_step") + np.arange(length)
-        picked = b.op("Gather", signal, b.const(starts, b.cast(b.const(0, signal), np.int64)), axis=1)
+        picked = b.op("Gather", signal, int_const(b, starts, signal), axis=1)
         if window:
             picked = b.op("Mul", picked, b.op("Reshape", window, shape=[1, 1, length, 1]))
         matrix = dft_matrix(shape[-1], length, length, 0, self.attr(node, "onesided"))
@@ -284,6 +289,23 @@ class Det(Schema):
 
     def evaluate(self, node, x):
         return [np.linalg.det(x.astype(np.float64)).astype(x.dtype)]
+
+    def gradient(self, b, node, dys):
+        """d det(A) / dA[i, j] is the cofactor (-1)^(i + j) det(A without row i and column j): the minors
+        gathered from the flattened matrices (M^2 of size (M - 1)^2 each), their Det, signed, times dY."""
+        x = node.inputs[0]
+        shape = b.shape(x)
+        m = shape[-1]
+        if not m:
+            return [x]  # empty, as its gradient
+        keep = [[[r * m + col for r in range(m) if r != i for col in range(m) if col != j] for j in range(m)]
+                for i in range(m)]
+        flat = b.op("Reshape", x, shape=[*shape[:-2], m * m])
+        minors = b.op("Gather", flat, int_const(b, np.array(keep, np.int64).reshape(m, m, (m - 1) ** 2), x), axis=len(shape) - 2)
+        minors = b.op("Reshape", minors, shape=[*shape[:-2], m, m, m - 1, m - 1])
+        signs = (-1.0) ** np.add.outer(np.arange(m), np.arange(m))
+        cofactors = b.op("Mul", b.op("Det", minors), b.const(signs, x))
+        return [b.op("Mul", cofactors, b.op("Unsqueeze", dys[0], axes=[-2, -1]))]
 
     def torch(self, torch, x):
         return torch.linalg.det(x)

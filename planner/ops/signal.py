@@ -297,7 +297,7 @@ class Det(Schema):
         shape = b.shape(x)
         m = shape[-1]
         if not m:
-            return [x]  # empty, as its gradient
+            return [b.op("Mul", x, b.const(0, x))]  # an empty gradient
         keep = [[[r * m + col for r in range(m) if r != i for col in range(m) if col != j] for j in range(m)]
                 for i in range(m)]
         flat = b.op("Reshape", x, shape=[*shape[:-2], m * m])

@@ -192,3 +192,16 @@ def test_gridsample_gradients(mode, padding, align, spatial):
 @pytest.mark.parametrize("m", [1, 2, 4])
 def test_det_gradient_is_the_cofactors(m):
     check(weighted([("Det", ["x"], ["a"], {})], [3, m, m], {}, opset=22), p(3, m, m))
+
+
+@pytest.mark.parametrize("transform", ["half_pixel", "output_half_pixel"])
+def test_roialign_trains_x(transform):
+    """Regions across the border and outside the image, each sample's corners added back. The rois
+    (tenths, cast) are no float param: they get no gradient."""
+    tenths = np.array([[5, 10, 40, 50], [-30, -20, 25, 10], [50, 40, 120, 110], [10, 10, 12, 11]], np.int64)
+    params = dict(tenths=tenths, batch=np.array([0, 1, 1, 0], np.int64))
+    attrs = dict(output_height=3, output_width=2, sampling_ratio=2, spatial_scale=0.075,
+                 coordinate_transformation_mode=transform)
+    nodes = [("Cast", ["tenths"], ["rois"], dict(to=TensorProto.DOUBLE)),
+             ("RoiAlign", ["x", "rois", "batch"], ["a"], attrs)]
+    check(weighted(nodes, [2, 2, 6, 7], params, opset=16), p(2, 2, 6, 7))

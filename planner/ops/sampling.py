@@ -7,8 +7,9 @@ import math
 import numpy as np
 
 from . import register
-from .base import Layout, Schema
+from .base import Layout, Schema, no_gradient
 from .composite import Composite
+from .shape_ops import scatter_add_flat
 from ..dtypes import is_float
 from ..errors import ShapeError
 
@@ -130,6 +131,55 @@ class RoiAlign(Schema):
                     xp.divide(acc, max(grid_h * grid_w, 1), out=acc)
                 if "acc" in ws:
                     xp.copyto(out, acc, casting="unsafe")
+
+    def gradient(self, b, node, dys):
+        """dX for avg mode with a fixed sampling_ratio (adaptive counts depend on the rois' values): dY
+        of each bin, over the sample count, times each sample's corner weights, added at the corners
+        (one ScatterND). The rois and indices get none, as in PyTorch's."""
+        x, rois, batch = node.inputs
+        ratio = self.attr(node, "sampling_ratio")
+        if self.attr(node, "mode") != "avg" or ratio < 1:
+            return [no_gradient(node), None, None]
+        (_, c, height, width), dtype = b.shape(x), b.dtype(x)
+        dy = b.op("Unsqueeze", b.op("Mul", dys[0], b.const(1 / ratio ** 2, x)), axes=[3, 5])  # (R, C, h, 1, w, 1)
+        image = b.op("Mul", b.op("Reshape", batch, shape=[-1, 1, 1, 1, 1, 1]), b.const(c * height * width, batch))
+        image = b.op("Add", image, b.const((np.arange(c) * height * width).reshape(1, c, 1, 1, 1, 1), batch))
+        axes = []
+        rows, cols = self.attr(node, "output_height"), self.attr(node, "output_width")
+        for first, size, bins, shape in ((1, height, rows, [-1, 1, rows, ratio, 1, 1]),
+                                         (0, width, cols, [-1, 1, 1, 1, cols, ratio])):
+            corners = self.roi_samples(b, node, rois, first, size, bins, x)
+            axes.append([(b.op("Reshape", i, shape=shape), b.op("Reshape", w, shape=shape)) for i, w in corners])
+        flats, updates = [], []
+        for (row, row_weight), (col, col_weight) in itertools.product(*axes):
+            index = b.op("Add", b.op("Add", image, b.op("Mul", row, b.const(width, batch))), col)
+            update = b.op("Mul", dy, b.op("Mul", row_weight, col_weight))
+            flats.append(b.op("Reshape", index, shape=[-1]))
+            updates.append(b.op("Reshape", update, shape=[-1]))
+        return [scatter_add_flat(b, b.op("Concat", *flats, axis=0), b.op("Concat", *updates, axis=0), b.shape(x),
+                                 dtype), None, None]
+
+    def roi_samples(self, b, node, rois, first, size, bins, like):
+        """Along the axis whose roi coordinates are columns `first` and `first` + 2: the near and far
+        corners (int64 index, weight) of every sample of every bin, (R, bins * sampling_ratio) each,
+        as the kernel's `samples` places them."""
+        ratio, scale = self.attr(node, "sampling_ratio"), self.attr(node, "spatial_scale")
+        half = self.attr(node, "coordinate_transformation_mode") == "half_pixel"
+        start, end = (b.op("Sub", b.op("Mul", b.op("Slice", rois, starts=[k], ends=[k + 1], axes=[1]),
+                                        b.const(scale, like)), b.const(0.5 * half, like)) for k in (first, first + 2))
+        extent = b.op("Sub", end, start)
+        if not half:
+            extent = b.op("Max", extent, b.const(1, like))
+        offsets = (np.arange(bins)[:, None] + (np.arange(ratio) + 0.5) / ratio).reshape(1, -1)
+        pos = b.op("Add", start, b.op("Mul", b.op("Div", extent, b.const(bins, like)), b.const(offsets, like)))
+        outside = b.op("Or", b.op("Less", pos, b.const(-1, like)), b.op("Greater", pos, b.const(size, like)))
+        pos = b.op("Clip", pos, min=0.0, max=float(size - 1))
+        low = b.op("Floor", pos)
+        far = b.op("Sub", pos, low)
+        near = b.op("Sub", b.const(1, like), far)
+        high = b.op("Clip", b.op("Add", low, b.const(1, like)), max=float(size - 1))
+        zero = b.const(0, like)
+        return [(b.cast(at, np.int64), b.op("Where", outside, zero, weight)) for at, weight in ((low, near), (high, far))]
 
     @staticmethod
     def samples(xp, ramp, start, step, size, stride, rows, index, mask):

@@ -111,6 +111,9 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     recurrent,
     selection,
     scatter,
+    sampling,
+    grid_sample,
+    signal,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

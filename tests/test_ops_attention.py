@@ -1,0 +1,83 @@
+"""Attention, rotary embeddings and ONNX Runtime's transformer contrib ops (planner/ops/attention.py,
+contrib.py, contrib_attention.py): each contrib op planned and run with poison against onnxruntime,
+gradients of the composites against finite differences, and the refusals."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import planner
+from executor import Executor
+from test_autodiff import check, p, weighted
+
+ort = pytest.importorskip("onnxruntime")
+RNG = np.random.default_rng(7)
+MS = "com.microsoft"
+
+
+def rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def contrib(op, inputs, outputs, consts=None, opset=17, domain=MS, **attrs):
+    """A model of one `op` node reading `inputs` (name -> array, "" for an omitted one) as graph inputs
+    and `consts` as initializers."""
+    consts = consts or {}
+    names = list(inputs) + [k for k in consts if k not in inputs]
+    node = helper.make_node(op, [k if k in consts or inputs.get(k) is not None else "" for k in names],
+                            outputs, domain=domain, **attrs)
+    graph = helper.make_graph(
+        [node], op, [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                     for k, v in inputs.items() if v is not None and k not in consts],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs if o],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
+
+
+def assert_matches_onnxruntime(m, feeds, rtol=1e-4, atol=1e-5):
+    """memplan's outputs (NumPy backend, poison on) against onnxruntime's."""
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    got = Executor(planner.compile(m), backend="numpy", poison=True).run(feeds)
+    for name, value in want.items():
+        assert got[name].shape == value.shape and got[name].dtype == value.dtype, name
+        np.testing.assert_allclose(got[name], value, rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("op, extra, attrs", [
+    ("Gelu", {}, {}), ("QuickGelu", {}, {}), ("QuickGelu", {}, dict(alpha=1.3)), ("FastGelu", {}, {}),
+    ("FastGelu", dict(bias=(6,)), {}), ("BiasGelu", dict(bias=(6,)), {})])
+def test_contrib_activations_match_onnxruntime(op, extra, attrs):
+    feeds = dict(x=rand(2, 3, 6), **{k: rand(*s) for k, s in extra.items()})
+    assert_matches_onnxruntime(contrib(op, feeds, ["y"], **attrs), feeds)
+
+
+@pytest.mark.parametrize("op, weights", [("SkipLayerNormalization", ("gamma", "beta", "bias")),
+                                         ("SkipLayerNormalization", ("gamma",)),
+                                         ("SkipSimplifiedLayerNormalization", ("gamma", "bias"))])
+@pytest.mark.parametrize("skip", [(2, 3, 8), (3, 8)])
+def test_skip_normalisations_match_onnxruntime(op, weights, skip):
+    all_weights = ("gamma", "beta", "bias") if op == "SkipLayerNormalization" else ("gamma", "bias")
+    feeds = dict(x=rand(2, 3, 8), skip=rand(*skip), **{w: rand(8) if w in weights else None for w in all_weights})
+    m = contrib(op, feeds, ["y", "mean", "inv_std_var", "sum"], epsilon=1e-5)
+    assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_simplified_layer_normalization_matches_onnxruntime(axis):
+    """ONNX Runtime defines it in ONNX's domain; memplan reads it in com.microsoft too."""
+    feeds = dict(x=rand(2, 3, 4), scale=rand(*([3, 4] if axis == 1 else [4])))
+    theirs = contrib("SimplifiedLayerNormalization", feeds, ["y", "inv"], domain="", axis=axis)
+    session = ort.InferenceSession(theirs.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, feeds)
+    ours = contrib("SimplifiedLayerNormalization", feeds, ["y", "inv"], axis=axis)
+    got = Executor(planner.compile(ours), backend="numpy", poison=True).run(feeds)
+    for name, value in zip(["y", "inv"], want):
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_contrib_ops_check_their_types():
+    feeds = dict(x=rand(2, 3).astype(np.int32))
+    with pytest.raises(planner.ShapeError, match="Gelu takes"):
+        planner.load(contrib("Gelu", feeds, ["y"]))
+    with pytest.raises(planner.ShapeError, match=r"gamma must have the hidden size's shape \(8,\)"):
+        planner.load(contrib("SkipLayerNormalization", dict(x=rand(2, 8), skip=rand(2, 8), gamma=rand(4)), ["y"]))

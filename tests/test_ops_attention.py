@@ -33,10 +33,12 @@ def contrib(op, inputs, outputs, consts=None, opset=17, domain=MS, **attrs):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
 
 
-def assert_matches_onnxruntime(m, feeds, rtol=1e-4, atol=1e-5):
-    """memplan's outputs (NumPy backend, poison on) against onnxruntime's."""
-    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+def assert_matches_onnxruntime(m, feeds, rtol=1e-4, atol=1e-5, theirs=None):
+    """memplan's outputs (NumPy backend, poison on) against onnxruntime's, of `theirs` (model, feeds)
+    where onnxruntime's CPU lacks the form `m` is in."""
+    model, inputs = theirs or (m, feeds)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
     got = Executor(planner.compile(m), backend="numpy", poison=True).run(feeds)
     for name, value in want.items():
         assert got[name].shape == value.shape and got[name].dtype == value.dtype, name
@@ -81,3 +83,55 @@ def test_contrib_ops_check_their_types():
         planner.load(contrib("Gelu", feeds, ["y"]))
     with pytest.raises(planner.ShapeError, match=r"gamma must have the hidden size's shape \(8,\)"):
         planner.load(contrib("SkipLayerNormalization", dict(x=rand(2, 8), skip=rand(2, 8), gamma=rand(4)), ["y"]))
+
+
+@pytest.mark.parametrize("shape, positions, attrs", [
+    ((2, 3, 16), (2, 3), dict(num_heads=2)), ((2, 3, 16), (1,), dict(num_heads=2, interleaved=1)),
+    ((2, 2, 3, 8), (2, 3), {}), ((2, 3, 16), (2, 3), dict(num_heads=2, rotary_embedding_dim=4)),
+    ((2, 2, 3, 8), (1,), dict(rotary_embedding_dim=4, num_heads=2, interleaved=1))])
+def test_contrib_rotary_embedding_matches_onnxruntime(shape, positions, attrs):
+    half = attrs.get("rotary_embedding_dim", 8) // 2
+    angles = rand(10, half)
+    ids = np.array([2]) if positions == (1,) else RNG.integers(0, 10, positions)
+    feeds = dict(x=rand(*shape), positions=ids.astype(np.int64), cos=np.cos(angles), sin=np.sin(angles))
+    assert_matches_onnxruntime(contrib("RotaryEmbedding", feeds, ["y"], **attrs), feeds)
+
+
+def key_mask(kind, batch, seq, total):
+    """int32 key masks of onnxruntime's forms: lengths, or ones and zeros by key or by query and key."""
+    if kind == "lengths":
+        return np.array([total, total - 2][:batch], np.int32)
+    mask = (RNG.random((batch, seq, total) if kind == "3d" else (batch, total)) > 0.3).astype(np.int32)
+    mask[..., 0] = 1  # no row all masked
+    return mask
+
+
+@pytest.mark.parametrize("form", ["3d", "bias", "qkv", "kv", "bnsh"])
+def test_multi_head_attention_forms_match_onnxruntime(form):
+    b, s, length, n, h = 2, 3, 5, 2, 4
+    feeds = dict(q=rand(b, s, n * h), k=rand(b, length, n * h), v=rand(b, length, n * 6))
+    theirs = None
+    if form == "bias":
+        feeds["bias"] = rand(2 * n * h + n * 6)
+    elif form == "bnsh":
+        feeds = dict(q=feeds["q"], k=rand(b, n, length, h), v=rand(b, n, length, h))
+    elif form in ("qkv", "kv"):  # onnxruntime's CPU has neither: checked against the same data unpacked
+        packed = rand(b, s, n, 3, h) if form == "qkv" else rand(b, length, n, 2, h)
+        parts = [packed[:, :, :, k].reshape(b, -1, n * h) for k in range(packed.shape[3])]
+        unpacked = dict(q=parts[0], k=parts[1], v=parts[2]) if form == "qkv" else dict(q=feeds["q"], k=parts[0], v=parts[1])
+        theirs = contrib("MultiHeadAttention", unpacked, ["y"], num_heads=n), unpacked
+        feeds = dict(q=packed) if form == "qkv" else dict(q=feeds["q"], k=packed)
+    assert_matches_onnxruntime(contrib("MultiHeadAttention", feeds, ["y"], num_heads=n), feeds, theirs=theirs)
+
+
+@pytest.mark.parametrize("mask", [None, "lengths", "2d", "3d"])
+@pytest.mark.parametrize("past, unidirectional", [(0, 0), (2, 1), (2, 0)])
+def test_multi_head_attention_masks_and_past_match_onnxruntime(mask, past, unidirectional):
+    b, s, n, h = 2, 3, 2, 4
+    total = past + s
+    feeds = dict(q=rand(b, s, n * h), k=rand(b, s, n * h), v=rand(b, s, n * h), bias=None,
+                 mask=None if mask is None else key_mask(mask, b, s, total), attention_bias=rand(1, n, s, total),
+                 past_key=rand(b, n, past, h) if past else None, past_value=rand(b, n, past, h) if past else None)
+    outputs = ["y", "present_key", "present_value"] if past else ["y"]
+    m = contrib("MultiHeadAttention", feeds, outputs, num_heads=n, unidirectional=unidirectional, scale=0.3)
+    assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})

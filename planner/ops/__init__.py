@@ -82,7 +82,7 @@ def node_flops(graph, node):
     return int(of(node, getattr(graph, "opsets", None)).flops(node, ins, outs))
 
 
-from . import elementwise, arithmetic, math_ops, activation, composite, normalization, axis_ops, indexing, nn, linalg, shape_ops, views, resize, reduce, misc, optim, loss, attention, contrib  # noqa: E402,F401  (registration)
+from . import elementwise, arithmetic, math_ops, activation, composite, normalization, axis_ops, indexing, nn, linalg, shape_ops, views, resize, reduce, misc, optim, loss, attention, contrib, contrib_attention  # noqa: E402,F401  (registration)
 
 __all__ = ["SCHEMAS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",
            "Schema", "Slice"]

@@ -270,6 +270,18 @@ def rotate(b, x, shape, cos, sin, dim, interleaved):
     return y
 
 
+def rotary(b, x, shape, heads, cos, sin, dim, interleaved):
+    """x (B, H, S, D), or (B, S, H D) of `heads` heads, rotated (see `rotate`) by the angles of the
+    caches (B or 1, S, dim / 2) as gathered for its positions."""
+    if len(shape) == 4:
+        cos, sin = (b.op("Unsqueeze", t, axes=[1]) for t in (cos, sin))
+        return rotate(b, x, shape, cos, sin, dim, interleaved)
+    cos, sin = (b.op("Unsqueeze", t, axes=[2]) for t in (cos, sin))
+    four = [shape[0], shape[1], heads, shape[2] // heads]
+    y = rotate(b, b.op("Reshape", x, shape=four), four, cos, sin, dim, interleaved)
+    return b.op("Reshape", y, shape=list(shape))
+
+
 @schema("RotaryEmbedding", since=23)
 class RotaryEmbedding(Schema):
     """RotaryEmbedding (opset 23): X (B, H, S, D) or (B, S, H D) with num_heads; the caches
@@ -311,17 +323,10 @@ class RotaryEmbedding(Schema):
     def decompose(self, b, node):
         x, cos, sin, positions = (list(node.inputs) + [""])[:4]
         shape = b.shape(x)
-        batch, seq, heads, size, dim = self.layout(node, shape, b.shape(cos), b.shape(positions) if positions else None)
+        _, _, heads, _, dim = self.layout(node, shape, b.shape(cos), b.shape(positions) if positions else None)
         widen = widening(self, b, b.dtype(x))
         wide, cos, sin = widen(x), widen(cos), widen(sin)
         if positions:
             cos, sin = b.op("Gather", cos, positions, axis=0), b.op("Gather", sin, positions, axis=0)
-        if len(shape) == 4:
-            cos, sin = (b.op("Unsqueeze", t, axes=[1]) for t in (cos, sin))
-            y = rotate(b, wide, shape, cos, sin, dim, self.attr(node, "interleaved"))
-        else:
-            cos, sin = (b.op("Unsqueeze", t, axes=[2]) for t in (cos, sin))
-            four = [batch, seq, heads, size]
-            y = rotate(b, b.op("Reshape", wide, shape=four), four, cos, sin, dim, self.attr(node, "interleaved"))
-            y = b.op("Reshape", y, shape=list(shape))
+        y = rotary(b, wide, shape, heads, cos, sin, dim, self.attr(node, "interleaved"))
         return [b.cast(y, b.dtype(x)) if wide != x else y]

@@ -1,0 +1,245 @@
+"""ONNX Runtime's contrib attention ops (domain "com.microsoft", version 1) as composites, in the forms
+its transformer optimizer and Optimum's exports write: RotaryEmbedding, MultiHeadAttention,
+Attention and GroupQueryAttention. Built on attention.py's helpers; scores are scaled once
+(Q K^T times scale), and masks add mask_filter_value, as onnxruntime computes them. The forms they
+do not cover (buffer sharing, beam search indirection, quantized caches) are refused by name."""
+import math
+
+import numpy as np
+
+from . import schema
+from .attention import attend, heads_first, heads_last, output, rotary, wants, widening
+from .base import FLOATS, Schema, broadcast
+from ..errors import ShapeError
+
+DOMAIN = "com.microsoft"
+INT32 = frozenset({"tensor(int32)"})
+
+
+def refuse_given(node, names, inputs=(), attrs=()):
+    """ShapeError for each input of `inputs` (indices into `names`) the node gives, and each attribute
+    of `attrs` (name, value it must keep) it sets otherwise."""
+    for k in inputs:
+        if k < len(node.inputs) and node.inputs[k]:
+            raise ShapeError(f"input {names[k]} is not supported")
+    for name, value in attrs:
+        if node.attrs.get(name, value) != value:
+            raise ShapeError(f"attribute {name}={node.attrs[name]} is not supported (only {value})")
+
+
+def given(names, inputs):
+    """{name: input} of the inputs present, by the op's input names."""
+    return {k: v for k, v in zip(names, inputs) if v}
+
+
+@schema("RotaryEmbedding", domain=DOMAIN)
+class RotaryEmbedding(Schema):
+    """RotaryEmbedding: input (B, S, N H) or (B, N, S, H); position_ids (B, S), or (1,) the position
+    of the first token; caches (positions, dim / 2); interleaved, rotary_embedding_dim, num_heads."""
+
+    defaults = {"interleaved": 0, "num_heads": 0, "rotary_embedding_dim": 0, "is_packed_batching": 0, "scale": 1.0}
+    types = (("T", "M", "T", "T"), {"T": FLOATS - {"tensor(double)"}, "M": frozenset({"tensor(int64)"})})
+
+    def layout(self, node, x, positions, cos):
+        """(heads, rotated dims) from the shapes, checked."""
+        refuse_given(node, (), attrs=(("is_packed_batching", 0), ("scale", 1.0)))
+        dim, heads = self.attr(node, "rotary_embedding_dim"), self.attr(node, "num_heads")
+        if len(cos) != 2:
+            raise ShapeError(f"the caches must be 2-D (positions, dim / 2), got {tuple(cos)}")
+        if len(x) == 4:
+            heads, size = x[1], x[3]
+        elif len(x) == 3:
+            heads = heads or x[2] // (dim or 2 * cos[1])
+            if not heads or x[2] % heads:
+                raise ShapeError(f"num_heads {heads} does not divide the hidden size {x[2]}")
+            size = x[2] // heads
+        else:
+            raise ShapeError(f"the input must be 3-D or 4-D, got shape {tuple(x)}")
+        dim = dim or size
+        if dim % 2 or dim > size or cos[1] != dim // 2:
+            raise ShapeError(f"the caches' last dim {cos[1]} must be half the even rotary dim {dim} <= head size {size}")
+        seq = x[2] if len(x) == 4 else x[1]
+        if tuple(positions) not in ((1,), (x[0], seq)):
+            raise ShapeError(f"position_ids must be (1,) or (batch, sequence) = {(x[0], seq)}, got {tuple(positions)}")
+        return heads, dim
+
+    def infer(self, node, ins):
+        x, positions, cos, sin = ins
+        if cos.shape != sin.shape:
+            raise ShapeError(f"cos_cache and sin_cache must have one shape, got {cos.shape} and {sin.shape}")
+        self.layout(node, x.shape, positions.shape, cos.shape)
+        return [(x.shape, x.dtype)]
+
+    def decompose(self, b, node):
+        x, positions, cos, sin = node.inputs
+        shape = b.shape(x)
+        heads, dim = self.layout(node, shape, b.shape(positions), b.shape(cos))
+        if b.shape(positions) == (1,):
+            seq = shape[2] if len(shape) == 4 else shape[1]
+            positions = b.op("Add", b.const(np.arange(seq)[None], positions), positions)
+        widen = widening(self, b, b.dtype(x))
+        cos, sin = (b.op("Gather", widen(t), positions, axis=0) for t in (cos, sin))
+        y = rotary(b, widen(x), shape, heads, cos, sin, dim, self.attr(node, "interleaved"))
+        return [b.cast(y, b.dtype(x)) if b.dtype(x) != self.accumulation(b.dtype(x)) else y]
+
+
+def key_mask(b, mask, batch, seq, total, fill, like):
+    """The additive bias (broadcasting to (B, N, S, T)) of an int32 key mask: lengths (B,) (key j is
+    kept while j < length), or 1/0 per key (B, T) or per query and key (B, S, T); `fill` where masked."""
+    shape = tuple(b.shape(mask))
+    if shape == (batch,):
+        keep = b.op("Less", b.const(np.arange(total), mask), b.op("Reshape", mask, shape=[batch, 1]))
+        keep = b.op("Reshape", keep, shape=[batch, 1, 1, total])
+    elif shape in ((batch, total), (batch, seq, total)):
+        keep = b.op("Greater", mask, b.const(0, mask))
+        keep = b.op("Reshape", keep, shape=[batch, 1, 1 if len(shape) == 2 else seq, total])
+    else:
+        raise ShapeError(f"the key mask must be lengths ({batch},), or ({batch}, {total}) or ({batch}, {seq}, "
+                         f"{total}) of ones and zeros; got {shape}")
+    return b.op("Where", keep, b.const(0, like), b.const(fill, like))
+
+
+def scores_bias(b, node, d, mask, extra, fill, like):
+    """The sum of a key mask's bias, an additive attention_bias `extra` and, with unidirectional, a
+    causal one (fill above the diagonal offset by the past); None when there is none."""
+    parts = []
+    if mask:
+        parts.append(key_mask(b, mask, d["B"], d["Sq"], d["Sk"], fill, like))
+    if extra:
+        parts.append(extra)
+    if node.attrs.get("unidirectional", 0):
+        i, j = np.arange(d["Sq"])[:, None], np.arange(d["Sk"])[None, :]
+        parts.append(b.const(np.where(j <= i + d["past"], 0, fill), like))
+    bias = parts[0] if parts else None
+    for part in parts[1:]:
+        bias = b.op("Add", bias, part)
+    return bias
+
+
+def check_extra(extra, d):
+    """attention_bias must broadcast as (B or 1, N or 1, S, T)."""
+    if extra is not None and (len(extra) != 4 or broadcast(extra, (d["B"], d["Hq"], d["Sq"], d["Sk"])) !=
+                              (d["B"], d["Hq"], d["Sq"], d["Sk"])):
+        raise ShapeError(f"attention_bias must be (batch or 1, heads or 1, {d['Sq']}, {d['Sk']}), got {tuple(extra)}")
+
+
+class ContribAttention(Schema):
+    """What MultiHeadAttention, Attention and GroupQueryAttention share: the narrow floats computed in
+    float32 (as onnxruntime's CPU kernels do), the present caches kept in the inputs' dtype."""
+
+    names = ()
+
+    def widen(self, b, node, name):
+        """`name` in the accumulation dtype of the op's input 0."""
+        return widening(self, b, b.dtype(node.inputs[0]))(name)
+
+    def like(self, b, node, query):
+        """A tensor of the computing dtype for constants: `query` where it was cast, else input 0."""
+        return query if self.accumulation(b.dtype(node.inputs[0])) != b.dtype(node.inputs[0]) else node.inputs[0]
+
+    def finish(self, b, node, y, dims):
+        """Y (B, N, S, Hv) as (B, S, N Hv) in the input dtype."""
+        y = heads_last(b, y, dims["B"], dims["Sq"], dims["Hq"], dims["Dv"])
+        dtype = b.dtype(node.inputs[0])
+        return b.cast(y, dtype) if self.accumulation(dtype) != dtype else y
+
+
+def unpacked(b, x, k, batch, seq, heads, size):
+    """Part k of packed (B, S, N, parts, H) as (B, N, S, H)."""
+    part = b.op("Slice", x, starts=[k], ends=[k + 1], axes=[3])
+    return b.op("Transpose", b.op("Reshape", part, shape=[batch, seq, heads, size]), perm=[0, 2, 1, 3])
+
+
+@schema("MultiHeadAttention", domain=DOMAIN)
+class MultiHeadAttention(ContribAttention):
+    """MultiHeadAttention: query (B, S, D) with key and value (B, L, D) and (B, L, Dv), their bias
+    (D + D + Dv,) added; or packed QKV (B, S, N, 3, H); or packed KV (B, L, N, 2, H); or key and value
+    already (B, N, L, H). key_padding_mask (lengths, or ones and zeros), attention_bias, past_key and
+    past_value concatenated into the present outputs, unidirectional."""
+
+    names = ("query", "key", "value", "bias", "key_padding_mask", "attention_bias", "past_key", "past_value",
+             "past_sequence_length", "cache_indirection")
+    defaults = {"num_heads": None, "mask_filter_value": -10000.0, "scale": None, "unidirectional": 0}
+    types = (("T", "T", "T", "T", "M", "T", "T", "T", "M", "M"), {"T": FLOATS - {"tensor(double)"}, "M": INT32})
+
+    def layout(self, node, s):
+        """{letter: size} (see attention.attend), 'form' and 'past' from the inputs' shapes {name: shape}."""
+        refuse_given(node, self.names, inputs=(8, 9))
+        heads, q, k, v = self.attr(node, "num_heads"), s["query"], s.get("key"), s.get("value")
+        if len(q) == 5:
+            if k is not None or v is not None or q[2:4] != (heads, 3):
+                raise ShapeError(f"packed QKV must be (batch, sequence, {heads}, 3, head size) without key and value")
+            form, length, size, v_size = "qkv", q[1], q[4], q[4]
+        elif len(q) == 3 and k is not None and len(k) == 5:
+            if v is not None or k[2:4] != (heads, 2) or k[4] * heads != q[2]:
+                raise ShapeError(f"packed KV must be (batch, length, {heads}, 2, {q[2] // heads}) without value")
+            form, length, size, v_size = "kv", k[1], k[4], k[4]
+        elif len(q) == 3 and k is not None and v is not None and len(k) == len(v) in (3, 4):
+            form = "3d" if len(k) == 3 else "bnsh"
+            if len(k) == 3:
+                length, size, v_size = k[1], k[2] // heads, v[2] // heads
+                bad = k[2] != q[2] or v[2] % heads or v[1] != k[1]
+            else:
+                length, size, v_size = k[2], k[3], v[3]
+                bad = k[1] != heads or v[1] != heads or v[2] != k[2] or k[3] * heads != q[2]
+            if bad:
+                raise ShapeError(f"key {tuple(k)} and value {tuple(v)} do not fit query {tuple(q)} of {heads} heads")
+        else:
+            raise ShapeError(f"query (B, S, D) needs key and value (3-D or 4-D) or packed KV; or packed QKV "
+                             f"(B, S, N, 3, H) alone; got {tuple(q)}, {k and tuple(k)} and {v and tuple(v)}")
+        if q[2 if len(q) == 3 else 4] % (heads if len(q) == 3 else 1):
+            raise ShapeError(f"the query's hidden size {q[2]} is not a multiple of its {heads} heads")
+        if "bias" in s and (form != "3d" or tuple(s["bias"]) != (2 * q[2] + heads * v_size,)):
+            raise ShapeError(f"bias must be ({2 * q[2] + heads * v_size},), with 3-D key and value; got {s['bias']}")
+        d = dict(B=q[0], Hq=heads, Hk=heads, Sq=q[1], Skv=length, D=size, Dv=v_size, form=form, past=0)
+        if ("past_key" in s) != ("past_value" in s) or ("past_key" in s and form == "bnsh"):
+            raise ShapeError("past_key and past_value must be given together, with key and value not 4-D")
+        if "past_key" in s:
+            d["past"] = s["past_key"][2]
+            if (tuple(s["past_key"]), tuple(s["past_value"])) != ((q[0], heads, d["past"], size),
+                                                                   (q[0], heads, d["past"], v_size)):
+                raise ShapeError(f"past_key and past_value must be (batch, {heads}, past, head size), got "
+                                 f"{tuple(s['past_key'])} and {tuple(s['past_value'])}")
+        d["Sk"] = d["past"] + length
+        check_extra(s.get("attention_bias"), d)
+        return d
+
+    def infer(self, node, ins):
+        if wants(node, 3):
+            raise ShapeError("output qk is not supported")
+        d = self.layout(node, {k: v.shape for k, v in given(self.names, ins).items()})
+        dtype = ins[0].dtype
+        return [((d["B"], d["Sq"], d["Hq"] * d["Dv"]), dtype), ((d["B"], d["Hk"], d["Sk"], d["D"]), dtype),
+                ((d["B"], d["Hk"], d["Sk"], d["Dv"]), dtype)]
+
+    def decompose(self, b, node):
+        t = given(self.names, node.inputs)
+        d = self.layout(node, {k: tuple(b.shape(v)) for k, v in t.items()})
+        batch, heads, seq, length, size = d["B"], d["Hq"], d["Sq"], d["Skv"], d["D"]
+        query, key, value = t["query"], t.get("key"), t.get("value")
+        if d["form"] == "qkv":
+            q, k, v = (unpacked(b, query, n, batch, seq, heads, size) for n in range(3))
+        else:
+            if "bias" in t:
+                hidden = b.shape(query)[2]
+                cuts = [0, hidden, 2 * hidden, 2 * hidden + heads * d["Dv"]]
+                query, key, value = (b.op("Add", x, b.op("Slice", t["bias"], starts=[cuts[n]], ends=[cuts[n + 1]],
+                                                         axes=[0]))
+                                     for n, x in enumerate((query, key, value)))
+            q = heads_first(b, query, batch, seq, heads, size)
+            if d["form"] == "kv":
+                k, v = (unpacked(b, key, n, batch, length, heads, size) for n in range(2))
+            elif d["form"] == "3d":
+                k, v = heads_first(b, key, batch, length, heads, size), heads_first(b, value, batch, length, heads, d["Dv"])
+            else:
+                k, v = key, value
+        if "past_key" in t:
+            k, v = b.op("Concat", t["past_key"], k, axis=2), b.op("Concat", t["past_value"], v, axis=2)
+        q = self.widen(b, node, q)
+        like = self.like(b, node, q)
+        bias = scores_bias(b, node, d, t.get("key_padding_mask"), t.get("attention_bias") and
+                           self.widen(b, node, t["attention_bias"]), self.attr(node, "mask_filter_value"), like)
+        scale = self.attr(node, "scale") or 1 / math.sqrt(size)
+        kt = b.op("Transpose", self.widen(b, node, k), perm=[0, 1, 3, 2])
+        y, _ = attend(b, q, kt, self.widen(b, node, v), d, scale, like, bias=bias, sqrt_scale=False)
+        return [self.finish(b, node, y, d), output(b, k, node, 1), output(b, v, node, 2)]

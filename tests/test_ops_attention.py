@@ -135,3 +135,17 @@ def test_multi_head_attention_masks_and_past_match_onnxruntime(mask, past, unidi
     outputs = ["y", "present_key", "present_value"] if past else ["y"]
     m = contrib("MultiHeadAttention", feeds, outputs, num_heads=n, unidirectional=unidirectional, scale=0.3)
     assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})
+
+
+@pytest.mark.parametrize("mask", [None, "lengths", "2d", "3d"])
+@pytest.mark.parametrize("past, unidirectional, sizes", [(0, 0, None), (2, 1, None), (0, 1, [8, 8, 12])])
+def test_contrib_attention_matches_onnxruntime(mask, past, unidirectional, sizes):
+    b, s, n, d_in = 2, 3, 2, 6
+    sizes = sizes or [8, 8, 8]
+    total = past + s
+    feeds = dict(x=rand(b, s, d_in), w=rand(d_in, sum(sizes)), bias=rand(sum(sizes)),
+                 mask=None if mask is None else key_mask(mask, b, s, total), past=rand(2, b, n, past, 4) if past else None,
+                 attention_bias=None if past else rand(b, 1, s, total))
+    attrs = dict(num_heads=n, unidirectional=unidirectional, **({"qkv_hidden_sizes": sizes} if sizes[2] != 8 else {}))
+    m = contrib("Attention", feeds, ["y", "present"] if past else ["y"], **attrs)
+    assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})

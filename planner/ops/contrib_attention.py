@@ -243,3 +243,71 @@ class MultiHeadAttention(ContribAttention):
         kt = b.op("Transpose", self.widen(b, node, k), perm=[0, 1, 3, 2])
         y, _ = attend(b, q, kt, self.widen(b, node, v), d, scale, like, bias=bias, sqrt_scale=False)
         return [self.finish(b, node, y, d), output(b, k, node, 1), output(b, v, node, 2)]
+
+
+@schema("Attention", domain=DOMAIN)
+class Attention(ContribAttention):
+    """Attention (BERT's and GPT-2's fused form): Q, K and V projected from one input by merged
+    weights (D_in, D + D + Dv) and bias; mask_index as lengths (B,) or ones and zeros (B, T) or
+    (B, S, T); past (2, B, N, P, H) and present; attention_bias; unidirectional."""
+
+    names = ("input", "weights", "bias", "mask_index", "past", "attention_bias", "past_sequence_length")
+    defaults = {"num_heads": None, "qkv_hidden_sizes": None, "unidirectional": 0, "mask_filter_value": -10000.0,
+                "scale": None, "do_rotary": 0, "past_present_share_buffer": 0, "rotary_embedding_dim": 0}
+    types = (("T", "T", "T", "M", "T", "T", "M"), {"T": FLOATS - {"tensor(double)"}, "M": INT32})
+
+    def layout(self, node, s):
+        refuse_given(node, self.names, inputs=(6,), attrs=(("do_rotary", 0), ("past_present_share_buffer", 0)))
+        heads, x, w = self.attr(node, "num_heads"), s["input"], s["weights"]
+        if len(x) != 3 or len(w) != 2 or w[0] != x[2]:
+            raise ShapeError(f"input (B, S, D_in) and weights (D_in, D + D + Dv) do not fit: {tuple(x)} and {tuple(w)}")
+        sizes = self.attr(node, "qkv_hidden_sizes") or [w[1] // 3] * 3
+        if len(sizes) != 3 or sizes[0] != sizes[1] or sum(sizes) != w[1] or any(n % heads for n in sizes):
+            raise ShapeError(f"the weights' {w[1]} columns must split as Q, K, V hidden sizes {list(sizes)}, "
+                             f"each a multiple of the {heads} heads, Q's and K's equal")
+        if "bias" in s and tuple(s["bias"]) != (w[1],):
+            raise ShapeError(f"bias must be ({w[1]},), got {tuple(s['bias'])}")
+        d = dict(B=x[0], Hq=heads, Hk=heads, Sq=x[1], Skv=x[1], D=sizes[0] // heads, Dv=sizes[2] // heads,
+                 sizes=sizes, past=0)
+        if "past" in s:
+            d["past"] = s["past"][3] if len(s["past"]) == 5 else -1
+            if tuple(s["past"]) != (2, x[0], heads, d["past"], d["D"]) or d["D"] != d["Dv"]:
+                raise ShapeError(f"past must be (2, {x[0]}, {heads}, past, {d['D']}) with Q, K and V of one "
+                                 f"hidden size; got {tuple(s['past'])}")
+            if "attention_bias" in s:
+                raise ShapeError("past and attention_bias cannot be given together (onnxruntime refuses them)")
+        d["Sk"] = d["past"] + x[1]
+        check_extra(s.get("attention_bias"), d)
+        return d
+
+    def infer(self, node, ins):
+        d = self.layout(node, {k: v.shape for k, v in given(self.names, ins).items()})
+        return [((d["B"], d["Sq"], d["Hq"] * d["Dv"]), ins[0].dtype),
+                ((2, d["B"], d["Hk"], d["Sk"], d["D"]), ins[0].dtype)]
+
+    def decompose(self, b, node):
+        t = given(self.names, node.inputs)
+        d = self.layout(node, {k: tuple(b.shape(v)) for k, v in t.items()})
+        batch, heads, seq, size = d["B"], d["Hq"], d["Sq"], d["D"]
+        qkv = b.op("MatMul", t["input"], t["weights"])
+        if "bias" in t:
+            qkv = b.op("Add", qkv, t["bias"])
+        cuts = np.cumsum([0, *d["sizes"]]).tolist()
+        q, k, v = (heads_first(b, b.op("Slice", qkv, starts=[cuts[n]], ends=[cuts[n + 1]], axes=[2]), batch, seq,
+                               heads, (size, size, d["Dv"])[n]) for n in range(3))
+        present = None
+        if "past" in t:
+            past_k, past_v = (b.op("Squeeze", b.op("Slice", t["past"], starts=[n], ends=[n + 1], axes=[0]), axes=[0])
+                              for n in range(2))
+            k, v = b.op("Concat", past_k, k, axis=2), b.op("Concat", past_v, v, axis=2)
+            present = b.op("Concat", *(b.op("Unsqueeze", x, axes=[0]) for x in (k, v)), axis=0)
+        elif wants(node, 1):
+            present = b.op("Concat", *(b.op("Unsqueeze", x, axes=[0]) for x in (k, v)), axis=0)
+        q = self.widen(b, node, q)
+        like = self.like(b, node, q)
+        bias = scores_bias(b, node, d, t.get("mask_index"), t.get("attention_bias") and
+                           self.widen(b, node, t["attention_bias"]), self.attr(node, "mask_filter_value"), like)
+        kt = b.op("Transpose", self.widen(b, node, k), perm=[0, 1, 3, 2])
+        y, _ = attend(b, q, kt, self.widen(b, node, v), d, self.attr(node, "scale") or 1 / math.sqrt(size), like,
+                      bias=bias, sqrt_scale=False)
+        return [self.finish(b, node, y, d), present if wants(node, 1) else None]

@@ -149,3 +149,48 @@ def test_contrib_attention_matches_onnxruntime(mask, past, unidirectional, sizes
     attrs = dict(num_heads=n, unidirectional=unidirectional, **({"qkv_hidden_sizes": sizes} if sizes[2] != 8 else {}))
     m = contrib("Attention", feeds, ["y", "present"] if past else ["y"], **attrs)
     assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})
+
+
+GQA_CASES = {  # name: (batch, new tokens, past cache, seqlens_k, total_sequence_length, attributes)
+    "first prompt": (2, 4, None, [3, 3], 4, {}),
+    "padded prompt": (2, 4, None, [3, 1], 4, {}),
+    "decoding": (2, 1, 6, [4, 2], 5, {}),
+    "next chunk": (1, 3, 4, [6], 7, {}),
+    "packed, rotary": (2, 1, 5, [5, 3], 6, dict(do_rotary=1)),
+    "prompt, rotary interleaved": (1, 4, None, [3], 4, dict(do_rotary=1, rotary_interleaved=1)),
+    "window, softcap, scale": (1, 4, 3, [6], 7, dict(local_window_size=2, softcap=2.0, scale=0.2)),
+}
+
+
+@pytest.mark.parametrize("case", GQA_CASES)
+def test_group_query_attention_matches_onnxruntime(case):
+    batch, seq, cache, seqlens, total, attrs = GQA_CASES[case]
+    heads, kv_heads, size = 4, 2, 16
+    query = rand(batch, seq, (heads + 2 * kv_heads) * size) if "packed" in case else rand(batch, seq, heads * size)
+    feeds = dict(query=query, key=None if "packed" in case else rand(batch, seq, kv_heads * size),
+                 value=None if "packed" in case else rand(batch, seq, kv_heads * size),
+                 past_key=None if cache is None else rand(batch, kv_heads, cache, size),
+                 past_value=None if cache is None else rand(batch, kv_heads, cache, size))
+    angles = rand(16, 8)
+    consts = dict(seqlens_k=np.array(seqlens, np.int32), total_sequence_length=np.array(total, np.int32),
+                  **(dict(cos_cache=np.cos(angles), sin_cache=np.sin(angles)) if attrs.get("do_rotary") else {}))
+    m = contrib("GroupQueryAttention", feeds, ["y", "present_key", "present_value"], consts, num_heads=heads,
+                kv_num_heads=kv_heads, **attrs)
+    got = {k: v for k, v in feeds.items() if v is not None}
+    if case == "padded prompt":  # the padding's rows are unspecified
+        session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        want = session.run(None, got)[0]
+        y = Executor(planner.compile(m), backend="numpy", poison=True).run(got)["y"]
+        np.testing.assert_allclose(y[1, :2], want[1, :2], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(y[0], want[0], rtol=1e-4, atol=1e-5)
+    else:
+        assert_matches_onnxruntime(m, got)
+
+
+def test_group_query_attention_needs_its_lengths_when_planning():
+    feeds = dict(query=rand(1, 1, 64), key=rand(1, 1, 32), value=rand(1, 1, 32), past_key=rand(1, 2, 3, 16),
+                 past_value=rand(1, 2, 3, 16), seqlens_k=np.array([3], np.int32),
+                 total_sequence_length=np.array(4, np.int32))
+    m = contrib("GroupQueryAttention", feeds, ["y"], num_heads=4, kv_num_heads=2)
+    with pytest.raises(planner.ShapeError, match="'seqlens_k' .* must be computable from the model's constants"):
+        planner.load(m)

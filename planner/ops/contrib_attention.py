@@ -10,6 +10,7 @@ import numpy as np
 from . import schema
 from .attention import attend, heads_first, heads_last, output, rotary, wants, widening
 from .base import FLOATS, Schema, broadcast
+from ..dtypes import to_onnx
 from ..errors import ShapeError
 
 DOMAIN = "com.microsoft"
@@ -311,3 +312,134 @@ class Attention(ContribAttention):
         y, _ = attend(b, q, kt, self.widen(b, node, v), d, self.attr(node, "scale") or 1 / math.sqrt(size), like,
                       bias=bias, sqrt_scale=False)
         return [self.finish(b, node, y, d), present if wants(node, 1) else None]
+
+
+@schema("GroupQueryAttention", domain=DOMAIN)
+class GroupQueryAttention(ContribAttention):
+    """GroupQueryAttention (LLaMA-style decoding): query (B, S, N H) with key and value (B, S, Nkv H),
+    or packed (B, S, (N + 2 Nkv) H); past_key and past_value (B, Nkv, P, H), each batch's first
+    seqlens_k + 1 - S of them valid (none in the first prompt, S = total_sequence_length), written
+    with the new keys into present (B, Nkv, max(total, P), H), zeros past them; causal (offset by the
+    past) within local_window_size keys; rotary embedding of Q and K (do_rotary) at the tokens' positions;
+    scale, softcap. seqlens_k and total_sequence_length must be known when planning (they fix the
+    shapes and masks)."""
+
+    names = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
+             "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale", "q_norm_weight",
+             "k_norm_weight", "query_seqlens")
+    attr_inputs = (("seqlens_k", 5, 1), ("total_sequence_length", 6, 1))
+    defaults = {"num_heads": None, "kv_num_heads": None, "scale": None, "softcap": 0.0, "local_window_size": -1,
+                "do_rotary": 0, "rotary_interleaved": 0, "causal": 1, "smooth_softmax": -1, "qk_output": 0}
+    types = (("T", "T", "T", "T", "T", "M", "M", "T", "T", "I"),
+             {"T": FLOATS - {"tensor(double)"}, "M": INT32, "I": frozenset({"tensor(int64)"})})
+
+    def layout(self, node, s):
+        refuse_given(node, self.names, inputs=range(10, 17), attrs=(("qk_output", 0), ("sliding_window_cache", 0),
+                                                                      ("kv_cache_bit_width", None)))
+        if node.attrs.get("smooth_softmax", -1) not in (-1, 0):
+            raise ShapeError("attribute smooth_softmax=1 is not supported")
+        heads, kv_heads = self.attr(node, "num_heads"), self.attr(node, "kv_num_heads")
+        q, k, v = s["query"], s.get("key"), s.get("value")
+        packed = k is None
+        if len(q) != 3 or heads % kv_heads or (k is None) != (v is None):
+            raise ShapeError(f"query must be 3-D with key and value or packed, num_heads {heads} a multiple of "
+                             f"kv_num_heads {kv_heads}; got query {tuple(q)}")
+        size = q[2] // (heads + 2 * kv_heads if packed else heads)
+        if not packed and (tuple(k) != (q[0], q[1], kv_heads * size) or tuple(v) != tuple(k)):
+            raise ShapeError(f"key and value must be ({q[0]}, {q[1]}, {kv_heads * size}), got {tuple(k)} and {tuple(v)}")
+        lengths = [int(n) + 1 for n in np.ravel(self.attr(node, "seqlens_k"))]
+        total = int(np.ravel(self.attr(node, "total_sequence_length"))[0])
+        cache = s["past_key"][2] if "past_key" in s else 0
+        if ("past_key" in s) != ("past_value" in s) or any(
+                tuple(s[n]) != (q[0], kv_heads, cache, size) for n in ("past_key", "past_value") if n in s):
+            raise ShapeError(f"past_key and past_value must both be ({q[0]}, {kv_heads}, past, {size})")
+        seq = q[1]
+        past = [0] * q[0] if seq == total else [n - seq for n in lengths]
+        present = max(total, cache)
+        if len(lengths) != q[0] or min(past) < 0 or max(past) > cache or max(past) + seq > present:
+            raise ShapeError(f"seqlens_k {[n - 1 for n in lengths]} and total_sequence_length {total} do not fit "
+                             f"{seq} new tokens after a past of {cache}")
+        d = dict(B=q[0], Hq=heads, Hk=kv_heads, Sq=seq, Skv=seq, Sk=present, D=size, Dv=size, past=past,
+                 lengths=lengths, packed=packed)
+        if self.attr(node, "do_rotary"):
+            cos = s.get("cos_cache")
+            if cos is None or tuple(s.get("sin_cache", ())) != tuple(cos) or len(cos) != 2 or 2 * cos[1] > size:
+                raise ShapeError("do_rotary needs cos_cache and sin_cache of one shape (positions, at most head size / 2)")
+        return d
+
+    def infer(self, node, ins):
+        d = self.layout(node, {k: v.shape for k, v in given(self.names, ins).items()})
+        dtype = ins[0].dtype
+        return [((d["B"], d["Sq"], d["Hq"] * d["D"]), dtype)] + [((d["B"], d["Hk"], d["Sk"], d["D"]), dtype)] * 2
+
+    def decompose(self, b, node):
+        t = given(self.names, node.inputs)
+        d = self.layout(node, {k: tuple(b.shape(v)) for k, v in t.items()})
+        batch, heads, kv_heads, seq, size = d["B"], d["Hq"], d["Hk"], d["Sq"], d["D"]
+        if d["packed"]:
+            cuts = np.cumsum([0, heads * size, kv_heads * size, kv_heads * size]).tolist()
+            parts = [b.op("Slice", t["query"], starts=[cuts[n]], ends=[cuts[n + 1]], axes=[2]) for n in range(3)]
+        else:
+            parts = [t["query"], t["key"], t["value"]]
+        q, k, v = (heads_first(b, x, batch, seq, n, size) for x, n in zip(parts, (heads, kv_heads, kv_heads)))
+        if self.attr(node, "do_rotary"):
+            q, k = self.rotated(b, node, t, d, q, k)
+        k, v = (self.cached(b, t.get(name), x, d) for name, x in (("past_key", k), ("past_value", v)))
+        q = self.widen(b, node, q)
+        like = self.like(b, node, q)
+        bias, guard = self.bias(b, node, d, like)
+        kt = b.op("Transpose", self.widen(b, node, k), perm=[0, 1, 3, 2])
+        y, _ = attend(b, q, kt, self.widen(b, node, v), d, self.attr(node, "scale") or 1 / math.sqrt(size), like,
+                      softcap=self.attr(node, "softcap"), bias=bias, guard=guard, sqrt_scale=False)
+        return [self.finish(b, node, y, d), k if wants(node, 1) else None, v if wants(node, 2) else None]
+
+    def rotated(self, b, node, t, d, q, k):
+        """Q and K rotated at position_ids, or at each token's place after its batch's past."""
+        positions = t.get("position_ids")
+        if positions is None:
+            places = np.array(d["past"])[:, None] + np.arange(d["Sq"])
+            positions = b.op("Cast", b.const(places, t["query"]), to=to_onnx(np.int64))  # folded when planning
+        cos, sin = (b.op("Gather", self.widen(b, node, t[n]), positions, axis=0) for n in ("cos_cache", "sin_cache"))
+        dim = 2 * b.shape(t["cos_cache"])[1]
+        interleaved = self.attr(node, "rotary_interleaved")
+        shapes = [(d["B"], n, d["Sq"], d["D"]) for n in (d["Hq"], d["Hk"])]
+        return [self.narrowed(b, node, rotary(b, self.widen(b, node, x), shape, shape[1], cos, sin, dim, interleaved))
+                for x, shape in zip((q, k), shapes)]
+
+    def narrowed(self, b, node, name):
+        """`name` back in the input dtype where it was widened."""
+        dtype = b.dtype(node.inputs[0])
+        return b.cast(name, dtype) if self.accumulation(dtype) != dtype else name
+
+    def cached(self, b, past, new, d):
+        """present (B, Nkv, T, H): each batch's valid past, its new tokens, then zeros."""
+        rows = sorted(set(d["past"]))
+        if len(rows) == 1:
+            chunks = [[past, new]]
+            valid = rows
+        else:
+            chunks = [[b.op("Slice", x, starts=[n], ends=[n + 1], axes=[0]) for x in (past, new)] for n in range(d["B"])]
+            valid = d["past"]
+        parts = []
+        for (p, x), kept in zip(chunks, valid):
+            pieces = ([b.op("Slice", p, starts=[0], ends=[kept], axes=[2])] if kept else []) + [x]
+            joined = b.op("Concat", *pieces, axis=2) if len(pieces) > 1 else x
+            rest = d["Sk"] - kept - d["Sq"]
+            parts.append(b.op("Pad", joined, pads=[0, rest], axes=[2]) if rest else joined)
+        return b.op("Concat", *parts, axis=0) if len(parts) > 1 else parts[0]
+
+    def bias(self, b, node, d, like):
+        """The -inf bias outside each query's keys: up to its own place (causal), the last
+        local_window_size of those (itself included, as onnxruntime counts), before its batch's total
+        length; and whether a row has no key at all."""
+        i, j = np.arange(d["Sq"])[:, None], np.arange(d["Sk"])[None, :]
+        place = np.array(d["past"])[:, None, None] + i  # (B, S, 1)
+        allowed = j < np.array(d["lengths"])[:, None, None]
+        if self.attr(node, "causal"):
+            allowed = allowed & (j <= place)
+        window = self.attr(node, "local_window_size")
+        if window > 0:
+            allowed = allowed & (j > place - window)
+        if allowed.all():
+            return None, False
+        return b.const(np.where(allowed, 0, -np.inf)[:, None], like), not allowed.any(axis=-1).all()

@@ -7,7 +7,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import planner
 from executor import Executor
-from test_autodiff import check, p, weighted
+from planner.autodiff import backward
+from test_autodiff import check, model, p, weighted
 
 ort = pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(7)
@@ -194,3 +195,70 @@ def test_group_query_attention_needs_its_lengths_when_planning():
     m = contrib("GroupQueryAttention", feeds, ["y"], num_heads=4, kv_num_heads=2)
     with pytest.raises(planner.ShapeError, match="'seqlens_k' .* must be computable from the model's constants"):
         planner.load(m)
+
+
+@pytest.mark.parametrize("attrs, shapes", [
+    ({}, dict(key=(2, 2, 4, 3), value=(2, 2, 4, 5))),
+    (dict(is_causal=1, softcap=3.0, scale=0.4), dict(key=(2, 1, 4, 3), value=(2, 1, 4, 3))),  # grouped heads
+    ({}, dict(key=(2, 2, 2, 3), value=(2, 2, 2, 5), mask=(3, 4), past_key=(2, 2, 2, 3), past_value=(2, 2, 2, 5))),
+    (dict(q_num_heads=2, kv_num_heads=1, is_causal=1), dict(key=(2, 4, 3), value=(2, 4, 3))),
+])
+def test_attention_gradients_match_finite_differences(attrs, shapes):
+    x_shape = [2, 3, 6] if "q_num_heads" in attrs else [2, 2, 3, 3]
+    params = {name: p(*shape) for name, shape in shapes.items()}
+    names = ["x", "key", "value", "mask" if "mask" in params else "",
+             *(n for n in ("past_key", "past_value") if n in params)]
+    check(weighted([("Attention", names, ["a"], attrs)], x_shape, params, opset=23), p(*x_shape))
+
+
+def test_attention_gradient_through_a_fully_masked_row_is_finite():
+    mask = np.ones((3, 4), bool)
+    mask[1] = False
+    m = weighted([("Attention", ["x", "key", "value", "mask"], ["a"], {})], [1, 1, 3, 2],
+                 dict(key=p(1, 1, 4, 2), value=p(1, 1, 4, 2), mask=mask), opset=23)
+    check(m, p(1, 1, 3, 2))
+
+
+@pytest.mark.parametrize("attrs, x_shape", [({}, [2, 2, 3, 4]), (dict(interleaved=1, rotary_embedding_dim=2), [2, 2, 3, 4]),
+                                            (dict(num_heads=2), [2, 3, 8])])
+def test_rotary_embedding_gradient_is_the_inverse_rotation(attrs, x_shape):
+    """RotaryEmbedding takes no doubles: its input gradient (the rotation is linear in x, an orthogonal
+    map of the rotated pairs) is checked as the transposed rotation: <R x, g> = <x, R^T g>."""
+    half = attrs.get("rotary_embedding_dim", 4) // 2
+    angles = rand(5, half)
+    consts = dict(cos=np.cos(angles), sin=np.sin(angles), ids=np.array([[0, 3, 1], [4, 2, 2]], np.int64))
+    m = contrib("RotaryEmbedding", dict(x=rand(*x_shape)), ["y"], consts, opset=23, domain="", **attrs)
+    graph = planner.load(m)
+    m.graph.node.append(helper.make_node("Mul", ["y", "g"], ["z"]))
+    g = rand(*x_shape)
+    m.graph.initializer.append(numpy_helper.from_array(g, "g"))
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    trained, grads = backward(planner.load(m), "z", wrt=["x"])
+    x = rand(*x_shape)
+    dx = Executor(planner.compile(trained), backend="numpy", poison=True).run({"x": x})[grads["x"]]
+    y = Executor(planner.compile(graph), backend="numpy").run({"x": x})["y"]
+    np.testing.assert_allclose(np.sum(y * g), np.sum(x * dx), rtol=1e-4)
+    np.testing.assert_allclose(np.sum(dx * dx), np.sum(g * g), rtol=1e-4)  # orthogonal: norms kept
+
+
+@pytest.mark.parametrize("op, params, attrs", [("Gelu", {}, {}), ("QuickGelu", {}, dict(alpha=1.3)),
+                                               ("FastGelu", dict(bias=(4,)), {}), ("BiasGelu", dict(bias=(4,)), {}),
+                                               ("SimplifiedLayerNormalization", dict(scale=(4,)), {})])
+def test_contrib_gradients_match_finite_differences(op, params, attrs):
+    params = {name: p(*shape) for name, shape in params.items()}
+    m = model([(op, ["x", *params], ["a"], attrs), ("Mul", ["a", "k"], ["y"], {})], [3, 4], {**params, "k": p(3, 4)})
+    m.graph.node[0].domain = MS
+    m.opset_import.append(helper.make_opsetid(MS, 1))
+    check(m, p(3, 4))
+
+
+def test_multi_head_attention_trains():
+    """A float32 training step through the contrib composites plans, runs and moves the weights."""
+    feeds = dict(q=rand(2, 3, 8))
+    m = contrib("MultiHeadAttention", feeds, ["y"], dict(k=rand(2, 5, 8), v=rand(2, 5, 8)), num_heads=2)
+    plan = planner.compile(m, training=True, loss="mse", optimizer="sgd")
+    assert {s.op for s in plan.steps} >= {"MatMul", "Softmax"} and any(s.phase == "backward" for s in plan.steps)
+    ex = Executor(plan, backend="numpy", poison=True)
+    losses = [ex.train_step({"q": feeds["q"], "targets": np.zeros((2, 3, 8), np.float32)}) for _ in range(3)]
+    assert losses[2] < losses[0]

@@ -1,7 +1,7 @@
 """ONNX's Attention and RotaryEmbedding (opset 23 on) as composites: planning replaces each by MatMul,
 Softmax, Reshape, Transpose, Concat, Slice, Where and elementwise ops, so that they run and
-differentiate with nothing of their own. The helpers `attend`, `rotate` and `additive` are shared
-with ONNX Runtime's contrib forms (planner/ops/contrib_attention.py)."""
+differentiate with nothing of their own. Their building blocks (`attend`, `rotary`, the head
+layouts) also build ONNX Runtime's contrib forms (planner/ops/contrib_attention.py)."""
 import math
 
 import numpy as np
@@ -75,6 +75,14 @@ def attend(b, q, kt, v, dims, scale, like, softcap=0.0, bias=None, guard=False, 
     return y, modes
 
 
+def summed(b, parts):
+    """The sum of the tensors `parts` (broadcasting); None for none."""
+    total = parts[0] if parts else None
+    for part in parts[1:]:
+        total = b.op("Add", total, part)
+    return total
+
+
 def heads_first(b, x, batch, seq, heads, size, last=False):
     """(B, S, H * size) as (B, H, S, size), or with `last` as (B, H, size, S) (keys, transposed)."""
     x = b.op("Reshape", x, shape=[batch, seq, heads, size])
@@ -131,7 +139,7 @@ class Attention(Schema):
         else:
             dims = dict(B=q[0], Hq=q[1], Hk=k[1], Sq=q[2], Skv=k[2], D=q[3], Dk=k[3], Dv=v[3])
             v_seq = v[2]
-            if rank == 4 and v[1] != k[1]:
+            if v[1] != k[1]:
                 raise ShapeError(f"K and V must have the same number of heads, got {k[1]} and {v[1]}")
         if not q[0] == k[0] == v[0]:
             raise ShapeError(f"Q, K and V must have one batch size, got {q[0]}, {k[0]} and {v[0]}")
@@ -172,6 +180,9 @@ class Attention(Schema):
             raise ShapeError(f"attn_mask must be bool or Q's dtype {q.dtype}, got {mask.dtype}")
         if self.attr(node, "qk_matmul_output_mode") not in (0, 1, 2, 3):
             raise ShapeError(f"qk_matmul_output_mode must be 0 to 3, got {self.attr(node, 'qk_matmul_output_mode')}")
+        for side in ("left_window_size", "right_window_size"):
+            if self.attr(node, side) < -1:
+                raise ShapeError(f"{side} must be -1 (unbounded) or at least 0, got {self.attr(node, side)}")
         d = self.shapes(node, [None if i is None else i.shape for i in ins])
         y = (d["B"], d["Sq"], d["Hq"] * d["Dv"]) if d["rank"] == 3 else (d["B"], d["Hq"], d["Sq"], d["Dv"])
         return [(y, q.dtype), ((d["B"], d["Hk"], d["Sk"], d["D"]), q.dtype),
@@ -240,12 +251,7 @@ class Attention(Schema):
                 allowed &= -diff <= right
             parts.append(b.const(np.where(allowed, 0, -np.inf), like))
             guard = guard or not allowed.any(axis=1).all()
-        if not parts:
-            return None, False
-        bias = parts[0]
-        for part in parts[1:]:
-            bias = b.op("Add", bias, part)
-        return bias, guard
+        return summed(b, parts), guard
 
 
 def rotate(b, x, shape, cos, sin, dim, interleaved):

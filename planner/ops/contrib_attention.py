@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from . import schema
-from .attention import attend, heads_first, heads_last, output, rotary, wants, widening
+from .attention import attend, heads_first, heads_last, output, rotary, summed, wants, widening
 from .base import FLOATS, Schema, broadcast
 from ..dtypes import to_onnx
 from ..errors import ShapeError
@@ -111,10 +111,7 @@ def scores_bias(b, node, d, mask, extra, fill, like):
     if node.attrs.get("unidirectional", 0):
         i, j = np.arange(d["Sq"])[:, None], np.arange(d["Sk"])[None, :]
         parts.append(b.const(np.where(j <= i + d["past"], 0, fill), like))
-    bias = parts[0] if parts else None
-    for part in parts[1:]:
-        bias = b.op("Add", bias, part)
-    return bias
+    return summed(b, parts)
 
 
 def check_extra(extra, d):

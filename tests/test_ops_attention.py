@@ -262,3 +262,20 @@ def test_multi_head_attention_trains():
     ex = Executor(plan, backend="numpy", poison=True)
     losses = [ex.train_step({"q": feeds["q"], "targets": np.zeros((2, 3, 8), np.float32)}) for _ in range(3)]
     assert losses[2] < losses[0]
+
+
+@pytest.mark.parametrize("segments, positions, mask", [(True, False, True), (False, True, False), (True, True, True)])
+def test_embed_layer_normalization_matches_onnxruntime(segments, positions, mask):
+    b, s, hidden = 2, 5, 8
+    holes = np.ones((b, s), np.int32)
+    holes[0, 1], holes[1, 3:] = 0, 0  # counted, not the first zero's place
+    feeds = dict(ids=RNG.integers(0, 10, (b, s)).astype(np.int32),
+                 segment_ids=RNG.integers(0, 2, (b, s)).astype(np.int32) if segments else None,
+                 words=rand(10, hidden), places=rand(7, hidden), segment=rand(2, hidden) if segments else None,
+                 gamma=rand(hidden), beta=rand(hidden), mask=holes if mask else None,
+                 position_ids=RNG.integers(0, 7, (1, s)).astype(np.int32) if positions else None)
+    m = contrib("EmbedLayerNormalization", feeds, ["y", "mask_index", "sum"], epsilon=1e-5)
+    for o in m.graph.output:
+        if o.name == "mask_index":
+            o.type.tensor_type.elem_type = TensorProto.INT32
+    assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})

@@ -1,6 +1,7 @@
 """ONNX Runtime's contrib activations and normalisations (domain "com.microsoft", version 1), as its
 transformer optimizer and Optimum's exports write them: Gelu, FastGelu, QuickGelu, BiasGelu,
-SkipLayerNormalization, SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization. All are
+SkipLayerNormalization, SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization and BERT's
+EmbedLayerNormalization. All are
 composites: planning replaces them by the ops they are made of. The attention ops are in
 contrib_attention.py."""
 import numpy as np
@@ -8,6 +9,7 @@ import numpy as np
 from . import register, schema
 from .base import FLOATS, Schema, axis as to_axis, broadcast
 from .composite import Composite
+from ..dtypes import to_onnx
 from ..errors import ShapeError
 
 DOMAIN = "com.microsoft"
@@ -150,3 +152,56 @@ class SimplifiedLayerNormalization(Schema):
 
 register(SkipNormalization("SkipLayerNormalization", rms=False))
 register(SkipNormalization("SkipSimplifiedLayerNormalization", rms=True))
+
+
+@schema("EmbedLayerNormalization", domain=DOMAIN)
+class EmbedLayerNormalization(Schema):
+    """EmbedLayerNormalization (BERT's embeddings): the word, position (position_ids, or 0 to S - 1) and
+    segment embeddings of the ids, summed and layer-normalised; mask_index, each batch's count of ones
+    in mask (zeros without one); embedding_sum, the sum before normalising."""
+
+    names = ("input_ids", "segment_ids", "word_embedding", "position_embedding", "segment_embedding", "gamma",
+             "beta", "mask", "position_ids")
+    defaults = {"epsilon": 1e-12, "mask_index_type": 1}
+    types = (("I", "I", "T", "T", "T", "T", "T", "I", "I"),
+             {"I": frozenset({"tensor(int32)"}), "T": frozenset({"tensor(float)", "tensor(float16)"})})
+
+    def infer(self, node, ins):
+        t = {k: v for k, v in zip(self.names, ins) if v is not None}
+        ids, words = t["input_ids"], t["word_embedding"]
+        hidden = words.shape[-1]
+        if ids.rank != 2 or ("segment_ids" in t) != ("segment_embedding" in t):
+            raise ShapeError(f"input_ids must be (batch, sequence), got {ids.shape}; segment_ids and "
+                             "segment_embedding must be given together")
+        for name in ("segment_ids", "mask"):
+            if name in t and t[name].shape != ids.shape:
+                raise ShapeError(f"{name} must have input_ids' shape {ids.shape}, got {t[name].shape}")
+        for name in ("position_embedding", "segment_embedding"):
+            if name in t and (t[name].rank != 2 or t[name].shape[1] != hidden):
+                raise ShapeError(f"{name} must be (rows, {hidden}), got {t[name].shape}")
+        if "position_ids" in t and t["position_ids"].shape not in (ids.shape, (1, ids.shape[1])):
+            raise ShapeError(f"position_ids must be {ids.shape} or (1, {ids.shape[1]}), got {t['position_ids'].shape}")
+        out = ((*ids.shape, hidden), words.dtype)
+        return [out, ((ids.shape[0],), ids.dtype), out]
+
+    def decompose(self, b, node):
+        t = {k: v for k, v in zip(self.names, node.inputs) if v}
+        ids = t["input_ids"]
+        batch, seq = b.shape(ids)
+        positions = t.get("position_ids") or b.const(np.arange(seq)[None], ids)
+        total = b.op("Add", b.op("Gather", t["word_embedding"], ids, axis=0),
+                     b.op("Gather", t["position_embedding"], positions, axis=0))
+        if "segment_ids" in t:
+            total = b.op("Add", total, b.op("Gather", t["segment_embedding"], t["segment_ids"], axis=0))
+        dtype = b.dtype(t["word_embedding"])
+        wide = self.accumulation(dtype)
+        widen = (lambda name: b.cast(name, wide)) if wide != dtype else (lambda name: name)
+        y, _, _ = normalised(b, widen(total), [-1], self.attr(node, "epsilon"), False, widen(t["gamma"]))
+        if "beta" in t:
+            y = b.op("Add", y, widen(t["beta"]))
+        if "mask" in t:
+            ones = b.op("Cast", b.op("Equal", t["mask"], b.const(1, t["mask"])), to=to_onnx(np.int32))
+            lengths = b.op("ReduceSum", ones, axes=[1], keepdims=0)
+        else:
+            lengths = b.op("ConstantOfShape", shape=[batch], value=np.zeros(1, np.int32))
+        return [b.cast(y, dtype) if wide != dtype else y, lengths, total]

@@ -40,7 +40,7 @@ def assert_matches_onnxruntime(m, feeds, rtol=1e-4, atol=1e-5, theirs=None):
     model, inputs = theirs or (m, feeds)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
-    got = Executor(planner.compile(m), backend="numpy", poison=True).run(feeds)
+    got = Executor(planner.compile(m, {k: v.shape for k, v in feeds.items()}), backend="numpy", poison=True).run(feeds)
     for name, value in want.items():
         assert got[name].shape == value.shape and got[name].dtype == value.dtype, name
         np.testing.assert_allclose(got[name], value, rtol=rtol, atol=atol, err_msg=name)
@@ -279,3 +279,39 @@ def test_embed_layer_normalization_matches_onnxruntime(segments, positions, mask
         if o.name == "mask_index":
             o.type.tensor_type.elem_type = TensorProto.INT32
     assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})
+
+
+def test_bert_fused_by_onnxruntimes_optimizer(tmp_path):
+    """A tiny BERT exported by torch.onnx and fused by onnxruntime's transformer optimizer
+    (EmbedLayerNormalization, Attention with a mask index, SkipLayerNormalization, BiasGelu) plans and
+    runs like onnxruntime."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from onnxruntime.transformers import optimizer
+    import warnings
+    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=32, attn_implementation="eager")
+    torch.manual_seed(0)
+    bert = transformers.BertModel(config).eval()
+    ids, mask = torch.randint(0, 64, (2, 8)), torch.ones(2, 8, dtype=torch.int64)
+    mask[1, 6:] = 0
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids, mask):
+            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Hidden(), (ids, mask), str(tmp_path / "bert.onnx"), input_names=["ids", "mask"],
+                          output_names=["out"], dynamo=False, opset_version=17,
+                          dynamic_axes={name: {0: "batch", 1: "sequence"} for name in ("ids", "mask")})
+    fused = optimizer.optimize_model(str(tmp_path / "bert.onnx"), model_type="bert", num_heads=4, hidden_size=32,
+                                     opt_level=0)
+    counts = fused.get_fused_operator_statistics()
+    assert counts["EmbedLayerNormalization"] == 1 and counts["Attention"] == 2 and counts["SkipLayerNormalization"] == 4
+    feeds = {"ids": ids.numpy(), "mask": mask.numpy()}
+    assert_matches_onnxruntime(fused.model, feeds)

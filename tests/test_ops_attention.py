@@ -61,8 +61,9 @@ def test_contrib_activations_match_onnxruntime(op, extra, attrs):
 def test_skip_normalisations_match_onnxruntime(op, weights, skip):
     all_weights = ("gamma", "beta", "bias") if op == "SkipLayerNormalization" else ("gamma", "bias")
     feeds = dict(x=rand(2, 3, 8), skip=rand(*skip), **{w: rand(8) if w in weights else None for w in all_weights})
-    m = contrib(op, feeds, ["y", "mean", "inv_std_var", "sum"], epsilon=1e-5)
-    assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})
+    for outputs in (["y", "mean", "inv_std_var", "sum"], ["y", "", "", "sum"], ["y"]):
+        m = contrib(op, feeds, outputs, epsilon=1e-5)
+        assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})
 
 
 @pytest.mark.parametrize("axis", [-1, 1])
@@ -76,6 +77,9 @@ def test_simplified_layer_normalization_matches_onnxruntime(axis):
     got = Executor(planner.compile(ours), backend="numpy", poison=True).run(feeds)
     for name, value in zip(["y", "inv"], want):
         np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    alone = Executor(planner.compile(contrib("SimplifiedLayerNormalization", feeds, ["y"], axis=axis)), backend="numpy",
+                     poison=True).run(feeds)
+    np.testing.assert_allclose(alone["y"], want[0], rtol=1e-4, atol=1e-6)
 
 
 def test_contrib_ops_check_their_types():
@@ -274,11 +278,12 @@ def test_embed_layer_normalization_matches_onnxruntime(segments, positions, mask
                  words=rand(10, hidden), places=rand(7, hidden), segment=rand(2, hidden) if segments else None,
                  gamma=rand(hidden), beta=rand(hidden), mask=holes if mask else None,
                  position_ids=RNG.integers(0, 7, (1, s)).astype(np.int32) if positions else None)
-    m = contrib("EmbedLayerNormalization", feeds, ["y", "mask_index", "sum"], epsilon=1e-5)
-    for o in m.graph.output:
-        if o.name == "mask_index":
-            o.type.tensor_type.elem_type = TensorProto.INT32
-    assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})
+    for outputs in (["y", "mask_index", "sum"], ["y", "", "sum"], ["y", "mask_index"]):
+        m = contrib("EmbedLayerNormalization", feeds, outputs, epsilon=1e-5)
+        for o in m.graph.output:
+            if o.name == "mask_index":
+                o.type.tensor_type.elem_type = TensorProto.INT32
+        assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})
 
 
 def test_bert_fused_by_onnxruntimes_optimizer(tmp_path):

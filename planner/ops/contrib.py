@@ -7,6 +7,7 @@ contrib_attention.py."""
 import numpy as np
 
 from . import register, schema
+from .attention import output, wants
 from .base import FLOATS, Schema, axis as to_axis, broadcast
 from .composite import Composite
 from ..dtypes import to_onnx
@@ -101,9 +102,10 @@ class SkipNormalization(Schema):
                                   b.cast(given["gamma"], wide) if wide != dtype else given["gamma"])
         if "beta" in given:
             y = b.op("Add", y, b.cast(given["beta"], wide) if wide != dtype else given["beta"])
-        if mean is None:
+        if mean is None and wants(node, 1):
             mean = b.op("ConstantOfShape", shape=[*b.shape(given["input"])[:-1], 1], value=np.zeros(1, np.float32))
-        return [b.cast(y, dtype) if wide != dtype else y, mean, inv, total_out]
+        return [b.cast(y, dtype) if wide != dtype else y, *(output(b, t, node, k) for k, t in
+                                                            enumerate((mean, inv, total_out), 1))]
 
 
 def normalised(b, x, axes, epsilon, rms, scale):
@@ -147,7 +149,7 @@ class SimplifiedLayerNormalization(Schema):
         y, _, inv = normalised(b, x_wide, axes, self.attr(node, "epsilon"), True,
                                b.cast(scale, wide) if wide != b.dtype(scale) else scale)
         return [b.cast(y, b.dtype(scale)) if wide != b.dtype(scale) else y,
-                b.cast(inv, stash) if wide != stash else inv]
+                output(b, b.cast(inv, stash) if wide != stash else inv, node, 1)]
 
 
 register(SkipNormalization("SkipLayerNormalization", rms=False))
@@ -204,4 +206,4 @@ class EmbedLayerNormalization(Schema):
             lengths = b.op("ReduceSum", ones, axes=[1], keepdims=0)
         else:
             lengths = b.op("ConstantOfShape", shape=[batch], value=np.zeros(1, np.int32))
-        return [b.cast(y, dtype) if wide != dtype else y, lengths, total]
+        return [b.cast(y, dtype) if wide != dtype else y, output(b, lengths, node, 1), output(b, total, node, 2)]

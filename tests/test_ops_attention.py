@@ -320,3 +320,18 @@ def test_bert_fused_by_onnxruntimes_optimizer(tmp_path):
     assert counts["EmbedLayerNormalization"] == 1 and counts["Attention"] == 2 and counts["SkipLayerNormalization"] == 4
     feeds = {"ids": ids.numpy(), "mask": mask.numpy()}
     assert_matches_onnxruntime(fused.model, feeds)
+
+
+@pytest.mark.parametrize("op, feeds, attrs, error", [
+    ("MultiHeadAttention", dict(q=(2, 3, 8), k=(2, 5, 8), v=(2, 5, 8)), {}, "required attribute 'num_heads'"),
+    ("MultiHeadAttention", dict(q=(2, 3, 8), k=(3, 5, 8), v=(3, 5, 8)), dict(num_heads=2), "one batch size"),
+    ("MultiHeadAttention", dict(q=(2, 3, 8), k=(2, 5, 8), v=(2, 4, 8)), dict(num_heads=2), "do not fit"),
+    ("Attention", dict(x=(2, 3, 6), w=(6, 24), bias=(24,), mask=None, past=(2, 2, 2, 1, 4), extra=(2, 2, 3, 4)),
+     dict(num_heads=2), "past and attention_bias cannot be given together"),
+    ("RotaryEmbedding", dict(x=(2, 3, 8), ids=(2, 3), cos=(5, 2), sin=(5, 2)), dict(num_heads=2, scale=2.0),
+     r"scale=2.0 is not supported"),
+])
+def test_contrib_attention_refusals(op, feeds, attrs, error):
+    arrays = {k: None if s is None else (RNG.integers(0, 5, s) if k == "ids" else rand(*s)) for k, s in feeds.items()}
+    with pytest.raises(planner.ShapeError, match=error):
+        planner.load(contrib(op, arrays, ["y"], **attrs))

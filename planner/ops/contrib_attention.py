@@ -157,7 +157,7 @@ class MultiHeadAttention(ContribAttention):
 
     names = ("query", "key", "value", "bias", "key_padding_mask", "attention_bias", "past_key", "past_value",
              "past_sequence_length", "cache_indirection")
-    defaults = {"num_heads": None, "mask_filter_value": -10000.0, "scale": None, "unidirectional": 0}
+    defaults = {"mask_filter_value": -10000.0, "scale": None, "unidirectional": 0}
     types = (("T", "T", "T", "T", "M", "T", "T", "T", "M", "M"), {"T": FLOATS - {"tensor(double)"}, "M": INT32})
 
     def layout(self, node, s):
@@ -185,7 +185,9 @@ class MultiHeadAttention(ContribAttention):
         else:
             raise ShapeError(f"query (B, S, D) needs key and value (3-D or 4-D) or packed KV; or packed QKV "
                              f"(B, S, N, 3, H) alone; got {tuple(q)}, {k and tuple(k)} and {v and tuple(v)}")
-        if q[2 if len(q) == 3 else 4] % (heads if len(q) == 3 else 1):
+        if any(x is not None and x[0] != q[0] for x in (k, v)):
+            raise ShapeError(f"query, key and value must have one batch size, got {q[0]}, {k and k[0]} and {v and v[0]}")
+        if len(q) == 3 and q[2] % heads:
             raise ShapeError(f"the query's hidden size {q[2]} is not a multiple of its {heads} heads")
         if "bias" in s and (form != "3d" or tuple(s["bias"]) != (2 * q[2] + heads * v_size,)):
             raise ShapeError(f"bias must be ({2 * q[2] + heads * v_size},), with 3-D key and value; got {s['bias']}")
@@ -250,7 +252,7 @@ class Attention(ContribAttention):
     (B, S, T); past (2, B, N, P, H) and present; attention_bias; unidirectional."""
 
     names = ("input", "weights", "bias", "mask_index", "past", "attention_bias", "past_sequence_length")
-    defaults = {"num_heads": None, "qkv_hidden_sizes": None, "unidirectional": 0, "mask_filter_value": -10000.0,
+    defaults = {"qkv_hidden_sizes": None, "unidirectional": 0, "mask_filter_value": -10000.0,
                 "scale": None, "do_rotary": 0, "past_present_share_buffer": 0, "rotary_embedding_dim": 0}
     types = (("T", "T", "T", "M", "T", "T", "M"), {"T": FLOATS - {"tensor(double)"}, "M": INT32})
 
@@ -325,7 +327,7 @@ class GroupQueryAttention(ContribAttention):
              "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale", "q_norm_weight",
              "k_norm_weight", "query_seqlens")
     attr_inputs = (("seqlens_k", 5, 1), ("total_sequence_length", 6, 1))
-    defaults = {"num_heads": None, "kv_num_heads": None, "scale": None, "softcap": 0.0, "local_window_size": -1,
+    defaults = {"scale": None, "softcap": 0.0, "local_window_size": -1,
                 "do_rotary": 0, "rotary_interleaved": 0, "causal": 1, "smooth_softmax": -1, "qk_output": 0}
     types = (("T", "T", "T", "T", "T", "M", "M", "T", "T", "I"),
              {"T": FLOATS - {"tensor(double)"}, "M": INT32, "I": frozenset({"tensor(int64)"})})

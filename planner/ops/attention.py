@@ -20,9 +20,24 @@ def widening(schema_, b, dtype):
     return (lambda name: b.cast(name, wide)) if wide != dtype else (lambda name: name)
 
 
-def additive(b, allowed, like):
-    """A bool mask as a bias to add to scores: 0 where `allowed`, -inf elsewhere (dtype of `like`)."""
-    return b.op("Where", allowed, b.const(0, like), b.const(-np.inf, like))
+def additive(b, allowed, like, fill=-np.inf):
+    """A bool mask as a bias to add to scores: 0 where `allowed`, `fill` elsewhere (dtype of `like`)."""
+    return b.op("Where", allowed, b.const(0, like), b.const(fill, like))
+
+
+def within(b, like, keys, lows=(), highs=()):
+    """Whether low <= key <= high for every low and high: int arrays that broadcast with `keys` (key
+    positions). The mask is computed when running from these small index arrays (folded into a constant
+    when small), so that a long sequence's (S, T) mask is never stored; also returned in NumPy."""
+    anchor = b.cast(b.op("Shape", like), np.int64)  # an int64 tensor for constants (folded, then pruned)
+    allowed, values = None, True
+    for low, high in [(low, None) for low in lows] + [(None, high) for high in highs]:
+        pair = (b.const(low, anchor), b.const(keys, anchor)) if high is None else (b.const(keys, anchor),
+                                                                                   b.const(high, anchor))
+        test = b.op("LessOrEqual", *pair)
+        allowed = test if allowed is None else b.op("And", allowed, test)
+        values = values & ((low <= keys) if high is None else (keys <= high))
+    return allowed, values
 
 
 def attend(b, q, kt, v, dims, scale, like, softcap=0.0, bias=None, guard=False, softmax_dtype=None,
@@ -243,14 +258,11 @@ class Attention(Schema):
             parts.append(additive(b, allowed, like))
             guard = True
         elif causal or left >= 0 or right >= 0:
-            diff = i + d["past"] - j
-            allowed = diff >= 0 if causal else np.ones((sq, sk), bool)
-            if left >= 0:
-                allowed &= diff <= left
-            if right >= 0:
-                allowed &= -diff <= right
-            parts.append(b.const(np.where(allowed, 0, -np.inf), like))
-            guard = guard or not allowed.any(axis=1).all()
+            place = i + d["past"]
+            highs = [place] * bool(causal) + [place + right] * (right >= 0)
+            allowed, values = within(b, like, j, lows=[place - left] * (left >= 0), highs=highs)
+            parts.append(additive(b, allowed, like))
+            guard = guard or not np.broadcast_to(values, (sq, sk)).any(axis=1).all()
         return summed(b, parts), guard
 
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from . import schema
-from .attention import attend, heads_first, heads_last, output, rotary, summed, wants, widening
+from .attention import additive, attend, heads_first, heads_last, output, rotary, summed, wants, widening, within
 from .base import FLOATS, Schema, broadcast
 from ..dtypes import to_onnx
 from ..errors import ShapeError
@@ -109,8 +109,8 @@ def scores_bias(b, node, d, mask, extra, fill, like):
     if extra:
         parts.append(extra)
     if node.attrs.get("unidirectional", 0):
-        i, j = np.arange(d["Sq"])[:, None], np.arange(d["Sk"])[None, :]
-        parts.append(b.const(np.where(j <= i + d["past"], 0, fill), like))
+        allowed, _ = within(b, like, np.arange(d["Sk"])[None], highs=[np.arange(d["Sq"])[:, None] + d["past"]])
+        parts.append(additive(b, allowed, like, fill))
     return summed(b, parts)
 
 
@@ -431,14 +431,12 @@ class GroupQueryAttention(ContribAttention):
         """The -inf bias outside each query's keys: up to its own place (causal), the last
         local_window_size of those (itself included, as onnxruntime counts), before its batch's total
         length; and whether a row has no key at all."""
-        i, j = np.arange(d["Sq"])[:, None], np.arange(d["Sk"])[None, :]
-        place = np.array(d["past"])[:, None, None] + i  # (B, S, 1)
-        allowed = j < np.array(d["lengths"])[:, None, None]
-        if self.attr(node, "causal"):
-            allowed = allowed & (j <= place)
+        keys = np.arange(d["Sk"])[None, None, None]  # (1, 1, 1, T), the scores' (B, N, S, T)
+        place = np.array(d["past"])[:, None, None, None] + np.arange(d["Sq"])[:, None]  # (B, 1, S, 1)
+        highs = [np.array(d["lengths"])[:, None, None, None] - 1] + [place] * bool(self.attr(node, "causal"))
         window = self.attr(node, "local_window_size")
-        if window > 0:
-            allowed = allowed & (j > place - window)
-        if allowed.all():
+        allowed, values = within(b, like, keys, lows=[place - window + 1] * (window > 0), highs=highs)
+        values = np.broadcast_to(values, (d["B"], 1, d["Sq"], d["Sk"]))
+        if values.all():
             return None, False
-        return b.const(np.where(allowed, 0, -np.inf)[:, None], like), not allowed.any(axis=-1).all()
+        return additive(b, allowed, like), not values.any(axis=-1).all()

@@ -19,9 +19,9 @@ def rand(*shape, dtype=np.float32):
     return RNG.standard_normal(shape).astype(dtype)
 
 
-def contrib(op, inputs, outputs, consts=None, opset=17, domain=MS, **attrs):
-    """A model of one `op` node reading `inputs` (name -> array, "" for an omitted one) as graph inputs
-    and `consts` as initializers."""
+def contrib(op, inputs, outputs, consts=None, opset=17, domain=MS, out=TensorProto.FLOAT, **attrs):
+    """A model of one `op` node reading `inputs` (name -> array, None for an omitted one) as graph inputs
+    and `consts` as initializers; its outputs are declared of type `out`."""
     consts = consts or {}
     names = list(inputs) + [k for k in consts if k not in inputs]
     node = helper.make_node(op, [k if k in consts or inputs.get(k) is not None else "" for k in names],
@@ -29,7 +29,7 @@ def contrib(op, inputs, outputs, consts=None, opset=17, domain=MS, **attrs):
     graph = helper.make_graph(
         [node], op, [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
                      for k, v in inputs.items() if v is not None and k not in consts],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs if o],
+        [helper.make_tensor_value_info(o, out, None) for o in outputs if o],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
 
@@ -335,3 +335,21 @@ def test_contrib_attention_refusals(op, feeds, attrs, error):
     arrays = {k: None if s is None else (RNG.integers(0, 5, s) if k == "ids" else rand(*s)) for k, s in feeds.items()}
     with pytest.raises(planner.ShapeError, match=error):
         planner.load(contrib(op, arrays, ["y"], **attrs))
+
+
+def test_contrib_ops_in_float16_match_onnxruntime():
+    """Narrow floats are computed in float32 and rounded once, as onnxruntime's CPU kernels do."""
+    h = np.float16
+    cases = [("MultiHeadAttention", dict(q=rand(2, 3, 8), k=rand(2, 5, 8), v=rand(2, 5, 8)), ["y"], {}, dict(num_heads=2)),
+             ("SkipLayerNormalization", dict(x=rand(2, 3, 8), skip=rand(2, 3, 8), gamma=rand(8), beta=rand(8)), ["y"], {},
+              {}),
+             ("GroupQueryAttention", dict(query=rand(1, 4, 64), key=rand(1, 4, 32), value=rand(1, 4, 32), past_key=None,
+                                          past_value=None), ["y", "present_key", "present_value"],
+              dict(seqlens_k=np.array([3], np.int32), total_sequence_length=np.array(4, np.int32)),
+              dict(num_heads=4, kv_num_heads=2)),
+             ("RotaryEmbedding", dict(x=rand(2, 3, 16), positions=np.array([1]), cos=rand(5, 4), sin=rand(5, 4)), ["y"],
+              {}, dict(num_heads=2))]
+    for op, feeds, outputs, consts, attrs in cases:
+        feeds = {k: v if v is None or v.dtype.kind != "f" else v.astype(h) for k, v in feeds.items()}
+        m = contrib(op, feeds, outputs, consts, out=TensorProto.FLOAT16, **attrs)
+        assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None}, rtol=1e-3, atol=1e-3)

@@ -109,6 +109,11 @@ def heads_last(b, y, batch, seq, heads, size):
     return b.op("Reshape", b.op("Transpose", y, perm=[0, 2, 1, 3]), shape=[batch, seq, heads * size])
 
 
+def given(names, inputs):
+    """{name: input} of the inputs a node gives (names or Infos), by the op's input names."""
+    return {k: v for k, v in zip(names, inputs) if v}
+
+
 def wants(node, k):
     """Whether the node uses its output k."""
     return k < len(node.outputs) and bool(node.outputs[k])

@@ -1,13 +1,12 @@
 """ONNX Runtime's contrib activations and normalisations (domain "com.microsoft", version 1), as its
 transformer optimizer and Optimum's exports write them: Gelu, FastGelu, QuickGelu, BiasGelu,
 SkipLayerNormalization, SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization and BERT's
-EmbedLayerNormalization. All are
-composites: planning replaces them by the ops they are made of. The attention ops are in
-contrib_attention.py."""
+EmbedLayerNormalization. All are composites: planning replaces them by the ops they are made of.
+The attention ops are in contrib_attention.py."""
 import numpy as np
 
 from . import register, schema
-from .attention import output, wants
+from .attention import given, output, wants, widening
 from .base import FLOATS, Schema, axis as to_axis, broadcast
 from .composite import Composite
 from ..dtypes import to_onnx
@@ -71,41 +70,33 @@ class SkipNormalization(Schema):
         self.inputs = ("input", "skip", *weights, "bias")
         self.types = (("T",) * len(self.inputs), {"T": FLOATS - {"tensor(double)"}})
 
-    def named(self, node, values):
-        """{input name: value} of the inputs the node gives."""
-        return {k: v for k, v in zip(self.inputs, values) if v}
-
     def infer(self, node, ins):
-        given = self.named(node, ins)
-        x = given["input"]
+        t = given(self.inputs, ins)
+        x = t["input"]
         if x.rank not in (2, 3):
             raise ShapeError(f"the input must be 2-D or 3-D, got shape {x.shape}")
-        if broadcast(x.shape, given["skip"].shape) != x.shape:
-            raise ShapeError(f"skip of shape {given['skip'].shape} does not broadcast to the input's {x.shape}")
-        for name in set(given) - {"input", "skip"}:
-            if given[name].shape != (x.shape[-1],):
-                raise ShapeError(f"{name} must have the hidden size's shape ({x.shape[-1]},), got {given[name].shape}")
+        if broadcast(x.shape, t["skip"].shape) != x.shape:
+            raise ShapeError(f"skip of shape {t['skip'].shape} does not broadcast to the input's {x.shape}")
+        for name in set(t) - {"input", "skip"}:
+            if t[name].shape != (x.shape[-1],):
+                raise ShapeError(f"{name} must have the hidden size's shape ({x.shape[-1]},), got {t[name].shape}")
         stats = (*x.shape[:-1], 1)
         return [(x.shape, x.dtype), (stats, np.dtype(np.float32)), (stats, np.dtype(np.float32)), (x.shape, x.dtype)]
 
     def decompose(self, b, node):
-        given = self.named(node, node.inputs)
-        dtype = b.dtype(given["input"])
-        wide = self.accumulation(dtype)
-        total = b.op("Add", given["input"], given["skip"])
-        if "bias" in given:
-            total = b.op("Add", total, given["bias"])
-        total_out = total
-        if wide != dtype:
-            total = b.cast(total, wide)
-        y, mean, inv = normalised(b, total, [-1], self.attr(node, "epsilon"), self.rms,
-                                  b.cast(given["gamma"], wide) if wide != dtype else given["gamma"])
-        if "beta" in given:
-            y = b.op("Add", y, b.cast(given["beta"], wide) if wide != dtype else given["beta"])
+        t = given(self.inputs, node.inputs)
+        dtype = b.dtype(t["input"])
+        widen = widening(self, b, dtype)
+        total = b.op("Add", t["input"], t["skip"])
+        if "bias" in t:
+            total = b.op("Add", total, t["bias"])
+        y, mean, inv = normalised(b, widen(total), [-1], self.attr(node, "epsilon"), self.rms, widen(t["gamma"]))
+        if "beta" in t:
+            y = b.op("Add", y, widen(t["beta"]))
         if mean is None and wants(node, 1):
-            mean = b.op("ConstantOfShape", shape=[*b.shape(given["input"])[:-1], 1], value=np.zeros(1, np.float32))
-        return [b.cast(y, dtype) if wide != dtype else y, *(output(b, t, node, k) for k, t in
-                                                            enumerate((mean, inv, total_out), 1))]
+            mean = b.op("ConstantOfShape", shape=[*b.shape(t["input"])[:-1], 1], value=np.zeros(1, np.float32))
+        y = b.cast(y, dtype) if self.accumulation(dtype) != dtype else y
+        return [y, *(output(b, name, node, k) for k, name in enumerate((mean, inv, total), 1))]
 
 
 def normalised(b, x, axes, epsilon, rms, scale):
@@ -169,7 +160,7 @@ class EmbedLayerNormalization(Schema):
              {"I": frozenset({"tensor(int32)"}), "T": frozenset({"tensor(float)", "tensor(float16)"})})
 
     def infer(self, node, ins):
-        t = {k: v for k, v in zip(self.names, ins) if v is not None}
+        t = given(self.names, ins)
         ids, words = t["input_ids"], t["word_embedding"]
         hidden = words.shape[-1]
         if ids.rank != 2 or ("segment_ids" in t) != ("segment_embedding" in t):
@@ -187,7 +178,7 @@ class EmbedLayerNormalization(Schema):
         return [out, ((ids.shape[0],), ids.dtype), out]
 
     def decompose(self, b, node):
-        t = {k: v for k, v in zip(self.names, node.inputs) if v}
+        t = given(self.names, node.inputs)
         ids = t["input_ids"]
         batch, seq = b.shape(ids)
         positions = t.get("position_ids") or b.const(np.arange(seq)[None], ids)
@@ -196,8 +187,7 @@ class EmbedLayerNormalization(Schema):
         if "segment_ids" in t:
             total = b.op("Add", total, b.op("Gather", t["segment_embedding"], t["segment_ids"], axis=0))
         dtype = b.dtype(t["word_embedding"])
-        wide = self.accumulation(dtype)
-        widen = (lambda name: b.cast(name, wide)) if wide != dtype else (lambda name: name)
+        widen = widening(self, b, dtype)
         y, _, _ = normalised(b, widen(total), [-1], self.attr(node, "epsilon"), False, widen(t["gamma"]))
         if "beta" in t:
             y = b.op("Add", y, widen(t["beta"]))
@@ -206,4 +196,5 @@ class EmbedLayerNormalization(Schema):
             lengths = b.op("ReduceSum", ones, axes=[1], keepdims=0)
         else:
             lengths = b.op("ConstantOfShape", shape=[batch], value=np.zeros(1, np.int32))
-        return [b.cast(y, dtype) if wide != dtype else y, output(b, lengths, node, 1), output(b, total, node, 2)]
+        y = b.cast(y, dtype) if self.accumulation(dtype) != dtype else y
+        return [y, output(b, lengths, node, 1), output(b, total, node, 2)]

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from . import schema
-from .attention import additive, attend, heads_first, heads_last, output, rotary, summed, wants, widening, within
+from .attention import additive, attend, given, heads_first, heads_last, output, rotary, summed, wants, widening, within
 from .base import FLOATS, Schema, broadcast
 from ..dtypes import to_onnx
 from ..errors import ShapeError
@@ -26,11 +26,6 @@ def refuse_given(node, names, inputs=(), attrs=()):
     for name, value in attrs:
         if node.attrs.get(name, value) != value:
             raise ShapeError(f"attribute {name}={node.attrs[name]} is not supported (only {value})")
-
-
-def given(names, inputs):
-    """{name: input} of the inputs present, by the op's input names."""
-    return {k: v for k, v in zip(names, inputs) if v}
 
 
 @schema("RotaryEmbedding", domain=DOMAIN)

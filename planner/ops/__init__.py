@@ -114,6 +114,9 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     sampling,
     grid_sample,
     signal,
+    attention,
+    contrib,
+    contrib_attention,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

@@ -1,6 +1,8 @@
 """The op-coverage table of the README, generated from the registries: each op memplan plans, the
 opsets its schemas cover, how it runs and whether it trains; then the ops refused by design.
 `python -m executor.coverage` prints it as Markdown; tests/test_coverage.py keeps the README's copy current."""
+import onnx
+
 from frontends.onnx_frontend import MAX_OPSET, MIN_OPSET
 from planner import ops
 from planner.ir import op_name
@@ -33,9 +35,15 @@ def _trains(schema):
     return "its parts" if schema.decompose is not None or getattr(schema, "expand", None) else "—"
 
 
+def _onnx_op_types():
+    """The op types of ONNX's default domain that the installed onnx defines and has not deprecated."""
+    return {s.name for s in onnx.defs.get_all_schemas() if s.domain in ("", "ai.onnx") and not s.deprecated}
+
+
 def markdown():
     """The table and the refused ops, as the README shows them."""
-    lines = [f"{len(ops.SCHEMAS)} op types ({sum(1 for d, _ in ops.SCHEMAS if not d)} of ONNX's default domain), "
+    onnx_ops = sum(1 for d, op in ops.SCHEMAS if not d and onnx.defs.has(op))
+    lines = [f"{len(ops.SCHEMAS)} op types ({onnx_ops} of the {len(_onnx_op_types())} of ONNX's default domain), "
              f"read at opsets {MIN_OPSET} to {MAX_OPSET}. *runs*: a kernel shared by the NumPy and CuPy backends, "
              "*its parts* (a composite replaced by the ops it is made of when planning), or *inlined* (control "
              "flow, replaced by its subgraphs); *gradient*: a rule of its own, or through its parts.", "",

@@ -111,6 +111,7 @@ def normalised(b, x, axes, epsilon, rms, scale):
     return b.op("Mul", b.op("Mul", x, inv), scale), mean, inv
 
 
+@schema("SimplifiedLayerNormalization")  # where ONNX Runtime's LLaMA fusion writes it
 @schema("SimplifiedLayerNormalization", domain=DOMAIN)
 class SimplifiedLayerNormalization(Schema):
     """SimplifiedLayerNormalization (RMS norm; ONNX Runtime defines it in ONNX's own domain, version 1):

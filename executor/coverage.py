@@ -1,6 +1,10 @@
 """The op-coverage table of the README, generated from the registries: each op memplan plans, the
 opsets its schemas cover, how it runs and whether it trains; then the ops refused by design.
-`python -m executor.coverage` prints it as Markdown; tests/test_coverage.py keeps the README's copy current."""
+`python -m executor.coverage` prints it as Markdown, `python -m executor.coverage README.md` rewrites the
+README's copy, which tests/test_coverage.py keeps current."""
+import sys
+from pathlib import Path
+
 import onnx
 
 from frontends.onnx_frontend import MAX_OPSET, MIN_OPSET
@@ -49,8 +53,9 @@ def markdown():
              "flow, replaced by its subgraphs); *gradient*: a rule of its own, or through its parts.", "",
              "| op | opsets | runs | gradient |", "|---|---|---|---|"]
     lines += [f"| {op} | {opsets} | {runs} | {grad} |" for op, opsets, runs, grad in rows()]
-    lines += ["", "Refused by design, with the reason the error gives (unless the op's inputs are constants "
-              "and it folds away when planning):", ""]
+    lines += ["", "Besides these, Constant nodes become constant tensors when a model is read, and a node of any "
+              "other op whose inputs are all constants is folded by onnx.reference when planning.", "",
+              "Refused by design, with the reason the error gives (unless the op folds away so):", ""]
     by_reason = {}
     for op, reason in ops.REASONS.items():
         by_reason.setdefault(reason, []).append(op)
@@ -58,5 +63,19 @@ def markdown():
     return "\n".join(lines) + "\n"
 
 
+BEGIN, END = "<!-- op coverage: python -m executor.coverage -->\n", "<!-- end of op coverage -->\n"
+"""The markers around the table in the README."""
+
+
+def spliced(readme):
+    """The text of a README with the table between its markers made current."""
+    head, rest = readme.split(BEGIN, 1)
+    return head + BEGIN + markdown() + END + rest.split(END, 1)[1]
+
+
 if __name__ == "__main__":
-    print(markdown(), end="")
+    if len(sys.argv) > 1:
+        path = Path(sys.argv[1])
+        path.write_text(spliced(path.read_text()))
+    else:
+        print(markdown(), end="")

@@ -13,6 +13,7 @@ from .errors import ModelError, ShapeError, UnsupportedOpError, say
 from .ir import Tensor, check_size, op_name, validate
 from .onnx_types import check_types
 from .ops import Info
+from .ops.detection import LENGTH
 
 FOLD_LIMIT = 1 << 16
 """Largest number of elements a folded constant may have; bigger results are computed when run."""
@@ -40,7 +41,7 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
     graph = validate(graph)
     infos, dims = _bind_inputs(graph, input_shapes)
     tensors = dict(graph.tensors)
-    nodes, folded, changed, missing, unread = [], {}, set(), [], []
+    nodes, folded, changed, missing, unread, lengths = [], {}, set(), [], [], []
     kept = {*graph.outputs, *(new for new, _ in graph.updates)}
     todo = deque(graph.nodes)
     while todo:
@@ -63,6 +64,8 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
                 infos.update((t.name, _source_info(t)) for t in made.values() if t.kind in ("param", "const"))
                 todo.extendleft(reversed(inlined))
                 continue
+            if getattr(schema, "bounded", False) and len(node.outputs) == 1:
+                node = _with_length(node, graph, tensors, lengths)
             node, outs, values = _typed(schema, node, graph.opset, tensors, infos)
         for k, out in enumerate(node.outputs):
             if out:
@@ -86,9 +89,26 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
         if name in folded:
             typed[name] = Tensor(name, infos[name].shape, infos[name].dtype, "const", folded[name])
         elif name in infos:
-            _check_declared(t, infos[name], dims)
+            bounded = t.shape and name + LENGTH in lengths  # declared with its real length, planned at the bound
+            _check_declared(replace(t, shape=(None, *t.shape[1:])) if bounded else t, infos[name], dims)
             typed[name] = replace(t, shape=infos[name].shape, dtype=infos[name].dtype)
-    return replace(graph, nodes=tuple(nodes), tensors=typed)
+    return replace(graph, nodes=tuple(nodes), tensors=typed, outputs=(*graph.outputs, *lengths))
+
+
+def _with_length(node, graph, tensors, lengths):
+    """A node whose output is planned at its bound (NonMaxSuppression), given a second output holding
+    the rows that are real, which becomes a graph output. Only a graph output may be bounded so: a
+    reader would take the padding rows for data."""
+    out = node.outputs[0]
+    readers = [n.name for n in graph.nodes if out in n.inputs]
+    if readers:
+        raise ShapeError(f"node {node.name!r} ({node.op}): its output {out!r} has a length that depends on the "
+                         f"data, read by node {readers[0]!r}; memplan plans it at its bound (the rows past the "
+                         "real ones -1) only where it is a graph output")
+    length = out + LENGTH
+    tensors[length] = Tensor(length, None, None, "output")
+    lengths.append(length)
+    return replace(node, outputs=(out, length))
 
 
 def _typed(schema, node, opset, tensors, infos):

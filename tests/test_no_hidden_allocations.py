@@ -23,7 +23,8 @@ the optimizers' parameter-sized terms, the dropout hash and the loss's label loo
 position). Scratch for them would enlarge every training plan, on the GPU too, for the CPU's sake."""
 HOST = {("", "Resize"): "its passes' index and weight tables, computed on the host from the static shapes",
         ("", "Dropout"): "the random training form, drawn on the host by the schema",
-        ("", "Range"): "computed on the host by the schema"}
+        ("", "Range"): "computed on the host by the schema",
+        ("", "NonMaxSuppression"): "greedy and sequential: computed on the host over a copy of boxes and scores"}
 """Ops whose kernels compute values on the host, by design, and copy them into the arena."""
 EXEMPT = FUSED_ON_GPU | set(HOST)
 TRAINED = ("mlp", "lenet", "resnet18", "mobilenet_v2", "densenet121", "unet", "resnet_deep")

@@ -7,7 +7,7 @@ SEQUENCES = "sequences are not planned, only tensors"
 OPTIONALS = "optional values are not planned, only tensors"
 
 REASONS = {
-    **dict.fromkeys(("NonZero", "Unique", "Compress", "NonMaxSuppression"), DATA_DEPENDENT),
+    **dict.fromkeys(("NonZero", "Unique", "Compress"), DATA_DEPENDENT),
     **dict.fromkeys(("StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer"), STRINGS),
     "ImageDecoder": "the size of the image it decodes depends on the encoded bytes",
     **dict.fromkeys(("SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",

@@ -27,7 +27,6 @@ class LinearAttention(Schema):
     (B, T, Hk) or (B, T, Hk dk) in log space for the gated rules, beta (B, T, Hk) or (B, T, 1) for the
     delta rules. Query head h reads the state of key head h // (Hq / Hk)."""
 
-    mirror = False
     defaults = {"chunk_size": 64, "kv_num_heads": None, "q_num_heads": None, "scale": 0.0,
                 "update_rule": "gated_delta"}
 
@@ -54,9 +53,11 @@ class LinearAttention(Schema):
                              f"{tuple(q)}, {tuple(k)} and {tuple(v)}")
         if q[1] < 1:
             raise ShapeError("the sequence must have at least one step")
-        if q[2] % hq or v[2] % hk or k[2] != hk * (q[2] // hq):
-            raise ShapeError(f"query's {q[2]} values must split into {hq} heads, value's {v[2]} into {hk}, and key "
-                             f"hold {hk} heads of the query's head size, got {k[2]}")
+        for name, size, heads in (("query", q[2], hq), ("value", v[2], hk)):
+            if size % heads:
+                raise ShapeError(f"{name}'s last dim {size} does not split into {heads} heads")
+        if k[2] != hk * (q[2] // hq):
+            raise ShapeError(f"key's last dim must be {hk} heads of the query's head size {q[2] // hq}, got {k[2]}")
         d = dict(B=q[0], T=q[1], Hq=hq, Hk=hk, G=hq // hk, dk=q[2] // hq, dv=v[2] // hk, g=1, hb=1)
         if decay is not None:
             if tuple(decay) not in ((d["B"], d["T"], hk), (d["B"], d["T"], hk * d["dk"])):
@@ -117,7 +118,6 @@ class CausalConvWithState(Schema):
     past_state (B, C, k - 1) (zeros without) and itself, plus bias (C,), then SiLU where activation
     says; present_state is the last k - 1 positions of that padded sequence."""
 
-    mirror = False
     defaults = {"activation": "none"}
 
     def infer(self, node, ins):

@@ -115,13 +115,14 @@ def test_linear_attention_forms_match_the_reference(rule, shape):
     matches_reference(m, inputs)
 
 
-def test_float16_activations_with_a_float32_state():
-    """The state may be wider than the activations: present_state keeps past_state's dtype."""
+@pytest.mark.parametrize("activations, state", [(np.float16, np.float32), (np.float32, np.float16)])
+def test_the_state_may_have_another_float_type(activations, state):
+    """present_state keeps past_state's dtype, the output the query's."""
     inputs = attention_inputs("gated_delta", hq=2, hk=2, past=True)
-    inputs = {k: v if k == "past_state" else v.astype(np.float16) for k, v in inputs.items()}
+    inputs = {k: v.astype(state if k == "past_state" else activations) for k, v in inputs.items()}
     m = one_node("LinearAttention", inputs, ["y", "state"], q_num_heads=2, kv_num_heads=2)
     got = run(m, inputs)
-    assert got["y"].dtype == np.float16 and got["state"].dtype == np.float32
+    assert got["y"].dtype == activations and got["state"].dtype == state
     matches_reference(m, inputs, rtol=2e-3, atol=2e-3)
 
 

@@ -85,8 +85,9 @@ class LinearAttention(Schema):
         names = (list(node.inputs) + [""] * 6)[:6]
         d = self.dims(node, [b.shape(n) if n else None for n in names])
         dtype = b.dtype(names[0])
-        widen = widening(self, b, dtype)
-        q, k, v, state, decay, beta = (widen(n) if n else None for n in names)
+        wide = self.accumulation(dtype)
+        q, k, v, state, decay, beta = (None if not n else b.cast(n, wide) if b.dtype(n) != wide else n
+                                        for n in names)
         batch, count, hk = d["B"], d["T"], d["Hk"]
         scale = self.attr(node, "scale") or 1 / math.sqrt(d["dk"])
         qs, ks, vs = (steps(b, x, count) for x in (b.op("Mul", q, b.const(scale, q)), k, v))
@@ -107,7 +108,7 @@ class LinearAttention(Schema):
             read = b.op("MatMul", b.op("Reshape", qs[t], shape=[batch, hk, d["G"], d["dk"]]), state)
             ys.append(b.op("Reshape", read, shape=[batch, 1, d["Hq"] * d["dv"]]))
         y = b.op("Concat", *ys, axis=1) if count > 1 else ys[0]
-        wide, present = self.accumulation(dtype), b.dtype(names[3]) if names[3] else dtype
+        present = b.dtype(names[3]) if names[3] else dtype
         return [b.cast(y, dtype) if wide != dtype else y,
                 output(b, b.cast(state, present) if wide != present else state, node, 1)]
 

@@ -118,6 +118,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     contrib,
     contrib_attention,
     detection,
+    linear_attention,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

@@ -57,10 +57,8 @@ def _opset(model):
 @lru_cache(maxsize=None)
 def supported_cases():
     """Node test cases whose every node is an op memplan has a schema for, in opsets it reads."""
-    with np.errstate(all="ignore"):
-        cases = load_model_tests(kind="node")
     keep = []
-    for case in cases:
+    for case in all_cases():
         nodes = case.model.graph.node
         if not case.data_sets or not all(n.domain in ("", "ai.onnx") and
                                          (ops.known(n.op_type) or n.op_type == "Constant") for n in nodes):
@@ -141,3 +139,31 @@ def assert_outputs(got, expected, rtol, atol, values=True):
                                        err_msg=name)
         else:
             np.testing.assert_array_equal(value, want, err_msg=name)
+
+
+REMOVED = {"Scatter": "removed at opset 11 (ScatterElements replaced it); memplan reads opsets 11 and on",
+           "Upsample": "removed at opset 10 (Resize replaced it); memplan reads opsets 11 and on"}
+"""Ops of older opsets only, which no model of the opsets memplan reads holds."""
+
+
+def why_not_run(case):
+    """Why a backend node case is not among supported_cases(), or None when nothing says why."""
+    nodes = case.model.graph.node
+    if not case.data_sets:
+        return "the case ships no data"
+    domains = {n.domain for n in nodes} - {"", "ai.onnx"}
+    if domains:
+        return f"outside ONNX's default domain ({', '.join(sorted(domains))})"
+    unknown = {n.op_type for n in nodes if not ops.known(n.op_type) and n.op_type != "Constant"}
+    if unknown and unknown <= set(ops.REASONS) | set(REMOVED):
+        return "; ".join(f"{op}: {ops.REASONS.get(op) or REMOVED[op]}" for op in sorted(unknown))
+    if not unknown and _opset(case.model) < MIN_OPSET:
+        return f"opset {_opset(case.model)}, whose form of an op differs from opset {MIN_OPSET}'s, the first memplan reads"
+    return None
+
+
+@lru_cache(maxsize=None)
+def all_cases():
+    """Every backend node case onnx ships, built in memory."""
+    with np.errstate(all="ignore"):
+        return load_model_tests(kind="node")

@@ -37,3 +37,18 @@ def test_nll_refusals():
                                   [numpy_helper.from_array(np.zeros(labels, np.int64), "t")])
         with pytest.raises(ShapeError, match=message):
             planner.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.702])
+def test_swiglu_gradients(alpha):
+    """Through the gate's Swish and the value, each a float64 input of the model (x, and a param)."""
+    m = weighted([("SwiGLU", ["x", "v"], ["a"], dict(alpha=alpha))], [2, 5], dict(v=p(2, 5)), opset=28)
+    check(m, p(2, 5))
+
+
+def test_swiglu_refuses_broadcasting():
+    fed = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in (("a", [2, 4]), ("b", [1, 4]))]
+    graph = helper.make_graph([helper.make_node("SwiGLU", ["a", "b"], ["y"])], "swiglu", fed,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(ShapeError, match=r"gate A \(2, 4\) float32 and value B \(1, 4\) float32 must have one shape"):
+        planner.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 28)]))

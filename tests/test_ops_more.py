@@ -112,3 +112,109 @@ def test_maxroipool_refusals_and_bounds():
     plan = planner.compile(one_node("MaxRoiPool", [("x", x), ("rois", ROIS)], dict(pooled_shape=[2, 2]), 22))
     with pytest.raises(RunError, match="batch index 1 of roi 1 is out of range for 1 images"):
         Executor(plan, backend="numpy").run({"x": x, "rois": ROIS})
+
+
+def deform_inputs(n=2, c=4, m=6, spatial=(6, 7), kernel=(3, 2), groups=2, offset_group=2, strides=(1, 2),
+                  dilations=(2, 1), pads=(1, 0, 2, 1), mask=True, bias=True, dtype=np.float32, scale=1.5):
+    """(inputs, attributes) of a DeformConv whose offsets reach past the image's borders."""
+    r = len(spatial)
+    out = [(i + b + e - (k - 1) * d - 1) // s + 1
+           for i, b, e, k, d, s in zip(spatial, pads, pads[r:], kernel, dilations, strides)]
+    taps = offset_group * int(np.prod(kernel))
+    inputs = [("x", RNG.standard_normal((n, c, *spatial))), ("w", RNG.standard_normal((m, c // groups, *kernel))),
+              ("offset", RNG.uniform(-scale, scale, (n, taps * r, *out)))]
+    inputs += [("b", RNG.standard_normal(m))] if bias else [("", None)] if mask else []
+    inputs += [("mask", RNG.uniform(0, 1, (n, taps, *out)))] if mask else []
+    attrs = dict(group=groups, offset_group=offset_group, strides=list(strides), dilations=list(dilations),
+                 pads=list(pads), kernel_shape=list(kernel))
+    return [(k, None if v is None else v.astype(dtype)) for k, v in inputs], attrs
+
+
+@pytest.mark.parametrize("form", [
+    {}, dict(mask=False), dict(bias=False), dict(mask=False, bias=False), dict(groups=1, offset_group=4),
+    dict(groups=2, offset_group=1, strides=(2, 2), dilations=(1, 1), pads=(0, 0, 0, 0)), dict(scale=6.0),
+])
+def test_deformconv_against_onnxruntime(form):
+    inputs, attrs = deform_inputs(**form)
+    fed = [(k, v) for k, v in inputs if k]
+    model = one_node("DeformConv", fed, attrs, 22, inits=[(k, v) for k, v in inputs if not k])
+    if any(not k for k, _ in inputs):  # an omitted B before the mask: the node's inputs as the file has them
+        model.graph.node[0].input[:] = [k for k, _ in inputs]
+    ort = pytest.importorskip("onnxruntime")
+    plan = planner.compile(model, {k: v.shape for k, v in fed})
+    got = Executor(plan, backend="numpy", poison=True).run(dict(fed))["y"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, dict(fed))[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def run_deformconv(inputs, attrs, opset=22, limit=None, parts=False):
+    """The node planned (its workspace under `limit` bytes) and run with poison on; with `parts`, its
+    decomposition (the gradient's form) instead."""
+    from planner.config import Config
+    from planner.passes.decompose import decomposed
+    fed = [(k, v) for k, v in inputs if k]
+    model = one_node("DeformConv", fed, attrs, opset)
+    model.graph.node[0].input[:] = [k for k, _ in inputs]
+    graph = planner.load(model, {k: v.shape for k, v in fed})
+    if parts:
+        graph = decomposed(graph, lambda node, schema: True)
+        assert "DeformConv" not in {node.op for node in graph.nodes}
+    plan = planner.compile(graph, config=Config(workspace_limit=limit) if limit else None)
+    return plan, Executor(plan, backend="numpy", poison=True).run(dict(fed))["y"]
+
+
+@pytest.mark.parametrize("spatial, kernel, strides, dilations, pads", [
+    ((9,), (3,), (2,), (1,), (1, 2)), ((6, 7), (3, 2), (1, 2), (2, 1), (1, 0, 2, 1)),
+    ((4, 5, 3), (2, 3, 2), (1, 2, 1), (1, 1, 2), (0, 1, 1, 1, 0, 1))])
+def test_deformconv_in_chunks_and_in_parts(spatial, kernel, strides, dilations, pads):
+    """1-, 2- and 3-D, the workspace cut into chunks of a few positions, against the decomposition."""
+    inputs, attrs = deform_inputs(spatial=spatial, kernel=kernel, strides=strides, dilations=dilations, pads=pads,
+                                  dtype=np.float64)
+    plan, got = run_deformconv(inputs, attrs, limit=6000)
+    step = next(s for s in plan.steps if s.op == "DeformConv")
+    assert 0 < plan.tensors[step.workspace].nbytes <= 6000
+    np.testing.assert_allclose(got, run_deformconv(inputs, attrs, parts=True)[1], rtol=1e-10, atol=1e-10)
+
+
+def test_deformconv_float16_and_opset_19():
+    """Half floats sampled and summed in float32; opset 19's parts name GridSample's mode bilinear."""
+    inputs, attrs = deform_inputs(dtype=np.float16)
+    got = run_deformconv(inputs, attrs, opset=19)[1]
+    wide = [(k, None if v is None else v.astype(np.float32)) for k, v in inputs]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got, run_deformconv(wide, attrs, opset=19, parts=True)[1], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("form", [{}, dict(mask=False, bias=False, groups=1, offset_group=1)])
+def test_deformconv_gradients(form):
+    """For X, W, the offsets, B and the mask, through the parts (GridSample's gradient)."""
+    inputs, attrs = deform_inputs(n=1, c=2, m=2, spatial=(4, 5), kernel=(2, 2), strides=(1, 1), dilations=(1, 2),
+                                  pads=(1, 0, 0, 1), dtype=np.float64, **form)
+    x, *params = inputs
+    names = ["x", *(k for k, _ in params)]
+    m = weighted([("DeformConv", names, ["a"], attrs)], list(x[1].shape), {k: v for k, v in params if k}, opset=22)
+    check(m, x[1])
+
+
+def test_deformconv_refusals():
+    inputs, attrs = deform_inputs(mask=False, bias=False)
+    with pytest.raises(ShapeError, match=r"offset \(2, 24, 5, 4\) must be \(2, 12, 5, 4\)"):
+        planner.compile(one_node("DeformConv", list(inputs), {**attrs, "offset_group": 1}, 22))
+    with pytest.raises(ShapeError, match="X's 4 channels must be W's 2 per group times group 1"):
+        planner.compile(one_node("DeformConv", list(inputs), {**attrs, "group": 1}, 22))
+    with pytest.raises(ShapeError, match=r"kernel_shape \(3, 3\)"):
+        planner.compile(one_node("DeformConv", list(inputs), {**attrs, "kernel_shape": [3, 3]}, 22))
+
+
+def test_no_temporaries():
+    """MaxRoiPool and DeformConv (its sampling and products) on inputs large enough to show a temporary."""
+    from test_no_hidden_allocations import allocations, assert_bounded
+    x = RNG.standard_normal((2, 16, 64, 64)).astype(np.float32)
+    rois = np.array([[0, 0, 0, 63, 63], [1, 5, 3, 40, 60]], np.float32)
+    plan = planner.compile(one_node("MaxRoiPool", [("x", x), ("rois", rois)], dict(pooled_shape=[7, 7]), 22))
+    ex = Executor(plan, backend="numpy")
+    assert_bounded(allocations(ex, lambda: ex.run({"x": x, "rois": rois})), exempt=set())
+    inputs, attrs = deform_inputs(n=1, c=8, m=8, spatial=(40, 40), strides=(1, 1), dilations=(1, 1))
+    plan = planner.compile(one_node("DeformConv", inputs, attrs, 22))
+    ex = Executor(plan, backend="numpy")
+    assert_bounded(allocations(ex, lambda: ex.run(dict(inputs))), exempt=set())

@@ -117,6 +117,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     attention,
     contrib,
     contrib_attention,
+    deform_conv,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

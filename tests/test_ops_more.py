@@ -165,6 +165,7 @@ def run_deformconv(inputs, attrs, opset=22, limit=None, parts=False):
 
 @pytest.mark.parametrize("spatial, kernel, strides, dilations, pads", [
     ((9,), (3,), (2,), (1,), (1, 2)), ((6, 7), (3, 2), (1, 2), (2, 1), (1, 0, 2, 1)),
+    ((1, 5), (1, 2), (1, 1), (1, 1), (0, 0, 0, 0)),  # an axis of one pixel
     ((4, 5, 3), (2, 3, 2), (1, 2, 1), (1, 1, 2), (0, 1, 1, 1, 0, 1))])
 def test_deformconv_in_chunks_and_in_parts(spatial, kernel, strides, dilations, pads):
     """1-, 2- and 3-D, the workspace cut into chunks of a few positions, against the decomposition."""

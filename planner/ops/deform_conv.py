@@ -42,7 +42,8 @@ class DeformConv(Schema):
         out = tuple((i + b + e - (k - 1) * d - 1) // s + 1
                     for i, b, e, k, d, s in zip(x_shape[2:], pads, pads[r:], kernel, dilations, strides))
         if min(out) < 1:
-            raise ShapeError(f"the kernel {kernel} dilated by {dilations} does not fit X {tuple(x_shape)} padded by {pads}")
+            raise ShapeError(f"the kernel {kernel} dilated by {dilations} does not fit X {tuple(x_shape)} padded by "
+                             f"{pads}")
         return kernel, strides, dilations, pads, out
 
     def infer(self, node, ins):
@@ -195,17 +196,23 @@ class DeformConv(Schema):
     def decompose(self, b, node):
         """Each tap's samples are one GridSample (linear, zeros, align_corners: pixel coordinates) of each
         offset group's channels at positions normalized by (size - 1), times the mask; then one batched
-        MatMul per group with W, plus B. What the gradient goes through."""
+        MatMul per group with W, plus B. What the gradient goes through. An axis of one pixel gets a
+        second of zeros, so that its positions normalize."""
         x, w, offset, bias, mask = [*node.inputs, "", ""][:5]
         n, c, *spatial = b.shape(x)
         kernel, strides, dilations, pads, out = self.geometry(node, b.shape(x), b.shape(w))
         r, k, positions = len(kernel), math.prod(kernel), math.prod(out)
         groups, group, m = self.attr(node, "offset_group"), self.attr(node, "group"), b.shape(w)[0]
         taps = np.stack(np.meshgrid(*(np.arange(s) * t for s, t in zip(kernel, dilations)), indexing="ij"), -1)
-        starts = np.stack(np.meshgrid(*(np.arange(o) * s - e for o, s, e in zip(out, strides, pads)), indexing="ij"), -1)
+        starts = np.stack(np.meshgrid(*(np.arange(o) * s - e for o, s, e in zip(out, strides, pads)), indexing="ij"),
+                          -1)
         places = taps.reshape(k, r, 1) + starts.reshape(positions, r).T  # (k, r, positions)
         places = places[:, ::-1]  # GridSample's coordinates: the last axis first
-        scale = np.array([2 / max(s - 1, 1) for s in reversed(spatial)]).reshape(1, r, 1)
+        if 1 in spatial:
+            lone = [d + 2 for d, size in enumerate(spatial) if size == 1]
+            x = b.op("Pad", x, pads=[0] * len(lone) + [1] * len(lone), axes=lone)
+            spatial = [max(size, 2) for size in spatial]
+        scale = np.array([2 / (size - 1) for size in reversed(spatial)]).reshape(1, r, 1)
         coords = b.op("Slice", b.op("Reshape", offset, shape=[n, groups, k, r, positions]), starts=[r - 1],
                       ends=[-r - 1], axes=[3], steps=[-1])  # the axes reversed
         coords = b.op("Mul", b.op("Add", coords, b.const(places, offset)), b.const(scale, offset))

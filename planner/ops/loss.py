@@ -34,11 +34,16 @@ class LabelLoss(Schema):
             raise ShapeError(f"weights of shape {weights.shape} do not have one value per class {scores.shape[1]}")
         return [(labels.shape if reduction == "none" else (), scores.dtype)]
 
-    def workspace(self, node, ins, outs, limit):
+    @staticmethod
+    def label_slices(ins):
         """In the input's dtype: per position of the labels, its loss (`losses`) and its weight
         (`weights`); the weights' sum (`total`)."""
         n, dtype = ins[1].shape, ins[0].dtype
-        return Layout.pack(("losses", n, dtype), ("weights", n, dtype), ("total", (), dtype))
+        return ("losses", n, dtype), ("weights", n, dtype), ("total", (), dtype)
+
+    def workspace(self, node, ins, outs, limit):
+        """`label_slices`."""
+        return Layout.pack(*self.label_slices(ins))
 
     def flops(self, node, ins, outs):
         return 2 * int(np.prod(ins[1].shape))
@@ -91,14 +96,13 @@ class SoftmaxCrossEntropyLoss(LabelLoss):
         return [loss, (ins[0].shape, ins[0].dtype)]
 
     def workspace(self, node, ins, outs, limit):
-        """`LabelLoss`'s, and: the row maximum per position (`rows`, N x 1 x d...) in the scores' dtype
+        """`label_slices`, and: the row maximum per position (`rows`, N x 1 x d...) in the scores' dtype
         (`losses` holds each row's sum of exponentials first); `log_prob` when the log-probabilities
         are not an output."""
         scores, labels = ins[:2]
         stored = len(outs) > 1 and outs[1] is not None
         n, dtype = labels.shape, scores.dtype
-        shared = super().workspace(node, ins, outs, limit)
-        return Layout.pack(*((s.name, s.shape, s.dtype) for s in shared.slices), ("rows", (n[0], 1, *n[1:]), dtype),
+        return Layout.pack(*self.label_slices(ins), ("rows", (n[0], 1, *n[1:]), dtype),
                            None if stored else ("log_prob", scores.shape, dtype))
 
     def flops(self, node, ins, outs):

@@ -223,10 +223,9 @@ class MaxRoiPool(Schema):
         """Per axis (rows, then columns), each bin's [start, end) in the image for one roi's (x1, y1, x2, y2)."""
         scale = np.float32(self.attr(step, "spatial_scale"))
         corners = np.float32(box) * scale
-        ends = [int(np.copysign(np.floor(np.abs(v) + 0.5), v)) for v in corners.tolist()]  # C's round
-        # rows run from y1 (ends[1]) to y2 (ends[3]), columns from x1 (ends[0]) to x2 (ends[2])
+        x1, y1, x2, y2 = (int(np.copysign(np.floor(np.abs(v) + 0.5), v)) for v in corners.tolist())  # C's round
         out = []
-        for start, end, pooled, size in zip(ends[1::-1], ends[3:1:-1], self.attr(step, "pooled_shape"), sizes):
+        for start, end, pooled, size in zip((y1, x1), (y2, x2), self.attr(step, "pooled_shape"), sizes):
             step_size = np.float32(max(end - start + 1, 1)) / np.float32(pooled)
             edges = np.arange(pooled + 1, dtype=np.float32) * step_size
             lows, highs = (np.clip(f(e) + start, 0, size).astype(int).tolist() for f, e in
@@ -249,6 +248,7 @@ class MaxRoiPool(Schema):
                         xp.max(x[int(batch), :, h0:h1, w0:w1], axis=(1, 2), out=y[r, :, i, j])
 
     def torch(self, torch, x, rois, pooled_shape, spatial_scale):
+        """torchvision's roi_pool, which reads rois as (batch index, x1, y1, x2, y2) too."""
         from torchvision.ops import roi_pool
         return roi_pool(x, rois, list(pooled_shape), spatial_scale)
 

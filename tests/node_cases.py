@@ -34,7 +34,7 @@ tests/test_ops_random.py checks the draws' statistics."""
 
 NO_CASES = {"RandomNormal": "tests/test_ops_random.py", "RandomUniform": "tests/test_ops_random.py",
             "RandomNormalLike": "tests/test_ops_random.py", "Multinomial": "tests/test_ops_random.py",
-            "GlobalLpPool": "tests/test_ops_spatial.py"}
+            "GlobalLpPool": "tests/test_ops_spatial.py", "MaxRoiPool": "tests/test_ops_more.py"}
 """Ops onnx ships no backend node test for: where they are checked instead."""
 
 

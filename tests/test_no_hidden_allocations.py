@@ -17,7 +17,8 @@ BOUND = 64 << 10
 """Bytes one kernel may allocate, never arrays of data: Python objects (whose free lists keep what a kernel
 frees, so a step pays for what earlier steps drained), views, NumPy's iterators, and bookkeeping per axis
 or group (a weight gradient's Conv walks a kernel as large as the image; a depthwise one, many groups)."""
-FUSED_ON_GPU = {("memplan", "SGD"), ("memplan", "Adam"), ("memplan", "Dropout"), ("", "SoftmaxCrossEntropyLoss")}
+FUSED_ON_GPU = {("memplan", "SGD"), ("memplan", "Adam"), ("memplan", "Dropout"), ("", "SoftmaxCrossEntropyLoss"),
+                ("", "NegativeLogLikelihoodLoss")}
 """Ops whose NumPy form makes temporaries where the GPU runs one fused kernel (backends/cupy_kernels.py):
 the optimizers' parameter-sized terms, the dropout hash and the loss's label lookups (one value per
 position). Scratch for them would enlarge every training plan, on the GPU too, for the CPU's sake."""

@@ -46,7 +46,7 @@ def overrides(cupy):
         xp.subtract(y, r, out=y)
 
     return {("", "LogSoftmax"): log_softmax, ("", "Trilu"): _trilu(cupy),
-            ("", "SoftmaxCrossEntropyLoss"): _cross_entropy(cupy, sum_exp), ("memplan", "Dropout"): _dropout(cupy),
+            **_label_losses(cupy, sum_exp), ("memplan", "Dropout"): _dropout(cupy),
             **_optimizers(cupy)}
 
 
@@ -85,9 +85,9 @@ def _dropout(cupy):
     return run
 
 
-def _cross_entropy(cupy, sum_exp):
-    """SoftmaxCrossEntropyLoss with the log-softmax through the workspace and one kernel taking each
-    position's log-probability and weight, so that nothing is allocated."""
+def _label_losses(cupy, sum_exp):
+    """SoftmaxCrossEntropyLoss (with the log-softmax through the workspace) and NegativeLogLikelihoodLoss
+    with one kernel taking each position's log-probability and weight, so that nothing is allocated."""
     take = cupy.ElementwiseKernel(
         "raw T log_prob, I label, raw T w, int64 classes, int64 inner, int64 ignore, bool has_ignore, bool has_w",
         "T loss, T weight",
@@ -95,21 +95,29 @@ def _cross_entropy(cupy, sum_exp):
         " weight = skip ? (T)0 : (has_w ? w[c] : (T)1);"
         " loss = -log_prob[((i / inner) * classes + c) * inner + i % inner] * weight;", "memplan_take_log_prob")
 
-    def run(xp, step, ins, outs, ws):
+    def take_labels(xp, step, log_prob, labels, class_weights, ws):
+        ignore = step.attrs["ignore_index"]
+        take(log_prob, labels, log_prob if class_weights is None else class_weights, log_prob.shape[1],
+             labels.size // labels.shape[0], 0 if ignore is None else ignore, ignore is not None,
+             class_weights is not None, ws["losses"], ws["weights"])
+
+    def cross_entropy(xp, step, ins, outs, ws):
         scores, labels, class_weights = [*ins, None][:3]
-        rows, losses, weights, log_prob = ws["rows"], ws["losses"], ws["weights"], loss.log_prob_of(outs, ws)
+        rows, log_prob = ws["rows"], loss.log_prob_of(outs, ws)
         xp.max(scores, axis=1, keepdims=True, out=rows)
         xp.subtract(scores, rows, out=log_prob)
         sum_exp(log_prob, axis=1, keepdims=True, out=rows)
         xp.log(rows, out=rows)
         xp.subtract(log_prob, rows, out=log_prob)
-        ignore = step.attrs["ignore_index"]
-        take(log_prob, labels, log_prob if class_weights is None else class_weights, scores.shape[1],
-             labels.size // labels.shape[0], 0 if ignore is None else ignore, ignore is not None,
-             class_weights is not None, losses, weights)
+        take_labels(xp, step, log_prob, labels, class_weights, ws)
         loss.reduce(xp, step, ws, outs[0])
 
-    return run
+    def negative_log_likelihood(xp, step, ins, outs, ws):
+        log_prob, labels, class_weights = [*ins, None][:3]
+        take_labels(xp, step, log_prob, labels, class_weights, ws)
+        loss.reduce(xp, step, ws, outs[0])
+
+    return {("", "SoftmaxCrossEntropyLoss"): cross_entropy, ("", "NegativeLogLikelihoodLoss"): negative_log_likelihood}
 
 
 def _optimizers(cupy):

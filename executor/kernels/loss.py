@@ -1,6 +1,6 @@
-"""SoftmaxCrossEntropyLoss (rule in planner/ops/loss.py): log-softmax over dim 1 into the log_prob
-output (or the workspace), then each position's loss and weight, then the reduction. The GPU gathers
-with one fused kernel (backends/cupy_kernels.py)."""
+"""SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss (rules in planner/ops/loss.py): log-softmax
+over dim 1 into the log_prob output (or the workspace) for the first, then for both each position's
+loss and weight, then the reduction. The GPU gathers with one fused kernel (backends/cupy_kernels.py)."""
 import numpy as np
 
 from . import kernel
@@ -37,13 +37,11 @@ def log_prob_of(outs, ws):
     return outs[1] if len(outs) > 1 and outs[1] is not None else ws["log_prob"]
 
 
-@kernel("SoftmaxCrossEntropyLoss")
-def softmax_cross_entropy(xp, step, ins, outs, ws):
-    """On NumPy the label lookups (ignored positions, class weights, the log-probability each label
-    takes) make temporaries of one value per position (not per score)."""
-    scores, labels, class_weights = [*ins, None][:3]
-    log_prob, losses, weights = log_prob_of(outs, ws), ws["losses"], ws["weights"]
-    log_softmax(xp, scores, ws, log_prob)
+def take_labels(xp, step, log_prob, labels, class_weights, ws):
+    """Each position's weight (its label's, 1 without class weights, 0 where ignored) and loss,
+    -log_prob at its label times the weight, into the workspace. On NumPy the label lookups make
+    temporaries of one value per position (not per score)."""
+    losses, weights = ws["losses"], ws["weights"]
     ignore = step.attrs["ignore_index"]
     ignored = np.zeros(labels.shape, bool) if ignore is None else labels == ignore
     safe = np.where(ignored, 0, labels)
@@ -51,4 +49,19 @@ def softmax_cross_entropy(xp, step, ins, outs, ws):
     weights[ignored] = 0
     picked = np.take_along_axis(log_prob, safe.reshape(labels.shape[0], 1, *labels.shape[1:]), axis=1)
     np.multiply(-picked.reshape(labels.shape), weights, out=losses)
+
+
+@kernel("SoftmaxCrossEntropyLoss")
+def softmax_cross_entropy(xp, step, ins, outs, ws):
+    scores, labels, class_weights = [*ins, None][:3]
+    log_prob = log_prob_of(outs, ws)
+    log_softmax(xp, scores, ws, log_prob)
+    take_labels(xp, step, log_prob, labels, class_weights, ws)
+    reduce(xp, step, ws, outs[0])
+
+
+@kernel("NegativeLogLikelihoodLoss")
+def negative_log_likelihood(xp, step, ins, outs, ws):
+    log_prob, labels, class_weights = [*ins, None][:3]
+    take_labels(xp, step, log_prob, labels, class_weights, ws)
     reduce(xp, step, ws, outs[0])

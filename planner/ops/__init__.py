@@ -119,6 +119,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     contrib_attention,
     detection,
     linear_attention,
+    deform_conv,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

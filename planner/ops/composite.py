@@ -88,6 +88,23 @@ def _prelu(b, node, x, slope):
     return b.op("Where", b.op("Less", x, b.const(0, x)), b.op("Mul", x, slope), x)
 
 
+def _swiglu(b, node, a, value, alpha):
+    return b.op("Mul", _swish(b, node, a, alpha), value)
+
+
+class SwiGLU(Composite):
+    """SwiGLU (opset 28): Swish_alpha(A) * B, gate and value of one shape (no broadcasting)."""
+
+    arity = 2
+
+    def infer(self, node, ins):
+        a, value = ins
+        if a.shape != value.shape or a.dtype != value.dtype:
+            raise ShapeError(f"gate A {a.shape} {a.dtype} and value B {value.shape} {value.dtype} must have one "
+                             "shape and dtype")
+        return same_as_input(node, ins)
+
+
 class PRelu(Composite):
     """PRelu: the slope broadcasts to the input's shape (one way), and the output has the input's."""
 
@@ -112,3 +129,4 @@ register(Composite("Shrink", _shrink, {"bias": 0.0, "lambd": 0.5}))
 register(Composite("Mish", _mish))
 register(Composite("Swish", _swish, {"alpha": 1.0}, since=24))
 register(PRelu("PRelu", _prelu))
+register(SwiGLU("SwiGLU", _swiglu, {"alpha": 1.0}, since=28))

@@ -1,5 +1,6 @@
 """Pools beyond the average and max ones of planner/ops/nn.py: LRN, LpPool and GlobalLpPool as composites of
-the ops memplan has (narrow floats summed in float32), and MaxUnpool, whose kernel puts values at indices."""
+the ops memplan has (narrow floats summed in float32), MaxUnpool, whose kernel puts values at indices, and
+MaxRoiPool, the max of each bin of regions read from a tensor."""
 import math
 
 import numpy as np
@@ -189,6 +190,67 @@ class MaxUnpool(Schema):
         out = x.new_zeros(output_shape)
         out[tuple(slice(0, n) for n in shape)] = y
         return out
+
+
+@schema("MaxRoiPool")
+class MaxRoiPool(Schema):
+    """MaxRoiPool: Y[r, c] (pooled_shape) the largest value of each bin of X[rois[r, 0], c] in the region
+    rois[r, 1:] = (x1, y1, x2, y2) times spatial_scale, rounded to pixels (both ends in); bin (i, j) spans
+    floor(i * size / pooled) to ceil((i + 1) * size / pooled) of it, in float32, clipped to the image,
+    and is 0 where that leaves it empty: Caffe's ROI pooling, as torchvision and onnxruntime compute it
+    (onnxruntime starts each bin's max at FLT_MIN, so it differs where a whole bin is negative).
+
+    The rois are read on the host (their values place the bins); one reduction per bin over all channels."""
+
+    ranks = "same"
+    mirror = False
+    defaults = {"pooled_shape": None, "spatial_scale": 1.0}
+
+    def infer(self, node, ins):
+        x, rois = ins
+        pooled = self.attr(node, "pooled_shape")
+        if len(pooled) != 2 or min(pooled) < 1:
+            raise ShapeError(f"pooled_shape {tuple(pooled)} must be two positive sizes")
+        if x.rank != 4 or rois.rank != 2 or rois.shape[1] != 5 or rois.dtype != x.dtype:
+            raise ShapeError(f"X {x.shape} must be (N, C, H, W) and rois {rois.shape} (R, 5) of its dtype")
+        return [((rois.shape[0], x.shape[1], *pooled), x.dtype)]
+
+    def flops(self, node, ins, outs):
+        """At most one comparison per value of the image, per roi."""
+        return ins[1].shape[0] * math.prod(ins[0].shape[1:])
+
+    def bins(self, step, box, sizes):
+        """Per axis (rows, then columns), each bin's [start, end) in the image for one roi's (x1, y1, x2, y2)."""
+        scale = np.float32(self.attr(step, "spatial_scale"))
+        corners = np.float32(box) * scale
+        x1, y1, x2, y2 = (int(np.copysign(np.floor(np.abs(v) + 0.5), v)) for v in corners.tolist())  # C's round
+        out = []
+        for start, end, pooled, size in zip((y1, x1), (y2, x2), self.attr(step, "pooled_shape"), sizes):
+            step_size = np.float32(max(end - start + 1, 1)) / np.float32(pooled)
+            edges = np.arange(pooled + 1, dtype=np.float32) * step_size
+            lows, highs = (np.clip(f(e) + start, 0, size).astype(int).tolist() for f, e in
+                           ((np.floor, edges[:-1]), (np.ceil, edges[1:])))
+            out.append(list(zip(lows, highs)))
+        return out
+
+    def kernel(self, xp, step, ins, outs, ws):
+        x, rois = ins
+        y = outs[0]
+        for r, (batch, *box) in enumerate((rois if xp is np else xp.asnumpy(rois)).tolist()):
+            if not 0 <= int(batch) < x.shape[0]:
+                raise IndexError(f"batch index {int(batch)} of roi {r} is out of range for {x.shape[0]} images")
+            rows, cols = self.bins(step, box, x.shape[2:])
+            for i, (h0, h1) in enumerate(rows):
+                for j, (w0, w1) in enumerate(cols):
+                    if h1 <= h0 or w1 <= w0:
+                        y[r, :, i, j].fill(0)
+                    else:
+                        xp.max(x[int(batch), :, h0:h1, w0:w1], axis=(1, 2), out=y[r, :, i, j])
+
+    def torch(self, torch, x, rois, pooled_shape, spatial_scale):
+        """torchvision's roi_pool, which reads rois as (batch index, x1, y1, x2, y2) too."""
+        from torchvision.ops import roi_pool
+        return roi_pool(x, rois, list(pooled_shape), spatial_scale)
 
 
 register(LpPool())

@@ -46,10 +46,11 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
     todo = deque(graph.nodes)
     while todo:
         node = todo.popleft()
-        if not _supported(node, graph.opsets) or any(i and i not in infos for i in node.inputs):
+        schema = _schema(node, graph.opsets)
+        if schema is None or any(i and i not in infos for i in node.inputs):
             values = _reference(node, infos, graph.opsets, kept)
             if values is None:
-                (unread if _supported(node, graph.opsets) else missing).append(node)
+                (missing if schema is None else unread).append(node)
                 continue
             outs = [(v.shape, v.dtype) if v is not None else None for v in values]
         elif _reusable(node, graph, infos, kept_nodes, changed):
@@ -57,7 +58,6 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
             nodes.append(node)
             continue
         else:
-            schema = ops.of(node, graph.opsets)
             if getattr(schema, "expand", None):
                 inlined, made = _expanded(schema, node, infos, graph.opsets)
                 tensors.update(made)
@@ -141,13 +141,12 @@ def _expanded(schema, node, infos, opsets):
         raise ShapeError(f"node {node.name!r} ({op_name(node.domain, node.op)}): {e}") from None
 
 
-def _supported(node, opsets):
-    """Whether the node's op has a schema at the graph's opsets."""
+def _schema(node, opsets):
+    """The schema of the node's op at the graph's opsets, or None where memplan has none."""
     try:
-        ops.of(node, opsets)
+        return ops.of(node, opsets)
     except UnsupportedOpError:
-        return False
-    return True
+        return None
 
 
 def _reference(node, infos, opsets, kept):

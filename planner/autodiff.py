@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import ops, shapes
-from .dtypes import to_onnx
+from .dtypes import is_float, to_onnx
 from .errors import ModelError
 from .ir import Annotations, Node, Phase, Tensor, op_name
 
@@ -82,7 +82,7 @@ def gradients(graph, loss, wrt=None):
     float param), typed; and {param: gradient tensor name}. Gradients nothing needs are not built; a
     tensor in `wrt` that the loss does not depend on differentiably gets zeros. Shape inference
     prunes what no output or update reads: the caller adds the gradients' readers before planning."""
-    wrt = [t.name for t in graph.params() if t.dtype.kind == "f"] if wrt is None else list(wrt)
+    wrt = [t.name for t in graph.params() if is_float(t.dtype)] if wrt is None else list(wrt)
     graph = _through_parts(graph, _depends_on(graph, set(wrt)))
     needs = _depends_on(graph, set(wrt))
     if loss not in needs:

@@ -146,7 +146,8 @@ class Graph:
     training step updates its weights in place. `exported_params`: how many nn.Parameters the
     torch.export signature a file carries lists (None without one), to check what a training step trains.
     `opsets`: {domain: version} the model imports ("" the default ONNX domain), which selects the
-    version of each node's op.
+    version of each node's op. `bfloat16`: the graph was rewritten to compute in bfloat16 (the
+    precision pass), which memplan's kernels take wherever ONNX's type constraints take float16.
     """
 
     nodes: tuple
@@ -157,6 +158,7 @@ class Graph:
     opsets: dict = field(default_factory=lambda: dict(DEFAULT_OPSETS))
     updates: tuple = ()
     exported_params: int | None = None
+    bfloat16: bool = False
 
     @property
     def opset(self):

@@ -49,10 +49,11 @@ def _declared(schema):
     return [(p, frozenset(allowed[p]), k == len(params) - 1) for k, p in enumerate(params)]
 
 
-def check_types(node, ins, opset, schema):
+def check_types(node, ins, opset, schema, bfloat16=False):
     """Raise ShapeError unless every present input of `node` (their Info) has a type its ONNX schema
     (or, outside ONNX's default domain, its memplan `schema.types`) allows, and the inputs that share
-    a type parameter share a dtype."""
+    a type parameter share a dtype. With `bfloat16` (a graph the precision pass rewrote), bfloat16
+    is taken wherever float16 is, as the newer opsets do."""
     why = CONDITIONS[node.op](node, ins, opset) if not node.domain and node.op in CONDITIONS else None
     if why:
         raise ShapeError(why)
@@ -67,6 +68,8 @@ def check_types(node, ins, opset, schema):
             return
         param, allowed, _ = formals[min(k, len(formals) - 1)]
         given = type_string(info.dtype)
+        if bfloat16 and given == "tensor(bfloat16)" and "tensor(float16)" in allowed:
+            given = "tensor(float16)"
         if given not in allowed:
             raise ShapeError(f"input {name!r} is {info.dtype}, but {node.op} takes {_listed(allowed)} there")
         first = bound.setdefault(param, (name, info.dtype))

@@ -1,6 +1,7 @@
 """CompileOptions: what planner.compile plans, as one checked value instead of a long keyword list."""
 from dataclasses import dataclass, fields, replace
 
+from . import precision
 from .config import Config
 from .errors import ModelError, PlanError
 from .losses import IGNORE_INDEX
@@ -42,12 +43,14 @@ class CompileOptions:
     ignore_index: int | None = IGNORE_INDEX
     device: str = "any"
     rank: int = 0
+    precision: str = "fp32"
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:
             raise PlanError(f"device must name a device (\"any\", \"cuda:0\", ...), got {self.device!r}")
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
             raise PlanError(f"rank must be an int >= 0, got {self.rank!r}")
+        precision.check(self.precision)
         if self.strategy not in STRATEGIES:
             raise PlanError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if self.schedule not in SCHEDULES:

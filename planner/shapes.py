@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import ops, reference
+from .dtypes import is_float
 from .errors import ModelError, ShapeError, UnsupportedOpError, say
 from .ir import Tensor, check_size, op_name, validate
 from .onnx_types import check_types
@@ -66,7 +67,7 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
                 continue
             if getattr(schema, "bounded", False) and len(node.outputs) == 1:
                 node = _with_length(node, graph, tensors, lengths)
-            node, outs, values = _typed(schema, node, graph.opset, tensors, infos)
+            node, outs, values = _typed(schema, node, graph, tensors, infos)
         for k, out in enumerate(node.outputs):
             if out:
                 value = None if values is None else np.asarray(values[k], dtype=outs[k][1]).reshape(outs[k][0])
@@ -111,11 +112,11 @@ def _with_length(node, graph, tensors, lengths):
     return replace(node, outputs=(out, length))
 
 
-def _typed(schema, node, opset, tensors, infos):
+def _typed(schema, node, graph, tensors, infos):
     """(node with its static inputs moved into attrs, its outputs' (shape, dtype), their values when
     they fold or None), the shape rule's errors named by the node."""
     try:
-        check_types(node, [infos[i] if i else None for i in node.inputs], opset, schema)
+        check_types(node, [infos[i] if i else None for i in node.inputs], graph.opset, schema, graph.bfloat16)
         node = _static_attrs(schema, node, tensors, infos)
         ins = [infos[i] if i else None for i in node.inputs]
         outs = [(tuple(int(d) for d in shape), np.dtype(dtype)) for shape, dtype in schema.infer(node, ins)]
@@ -218,7 +219,7 @@ def _bind_inputs(graph, input_shapes):
 def _source_info(t):
     """The Info of a param or const. Weights (float params of more than one element) carry no value, so
     what is computed from them stays in the graph, where training can update them."""
-    weight = t.kind == "param" and t.dtype.kind == "f" and t.data.size > 1
+    weight = t.kind == "param" and is_float(t.dtype) and t.data.size > 1
     return Info(tuple(t.data.shape), t.data.dtype, None if weight else t.data)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from . import ops, shapes
 from .autodiff import Builder
+from .dtypes import is_float
 from .errors import ConfigError, ModelError
 from .ir import Phase, Tensor
 
@@ -97,7 +98,7 @@ def _cannot_train(t, stats, reached):
     """Why the param `t` cannot train at all; None when it can."""
     if t.name in stats:
         return "a running statistic, which the forward pass updates"
-    if t.dtype.kind != "f":
+    if not is_float(t.dtype):
         return f"{t.dtype} values, not floats"
     if t.name not in reached:
         return "the loss does not depend on it"

@@ -412,19 +412,28 @@ class BatchNormalization(Schema):
         x, scale, bias, mean, var = node.inputs
         shape = b.shape(x)
         per_channel = [1, shape[1], *(1 for _ in shape[2:])]
-        scale_b = b.op("Reshape", scale, shape=per_channel)
         axes = [0, *range(2, len(shape))]
         eps = self.attr(node, "epsilon")
+
+        def channels(p):
+            """A per-channel input broadcast against X, in X's dtype (a 16-bit X may have float32 ones)."""
+            return b.op("Reshape", p if b.dtype(p) == b.dtype(x) else b.cast(p, b.dtype(x)), shape=per_channel)
+
+        def summed(t, p):
+            """The gradient of per-channel input `p`, summed in p's dtype."""
+            return b.op("ReduceSum", t if b.dtype(p) == b.dtype(x) else b.cast(t, b.dtype(p)), axes=axes, keepdims=0)
+
+        scale_b = channels(scale)
         if self.attr(node, "training_mode"):
             dx, dy_xhat = _normalised_gradient(b, x, dys[0], scale_b, axes, eps)
-            return [dx, *(b.op("ReduceSum", t, axes=axes, keepdims=0) for t in (dy_xhat, dys[0])), None, None]
-        inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", b.op("Reshape", var, shape=per_channel), b.const(eps, x))))
-        centred = b.op("Sub", x, b.op("Reshape", mean, shape=per_channel))
+            return [dx, summed(dy_xhat, scale), summed(dys[0], bias), None, None]
+        inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", channels(var), b.const(eps, x))))
+        centred = b.op("Sub", x, channels(mean))
         xhat, g = b.op("Mul", centred, inv), b.op("Mul", dys[0], scale_b)
         dx = b.op("Mul", g, inv)
         dvar = b.op("Mul", b.op("Mul", g, centred), b.op("Mul", b.op("Mul", inv, b.op("Mul", inv, inv)), b.const(-0.5, x)))
-        return [dx, *(b.op("ReduceSum", t, axes=axes, keepdims=0)
-                      for t in (b.op("Mul", dys[0], xhat), dys[0], b.op("Neg", dx), dvar))]
+        return [dx, summed(b.op("Mul", dys[0], xhat), scale), summed(dys[0], bias), summed(b.op("Neg", dx), mean),
+                summed(dvar, var)]
 
     def infer(self, node, ins):
         x, scale, bias, mean, var = ins

@@ -6,6 +6,7 @@ from .gradients import gradients
 from .infer_shapes import infer_shapes
 from .loss import loss
 from .optimizer import optimizer
+from .precision import precision_pass as precision
 from .prune import prune
 from .recomputation import recomputation
 from .simplify import simplify
@@ -15,6 +16,7 @@ INFERENCE = [
     infer_shapes,       # concrete shapes and dtypes, constants folded
     decompose,          # composite ops replaced by their parts
     simplify,           # Identity and Casts to the same dtype dropped
+    precision,          # 16-bit floats, or autocast's policy, with the casts they need
     prune,              # what no output needs dropped
 ]
 TRAINING = [
@@ -27,5 +29,5 @@ TRAINING = [
 ]
 
 __all__ = ["Pass", "Result", "Context", "run", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
-           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "prune", "training_mode", "loss", "gradients", "optimizer",
+           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "precision", "prune", "training_mode", "loss", "gradients", "optimizer",
            "recomputation"]

@@ -346,7 +346,7 @@ def _batch_statistics(xp, x, y, mean, var, partial):
     summed by a batched GEMV per image and channel, which needs no temporary."""
     n, c = x.shape[:2]
     count = x.size // c
-    xp.mean(x, axis=(0, *range(2, x.ndim)), out=mean)
+    xp.mean(x, axis=(0, *range(2, x.ndim)), out=mean, dtype=mean.dtype)
     xp.subtract(x, _per_channel(mean, x.ndim), out=y)
     flat = y.reshape(n, c, 1, -1)
     xp.matmul(flat, flat.reshape(n, c, -1, 1), out=partial)

@@ -399,12 +399,14 @@ class BatchNormalization(Schema):
     def workspace(self, node, ins, outs, limit):
         """Inference needs none. Training (training_mode=1, or statistics outputs asked for) keeps the
         batch mean and variance and, to sum the squares without a temporary, one partial sum per
-        image and channel: `mean` and `var` (C,), `partial` (N, C, 1, 1), in X's dtype."""
+        image and channel: `mean` and `var` (C,), `partial` (N, C, 1, 1), in X's accumulation dtype
+        (float32 for 16-bit floats)."""
         x = ins[0]
         if not (self.attr(node, "training_mode") or any(o is not None for o in outs[1:])):
             return Layout()
         n, c = x.shape[:2]
-        return Layout.pack(("mean", (c,), x.dtype), ("var", (c,), x.dtype), ("partial", (n, c, 1, 1), x.dtype))
+        acc = self.accumulation(x.dtype)
+        return Layout.pack(("mean", (c,), acc), ("var", (c,), acc), ("partial", (n, c, 1, 1), acc))
 
     def gradient(self, b, node, dys):
         """Through Y, with the batch statistics in training (where the running mean and variance do
@@ -414,26 +416,31 @@ class BatchNormalization(Schema):
         per_channel = [1, shape[1], *(1 for _ in shape[2:])]
         axes = [0, *range(2, len(shape))]
         eps = self.attr(node, "epsilon")
+        given, work = b.dtype(x), self.accumulation(b.dtype(x))
+
+        def widened(t, dtype):
+            return t if dtype == work else b.cast(t, work)
 
         def channels(p):
-            """A per-channel input broadcast against X, in X's dtype (a 16-bit X may have float32 ones)."""
-            return b.op("Reshape", p if b.dtype(p) == b.dtype(x) else b.cast(p, b.dtype(x)), shape=per_channel)
+            """A per-channel input broadcast against X, in the working dtype."""
+            return b.op("Reshape", widened(p, b.dtype(p)), shape=per_channel)
 
         def summed(t, p):
             """The gradient of per-channel input `p`, summed in p's dtype."""
-            return b.op("ReduceSum", t if b.dtype(p) == b.dtype(x) else b.cast(t, b.dtype(p)), axes=axes, keepdims=0)
+            return b.op("ReduceSum", t if b.dtype(p) == work else b.cast(t, b.dtype(p)), axes=axes, keepdims=0)
 
+        x, dy = widened(x, given), widened(dys[0], given)
         scale_b = channels(scale)
         if self.attr(node, "training_mode"):
-            dx, dy_xhat = _normalised_gradient(b, x, dys[0], scale_b, axes, eps)
-            return [dx, summed(dy_xhat, scale), summed(dys[0], bias), None, None]
+            dx, dy_xhat = _normalised_gradient(b, x, dy, scale_b, axes, eps)
+            return [dx if work == given else b.cast(dx, given), summed(dy_xhat, scale), summed(dy, bias), None, None]
         inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", channels(var), b.const(eps, x))))
         centred = b.op("Sub", x, channels(mean))
-        xhat, g = b.op("Mul", centred, inv), b.op("Mul", dys[0], scale_b)
+        xhat, g = b.op("Mul", centred, inv), b.op("Mul", dy, scale_b)
         dx = b.op("Mul", g, inv)
         dvar = b.op("Mul", b.op("Mul", g, centred), b.op("Mul", b.op("Mul", inv, b.op("Mul", inv, inv)), b.const(-0.5, x)))
-        return [dx, summed(b.op("Mul", dys[0], xhat), scale), summed(dys[0], bias), summed(b.op("Neg", dx), mean),
-                summed(dvar, var)]
+        return [dx if work == given else b.cast(dx, given), summed(b.op("Mul", dy, xhat), scale), summed(dy, bias),
+                summed(b.op("Neg", dx), mean), summed(dvar, var)]
 
     def infer(self, node, ins):
         x, scale, bias, mean, var = ins

@@ -69,9 +69,10 @@ class Reduction(AxesRule):
         return [np.asarray(getattr(np, self.fn)(x, axes, keepdims=keep, **extra)).astype(x.dtype)]
 
     def kernel(self, xp, step, ins, outs, ws):
-        """The output is seen with the reduced axes kept (size 1), so one `out=` call fills it. An empty
-        input and an integer mean (whose sum would wrap in the output's dtype) take the NumPy form on
-        the host."""
+        """The output is seen with the reduced axes kept (size 1), so one `out=` call fills it; sums,
+        means and products of 16-bit floats accumulate in float32 (a bfloat16 sum of ones stops at
+        256). An empty input and an integer mean (whose sum would wrap in the output's dtype) take the
+        NumPy form on the host."""
         x, y = ins[0], outs[0]
         axes = self.reduced_axes(step, x.ndim)
         if axes is None:
@@ -80,7 +81,9 @@ class Reduction(AxesRule):
             self.evaluate_into(xp, step, ins, outs)
         else:
             kept = y if self.attr(step, "keepdims") else y.reshape([1 if k in axes else d for k, d in enumerate(x.shape)])
-            getattr(xp, self.fn)(x, axis=axes, keepdims=True, out=kept)
+            wide = self.accumulation(x.dtype)
+            extra = {"dtype": wide} if wide != x.dtype and self.fn in ("sum", "mean", "prod") else {}
+            getattr(xp, self.fn)(x, axis=axes, keepdims=True, out=kept, **extra)
 
     def gradient(self, b, node, dys):
         if self.grad is None:

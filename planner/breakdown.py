@@ -57,10 +57,23 @@ def breakdown(tensors, nsteps, arena_bytes, training):
     return parts, step
 
 
-def _live_at_fullest_step(tensors, nsteps):
-    """The fullest step and {category: bytes} of the transient buffers live then. A buffer shared in place
-    or by a view counts its aligned bytes once, in the category of the member that last took it over."""
-    names = list(dict.fromkeys(FIELDS))
+def by_dtype(plan):
+    """{element type: bytes} of the arena at its fullest step: the persistent buffers and the transient
+    ones live then (the precision of what it holds)."""
+    tensors = plan.tensors
+    step, live = _live_at_fullest_step(tensors, len(plan.steps), key=lambda t: str(t.dtype))
+    for t in tensors.values():
+        if t.lifetime is None and t.alias_of is None:
+            live[str(t.dtype)] = live.get(str(t.dtype), 0) + align(t.nbytes)
+    return {dtype: nbytes for dtype, nbytes in sorted(live.items(), key=lambda item: -item[1]) if nbytes}
+
+
+def _live_at_fullest_step(tensors, nsteps, key=category):
+    """The fullest step and {key: bytes} of the transient buffers live then, by `key` of each tensor (its
+    category). A buffer shared in place or by a view counts its aligned bytes once, under the member that
+    last took it over."""
+    names = list(dict.fromkeys((*FIELDS, *(key(t) for t in tensors.values())) if key is category else
+                               (key(t) for t in tensors.values())))
     live = np.zeros((len(names), nsteps + 2), np.int64)
     groups = {}
     for t in tensors.values():
@@ -74,7 +87,7 @@ def _live_at_fullest_step(tensors, nsteps):
         end = max(t.lifetime[1] for t in members)
         for k, t in enumerate(members):
             stop = members[k + 1].lifetime[0] - 1 if k + 1 < len(members) else end
-            row = names.index(category(t))
+            row = names.index(key(t))
             live[row, t.lifetime[0]] += size
             live[row, max(stop, t.lifetime[0]) + 1] -= size
     live = np.cumsum(live, axis=1)

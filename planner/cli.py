@@ -78,10 +78,17 @@ def config_of(args):
 
 
 def compile_args(args, graph):
-    """planner.compile on the graph with the command's strategy, schedule, training options and Config."""
+    """planner.compile on the graph with the command's strategy, schedule, precision, training options and Config."""
     from .compiler import compile
     return compile(graph, strategy=args.strategy, schedule=args.schedule, config=config_of(args),
-                   **training_options(args))
+                   **training_options(args), **precision_option(args))
+
+
+def precision_option(args):
+    """compile()'s precision keyword from --precision ("all" is report's alone)."""
+    if args.precision == "all":
+        raise MemplanError("--precision all applies to report, which puts the precisions side by side")
+    return {} if args.precision == "fp32" else {"precision": args.precision}
 
 
 def inspect(args):
@@ -125,11 +132,14 @@ def report(args):
     """Print one row per strategy: arena, x LOAD, saving vs naive, plan time (and the breakdown when training)."""
     from .report import report as build
     check_output(args.output)
+    from .precision import PRECISIONS
     training = training_options(args)
     budget = training.pop("memory_budget", None)
     training.pop("remat", None)
+    every = args.precision == "all"
     result = build(load_graph(args), config=config_of(args), time_limit=args.time_limit, schedule=args.schedule,
-                   strategies=args.strategy, memory_budget=budget, **training)
+                   strategies=args.strategy, memory_budget=budget, precisions=PRECISIONS if every else None,
+                   **training, **({} if every else precision_option(args)))
     emit(args, json.dumps(result.as_dict(), indent=1) if args.json else as_csv(result.csv_rows()) if args.csv
          else result.table())
     return 0
@@ -227,7 +237,8 @@ def max_batch(args):
     def compile_at(batch, **options):
         shapes = {n: (batch, *s[1:]) for n, s in given.items()}
         bind_batch(raw, shapes, batch)
-        return compile(infer(raw, shapes), schedule=args.schedule, config=config, **{**training, **options})
+        return compile(infer(raw, shapes), schedule=args.schedule, config=config,
+                       **{**training, **precision_option(args), **options})
 
     rows = [(s, {"strategy": s}) for s in args.strategy]
     if training:
@@ -322,6 +333,7 @@ def label_index(text):
 def _model_args(p, one_strategy):
     from .compiler import SCHEDULES, STRATEGIES
     from .losses import IGNORE_INDEX, LOSSES
+    from .precision import PRECISIONS
     from .remat import REMATS
     from .training import OPTIMIZERS
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="an .onnx file or zoo:NAME")
@@ -348,6 +360,9 @@ def _model_args(p, one_strategy):
                         "default MEMPLAN_WORKSPACE_MODE or pool")
     p.add_argument("--schedule", choices=SCHEDULES, default="auto",
                    help="the file's order, a memory-aware order, or the better of both (auto)")
+    p.add_argument("--precision", choices=[*PRECISIONS, "all"], default="fp32",
+                   help="compute in fp32, in fp16 or bf16 throughout, or by autocast's policy with fp32 master "
+                        "weights (amp-fp16, amp-bf16); report --precision all shows them side by side")
     if one_strategy:
         p.add_argument("--strategy", choices=list(STRATEGIES), default="bestfit")
 

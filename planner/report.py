@@ -5,7 +5,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from . import pools
-from .breakdown import fields
+from .breakdown import by_dtype, fields
 from .config import Config
 from .errors import InfeasibleBudgetError, MissingDependencyError, PlanError, say
 from .training import constant_kind
@@ -34,6 +34,7 @@ class Report:
     remats: dict | None = None
     budget: int | None = None
     notes: list = field(default_factory=list)
+    precisions: dict | None = None
 
     @property
     def lower_bound(self):
@@ -66,6 +67,10 @@ class Report:
                 result = dtr.simulate(none, self.budget - none.stats["persistent_bytes"])
                 doc["dtr"] = {"budget_bytes": self.budget, "feasible": result.feasible, "evictions": result.evictions,
                               "recompute_flops": result.recompute_flops, "recompute_share": result.recompute_flops / step}
+        if self.precisions:
+            fp32 = self.precisions["fp32"].arena_bytes
+            doc["precisions"] = [{"precision": name, "arena_bytes": p.arena_bytes, "x_fp32": p.arena_bytes / fp32,
+                                  "breakdown": p.breakdown} for name, p in self.precisions.items()]
         bestfit = self.plan("bestfit")
         doc.update(lower_bound_bytes=load, baselines={p: asdict(pools.simulate(bestfit, p)) for p in pools.POOLS},
                    workspace_modes={m: {"arena_bytes": p.arena_bytes, "lower_bound_bytes": p.lower_bound_bytes,
@@ -100,18 +105,23 @@ class Report:
         lines += [f"note: {n}" for n in d["notes"]]
         lines.append(_pools_line(d))
         lines.append(_breakdown_line(self))
+        lines.append(_dtype_line(self.plan("bestfit")))
         lines.append(_workspace_line(d))
         if training:
             lines += _training_lines(self, d)
+        if self.precisions:
+            lines += _precision_lines(d, parts or fields(False))
         return "\n".join(line.rstrip() for line in lines)
 
 
-def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None, memory_budget=None, **training):
+def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None, memory_budget=None, precisions=None,
+           **training):
     """The Report of a typed graph. `optimal` (the allocator, and each try of remat="optimal") searches
     for at most `time_limit` seconds. `strategies`
     keeps only those rows, and always naive and bestfit, which the savings and the baselines are
     measured against. `training` (training=True, loss=, optimizer=, ...) plans training steps, and then
-    each update order and recomputation, under `memory_budget` (bytes) too when given. A row whose
+    each update order and recomputation, under `memory_budget` (bytes) too when given. `precisions`
+    adds the bestfit plan in each of those precisions (planner.precision), side by side. A row whose
     optional dependency is missing is left out, with a note."""
     from .compiler import compile
     config = config or Config.from_env()
@@ -141,8 +151,10 @@ def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None,
         timed = replace(config, time_limit=time_limit)
         remats = _remats(lambda label, **o: plan(label, config=timed if o["remat"] == "optimal" else config, **o),
                          memory_budget)
+    chosen = {name: compile(graph, schedule=schedule, config=config, **{**training, "precision": name})
+              for name in precisions or ()}
     return Report(graph, [(label, p) for label, p in rows if p is not None], modes, updates, remats, memory_budget,
-                  notes)
+                  notes, chosen or None)
 
 
 def _remats(plan, memory_budget):
@@ -165,6 +177,17 @@ def _remats(plan, memory_budget):
     return plans
 
 
+def _precision_lines(d, parts):
+    """The bestfit arena in each precision, its breakdown beside it."""
+    lines = ["", f"{'precision':<21} {'arena':>13} {'x fp32':>7}" + "".join(f" {p:>12}" for p in parts)]
+    for r in d["precisions"]:
+        lines.append(f"{r['precision']:<21} {format_bytes(r['arena_bytes']):>13} {r['x_fp32']:>7.3f}"
+                     + "".join(f" {format_bytes(r['breakdown'][p]):>12}" for p in parts))
+    lines.append("fp16 and bf16 hold every float in 16 bits; amp-* keep float32 master weights (and optimizer "
+                 "state) and make 16-bit copies each step, as torch.autocast does.")
+    return lines
+
+
 def _remat_row(label, plan, load, step):
     if isinstance(plan, Exception):
         return {"remat": label, "error": str(plan)}
@@ -183,6 +206,12 @@ def _title(graph, d, training):
         return f"{graph.name}: {inputs}"
     return (f"{graph.name}: {inputs}; training step with {d['training']} ({d['trained_params']} params trained), "
             f"forward {d['forward_flops'] / 1e9:.2f} GFLOP, backward {d['backward_flops'] / 1e9:.2f} GFLOP")
+
+
+def _dtype_line(plan):
+    """What the bestfit arena holds at its fullest step, by element type."""
+    return "bestfit at its fullest step, by element type: " + ", ".join(
+        f"{dtype} {format_bytes(nbytes)}" for dtype, nbytes in by_dtype(plan).items())
 
 
 def _pools_line(d):

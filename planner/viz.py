@@ -65,7 +65,8 @@ def timeline(plan, path, title=None):
     g = graphviz.Graph("timeline", engine="neato", graph_attr={
         "splines": "line", "outputorder": "edgesfirst", "bgcolor": "white", "pad": "0.3",
         "size": f"{(WIDTH + 420) / 72:.2f},{(HEIGHT + 120) / 72:.2f}",
-        "label": title or f"{plan.strategy} plan, {plan.schedule} schedule: arena {format_bytes(plan.arena_bytes)}",
+        "label": title or (f"{plan.strategy} plan, {plan.schedule} schedule, {plan.stats.get('precision', 'fp32')}: "
+                           f"arena {format_bytes(plan.arena_bytes)}"),
         "labelloc": "t", "fontname": "Helvetica", "fontsize": str(14 * ZOOM)},
         node_attr={"fontname": "Helvetica", "fontsize": str(9 * ZOOM)})
     hidden = [0, 0]

@@ -231,3 +231,22 @@ def test_bad_training_choices_print_one_line_and_exit_2(argv, message, tmp_path)
     done = memplan("plan", *MLP, *argv, "-o", str(tmp_path / "p.json"), cwd=tmp_path)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_report_puts_the_precisions_side_by_side(capsys):
+    assert cli.main(["report", "zoo:lenet", "--batch", "8", "--strategy", "bestfit", "--precision", "all", "--json"]) == 0
+    rows = {r["precision"]: r for r in json.loads(capsys.readouterr().out)["precisions"]}
+    assert list(rows) == ["fp32", "fp16", "bf16", "amp-fp16", "amp-bf16"]
+    assert rows["fp16"]["x_fp32"] < 0.55 and rows["bf16"]["arena_bytes"] == rows["fp16"]["arena_bytes"]
+    assert cli.main(["report", "zoo:lenet", "--batch", "8", "--strategy", "bestfit", "--precision", "all"]) == 0
+    assert "amp-bf16" in capsys.readouterr().out
+
+
+def test_precision_reaches_every_command(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", *MLP, "--precision", "bf16", "-o", str(out)]) == 0
+    assert Plan.from_json(out).stats["precision"] == "bf16"
+    assert cli.main(["run", "zoo:lenet", "--batch", "2", "--precision", "amp-bf16", "--training", "--repeat", "1"]) == 0
+    assert cli.main(["max-batch", *MLP[:1], "--budget", "1MiB", "--precision", "fp16", "--json"]) == 0
+    assert cli.main(["plan", *MLP, "--precision", "all", "-o", str(out)]) == 2
+    assert "--precision all applies to report" in capsys.readouterr().err

@@ -99,3 +99,85 @@ def test_amp_bf16_training_follows_torch_autocast(case):
         theirs.append(loss.item())
     assert theirs[-1] < theirs[0] and ours[-1] < ours[0]
     np.testing.assert_allclose(ours, theirs, rtol=1e-2)
+
+
+def mixer(torch, path):
+    """A tiny MLP-mixer (patches, token- and channel-mixing MLPs with LayerNorm and GELU), exported."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, tokens, width):
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.tokens = nn.Sequential(nn.Linear(tokens, 2 * tokens), nn.GELU(), nn.Linear(2 * tokens, tokens))
+            self.channels = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+
+        def forward(self, x):
+            x = x + self.tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+            return x + self.channels(self.norm2(x))
+
+    class Mixer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patches = nn.Conv2d(3, 16, 4, stride=4)
+            self.blocks = nn.Sequential(Block(16, 16), Block(16, 16))
+            self.head = nn.Linear(16, 5)
+
+        def forward(self, image):
+            x = self.patches(image).flatten(2).transpose(1, 2)
+            return self.head(self.blocks(x).mean(1))
+
+    torch.manual_seed(0)
+    torch.onnx.export(Mixer().eval(), (torch.randn(BATCH_MIXER, 3, 16, 16),), str(path), input_names=["image"],
+                      output_names=["output"], dynamo=False, opset_version=17)
+    import onnx
+    return onnx.load(str(path))
+
+
+BATCH_MIXER = 8
+
+
+@pytest.mark.torch
+def test_amp_bf16_training_of_an_mlp_mixer_follows_torch_autocast(tmp_path):
+    torch = pytest.importorskip("torch")
+    from frontends.torch_module import to_torch
+    model = mixer(torch, tmp_path / "mixer.onnx")
+    rng = np.random.default_rng(0)
+    feeds, labels = {"image": rng.standard_normal((BATCH_MIXER, 3, 16, 16), dtype=np.float32)}, rng.integers(0, 5, BATCH_MIXER)
+    shapes = {"image": (BATCH_MIXER, 3, 16, 16)}
+    plan = planner.compile(model, shapes, training=True, optimizer="sgd", optimizer_args={"lr": 0.01},
+                           precision="amp-bf16")
+    assert {np.dtype(plan.tensors[s.inputs[0]].dtype) for s in plan.steps if s.op == "LayerNormalization"} == {np.dtype(np.float32)}
+    ex = Executor(plan, backend="numpy", poison=True)
+    ours = [ex.train_step({**feeds, "labels": labels}) for _ in range(10)]
+    module = to_torch(model, shapes).train()
+    opt = torch.optim.SGD(list(module.graph_parameters().values()), lr=0.01)
+    theirs = []
+    for _ in range(10):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = module(**feeds)["output"]
+        loss = torch.nn.functional.cross_entropy(logits.float(), torch.as_tensor(labels))
+        loss.backward()
+        opt.step()
+        theirs.append(loss.item())
+    assert theirs[-1] < theirs[0] and ours[-1] < ours[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-2)
+
+
+@pytest.mark.parametrize("remat", ["mirror", "sublinear"])
+def test_recomputation_on_an_autocast_step_trains_bit_for_bit(remat):
+    """Recomputed low-precision values are the values kept: the same losses, step after step."""
+    model = small_model("resnet_deep")
+    shapes = input_shapes(model, 4)
+    rng = np.random.default_rng(0)
+    feeds = {"input": rng.standard_normal(shapes["input"], dtype=np.float32), "labels": rng.integers(0, 10, 4)}
+    losses = []
+    for option in (None, remat):
+        plan = planner.compile(model, shapes, training=True, precision="amp-bf16", remat=option)
+        ex = Executor(plan, backend="numpy", poison=True)
+        losses.append([ex.train_step(feeds) for _ in range(3)])
+    assert losses[0] == losses[1]
+    assert plan.training["remat"]["recomputed"]
+    kept = planner.compile(model, shapes, training=True, precision="amp-bf16")
+    assert plan.arena_bytes < kept.arena_bytes

@@ -64,6 +64,8 @@ class Executor:
         self.lr = plan.training.get("args", {}).get("lr")
         self.views = {}
         self.program = [self._bind(step) for step in plan.steps]
+        self.gate = _gate(plan)
+        self.updated = False
         self.dead = _dead_after(plan) if poison else {}
         self.busy = threading.Lock()
 
@@ -119,15 +121,19 @@ class Executor:
             self.arena.view(name).fill(value)
         for name in feeds:
             self.arena.view(name)[...] = xp.asarray(feeds[name])
-        for k, bound in enumerate(self.program):
-            if bound is not None:
-                fn, step, ins, outs, ws = bound
-                try:
-                    fn(xp, step, ins, outs, ws)
-                except (IndexError, ValueError) as e:
-                    raise RunError(f"step {k} ({step.op} {step.name!r}) cannot run on these feeds: {e}") from e
-            for offset, nbytes in self.dead.get(k, ()):
-                self.arena.bytes(offset, nbytes).fill(POISON)
+        self.updated = True
+        with np.errstate(all="ignore"):  # IEEE results (overflow to inf, log 0) are the ops' own, as when folding
+            for k, bound in enumerate(self.program):
+                if bound is not None and not (k in self.gate[1] and not self.updated):
+                    fn, step, ins, outs, ws = bound
+                    try:
+                        fn(xp, step, ins, outs, ws)
+                    except (IndexError, ValueError) as e:
+                        raise RunError(f"step {k} ({step.op} {step.name!r}) cannot run on these feeds: {e}") from e
+                if k == self.gate[0]:
+                    self.updated = bool(self.arena.view(self.plan.training["scaler"]["finite"]))
+                for offset, nbytes in self.dead.get(k, ()):
+                    self.arena.bytes(offset, nbytes).fill(POISON)
         self.backend.synchronize()
         return {name: self.arena.view(name).copy() for name in self.plan.outputs}
 
@@ -140,9 +146,17 @@ class Executor:
             raise MemplanError("train_step needs a plan compiled with training=True")
         with self._exclusive():
             scalars = {info["lr"]: float(self.lr), info["step"]: float(self.steps_taken + 1)}
-            loss = self._run(feeds, scalars)[info["loss"]]
-            self.steps_taken += 1
-        return float(loss)
+            outputs = self._run(feeds, scalars)
+            self.steps_taken += int(self.updated)
+        return float(outputs[info["loss"]])
+
+    @property
+    def loss_scale(self):
+        """The loss scale of an amp-fp16 plan (planner.loss_scaling) for its next step; None without one."""
+        scaler = self.plan.training.get("scaler")
+        if not scaler:
+            return None
+        return scaler["init"] * 2.0 ** float(self.arena.view(scaler["exponent"]))
 
     def parameters(self):
         """{name: host array} of the trained params (a copy of their current values in the arena)."""
@@ -241,3 +255,13 @@ def _type_name(value):
 
 
 __all__ = ["BusyError", "Executor", "FeedError", "RunError", "random_feeds"]
+
+
+def _gate(plan):
+    """(the step computing an amp-fp16 plan's finite check, the optimizer steps it gates): a step whose
+    gradients overflowed runs no update, as GradScaler skips optimizer.step(). (None, ()) without one."""
+    scaler = (plan.training or {}).get("scaler")
+    if not scaler:
+        return None, frozenset()
+    check = next(k for k, s in enumerate(plan.steps) if scaler["finite"] in s.outputs)
+    return check, frozenset(k for k, s in enumerate(plan.steps) if s.phase == "optimizer")

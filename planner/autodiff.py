@@ -77,11 +77,12 @@ def backward(graph, loss, wrt=None):
     return replace(graph, tensors=tensors, outputs=(*graph.outputs, *grads.values())), grads
 
 
-def gradients(graph, loss, wrt=None):
+def gradients(graph, loss, wrt=None, seed=None):
     """The graph with nodes computing d(sum of `loss`)/d(each of `wrt`) appended (default: every
-    float param), typed; and {param: gradient tensor name}. Gradients nothing needs are not built; a
-    tensor in `wrt` that the loss does not depend on differentiably gets zeros. Shape inference
-    prunes what no output or update reads: the caller adds the gradients' readers before planning."""
+    float param), typed; and {param: gradient tensor name}; with `seed` (a scalar tensor), those
+    gradients times it (a scaled loss's). Gradients nothing needs are not built; a tensor in `wrt` that
+    the loss does not depend on differentiably gets zeros. Shape inference prunes what no output or
+    update reads: the caller adds the gradients' readers before planning."""
     wrt = [t.name for t in graph.params() if is_float(t.dtype)] if wrt is None else list(wrt)
     graph = _through_parts(graph, _depends_on(graph, set(wrt)))
     needs = _depends_on(graph, set(wrt))
@@ -90,6 +91,8 @@ def gradients(graph, loss, wrt=None):
     b = Builder(graph)
     grads = {loss: b.op("ConstantOfShape", shape=list(graph.tensors[loss].shape),
                         value=np.ones(1, graph.tensors[loss].dtype))}
+    if seed is not None:
+        grads[loss] = b.op("Mul", grads[loss], seed)
     for node in reversed(graph.nodes):
         dys = [grads.get(o) for o in node.outputs]
         if not any(dys) or not any(i in needs for i in node.inputs if i):

@@ -181,3 +181,57 @@ def test_recomputation_on_an_autocast_step_trains_bit_for_bit(remat):
     assert plan.training["remat"]["recomputed"]
     kept = planner.compile(model, shapes, training=True, precision="amp-bf16")
     assert plan.arena_bytes < kept.arena_bytes
+
+
+def scaled_mlp(factor, optimizer="sgd"):
+    """The mlp's amp-fp16 training plan and an Executor, on inputs `factor` times a standard normal batch
+    (large ones make the scaled gradients overflow float16 until the scale has halved enough)."""
+    model = small_model("mlp")
+    shapes = input_shapes(model, 8)
+    rng = np.random.default_rng(0)
+    feeds = {"input": (rng.standard_normal(shapes["input"]) * factor).astype(np.float32),
+             "labels": rng.integers(0, 5, 8)}
+    plan = planner.compile(model, shapes, training=True, optimizer=optimizer, optimizer_args={"lr": 1e-4},
+                           precision="amp-fp16")
+    return model, shapes, feeds, plan, Executor(plan, backend="numpy", poison=True)
+
+
+@pytest.mark.torch
+def test_amp_fp16_loss_scaling_follows_torch_grad_scaler():
+    """Overflowing steps are skipped and halve the scale, step for step as torch.amp.GradScaler on
+    torch.autocast("cpu", float16); the losses agree within 1e-3."""
+    torch = pytest.importorskip("torch")
+    from frontends.torch_module import to_torch
+    model, shapes, feeds, plan, ex = scaled_mlp(20.0)
+    ours = [(ex.train_step(feeds), ex.loss_scale) for _ in range(10)]
+    module = to_torch(model, shapes).train()
+    opt = torch.optim.SGD(list(module.graph_parameters().values()), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu")
+    theirs = []
+    for _ in range(10):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            logits = module(input=feeds["input"])["output"]
+        loss = torch.nn.functional.cross_entropy(logits.float(), torch.as_tensor(feeds["labels"]))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        theirs.append((loss.item(), scaler.get_scale()))
+    assert [s for _, s in ours] == [s for _, s in theirs] and ours[0][1] < 2.0 ** 16 and ours[-1][0] < ours[0][0]
+    np.testing.assert_allclose([l for l, _ in ours], [l for l, _ in theirs], rtol=1e-3)
+
+
+def test_loss_scaling_skips_updates_and_grows_after_its_interval():
+    from planner import loss_scaling
+    _, _, feeds, plan, ex = scaled_mlp(1.0, "adam")
+    assert plan.training["update"] == "after_backward"
+    start = ex.parameters()
+    ex.arena.view(loss_scaling.EXPONENT)[...] = 20.0   # 2^36: the scaled gradients overflow float16
+    ex.train_step(feeds)
+    assert ex.loss_scale == 2.0 ** 35 and ex.steps_taken == 0
+    assert all(np.array_equal(v, start[k]) for k, v in ex.parameters().items()), "a skipped step updates nothing"
+    ex.arena.view(loss_scaling.EXPONENT)[...] = 0.0
+    ex.arena.view(loss_scaling.GROWTH)[...] = loss_scaling.GROWTH_INTERVAL - 1
+    ex.train_step(feeds)
+    assert ex.loss_scale == 2.0 ** 17 and float(ex.arena.view(loss_scaling.GROWTH)) == 0 and ex.steps_taken == 1
+    assert any(not np.array_equal(v, start[k]) for k, v in ex.parameters().items())

@@ -1,7 +1,8 @@
 """Gradients of the loss (planner.autodiff) for the params a training step updates
 (planner.training.choose_params). Facts: "params", "constants" (why each other initializer stays),
-"exported_params" (nn.Parameters a torch.export signature in the file lists, or None), "grads"."""
-from .. import autodiff, training
+"exported_params" (nn.Parameters a torch.export signature in the file lists, or None), "grads", and
+for amp-fp16 "scaler" (planner.loss_scaling: the gradients are of the scaled loss, unscaled)."""
+from .. import autodiff, loss_scaling, training
 from ..errors import ModelError
 from .base import GRADIENTS, LOSS, TYPED, Pass, Result
 
@@ -10,9 +11,12 @@ def _gradients(graph, context):
     params, constants = training.choose_params(graph, context.options.frozen, context.options.trainable)
     if not params:
         raise ModelError("the model has no trainable float params that the loss depends on")
-    graph, grads = autodiff.gradients(graph, "loss", params)
-    return Result(graph, True, {"params": params, "constants": constants, "exported_params": graph.exported_params,
-                                "grads": grads})
+    facts = {"params": params, "constants": constants, "exported_params": graph.exported_params}
+    if context.options.precision == "amp-fp16":
+        graph, grads, facts["scaler"] = loss_scaling.scaled_gradients(graph, "loss", params)
+    else:
+        graph, grads = autodiff.gradients(graph, "loss", params)
+    return Result(graph, True, {**facts, "grads": grads})
 
 
 gradients = Pass("gradients", _gradients, needs=frozenset({TYPED, LOSS}), makes=frozenset({GRADIENTS}),

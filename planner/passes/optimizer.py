@@ -7,9 +7,9 @@ from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Result
 def _optimizer(graph, context):
     options, name = context.options, context.options.optimizer or "sgd"
     args = training.optimizer_arguments(name, options.optimizer_args or {})
-    graph = training.append_optimizer(graph, context.facts["grads"], name, args, options.update,
-                                      context.config.inplace_update)
-    return Result(graph, True, {"optimizer": name, "args": args, "update": options.update, "lr": training.LR,
+    update = "after_backward" if "scaler" in context.facts else options.update  # updates wait for the check
+    graph = training.append_optimizer(graph, context.facts["grads"], name, args, update, context.config.inplace_update)
+    return Result(graph, True, {"optimizer": name, "args": args, "update": update, "lr": training.LR,
                                 "step": training.STEP})
 
 

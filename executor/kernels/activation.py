@@ -16,7 +16,7 @@ def softmax(xp, step, ins, outs, ws):
     xp.max(x, axis=a, keepdims=True, out=r)
     xp.subtract(x, r, out=y)
     xp.exp(y, out=y)
-    xp.sum(y, axis=a, keepdims=True, out=r)
+    xp.sum(y, axis=a, keepdims=True, out=r, dtype=r.dtype)
     if step.op == "Softmax":
         xp.divide(y, r, out=y)
         return

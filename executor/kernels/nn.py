@@ -366,7 +366,7 @@ def layer_normalization(xp, step, ins, outs, ws):
     mean, inv_std = (ws[name] if out is None else out.reshape(rows) for out, name in ((mean, "mean"),
                                                                                       (inv_std, "inv_std")))
     x2, y2 = x.reshape(rows, -1), y.reshape(rows, -1)
-    xp.mean(x2, axis=1, out=mean)
+    xp.mean(x2, axis=1, out=mean, dtype=mean.dtype)
     xp.subtract(x2, mean[:, None], out=y2)
     xp.matmul(y2[:, None, :], y2[:, :, None], out=inv_std[:, None, None])
     xp.divide(inv_std, y2.shape[1], out=inv_std)

@@ -231,9 +231,10 @@ class Softmax(Schema):
 
     def workspace(self, node, ins, outs, limit):
         """`rows`, one value per row (the input with its `axis` kept as 1): the row's max, then the row's
-        sum (LogSoftmax finds its max again in the output's first column; see its kernel)."""
+        sum (LogSoftmax finds its max again in the output's first column; see its kernel), in the
+        accumulation dtype (float32 for 16-bit inputs)."""
         x = ins[0]
         if not math.prod(x.shape):
             return Layout()
         a = axis(self.attr(node, "axis"), x.rank)
-        return Layout.pack(("rows", (*x.shape[:a], 1, *x.shape[a + 1:]), x.dtype))
+        return Layout.pack(("rows", (*x.shape[:a], 1, *x.shape[a + 1:]), self.accumulation(x.dtype)))

@@ -78,16 +78,22 @@ def test_amp_bf16_training_follows_torch_autocast(case):
     side now and then in either run, moving that unit's whole gradient (5% of a layer's, measured), and at
     lr 3e-3 such flips compound to 2-3% within ten steps, in torch against its own float32 run too."""
     torch = pytest.importorskip("torch")
-    from frontends.torch_module import to_torch
     from test_training import BATCH, batch_of
     model = small_model(case)
     feeds, labels = batch_of(model, BATCH)
-    plan = planner.compile(model, input_shapes(model, BATCH), training=True, optimizer="sgd",
-                           optimizer_args={"lr": 0.001}, precision="amp-bf16")
+    assert_trains_like_autocast(torch, model, input_shapes(model, BATCH), feeds, labels, lr=0.001)
+
+
+def assert_trains_like_autocast(torch, model, shapes, feeds, labels, lr):
+    """Ten SGD steps of the amp-bf16 plan and of to_torch's copy under torch.autocast("cpu", bfloat16) lower
+    the loss alike: within 1e-2 each step."""
+    from frontends.torch_module import to_torch
+    plan = planner.compile(model, shapes, training=True, optimizer="sgd", optimizer_args={"lr": lr},
+                           precision="amp-bf16")
     ex = Executor(plan, backend="numpy", poison=True)
     ours = [ex.train_step({**feeds, "labels": labels}) for _ in range(10)]
-    module = to_torch(model, input_shapes(model, BATCH)).train()
-    opt = torch.optim.SGD(list(module.graph_parameters().values()), lr=0.001)
+    module = to_torch(model, shapes).train()
+    opt = torch.optim.SGD(list(module.graph_parameters().values()), lr=lr)
     theirs = []
     for _ in range(10):
         opt.zero_grad()
@@ -99,6 +105,7 @@ def test_amp_bf16_training_follows_torch_autocast(case):
         theirs.append(loss.item())
     assert theirs[-1] < theirs[0] and ours[-1] < ours[0]
     np.testing.assert_allclose(ours, theirs, rtol=1e-2)
+    return plan
 
 
 def mixer(torch, path):
@@ -140,29 +147,12 @@ BATCH_MIXER = 8
 @pytest.mark.torch
 def test_amp_bf16_training_of_an_mlp_mixer_follows_torch_autocast(tmp_path):
     torch = pytest.importorskip("torch")
-    from frontends.torch_module import to_torch
     model = mixer(torch, tmp_path / "mixer.onnx")
     rng = np.random.default_rng(0)
     feeds, labels = {"image": rng.standard_normal((BATCH_MIXER, 3, 16, 16), dtype=np.float32)}, rng.integers(0, 5, BATCH_MIXER)
     shapes = {"image": (BATCH_MIXER, 3, 16, 16)}
-    plan = planner.compile(model, shapes, training=True, optimizer="sgd", optimizer_args={"lr": 0.01},
-                           precision="amp-bf16")
+    plan = assert_trains_like_autocast(torch, model, shapes, feeds, labels, lr=0.01)
     assert {np.dtype(plan.tensors[s.inputs[0]].dtype) for s in plan.steps if s.op == "LayerNormalization"} == {np.dtype(np.float32)}
-    ex = Executor(plan, backend="numpy", poison=True)
-    ours = [ex.train_step({**feeds, "labels": labels}) for _ in range(10)]
-    module = to_torch(model, shapes).train()
-    opt = torch.optim.SGD(list(module.graph_parameters().values()), lr=0.01)
-    theirs = []
-    for _ in range(10):
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = module(**feeds)["output"]
-        loss = torch.nn.functional.cross_entropy(logits.float(), torch.as_tensor(labels))
-        loss.backward()
-        opt.step()
-        theirs.append(loss.item())
-    assert theirs[-1] < theirs[0] and ours[-1] < ours[0]
-    np.testing.assert_allclose(ours, theirs, rtol=1e-2)
 
 
 @pytest.mark.parametrize("remat", ["mirror", "sublinear"])

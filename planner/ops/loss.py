@@ -1,7 +1,7 @@
 """Loss ops: SoftmaxCrossEntropyLoss, the fused log-softmax and negative log-likelihood that the
 cross_entropy loss of a training step is made of, and NegativeLogLikelihoodLoss, its second half alone
 (the loss of log-probabilities given). Both take each position's label the same way and share the
-workspace, the kernel's lookups and the gradient's one-hot factor."""
+workspace and the kernel's lookups; the gradient of the first is one op of its own (loss_grad.py)."""
 import numpy as np
 
 from . import schema
@@ -109,10 +109,11 @@ class SoftmaxCrossEntropyLoss(LabelLoss):
         return 5 * int(np.prod(ins[0].shape))
 
     def gradient(self, b, node, dys):
-        """d scores = (softmax - onehot(labels)) * factor (`LabelLoss.picked`) along dim 1. The
-        log-probabilities are the output's when the node has it, else recomputed from the scores."""
-        scores = node.inputs[0]
-        log_prob = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] else b.op("LogSoftmax", scores, axis=1)
-        onehot, factor = self.picked(b, node, dys[0])
-        grad = b.op("Mul", b.op("Sub", b.op("Exp", log_prob), onehot), factor)
+        """d scores = (softmax - onehot(labels)) * factor along dim 1, as one memplan.SoftmaxCrossEntropyGrad
+        from the scores (it recomputes the softmax row by row, so no scores-sized tensor but its output
+        is made); labels and weights get none."""
+        scores, labels, *weights = node.inputs
+        ignore = self.attr(node, "ignore_index")
+        grad = b.op("SoftmaxCrossEntropyGrad", scores, labels, weights[0] if weights else "", dys[0], domain="memplan",
+                    reduction=self.attr(node, "reduction"), **({} if ignore is None else {"ignore_index": ignore}))
         return [grad, None, None][:len(node.inputs)]

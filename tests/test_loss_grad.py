@@ -85,6 +85,28 @@ def test_without_ignore_index_every_label_counts():
     np.testing.assert_allclose(got, numeric_gradient(m, labels, "s", scores), rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("uses", [("l", "lp"), ("lp",)], ids=["loss-and-log-prob", "log-prob-only"])
+def test_log_probabilities_output_adds_its_gradient(uses):
+    """y = sum(loss k) + sum(log_prob k2), or the second term alone: the log-probabilities' gradient flows
+    back through LogSoftmax's rule besides the op's."""
+    rng = np.random.default_rng(7)
+    scores, labels = rng.standard_normal((4, 3, 2)), np.array([[0, 2], [1, IGNORE], [2, 2], [0, 1]])
+    params = {"s": scores, "k": rng.uniform(0.5, 2, ()), "k2": rng.standard_normal((4, 3, 2))}
+    terms = {"l": ("l", "k"), "lp": ("lp", "k2")}
+    nodes = [helper.make_node("SoftmaxCrossEntropyLoss", ["s", "labels"], ["l", "lp"], ignore_index=IGNORE)]
+    for name in uses:
+        nodes += [helper.make_node("Mul", list(terms[name]), [f"{name}k"]),
+                  helper.make_node("ReduceSum", [f"{name}k"], [f"{name}y"], keepdims=0)]
+    nodes.append(helper.make_node("Sum", [f"{name}y" for name in uses], ["y"]))
+    graph = helper.make_graph(nodes, "sce2", [helper.make_tensor_value_info("labels", TensorProto.INT64, labels.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [])],
+                              [numpy_helper.from_array(v, k) for k, v in params.items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    got, ops = memplan_gradient(m, labels)
+    assert ("SoftmaxCrossEntropyGrad" in ops) == ("l" in uses)
+    np.testing.assert_allclose(got, numeric_gradient(m, labels, "s", scores), rtol=1e-6, atol=1e-8)
+
+
 def language_model(vocab=7, hidden=4):
     """ids (2, 3) -> embedding Gather -> MatMul -> (batch, seq, vocab) logits: a language model to the
     loss pass, which puts the classes of its cross_entropy on the last dim."""

@@ -2,9 +2,11 @@
 cross_entropy loss of a training step is made of, and NegativeLogLikelihoodLoss, its second half alone
 (the loss of log-probabilities given). Both take each position's label the same way and share the
 workspace and the kernel's lookups; the gradient of the first is one op of its own (loss_grad.py)."""
+from dataclasses import replace
+
 import numpy as np
 
-from . import schema
+from . import get, schema
 from .base import Layout, Schema
 from .. import dtypes
 from ..errors import ShapeError
@@ -111,9 +113,15 @@ class SoftmaxCrossEntropyLoss(LabelLoss):
     def gradient(self, b, node, dys):
         """d scores = (softmax - onehot(labels)) * factor along dim 1, as one memplan.SoftmaxCrossEntropyGrad
         from the scores (it recomputes the softmax row by row, so no scores-sized tensor but its output
-        is made); labels and weights get none."""
+        is made); plus LogSoftmax's gradient where the log-probabilities are an output that gets one.
+        Labels and weights get none."""
         scores, labels, *weights = node.inputs
+        dloss, dlog_prob = [*dys, None][:2]
         ignore = self.attr(node, "ignore_index")
-        grad = b.op("SoftmaxCrossEntropyGrad", scores, labels, weights[0] if weights else "", dys[0], domain="memplan",
-                    reduction=self.attr(node, "reduction"), **({} if ignore is None else {"ignore_index": ignore}))
-        return [grad, None, None][:len(node.inputs)]
+        grads = [] if dloss is None else [b.op(
+            "SoftmaxCrossEntropyGrad", scores, labels, weights[0] if weights else "", dloss, domain="memplan",
+            reduction=self.attr(node, "reduction"), **({} if ignore is None else {"ignore_index": ignore}))]
+        if dlog_prob is not None:
+            log_softmax = replace(node, op="LogSoftmax", inputs=(scores,), outputs=node.outputs[1:2], attrs={"axis": 1})
+            grads.append(get("LogSoftmax").gradient(b, log_softmax, [dlog_prob])[0])
+        return [grads[0] if len(grads) == 1 else b.op("Add", *grads), None, None][:len(node.inputs)]

@@ -158,8 +158,8 @@ def grad_model(shape, dtype, reduction="mean", ignore_index=IGNORE, weights=None
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     labels_shape = (shape[0], *shape[2:])
     attrs = {} if ignore_index is None else {"ignore_index": ignore_index}
-    node = helper.make_node("SoftmaxCrossEntropyGrad", ["scores", "labels", "w" if weights is not None else "", "dloss"],
-                            ["dscores"], domain="memplan", reduction=reduction, **attrs)
+    names = ["scores", "labels", "w" if weights is not None else "", "dloss"]
+    node = helper.make_node("SoftmaxCrossEntropyGrad", names, ["dscores"], domain="memplan", reduction=reduction, **attrs)
     inputs = [helper.make_tensor_value_info("scores", elem, shape),
               helper.make_tensor_value_info("labels", TensorProto.INT64, labels_shape),
               helper.make_tensor_value_info("dloss", elem, labels_shape if reduction == "none" else [])]
@@ -190,7 +190,8 @@ def run_grad(shape, dtype, reduction="mean", weights=None, seed=0):
     labels.reshape(-1)[::5] = IGNORE
     dloss = rng.uniform(0.5, 2, labels.shape if reduction == "none" else ()).astype(dtype)
     plan = planner.compile(grad_model(shape, dtype, reduction, weights=weights), schedule="file")
-    got = Executor(plan, backend="numpy", poison=True).run({"scores": scores, "labels": labels, "dloss": dloss})["dscores"]
+    feeds = {"scores": scores, "labels": labels, "dloss": dloss}
+    got = Executor(plan, backend="numpy", poison=True).run(feeds)["dscores"]
     return got, reference(scores, labels, weights, dloss, reduction), plan
 
 
@@ -210,7 +211,8 @@ def test_16_bit_scores_keep_row_statistics_in_float32(dtype):
     got, want, plan = run_grad((6, 50, 2), dtype)
     step = next(s for s in plan.steps if s.op == "SoftmaxCrossEntropyGrad")
     ins = [Info((6, 50, 2), np.dtype(dtype)), Info((6, 2), np.dtype(np.int64)), None, Info((), np.dtype(dtype))]
-    layout = ops.get("SoftmaxCrossEntropyGrad", "memplan").workspace(step, ins, [((6, 50, 2), np.dtype(dtype))], 1 << 20)
+    schema = ops.get("SoftmaxCrossEntropyGrad", "memplan")
+    layout = schema.workspace(step, ins, [((6, 50, 2), np.dtype(dtype))], 1 << 20)
     assert {s.name: s.dtype for s in layout.slices}["rows"] == "float32"
     tolerance = 2 ** -(8 if dtype is np.float16 else 5)
     assert np.abs(got.astype(np.float64) - want).max() <= tolerance * np.abs(want).max()
@@ -261,7 +263,8 @@ def test_language_model_training_matches_torch():
     for _ in range(3):
         opt.zero_grad()
         logits = module(**{k: torch.as_tensor(v) for k, v in feeds.items()})[module.graph.outputs[0]]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.as_tensor(labels).reshape(-1))
+        flat = logits.reshape(-1, logits.shape[-1])
+        loss = torch.nn.functional.cross_entropy(flat, torch.as_tensor(labels).reshape(-1))
         loss.backward()
         opt.step()
         theirs.append(loss.item())

@@ -38,7 +38,8 @@ class SoftmaxCrossEntropyGrad(LabelLoss):
         scores); `total`, the weights' sum; `picked`, the values at the labels; `index`, their flat
         indices in dscores; `term`, the labels made safe (ignored ones 0); `ignored` with an ignore_index."""
         scores, labels = ins[:2]
-        acc, rows, positions = self.accumulation(scores.dtype), (labels.shape[0], 1, *labels.shape[1:]), math.prod(labels.shape)
+        acc, positions = self.accumulation(scores.dtype), math.prod(labels.shape)
+        rows = (labels.shape[0], 1, *labels.shape[1:])
         ignored = self.attr(node, "ignore_index") is not None
         return Layout.pack(("rows", rows, acc), ("factor", rows, acc), ("total", (), acc),
                            ("picked", (positions,), scores.dtype), ("index", (positions,), np.int64),
@@ -49,6 +50,8 @@ class SoftmaxCrossEntropyGrad(LabelLoss):
         return 5 * math.prod(ins[0].shape)
 
     def kernel(self, xp, step, ins, outs, ws):
+        """The positions' factors and label indices first; then per chunk of rows, straight into dscores:
+        exp(x - max), scaled by factor / its sum, and the factor taken off at each label (take, put)."""
         scores, labels, weights, dloss = ins
         out = outs[0]
         if not out.size:

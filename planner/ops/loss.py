@@ -2,6 +2,7 @@
 cross_entropy loss of a training step is made of, and NegativeLogLikelihoodLoss, its second half alone
 (the loss of log-probabilities given). Both take each position's label the same way and share the
 workspace and the kernel's lookups; the gradient of the first is one op of its own (loss_grad.py)."""
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -12,6 +13,9 @@ from .. import dtypes
 from ..errors import ShapeError
 
 REDUCTIONS = ("none", "sum", "mean")
+CHUNK_BYTES = 1 << 20
+"""Scores per chunk of rows, in bytes, where a kernel goes through the scores in chunks: small enough that
+the passes over a chunk find it still in cache, large enough that a pass is one array operation."""
 
 
 class LabelLoss(Schema):
@@ -98,14 +102,17 @@ class SoftmaxCrossEntropyLoss(LabelLoss):
         return [loss, (ins[0].shape, ins[0].dtype)]
 
     def workspace(self, node, ins, outs, limit):
-        """`label_slices`, and: the row maximum per position (`rows`, N x 1 x d...) in the scores' dtype
-        (`losses` holds each row's sum of exponentials first); `log_prob` when the log-probabilities
-        are not an output."""
+        """`label_slices`, and `rows` (N x 1 x d...) in the scores' dtype: each row's maximum (then, without
+        the log_prob output, its log-sum-exp); `losses` holds each row's sum of exponentials first. Without
+        the log_prob output, `chunk`: whole rows (dim 0) of exponentials, as many as CHUNK_BYTES holds (at
+        most `limit`, at least one row), so that no scores-sized scratch is made."""
         scores, labels = ins[:2]
         stored = len(outs) > 1 and outs[1] is not None
         n, dtype = labels.shape, scores.dtype
+        row = math.prod(scores.shape[1:]) * dtype.itemsize
+        rows = max(1, min(scores.shape[0], min(CHUNK_BYTES, limit) // max(row, 1)))
         return Layout.pack(*self.label_slices(ins), ("rows", (n[0], 1, *n[1:]), dtype),
-                           None if stored else ("log_prob", scores.shape, dtype))
+                           None if stored else ("chunk", (rows, *scores.shape[1:]), dtype))
 
     def flops(self, node, ins, outs):
         return 5 * int(np.prod(ins[0].shape))

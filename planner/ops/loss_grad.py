@@ -7,11 +7,8 @@ import numpy as np
 
 from . import schema
 from .base import FLOATS, Layout, take
-from .loss import LabelLoss
+from .loss import CHUNK_BYTES, LabelLoss
 from ..errors import ShapeError
-
-CHUNK_BYTES = 1 << 20
-"""Scores per chunk of rows, in bytes: the kernel's five passes over a chunk find it still in cache."""
 
 
 @schema("SoftmaxCrossEntropyGrad", domain="memplan")

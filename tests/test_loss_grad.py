@@ -1,7 +1,8 @@
 """memplan.SoftmaxCrossEntropyGrad, the gradient of SoftmaxCrossEntropyLoss as one op: against finite
 differences of the loss for each reduction, with class weights and an ignored label, on (N, C), (N, C, d1)
 and a language model's (batch, seq, vocab) logits; chunked and 16-bit against a float64 reference; its
-kernel allocating nothing; a language model's training step matching PyTorch."""
+kernel allocating nothing; a language model's training step matching PyTorch. And the loss itself, whose
+scratch without the log_prob output is a chunk of rows."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -271,3 +272,28 @@ def test_language_model_training_matches_torch():
     np.testing.assert_allclose(ours, theirs, rtol=1e-4)
     for name, p in params.items():
         assert rel_l2(ex.parameters()[name], p.detach().numpy()) < 1e-4, name
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_loss_without_log_prob_output_in_chunks_of_rows(monkeypatch, reduction):
+    """The forward loss without its log_prob output: its scratch a chunk of rows, not the scores' size, and
+    its value the same whatever the chunk, as the float64 reference gives it."""
+    from planner.ops import loss
+    rng = np.random.default_rng(8)
+    scores, labels = rng.standard_normal((7, 9, 3)) * 4, rng.integers(0, 9, (7, 3))
+    labels[2, 1] = IGNORE
+    weights = rng.uniform(0.5, 2, 9)
+    m = loss_model(scores, labels, weights, reduction)
+    s = np.moveaxis(scores, 1, -1)
+    lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+    taken = np.where(labels == IGNORE, 0, weights[np.where(labels == IGNORE, 0, labels)])
+    losses = (lse - np.take_along_axis(s, np.where(labels == IGNORE, 0, labels)[..., None], -1)[..., 0]) * taken
+    k = numpy_helper.to_array(next(i for i in m.graph.initializer if i.name == "k"))
+    want = (losses * k).sum() if reduction == "none" else losses.sum() / taken.sum() * k
+    for rows in (7, 2, 1):
+        monkeypatch.setattr(loss, "CHUNK_BYTES", rows * 9 * 3 * 8)
+        plan = planner.compile(m, schedule="file")
+        step = next(s for s in plan.steps if s.op == "SoftmaxCrossEntropyLoss")
+        assert plan.stats["workspace"]["largest"] < rows * 9 * 3 * 8 + 1024, step
+        got = Executor(plan, backend="numpy", poison=True).run({"labels": labels})["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-12)

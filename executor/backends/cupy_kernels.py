@@ -86,7 +86,7 @@ def _dropout(cupy):
 
 
 def _label_losses(cupy, sum_exp):
-    """SoftmaxCrossEntropyLoss (with the log-softmax through the workspace) and NegativeLogLikelihoodLoss
+    """SoftmaxCrossEntropyLoss (log-softmax into its output, or log-sum-exp by chunks) and NegativeLogLikelihoodLoss
     with one kernel taking each position's log-probability and weight, so that nothing is allocated."""
     take = cupy.ElementwiseKernel(
         "raw T log_prob, I label, raw T w, int64 classes, int64 inner, int64 ignore, bool has_ignore, bool has_w",
@@ -102,14 +102,21 @@ def _label_losses(cupy, sum_exp):
              class_weights is not None, ws["losses"], ws["weights"])
 
     def cross_entropy(xp, step, ins, outs, ws):
+        """Into the log_prob output when there is one; else the positions' log-sum-exp by chunks (the
+        shared kernel's), the scores at the labels taken, and the two added."""
         scores, labels, class_weights = [*ins, None][:3]
-        rows, log_prob = ws["rows"], loss.log_prob_of(outs, ws)
-        xp.max(scores, axis=1, keepdims=True, out=rows)
-        xp.subtract(scores, rows, out=log_prob)
-        sum_exp(log_prob, axis=1, keepdims=True, out=rows)
-        xp.log(rows, out=rows)
-        xp.subtract(log_prob, rows, out=log_prob)
-        take_labels(xp, step, log_prob, labels, class_weights, ws)
+        if loss.stored(outs):
+            rows, log_prob = ws["rows"], outs[1]
+            xp.max(scores, axis=1, keepdims=True, out=rows)
+            xp.subtract(scores, rows, out=log_prob)
+            sum_exp(log_prob, axis=1, keepdims=True, out=rows)
+            xp.log(rows, out=rows)
+            xp.subtract(log_prob, rows, out=log_prob)
+            take_labels(xp, step, log_prob, labels, class_weights, ws)
+        else:
+            loss.log_sum_exp(xp, scores, ws)
+            take_labels(xp, step, scores, labels, class_weights, ws)
+            loss.add_log_sum_exp(xp, ws)
         loss.reduce(xp, step, ws, outs[0])
 
     def negative_log_likelihood(xp, step, ins, outs, ws):

@@ -1,15 +1,21 @@
 """Loss ops: SoftmaxCrossEntropyLoss, the fused log-softmax and negative log-likelihood that the
 cross_entropy loss of a training step is made of, and NegativeLogLikelihoodLoss, its second half alone
 (the loss of log-probabilities given). Both take each position's label the same way and share the
-workspace, the kernel's lookups and the gradient's one-hot factor."""
+workspace and the kernel's lookups; the gradient of the first is one op of its own (loss_grad.py)."""
+import math
+from dataclasses import replace
+
 import numpy as np
 
-from . import schema
+from . import get, schema
 from .base import Layout, Schema
 from .. import dtypes
 from ..errors import ShapeError
 
 REDUCTIONS = ("none", "sum", "mean")
+CHUNK_BYTES = 1 << 20
+"""Scores per chunk of rows, in bytes, where a kernel goes through the scores in chunks: small enough that
+the passes over a chunk find it still in cache, large enough that a pass is one array operation."""
 
 
 class LabelLoss(Schema):
@@ -96,23 +102,33 @@ class SoftmaxCrossEntropyLoss(LabelLoss):
         return [loss, (ins[0].shape, ins[0].dtype)]
 
     def workspace(self, node, ins, outs, limit):
-        """`label_slices`, and: the row maximum per position (`rows`, N x 1 x d...) in the scores' dtype
-        (`losses` holds each row's sum of exponentials first); `log_prob` when the log-probabilities
-        are not an output."""
+        """`label_slices`, and `rows` (N x 1 x d...) in the scores' dtype: each row's maximum (then, without
+        the log_prob output, its log-sum-exp); `losses` holds each row's sum of exponentials first. Without
+        the log_prob output, `chunk`: whole rows (dim 0) of exponentials, as many as CHUNK_BYTES holds (at
+        most `limit`, at least one row), so that no scores-sized scratch is made."""
         scores, labels = ins[:2]
         stored = len(outs) > 1 and outs[1] is not None
         n, dtype = labels.shape, scores.dtype
+        row = math.prod(scores.shape[1:]) * dtype.itemsize
+        rows = max(1, min(scores.shape[0], min(CHUNK_BYTES, limit) // max(row, 1)))
         return Layout.pack(*self.label_slices(ins), ("rows", (n[0], 1, *n[1:]), dtype),
-                           None if stored else ("log_prob", scores.shape, dtype))
+                           None if stored else ("chunk", (rows, *scores.shape[1:]), dtype))
 
     def flops(self, node, ins, outs):
         return 5 * int(np.prod(ins[0].shape))
 
     def gradient(self, b, node, dys):
-        """d scores = (softmax - onehot(labels)) * factor (`LabelLoss.picked`) along dim 1. The
-        log-probabilities are the output's when the node has it, else recomputed from the scores."""
-        scores = node.inputs[0]
-        log_prob = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] else b.op("LogSoftmax", scores, axis=1)
-        onehot, factor = self.picked(b, node, dys[0])
-        grad = b.op("Mul", b.op("Sub", b.op("Exp", log_prob), onehot), factor)
-        return [grad, None, None][:len(node.inputs)]
+        """d scores = (softmax - onehot(labels)) * factor along dim 1, as one memplan.SoftmaxCrossEntropyGrad
+        from the scores (it recomputes the softmax row by row, so no scores-sized tensor but its output
+        is made); plus LogSoftmax's gradient where the log-probabilities are an output that gets one.
+        Labels and weights get none."""
+        scores, labels, *weights = node.inputs
+        dloss, dlog_prob = [*dys, None][:2]
+        ignore = self.attr(node, "ignore_index")
+        grads = [] if dloss is None else [b.op(
+            "SoftmaxCrossEntropyGrad", scores, labels, weights[0] if weights else "", dloss, domain="memplan",
+            reduction=self.attr(node, "reduction"), **({} if ignore is None else {"ignore_index": ignore}))]
+        if dlog_prob is not None:
+            log_softmax = replace(node, op="LogSoftmax", inputs=(scores,), outputs=node.outputs[1:2], attrs={"axis": 1})
+            grads.append(get("LogSoftmax").gradient(b, log_softmax, [dlog_prob])[0])
+        return [grads[0] if len(grads) == 1 else b.op("Add", *grads), None, None][:len(node.inputs)]

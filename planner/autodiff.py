@@ -65,6 +65,8 @@ class Builder:
         axes = [k for k in range(len(dy_shape)) if k < lead or (shape[k - lead] == 1 and dy_shape[k] != 1)]
         if not axes:
             return dy
+        if all(dy_shape[k] == 1 for k in axes):  # nothing to sum: a view, not a copy
+            return self.op("Reshape", dy, shape=list(shape))
         summed = self.op("ReduceSum", dy, axes=axes, keepdims=1)
         return self.op("Reshape", summed, shape=list(shape))
 

@@ -120,6 +120,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     detection,
     linear_attention,
     deform_conv,
+    fused_attention,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

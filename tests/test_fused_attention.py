@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 import planner
 from executor import Executor
@@ -13,6 +13,7 @@ from planner import ops
 from planner.autodiff import backward
 from planner.config import Config
 from planner.ops import Info
+from test_autodiff import loss_of
 from test_no_hidden_allocations import BOUND, allocations
 
 RNG = np.random.default_rng(19)
@@ -127,7 +128,6 @@ def grad_model(lse, bias, causal):
         mask = np.where(RNG.random((s, t)) < 0.3, -np.inf, 0.0)
         mask[2] = -np.inf  # a row that sees nothing: zero gradients, no NaN
         params["bias"] = mask
-    from onnx import TensorProto, numpy_helper
     graph = helper.make_graph([node, weight], "grad", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, (b, h, s, d))],
                               [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)],
                               [numpy_helper.from_array(v, k) for k, v in params.items()])
@@ -139,13 +139,11 @@ def grad_model(lse, bias, causal):
 @pytest.mark.parametrize("config", [None, SMALL], ids=["default tiles", "small tiles"])
 def test_gradients_match_finite_differences(lse, bias, causal, config):
     """dQ, dK and dV against central differences, with the saved LSE or recomputing it."""
-    from test_autodiff import loss_of
     m, x = grad_model(lse, bias, causal)
     graph = planner.load(m)
     trained, grads = backward(graph, "y", wrt=["x", "k", "v"])
     assert any(n.op == "ScaledDotProductAttentionGrad" for n in trained.nodes)
     got = Executor(planner.compile(trained, schedule="file", config=config), backend="numpy", poison=True).run({"x": x})
-    from onnx import numpy_helper
     params = {i.name: numpy_helper.to_array(i).copy() for i in m.graph.initializer}
     eps = 1e-6
     for name in ("x", "k", "v"):
@@ -269,3 +267,21 @@ def test_torch_form_matches(causal):
     want_y, want_lse = reference(*feeds, bias, causal=causal)
     np.testing.assert_allclose(got["y"].numpy(), want_y, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got["lse"].numpy(), want_lse, rtol=1e-10, atol=1e-12)
+
+
+def test_trains_in_a_compiled_step():
+    """A training plan (mse, adam) holds the forward and gradient ops and lowers the loss."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["q"]),
+             helper.make_node("ScaledDotProductAttention", ["q", "k", "v"], ["y"], domain="memplan", causal=1)]
+    inits = [numpy_helper.from_array(RNG.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("w", (4, 4)), ("k", (1, 1, 8, 4)), ("v", (1, 1, 8, 4)))]
+    graph = helper.make_graph(nodes, "train", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 2, 8, 4))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
+    plan = planner.compile(m, training=True, loss="mse", optimizer="adam")
+    assert [s.op for s in plan.steps if "Scaled" in s.op] == ["ScaledDotProductAttention", "ScaledDotProductAttentionGrad"]
+    ex = Executor(plan, backend="numpy")
+    data = {"x": RNG.standard_normal((1, 2, 8, 4)).astype(np.float32),
+            "targets": RNG.standard_normal(plan.tensors["targets"].shape).astype(np.float32)}
+    losses = [float(ex.train_step(data)) for _ in range(5)]
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses

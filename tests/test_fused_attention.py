@@ -128,7 +128,8 @@ def grad_model(lse, bias, causal):
         mask = np.where(RNG.random((s, t)) < 0.3, -np.inf, 0.0)
         mask[2] = -np.inf  # a row that sees nothing: zero gradients, no NaN
         params["bias"] = mask
-    graph = helper.make_graph([node, weight], "grad", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, (b, h, s, d))],
+    x = helper.make_tensor_value_info("x", TensorProto.DOUBLE, (b, h, s, d))
+    graph = helper.make_graph([node, weight], "grad", [x],
                               [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)],
                               [numpy_helper.from_array(v, k) for k, v in params.items()])
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
@@ -279,7 +280,8 @@ def test_trains_in_a_compiled_step():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
     plan = planner.compile(m, training=True, loss="mse", optimizer="adam")
-    assert [s.op for s in plan.steps if "Scaled" in s.op] == ["ScaledDotProductAttention", "ScaledDotProductAttentionGrad"]
+    ops_run = [s.op for s in plan.steps if "Scaled" in s.op]
+    assert ops_run == ["ScaledDotProductAttention", "ScaledDotProductAttentionGrad"]
     ex = Executor(plan, backend="numpy")
     data = {"x": RNG.standard_normal((1, 2, 8, 4)).astype(np.float32),
             "targets": RNG.standard_normal(plan.tensors["targets"].shape).astype(np.float32)}

@@ -121,6 +121,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     linear_attention,
     deform_conv,
     loss_grad,
+    fused_attention,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

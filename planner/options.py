@@ -44,6 +44,7 @@ class CompileOptions:
     device: str = "any"
     rank: int = 0
     precision: str = "fp32"
+    fuse_attention: bool = True
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:

@@ -21,9 +21,9 @@ PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
 
 LOWER = frozenset({
     "Conv", "ConvTranspose", "ConvInteger", "DeformConv", "MatMul", "Gemm", "Einsum", "PRelu",
-    "Attention", "LSTM", "GRU", "RNN",
+    "Attention", "LSTM", "GRU", "RNN", "ScaledDotProductAttention",
 })
-"""Op types autocast runs in the low type."""
+"""Op types autocast runs in the low type (ScaledDotProductAttention: memplan's fused attention)."""
 
 FP32 = frozenset({
     "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "InstanceNormalization",

@@ -66,16 +66,18 @@ def matches(graph, pattern):
     return found
 
 
-def rewrite(graph, pattern, build):
+def rewrite(graph, pattern, build, tensors=None):
     """(graph, modified): the typed `graph` with the nodes of each match of `pattern` replaced by the
-    nodes `build(match)` returns, placed where the root was. They must write the root's outputs; the
-    other tensors they write are new. The result is typed again where it changed (shapes.retype)."""
-    found = matches(graph, pattern)
+    nodes `build(match)` returns (None: that match stays as it is), placed where the root was. They
+    must write the root's outputs; the other tensors they write are new, described by `tensors`
+    ({name: Tensor}) where they are constants. The result is typed again where it changed (shapes.retype)."""
+    built = [(m, build(m)) for m in matches(graph, pattern)]
+    found = [(m, new) for m, new in built if new is not None]
     if not found:
         return graph, False
-    instead, gone, tensors = {}, set(), dict(graph.tensors)
-    for m in found:
-        new = tuple(build(m))
+    instead, gone, tensors = {}, set(), {**graph.tensors, **(tensors or {})}
+    for m, new in found:
+        new = tuple(new)
         written = {o for n in new for o in n.outputs if o}
         missing = [o for o in m.root.outputs if o and o not in written]
         if missing:

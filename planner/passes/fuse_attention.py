@@ -1,0 +1,160 @@
+"""Fuse attention: scaled dot-product attention as exporters write it, MatMul(Softmax(scores), V) with the
+scores MatMul(Q, K^T) scaled by a constant (Div, Mul, or both factors on Q and K^T) and masked (an Add of a
+bias, or a Where of a constant mask), replaced by one memplan.ScaledDotProductAttention, whose kernel works
+tile by tile and never holds the (S, T) scores (planner/ops/fused_attention.py). A constant lower-triangular
+mask becomes the op's `causal`; any other mask, its additive bias. planner.compile counts the fused ops in
+plan.stats["fused_attention"]; CompileOptions(fuse_attention=False) keeps the exported form."""
+import numpy as np
+
+from ..ir import Node, Tensor
+from .base import TYPED, Pass, Result
+from .pattern import Op, rewrite
+
+FUSED = "ScaledDotProductAttention"
+
+
+def _scores():
+    """(pattern of the scaled scores, how it scales): Div or Mul by a constant, the factors on Q and K^T
+    (a split scale), or none."""
+    qk = Op("MatMul", "q", "kt", name="qk")
+    return [(Op("Div", qk, "c"), "div"), (Op("Mul", qk, "c"), "mul"),
+            (Op("MatMul", Op("Mul", "q", "cq"), Op("Mul", "kt", "ck"), name="qk"), "split"), (qk, "none")]
+
+
+def _patterns():
+    """Every exported form: the scores, unmasked, plus a bias, or under a Where mask (either way round);
+    the probabilities as they are, or with the NaN of fully masked rows made 0 (torch.onnx's dynamo
+    form of SDPA), which the fused op gives such rows anyway."""
+    found = []
+    for scores, scaling in _scores():
+        for masked, masking in ((scores, "none"), (Op("Add", scores, "bias"), "add"),
+                                (Op("Where", "cond", scores, "fill"), "where"),
+                                (Op("Where", "cond", "fill", scores), "where_not")):
+            p = Op("Softmax", masked, attrs={"axis": -1})
+            for probabilities in (p, Op("Where", Op("IsNaN", p), "zero", p)):
+                found.append((Op("MatMul", probabilities, "v"), scaling, masking))
+    return found
+
+
+def _value(graph, name):
+    """The constant value of a tensor, or None."""
+    t = graph.tensors.get(name)
+    return None if t is None or t.kind not in ("const", "param") or t.data is None else t.data
+
+
+def _scale(graph, m, scaling):
+    """The scale the scores are multiplied by, or None where a factor is not a one-value constant."""
+    if scaling == "none":
+        return 1.0
+    names = ("cq", "ck") if scaling == "split" else ("c",)
+    values = [_value(graph, m.bindings[n]) for n in names]
+    if any(v is None or v.size != 1 for v in values):
+        return None
+    product = float(np.prod([float(v.ravel()[0]) for v in values]))
+    return 1.0 / product if scaling == "div" else product
+
+
+def _causal(cond, s, t):
+    """Whether a constant mask (True: attend) is the causal one of S queries over T keys, broadcast."""
+    if cond.dtype != bool or cond.ndim > 4 or cond.shape[-2:] not in ((s, t),):
+        return False
+    flat = cond.reshape(-1, s, t)
+    return bool((flat == np.tril(np.ones((s, t), bool), t - s)).all())
+
+
+def _built_causal(graph, cond, s, t):
+    """Whether `cond` is a causal mask built when running, too large to fold: the lower triangle
+    (Trilu, upper=0, diagonal T - S) of ones (ConstantOfShape), as bools (or cast to them)."""
+    node = graph.producers.get(cond)
+    if node is not None and node.op == "Cast" and graph.tensors[cond].dtype == bool:
+        node = graph.producers.get(node.inputs[0])
+    if node is None or node.op != "Trilu" or node.attrs.get("upper", 1) or _k(node) != t - s:
+        return False
+    ones = graph.producers.get(node.inputs[0])
+    shape = graph.tensors[node.inputs[0]].shape
+    filled = ones is not None and ones.op == "ConstantOfShape" and bool(np.all(ones.attrs.get("value", 0)))
+    return filled and shape[-2:] == (s, t)
+
+
+def _k(trilu):
+    k = trilu.attrs.get("k", 0)
+    return int(np.ravel(k)[0]) if k is not None else 0
+
+
+class _Fuser:
+    """Builds the replacement of one match, or None where the match is not attention memplan can fuse."""
+
+    def __init__(self, graph):
+        self.graph, self.count, self.fresh = graph, 0, {}
+
+    def build(self, m, scaling, masking):
+        g = self.graph
+        q, kt, v = (m.bindings[k] for k in ("q", "kt", "v"))
+        shapes = [g.tensors[x].shape for x in (q, kt, v)]
+        if any(len(s) != 4 for s in shapes) or shapes[0][:2] != shapes[1][:2] or shapes[1][:2] != shapes[2][:2]:
+            return None
+        (b, h, s, _), t = shapes[0], shapes[1][3]
+        zero = m.bindings.get("zero")
+        if zero is not None and (_value(g, zero) is None or np.any(_value(g, zero))):
+            return None
+        scale = _scale(g, m, scaling)
+        if scale is None:
+            return None
+        inputs, causal, nodes = [q, None, v], 0, []
+        if masking == "add":
+            bias = m.bindings["bias"]
+            if g.tensors[bias].dtype != g.tensors[q].dtype or not _broadcasts(g.tensors[bias].shape, (b, h, s, t)):
+                return None
+            inputs.append(bias)
+        elif masking.startswith("where"):
+            cond, fill = m.bindings["cond"], _value(g, m.bindings["fill"])
+            if fill is None or fill.size != 1 or not _broadcasts(g.tensors[cond].shape, (b, h, s, t)):
+                return None
+            if masking == "where" and _built_causal(g, cond, s, t):
+                causal = 1
+            else:
+                value = _value(g, cond)
+                if value is None:
+                    return None
+                attend = value if masking == "where" else ~value
+                if _causal(attend, s, t):
+                    causal = 1
+                else:
+                    inputs.append(self._const(np.where(attend, 0, fill.ravel()[0]).astype(g.tensors[q].dtype)))
+        name = m.root.name
+        k = f"{name}/key"
+        self.fresh[k] = Tensor(k, None, None, "activation")
+        nodes.append(Node("Transpose", (kt,), (k,), {"perm": [0, 1, 3, 2]}, f"{name}/transpose_key"))
+        inputs[1] = k
+        nodes.append(Node(FUSED, tuple(inputs), m.root.outputs, {"scale": scale, "causal": causal}, name,
+                          m.root.notes, "memplan"))
+        self.count += 1
+        return nodes
+
+    def _const(self, value):
+        name = f"fused_attention/bias{len(self.fresh)}"
+        self.fresh[name] = Tensor(name, value.shape, value.dtype, "const", value)
+        return name
+
+
+def _broadcasts(shape, to):
+    return len(shape) <= len(to) and all(a in (1, b) for a, b in zip(shape[::-1], to[::-1]))
+
+
+def fused(graph):
+    """(graph with every attention it can fuse replaced, how many)."""
+    fuser = _Fuser(graph)
+    for pattern, scaling, masking in _patterns():
+        fuser.graph = graph
+        graph, _ = rewrite(graph, pattern, lambda m: fuser.build(m, scaling, masking), fuser.fresh)
+    return graph, fuser.count
+
+
+def _fuse_attention(graph, context):
+    if not context.options.fuse_attention:
+        return Result(graph, False)
+    graph, count = fused(graph)
+    return Result(graph, bool(count))
+
+
+fuse_attention = Pass("fuse_attention", _fuse_attention, needs=frozenset({TYPED}), makes=frozenset({TYPED}))

@@ -23,7 +23,7 @@ class Output(torch.nn.Module):
 
 def runs_like_onnxruntime(module, path, dynamo, **inputs):
     """Export `module` on `inputs` by the dynamo or the TorchScript exporter, plan the file and run it on
-    NumPy with poison on; its output matches onnxruntime's (rtol 1e-4)."""
+    NumPy with poison on; its output matches onnxruntime's (rtol 1e-4). Returns the plan."""
     import onnxruntime as ort
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -34,3 +34,4 @@ def runs_like_onnxruntime(module, path, dynamo, **inputs):
     got = Executor(plan, backend="numpy", poison=True).run(feeds)["out"]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(got, session.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
+    return plan

@@ -123,6 +123,13 @@ def _array(x):
     return numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x
 
 
+NARROW_RTOL = {"bfloat16": 2.0 ** -6, "float16": 2.0 ** -9}
+"""Relative tolerance of 16-bit float outputs: two units in the last place. memplan's reductions, softmax
+and normalisations accumulate 16-bit inputs in float32 (as PyTorch and cuDNN do), where ONNX's reference
+sums in the 16-bit type itself, so results may differ by a rounding step or two of the type (measured: two
+bfloat16 steps on 3 of 192 values of the bfloat16 Attention cases)."""
+
+
 def assert_outputs(got, expected, rtol, atol, values=True):
     """Each output (host arrays) has the expected shape and dtype; with `values` (not for the RANDOM
     cases), floats are within the tolerances, the rest exactly equal."""
@@ -135,8 +142,8 @@ def assert_outputs(got, expected, rtol, atol, values=True):
         if not values:
             continue
         if want.dtype.kind in "fc" or want.dtype.name == "bfloat16" or "float8" in want.dtype.name:
-            np.testing.assert_allclose(value.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol,
-                                       err_msg=name)
+            np.testing.assert_allclose(value.astype(np.float64), want.astype(np.float64), err_msg=name, atol=atol,
+                                       rtol=max(rtol, NARROW_RTOL.get(want.dtype.name, 0)))
         else:
             np.testing.assert_array_equal(value, want, err_msg=name)
 

@@ -262,7 +262,8 @@ def test_multi_head_attention_trains():
     feeds = dict(q=rand(2, 3, 8))
     m = contrib("MultiHeadAttention", feeds, ["y"], dict(k=rand(2, 5, 8), v=rand(2, 5, 8)), num_heads=2)
     plan = planner.compile(m, training=True, loss="mse", optimizer="sgd")
-    assert {s.op for s in plan.steps} >= {"MatMul", "Softmax"} and any(s.phase == "backward" for s in plan.steps)
+    assert {s.op for s in plan.steps} >= {"ScaledDotProductAttention", "ScaledDotProductAttentionGrad"}
+    assert plan.stats["fused_attention"] == 1
     ex = Executor(plan, backend="numpy", poison=True)
     losses = [ex.train_step({"q": feeds["q"], "targets": np.zeros((2, 3, 8), np.float32)}) for _ in range(3)]
     assert losses[2] < losses[0]
@@ -340,14 +341,19 @@ def test_contrib_attention_refusals(op, feeds, attrs, error):
 def test_contrib_ops_in_float16_match_onnxruntime():
     """Narrow floats are computed in float32 and rounded once, as onnxruntime's CPU kernels do."""
     h = np.float16
-    cases = [("MultiHeadAttention", dict(q=rand(2, 3, 8), k=rand(2, 5, 8), v=rand(2, 5, 8)), ["y"], {}, dict(num_heads=2)),
-             ("SkipLayerNormalization", dict(x=rand(2, 3, 8), skip=rand(2, 3, 8), gamma=rand(8), beta=rand(8)), ["y"], {},
+    rng = np.random.default_rng(16)  # its own data, whatever the tests before it drew
+
+    def draw(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    cases = [("MultiHeadAttention", dict(q=draw(2, 3, 8), k=draw(2, 5, 8), v=draw(2, 5, 8)), ["y"], {}, dict(num_heads=2)),
+             ("SkipLayerNormalization", dict(x=draw(2, 3, 8), skip=draw(2, 3, 8), gamma=draw(8), beta=draw(8)), ["y"], {},
               {}),
-             ("GroupQueryAttention", dict(query=rand(1, 4, 64), key=rand(1, 4, 32), value=rand(1, 4, 32), past_key=None,
+             ("GroupQueryAttention", dict(query=draw(1, 4, 64), key=draw(1, 4, 32), value=draw(1, 4, 32), past_key=None,
                                           past_value=None), ["y", "present_key", "present_value"],
               dict(seqlens_k=np.array([3], np.int32), total_sequence_length=np.array(4, np.int32)),
               dict(num_heads=4, kv_num_heads=2)),
-             ("RotaryEmbedding", dict(x=rand(2, 3, 16), positions=np.array([1]), cos=rand(5, 4), sin=rand(5, 4)), ["y"],
+             ("RotaryEmbedding", dict(x=draw(2, 3, 16), positions=np.array([1]), cos=draw(5, 4), sin=draw(5, 4)), ["y"],
               {}, dict(num_heads=2))]
     for op, feeds, outputs, consts, attrs in cases:
         feeds = {k: v if v is None or v.dtype.kind != "f" else v.astype(h) for k, v in feeds.items()}

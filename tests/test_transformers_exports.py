@@ -87,4 +87,5 @@ def test_export_runs_like_onnxruntime(build, dynamo, tmp_path):
         pytest.importorskip("onnxscript")
     torch.manual_seed(0)
     model, inputs = build()
-    runs_like_onnxruntime(model, tmp_path / "model.onnx", dynamo, **inputs)
+    plan = runs_like_onnxruntime(model, tmp_path / "model.onnx", dynamo, **inputs)
+    assert plan.stats["fused_attention"] > 0, "the attention fusion pass found no attention"

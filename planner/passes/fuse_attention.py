@@ -2,7 +2,9 @@
 scores MatMul(Q, K^T) scaled by a constant (Div, Mul, or both factors on Q and K^T) and masked (an Add of a
 bias, or a Where of a constant mask), replaced by one memplan.ScaledDotProductAttention, whose kernel works
 tile by tile and never holds the (S, T) scores (planner/ops/fused_attention.py). A constant lower-triangular
-mask becomes the op's `causal`; any other mask, its additive bias. planner.compile counts the fused ops in
+mask becomes the op's `causal`; any other mask, its additive bias. Attention of a 16-bit export stays as it
+is, since the fused op accumulates in float32 where the export rounds each step in 16 bits (so results would
+change); fp16 and bf16 plans of float32 models fuse first and lower after. planner.compile counts the fused ops in
 plan.stats["fused_attention"]; CompileOptions(fuse_attention=False) keeps the exported form."""
 import numpy as np
 
@@ -92,6 +94,8 @@ class _Fuser:
         q, kt, v = (m.bindings[k] for k in ("q", "kt", "v"))
         shapes = [g.tensors[x].shape for x in (q, kt, v)]
         if any(len(s) != 4 for s in shapes) or shapes[0][:2] != shapes[1][:2] or shapes[1][:2] != shapes[2][:2]:
+            return None
+        if g.tensors[q].dtype.itemsize < 4:  # a 16-bit export rounds its softmax in 16 bits; the fused op would not
             return None
         (b, h, s, _), t = shapes[0], shapes[1][3]
         zero = m.bindings.get("zero")

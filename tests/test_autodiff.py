@@ -41,16 +41,23 @@ def check(m, x, eps=1e-6):
     got = run(trained, x)
     params = {i.name: numpy_helper.to_array(i).copy() for i in m.graph.initializer}
     for name in grads:  # float params still in the graph (Clip's bounds, say, became attributes)
-        value = x if name == "x" else params[name]
-        numeric = np.zeros_like(value)
-        for k in np.ndindex(value.shape):
-            for sign in (1, -1):
-                moved = value.copy()
-                moved[k] += sign * eps
-                numeric[k] += sign * (loss_of(m, moved, params) if name == "x" else
-                                      loss_of(m, x, {**params, name: moved})) / (2 * eps)
-        loss_of(m, x, params)
-        np.testing.assert_allclose(got[grads[name]], numeric, rtol=1e-5, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(got[grads[name]], numeric_gradient(m, x, params, name, eps), rtol=1e-5, atol=1e-7,
+                                   err_msg=name)
+
+
+def numeric_gradient(m, x, params, name, eps):
+    """d sum(y) / d `name` (the input x, or one of the `params` initializers) by central differences; the
+    model is left with the given params."""
+    value = x if name == "x" else params[name]
+    numeric = np.zeros_like(value)
+    for k in np.ndindex(value.shape):
+        for sign in (1, -1):
+            moved = value.copy()
+            moved[k] += sign * eps
+            numeric[k] += sign * (loss_of(m, moved, params) if name == "x" else
+                                  loss_of(m, x, {**params, name: moved})) / (2 * eps)
+    loss_of(m, x, params)
+    return numeric
 
 
 def weighted(nodes, x_shape, params, opset=17):

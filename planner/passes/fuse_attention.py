@@ -58,7 +58,7 @@ def _scale(graph, m, scaling):
 
 def _causal(cond, s, t):
     """Whether a constant mask (True: attend) is the causal one of S queries over T keys, broadcast."""
-    if cond.dtype != bool or cond.ndim > 4 or cond.shape[-2:] not in ((s, t),):
+    if cond.dtype != bool or cond.ndim > 4 or cond.shape[-2:] != (s, t):
         return False
     flat = cond.reshape(-1, s, t)
     return bool((flat == np.tril(np.ones((s, t), bool), t - s)).all())

@@ -8,17 +8,10 @@ from . import kernel
 
 
 def log_softmax(xp, scores, ws, log_prob):
-    """log_prob = scores - max - log(sum exp(scores - max)) over dim 1: the exponentials summed in
-    log_prob itself, their sum kept in the workspace's `losses` (free until the losses are taken)."""
-    rows = ws["rows"]
-    sums = ws["losses"].reshape(rows.shape)
-    xp.max(scores, axis=1, keepdims=True, out=rows)
-    xp.subtract(scores, rows, out=log_prob)
-    xp.exp(log_prob, out=log_prob)
-    xp.sum(log_prob, axis=1, keepdims=True, out=sums)
-    xp.log(sums, out=sums)
-    xp.subtract(scores, rows, out=log_prob)
-    xp.subtract(log_prob, sums, out=log_prob)
+    """log_prob = scores - log(sum exp(scores)) over dim 1: the exponentials in log_prob itself, taken
+    as `log_sum_exp`'s one chunk."""
+    log_sum_exp(xp, scores, ws, log_prob)
+    xp.subtract(scores, ws["rows"], out=log_prob)
 
 
 def reduce(xp, step, ws, loss):
@@ -38,11 +31,11 @@ def stored(outs):
     return len(outs) > 1 and outs[1] is not None
 
 
-def log_sum_exp(xp, scores, ws):
+def log_sum_exp(xp, scores, ws, chunk=None):
     """Into `rows`, each position's log(sum(exp(scores))) over dim 1: per chunk of rows, the row maximum,
-    then the chunk less it exponentiated in the workspace's `chunk`, summed into `losses` (free until the
-    losses are taken)."""
-    rows, chunk = ws["rows"], ws["chunk"]
+    then the chunk less it exponentiated in `chunk` (default the workspace's), summed into `losses` (free
+    until the losses are taken)."""
+    rows, chunk = ws["rows"], ws["chunk"] if chunk is None else chunk
     sums = ws["losses"].reshape(rows.shape)
     for start in range(0, scores.shape[0], chunk.shape[0]):
         rows_of = slice(start, start + chunk.shape[0])

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import precision, shapes
 from ..dtypes import from_onnx, is_float, to_onnx
+from ..errors import ModelError
 from ..ir import Node, Tensor
 from .base import TYPED, Pass, Result
 
@@ -103,10 +104,12 @@ def _scalar_constant(t):
 
 
 def _is_float_code(code):
+    """Whether an int attribute names a float element type of 32 bits or more (FLOAT, DOUBLE)."""
     try:
-        return is_float(from_onnx(code)) and from_onnx(code).itemsize >= 4
-    except Exception:  # noqa: BLE001  (not an element type: an int attribute of another meaning)
+        dtype = from_onnx(code)
+    except ModelError:  # not an element type: an int attribute of another meaning
         return False
+    return is_float(dtype) and dtype.itemsize >= 4
 
 
 def _outputs_kept(graph, casts):

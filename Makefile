@@ -31,9 +31,10 @@ test: install-test
 	$(PY) -m pytest -q -n 2
 
 bench: install-test
-	$(PIP) onnx-tool
+	$(PIP) onnx-tool matplotlib
 	$(PY) benchmarks/load_time.py
 	$(PY) benchmarks/plan_quality.py
 	$(PY) benchmarks/plan_time.py
 	$(PY) benchmarks/run_latency.py cpu
 	$(PY) benchmarks/train_memory.py --device cpu
+	$(PY) benchmarks/attention_memory.py --plot docs/attention_memory.png

@@ -17,6 +17,7 @@ from planner.ir import op_name
 from . import backends, kernels
 from .arena import Arena
 from .backends import numpy_backend
+from .profile import Profile
 
 POISON = 0xFF
 """The byte poison mode writes over dead tensors: NaN in every float dtype, -1 in the integers."""
@@ -41,9 +42,12 @@ class Executor:
 
     One Executor runs one step at a time: every run writes the same arena, so `run` or `train_step`
     called while another is in progress (from another thread) raises BusyError. Make one Executor
-    per thread instead."""
+    per thread instead.
 
-    def __init__(self, plan, backend="auto", poison=False, config=None):
+    With `profile=True` each step's kernel is timed, the device synchronised after it, into
+    `self.profile` (executor.profile.Profile); None otherwise."""
+
+    def __init__(self, plan, backend="auto", poison=False, config=None, profile=False):
         self.plan, self.poison = plan, poison
         self.backend = backends.get(backend)
         self.backend.check_room(plan.arena_bytes, "the arena", config or Config.from_env())
@@ -63,7 +67,8 @@ class Executor:
         self.steps_taken = 0
         self.lr = plan.training.get("args", {}).get("lr")
         self.views = {}
-        self.program = [self._bind(step) for step in plan.steps]
+        self.profile = Profile(plan, self.backend.synchronize) if profile else None
+        self.program = [self._bind(k, step) for k, step in enumerate(plan.steps)]
         self.gate = _gate(plan)
         self.updated = False
         self.dead = _dead_after(plan) if poison else {}
@@ -89,9 +94,10 @@ class Executor:
             self.views[key] = self.arena.view(name)
         return self.views[key]
 
-    def _bind(self, step):
+    def _bind(self, k, step):
         """(kernel, step, input views, output views, {scratch slice name: view}), or None for a step whose
-        outputs are all views of its input: its bytes are already in place."""
+        outputs are all views of its input: its bytes are already in place. The kernel of step `k` is
+        timed when profiling."""
         views = self._view
         if step.outputs and all(not o or self.plan.tensors[o].view for o in step.outputs):
             return None
@@ -100,7 +106,10 @@ class Executor:
             base = self.plan.tensors[step.workspace].offset
             ws = {c.name: self.arena.bytes(base + c.offset, c.nbytes).view(np.dtype(c.dtype)).reshape(c.shape)
                   for c in step.scratch}
-        return (kernels.find(self.backend.kernels, step, self.backend.fuse), step, [views(i) if i else None for i in step.inputs],
+        fn = kernels.find(self.backend.kernels, step, self.backend.fuse)
+        if self.profile:
+            fn = self.profile.timed(k, fn)
+        return (fn, step, [views(i) if i else None for i in step.inputs],
                 [views(o) if o else None for o in step.outputs], ws)
 
     def run(self, feeds):

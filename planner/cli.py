@@ -18,6 +18,7 @@ EXAMPLES = """examples:
   memplan report zoo:resnet50 --batch 32            # arena per strategy and the lower bound
   memplan report zoo:lenet --batch 16 --training --optimizer adam --budget 2.75MiB
   memplan run zoo:lenet --batch 8 --training --remat sublinear --repeat 3
+  memplan run zoo:resnet50 --batch 8 --profile      # time per op type and the slowest steps
   memplan plan zoo:gpt2_small --input input_ids:8x128 --strategy share -o plan.json
   memplan inspect zoo:bert_base --input input_ids:8x128 --input attention_mask:8x128
   memplan inspect model.onnx --input input:8x3x224x224
@@ -172,13 +173,15 @@ def run(args):
     print(f"{args.model}: {shapes}; {what}, {plan.strategy} plan, arena {format_bytes(plan.arena_bytes)}")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     device_before = backends.get(args.backend).used_bytes()
-    ex = Executor(plan, backend=args.backend, config=config_of(args))
+    ex = Executor(plan, backend=args.backend, config=config_of(args), profile=args.profile)
     times = []
     with Progress("memplan run", total=args.repeat + 1) as bar:
         for k in range(args.repeat + 1):
             start = time.perf_counter()
             loss = ex.train_step(feeds) if plan.training else ex.run(feeds)
             times.append(time.perf_counter() - start)
+            if k == 0 and ex.profile:
+                ex.profile.clear()
             if plan.training:
                 bar.update(k + 1, f"loss {loss:.4f}")
                 print(f"step {k + 1}{' (warm-up)' if k == 0 else ''}: loss {loss:.6g} ({1e3 * times[-1]:.1f} ms)")
@@ -194,6 +197,8 @@ def run(args):
     print(f"{plan.strategy} on {ex.backend.NAME}: median {1e3 * timed[len(timed) // 2]:.2f} ms over "
           f"{args.repeat} run{'s' if args.repeat > 1 else ''} after a warm-up; arena {format_bytes(plan.arena_bytes)}; "
           f"{peak}" + (f" ({format_bytes(device_before)} before the executor)" if device is not None else ""))
+    if ex.profile:
+        print(ex.profile.table(args.top))
     return 0
 
 
@@ -413,6 +418,9 @@ def build_parser():
     p = command("run", "run the planned graph out of one arena and time it", run)
     p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default="auto")
     p.add_argument("--repeat", type=count(1), default=10, help="timed runs after one warm-up (default 10)")
+    p.add_argument("--profile", action="store_true",
+                   help="time each step (synchronising after it) and print the time per op type and the slowest steps")
+    p.add_argument("--top", type=count(1), default=10, help="how many of the slowest steps --profile lists (default 10)")
     return parser
 
 

@@ -57,6 +57,30 @@ def test_run_on_numpy(capsys):
     assert "bestfit on numpy: median" in out and "arena" in out and "RSS grew" in out
 
 
+def test_run_profile_lists_time_per_op_type_and_the_slowest_steps(capsys):
+    """Every timed step is in the per-type rows; the slowest steps come in falling order."""
+    assert cli.main(["run", "zoo:lenet", "--batch", "2", "--backend", "numpy", "--repeat", "2", "--profile",
+                     "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    per_type, slowest = out.split("the 3 slowest steps:")
+    counts = [int(line.split()[1]) for line in per_type.splitlines() if line.split()[:1] in (["Conv"], ["Gemm"], ["Relu"])]
+    plan = planner.compile("zoo:lenet", {"input": (2, 1, 28, 28)})
+    assert sum(counts) == sum(s.op in ("Conv", "Gemm", "Relu") for s in plan.steps)
+    ms = [float(line.split()[2]) for line in slowest.strip().splitlines()[1:]]
+    assert len(ms) == 3 and ms == sorted(ms, reverse=True)
+
+
+def test_a_profiling_executor_times_each_kernel_once_per_run():
+    from executor import Executor, random_feeds
+    plan = planner.compile("zoo:mlp", {"input": (4, 784)})
+    ex = Executor(plan, backend="numpy", profile=True)
+    for _ in range(3):
+        ex.run(random_feeds(plan))
+    assert {len(times) for times in ex.profile.seconds.values()} == {3}
+    assert set(ex.profile.per_step()) == {k for k, bound in enumerate(ex.program) if bound is not None}
+    assert Executor(plan, backend="numpy").profile is None
+
+
 def memplan(*argv, cwd=None):
     import subprocess
     import sys

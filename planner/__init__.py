@@ -14,11 +14,13 @@ def load(model, input_shapes=None):
     `model` is a path to an .onnx file, an onnx.ModelProto, a frontends.symbol.Symbol, or
     "zoo:NAME" (a built-in model, see frontends.zoo). `input_shapes` binds the inputs' dynamic
     dims, e.g. {"input": (8, 3, 224, 224)}; dims of the same name in other inputs follow. Composite
-    ops (planner/ops/composite.py) come back as the ops they are made of.
+    ops (planner/ops/composite.py) come back as the ops they are made of. Rewrites that hold for
+    inference only (BatchNormalization folded into its Conv) are left to compile: the graph still trains.
     """
     from frontends import read
     from . import passes
-    return passes.run(passes.INFERENCE, read(model), passes.Context(input_shapes=input_shapes))[0]
+    options = CompileOptions(fold_batchnorm=False)
+    return passes.run(passes.INFERENCE, read(model), passes.Context(options, input_shapes=input_shapes))[0]
 
 
 __all__ = ["load", "compile", "CompileOptions", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",

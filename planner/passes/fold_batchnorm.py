@@ -1,0 +1,67 @@
+"""Fold an inference BatchNormalization into the convolution before it: y = (conv(x, W) + b - mean) * s
++ beta with s = scale / sqrt(var + epsilon) is conv(x, W * s) + (b - mean) * s + beta, one step and one
+pass over the output fewer, as onnxruntime and TensorRT fold it. Only in inference plans (training
+normalises by batch statistics), only where W, b and the statistics are constants of float32 or float64
+and the convolution's output is read by the BatchNormalization alone. The folded weights are new
+tensors (`<W>/folded_bn`), so Executor.set_parameters of the old names is refused, never silently
+ignored. CompileOptions(fold_batchnorm=False) keeps the graph as it is."""
+import numpy as np
+
+from ..ir import Node, Tensor
+from .base import TYPED, Pass, Result
+from .pattern import Op, rewrite
+
+FOLDABLE = (np.float32, np.float64)
+
+
+def _patterns():
+    for conv in (Op("Conv", "x", "w", name="conv"), Op("Conv", "x", "w", "b", name="conv")):
+        yield Op("BatchNormalization", conv, "scale", "beta", "mean", "var", name="bn")
+
+
+class _Folder:
+    def __init__(self, graph):
+        self.graph, self.fresh, self.count = graph, {}, 0
+
+    def constant(self, name):
+        t = self.graph.tensors[name]
+        return t.data if t.kind in ("param", "const") and t.data is not None else None
+
+    def build(self, m):
+        bn, conv = m.named["bn"], m.named["conv"]
+        if bn.attrs.get("training_mode", 0) or any(bn.outputs[1:]):
+            return None
+        w = self.constant(m.bindings["w"])
+        values = [self.constant(m.bindings[k]) for k in ("scale", "beta", "mean", "var")]
+        b = self.constant(m.bindings["b"]) if "b" in m.bindings else np.zeros(w.shape[:1], w.dtype) if w is not None else None
+        if w is None or b is None or any(v is None for v in values) or w.dtype.type not in FOLDABLE:
+            return None
+        scale, beta, mean, var = (v.astype(np.float64) for v in values)
+        s = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
+        weight = self.new(f"{m.bindings['w']}/folded_bn", w * s.reshape(-1, *[1] * (w.ndim - 1)).astype(w.dtype))
+        bias = self.new(f"{m.bindings['w']}/folded_bn_bias", ((b - mean) * s + beta).astype(w.dtype))
+        self.count += 1
+        return [Node("Conv", (m.bindings["x"], weight, bias), bn.outputs[:1], conv.attrs, conv.name, conv.notes)]
+
+    def new(self, name, value):
+        self.fresh[name] = Tensor(name, value.shape, value.dtype, "const", value)
+        return name
+
+
+def folded(graph):
+    """(graph with each foldable Conv + BatchNormalization one Conv, how many were folded)."""
+    folder = _Folder(graph)
+    for pattern in _patterns():
+        folder.graph = graph
+        graph, _ = rewrite(graph, pattern, folder.build, folder.fresh)
+    return graph, folder.count
+
+
+def _fold_batchnorm(graph, context):
+    if context.options.training or not context.options.fold_batchnorm:
+        return Result(graph, False)
+    graph, count = folded(graph)
+    return Result(graph, bool(count))
+
+
+fold_batchnorm = Pass("fold_batchnorm", _fold_batchnorm, needs=frozenset({TYPED}), makes=frozenset({TYPED}))

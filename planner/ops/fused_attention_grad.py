@@ -45,21 +45,26 @@ class ScaledDotProductAttentionGrad(Schema):
     def workspace(self, node, ins, outs, limit):
         """One tile pair as the forward's (scores, Q, K and V tiles, row statistics), dP, the dY tile and
         the three products, the key tile's dK and dV sums; the group's rows' LSE and D (G, S); for 16-bit
-        floats dQ's float32 sums (G, S, D) and dBias's (the bias's shape, when asked for), beyond `limit`
-        where they must be. dBias's sums over broadcast axes reuse the score tile."""
+        floats the accumulators, dQ's float32 sums (G, S, D) and dBias's (the bias's shape, when asked for),
+        beyond `limit` where they must be: the tiles are sized without them. dBias's sums over broadcast
+        axes reuse the score tile."""
         q, k, v, bias = ins[:4]
         _, heads, hkv, s, t, d, dv = sizes(q.shape, k.shape, v.shape)
         wide, causal, g = self.accumulation(q.dtype), self.attr(node, "causal"), heads // hkv
         narrow = wide != q.dtype
         dbias = narrow and outs is not None and len(outs) > 3 and outs[3] is not None
 
-        def layout(tq, tk):
+        def layout(tq, tk, *accumulators):
             return tile_layout(g, tq, tk, d, wide, causal, ("v", tk * dv), ("dp", g * tq * tk), ("dy", g * tq * dv),
                                ("dq", g * tq * d), ("dk", tk * d), ("dv", tk * dv), ("dk_sum", tk * d),
                                ("dv_sum", tk * dv), ("lse", g * s), ("delta", g * s), ("prod", g * tq * dv),
-                               ("dq_sum", g * s * d) if narrow else None,
-                               ("dbias_sum", math.prod(bias.shape)) if dbias else None)
-        return tiles(s, t, layout, limit)
+                               *accumulators)
+        tile = tiles(s, t, layout, limit)
+        if not narrow:
+            return tile
+        shapes = {c.name: c.shape for c in tile.slices}
+        return layout(shapes["rows"][0], shapes["cols"][0], ("dq_sum", g * s * d),
+                      ("dbias_sum", math.prod(bias.shape)) if dbias else None)
 
     def flops(self, node, ins, outs):
         """2 (3 D + 2 Dv) per attending (query, key) pair: Q K^T again, dY V^T, P^T dY, dS K and dS^T Q

@@ -27,7 +27,8 @@ def loss_model(bias_shape, causal, reads=("y", "lse"), dtype=TensorProto.DOUBLE,
     b, h, hkv, s, t, d, dv = sizes
     node = helper.make_node("ScaledDotProductAttention", ["q", "k", "v", "bias"], ["y", "lse"], domain="memplan",
                             causal=causal, scale=0.6)
-    nodes, terms, weights = [node], [], {"y": RNG.standard_normal((b, h, s, dv)), "lse": RNG.standard_normal((b, h, s))}
+    nodes, terms = [node], []
+    weights = {"y": RNG.standard_normal((b, h, s, dv)), "lse": RNG.standard_normal((b, h, s))}
     for name in reads:
         nodes += [helper.make_node("Mul", [name, f"{name}_w"], [f"{name}_wy"]),
                   helper.make_node("ReduceSum", [f"{name}_wy"], [f"{name}_sum"], keepdims=0)]
@@ -35,7 +36,8 @@ def loss_model(bias_shape, causal, reads=("y", "lse"), dtype=TensorProto.DOUBLE,
     nodes.append(helper.make_node("Sum", terms, ["loss"]))
     shapes = {"q": (b, h, s, d), "k": (b, hkv, t, d), "v": (b, hkv, t, dv), "bias": bias_shape}
     inputs = [helper.make_tensor_value_info(n, dtype, shape) for n, shape in shapes.items()]
-    inits = [numpy_helper.from_array(weights[n].astype(helper.tensor_dtype_to_np_dtype(dtype)), f"{n}_w") for n in reads]
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    inits = [numpy_helper.from_array(weights[n].astype(np_dtype), f"{n}_w") for n in reads]
     graph = helper.make_graph(nodes, "loss", inputs, [helper.make_tensor_value_info("loss", dtype, None)], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
     return m, {n: RNG.standard_normal(shape) for n, shape in shapes.items()}
@@ -104,9 +106,10 @@ def test_the_bias_gets_a_gradient_output_only_when_it_needs_one():
         assert [len(n.outputs) for n in grad_nodes(trained)] == [outputs]
 
 
-@pytest.mark.parametrize("bias_shape", [(1, 4, 40, 40), (2, 1, 1, 40)])
+@pytest.mark.parametrize("bias_shape", [(1, 4, 40, 40), (2, 1, 1, 40), (2, 4, 40, 40)])
 def test_16_bit_bias_gradient_sums_in_float32(bias_shape):
-    """The gradient op on float16 inputs against float64's, by the same op, dBias summed in float32 scratch."""
+    """The gradient op on float16 inputs against float64's, by the same op: dBias summed in float32 scratch,
+    or for a bias of the scores' shape each tile's once into its output."""
     feeds = [*qkv(s=40, t=40, d=8, dv=8, dtype=np.float16), RNG.standard_normal(bias_shape).astype(np.float16)]
     dy, dlse = RNG.standard_normal((2, 4, 40, 8)), RNG.standard_normal((2, 4, 40))
     step = type("Step", (), {"attrs": {"scale": 0.0, "causal": 1}})()
@@ -126,17 +129,22 @@ def test_16_bit_bias_gradient_sums_in_float32(bias_shape):
         np.testing.assert_allclose(half, wide, rtol=2e-2, atol=2e-2)
 
 
-def test_workspace_grows_only_by_a_16_bit_bias_accumulator():
-    """dBias of float32 sums into its output, its broadcast sums in the free score tile: the workspace is
-    the same with or without it; for float16 it adds the float32 accumulator of the bias's shape."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("bias_shape", [(1, 12, 4096, 4096), (1, 1, 4096), (4096, 1)])
+def test_workspace_grows_only_by_a_16_bit_accumulator_of_a_broadcast_bias(dtype, bias_shape):
+    """dBias of float32 sums into its output, its broadcast sums in the free score tile: the workspace is the
+    same with or without it; for float16 a broadcast bias adds a float32 accumulator of its shape (one of
+    the scores' shape takes each tile's dS once, into its output); the tiles stay as large."""
     s = t = 4096
     node = type("Node", (), {"attrs": {"causal": 1}})()
-    for dtype, extra in ((np.float32, 0), (np.float16, 12 * s * t * 4)):
-        infos = [Info((1, 12, s, 64), np.dtype(dtype)), Info((1, 12, t, 64), np.dtype(dtype)),
-                 Info((1, 12, t, 64), np.dtype(dtype)), Info((1, 12, s, t), np.dtype(dtype))]
-        outs = [(i.shape, i.dtype) for i in infos]
-        without, with_bias = (GRAD.workspace(node, infos + [None] * 4, o, 64 << 20).nbytes for o in (outs[:3], outs))
-        assert with_bias - without in range(extra, extra + 64), (dtype, without, with_bias)
+    infos = [Info((1, 12, s, 64), np.dtype(dtype)), Info((1, 12, t, 64), np.dtype(dtype)),
+             Info((1, 12, t, 64), np.dtype(dtype)), Info(bias_shape, np.dtype(dtype))]
+    outs = [(i.shape, i.dtype) for i in infos]
+    without, with_bias = (GRAD.workspace(node, infos + [None] * 4, o, 64 << 20) for o in (outs[:3], outs))
+    broadcast = dtype == np.float16 and len(bias_shape) < 4
+    extra = 4 * np.prod(bias_shape) if broadcast else 0
+    assert with_bias.nbytes - without.nbytes in range(extra, extra + 64), (without.nbytes, with_bias.nbytes)
+    assert [c.shape for c in with_bias.slices if c.name in ("rows", "cols")] == [(128,), (512,)]
 
 
 def test_bias_gradient_allocates_nothing_hidden():
@@ -186,8 +194,8 @@ def relative_bias_model(s=6, heads=2, d=4, buckets=5):
     inits = {**{f"w{n}": RNG.standard_normal((d, d)).astype(np.float32) / 2 for n in "qkv"},
              "table": RNG.standard_normal((buckets, heads)).astype(np.float32), "bucket": bucket.astype(np.int64),
              "zero_axis": np.array([0], np.int64), "scale": np.array(d ** -0.5, np.float32)}
-    graph = helper.make_graph(nodes, "relative", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, heads, s, d))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, heads, s, d))
+    graph = helper.make_graph(nodes, "relative", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(v, k) for k, v in inits.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 

@@ -49,10 +49,11 @@ class ScaledDotProductAttentionGrad(Schema):
         beyond `limit` where they must be: the tiles are sized without them. dBias's sums over broadcast
         axes reuse the score tile."""
         q, k, v, bias = ins[:4]
-        _, heads, hkv, s, t, d, dv = sizes(q.shape, k.shape, v.shape)
+        batch, heads, hkv, s, t, d, dv = sizes(q.shape, k.shape, v.shape)
         wide, causal, g = self.accumulation(q.dtype), self.attr(node, "causal"), heads // hkv
         narrow = wide != q.dtype
-        dbias = narrow and outs is not None and len(outs) > 3 and outs[3] is not None
+        asked = outs is not None and len(outs) > 3 and outs[3] is not None
+        dbias = asked and sums_apart(narrow, bias.shape, (batch, heads, s, t))
 
         def layout(tq, tk, *accumulators):
             return tile_layout(g, tq, tk, d, wide, causal, ("v", tk * dv), ("dp", g * tq * tk), ("dy", g * tq * dv),
@@ -81,10 +82,11 @@ class ScaledDotProductAttentionGrad(Schema):
         narrow = at.wide != dq.dtype
         if not narrow:
             dq.fill(0)
-        bias_sum = None
+        bias_sum, apart = None, False
         if dbias is not None:
+            apart = sums_apart(narrow, dbias.shape, (at.batch, q.shape[1], at.s, at.t))
             shape = (1,) * (4 - dbias.ndim) + dbias.shape
-            bias_sum = flat(ws, "dbias_sum", shape) if narrow else dbias.reshape(shape)
+            bias_sum = flat(ws, "dbias_sum", shape) if apart else dbias.reshape(shape)
             bias_sum.fill(0)
         for b in range(at.batch):
             for hk in range(at.hkv):
@@ -115,7 +117,7 @@ class ScaledDotProductAttentionGrad(Schema):
                     xp.copyto(dv[b, hk, j0:j1], flat(ws, "dv_sum", (j1 - j0, at.dv)))
                 if narrow:
                     xp.copyto(dq[b, heads], dq_sum)
-        if narrow and dbias is not None:
+        if apart:
             xp.copyto(dbias.reshape(bias_sum.shape), bias_sum)
 
     @staticmethod
@@ -177,6 +179,12 @@ class ScaledDotProductAttentionGrad(Schema):
                                                                      causal=causal)
             pairs = [(out, grad) for out, grad in zip(outs, (dy, dlse)) if grad is not None]
             return list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs]))
+
+def sums_apart(narrow, bias, full):
+    """Whether dBias sums in float32 scratch: for 16-bit floats where the bias broadcasts to the scores' `full`
+    shape, so that an element sums several tiles' dS (a bias of that shape takes each once, into its output)."""
+    return narrow and (1,) * (4 - len(bias)) + tuple(bias) != tuple(full)
+
 
 def add_bias_grad(at, ds, total, b, hk, box):
     """dS of the tile `box` (i0, i1, j0, j1) of batch b and kv head hk's group, (G, n, m), added to `total`,

@@ -18,7 +18,8 @@ class ScaledDotProductAttentionGrad(Schema):
     of its group) and each query tile: P = exp(S - LSE), dV += P^T dY, dP = dY V^T, dS = P (dP - D) with
     D = rowsum(dY Y) - dLSE (d lse_i / d s_ij = p_ij), dBias += dS summed over the axes the bias
     broadcasts along, dQ += scale dS K, dK += scale dS^T Q. dQ and dBias sum in their outputs, or for
-    16-bit floats in float32 scratch (dQ's of the group's (G, S, D) rows, dBias's of its whole shape)."""
+    16-bit floats in float32 scratch (dQ's of the group's (G, S, D) rows, dBias's of its whole shape where
+    it broadcasts)."""
 
     defaults = {"scale": 0.0, "causal": 0}
     types = (("T", "T", "T", "T", "T", "L", "T", "L"), {"T": FLOATS, "L": FLOATS})
@@ -175,10 +176,10 @@ class ScaledDotProductAttentionGrad(Schema):
         from . import get
         with torch.enable_grad():
             inputs = [x.detach().requires_grad_() for x in (q, k, v, bias) if x is not None]
-            outs = get("ScaledDotProductAttention", "memplan").torch(torch, *inputs[:3], *inputs[3:], scale=scale,
-                                                                     causal=causal)
+            outs = get("ScaledDotProductAttention", "memplan").torch(torch, *inputs, scale=scale, causal=causal)
             pairs = [(out, grad) for out, grad in zip(outs, (dy, dlse)) if grad is not None]
             return list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs]))
+
 
 def sums_apart(narrow, bias, full):
     """Whether dBias sums in float32 scratch: for 16-bit floats where the bias broadcasts to the scores' `full`

@@ -218,7 +218,7 @@ def train_fused_and_not(model, shapes, feeds, steps=5, lr=0.01):
 
 def test_a_learned_relative_bias_trains_alike_fused_or_not():
     """Losses with the fusion on and off agree (the fused plan once gave the table no gradient: it stayed
-    put and the losses parted by 1e-3), and so does the table, which moved."""
+    put and the losses parted by 2e-2), and so does the table, which moved."""
     model = relative_bias_model()
     x = RNG.standard_normal((1, 2, 6, 4)).astype(np.float32)
     (fused, fused_params), (plain, plain_params) = train_fused_and_not(model, None, {"x": x})
@@ -230,7 +230,8 @@ def test_a_learned_relative_bias_trains_alike_fused_or_not():
 
 @pytest.mark.torch
 def test_t5_export_trains_alike_fused_or_not(tmp_path):
-    """A T5 encoder (transformers config, no download), whose relative position bias is learned."""
+    """A T5 encoder (transformers config, no download), whose relative position bias is learned (without
+    its gradient the fused plan's losses parted by 1e-3)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from exports import Output

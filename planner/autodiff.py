@@ -17,11 +17,16 @@ from .ir import Annotations, Node, Phase, Tensor, op_name
 
 class Builder:
     """Appends typed-later nodes to a graph under fresh names; `op` returns the output name(s). Nodes
-    are annotated with `phase`, which the schedule, the remat strategies and the plan's breakdown read."""
+    are annotated with `phase`, which the schedule, the remat strategies and the plan's breakdown read.
+    `needs`: the tensors a gradient must reach (None: every one), for rules whose extra outputs cost work."""
 
-    def __init__(self, graph, prefix="grad", phase=Phase.BACKWARD):
+    def __init__(self, graph, prefix="grad", phase=Phase.BACKWARD, needs=None):
         self.graph, self.prefix, self.phase, self.nodes, self.tensors = graph, prefix, phase, [], {}
-        self.count = 0
+        self.count, self.needs = 0, needs
+
+    def needed(self, name):
+        """Whether some requested gradient depends on `name`'s gradient."""
+        return self.needs is None or name in self.needs
 
     def shape(self, name):
         return (self.tensors.get(name) or self.graph.tensors[name]).shape
@@ -90,7 +95,7 @@ def gradients(graph, loss, wrt=None, seed=None):
     needs = _depends_on(graph, set(wrt))
     if loss not in needs:
         raise ModelError(f"loss {loss!r} does not depend on any of the tensors to differentiate")
-    b = Builder(graph)
+    b = Builder(graph, needs=needs)
     grads = {loss: b.op("ConstantOfShape", shape=list(graph.tensors[loss].shape),
                         value=np.ones(1, graph.tensors[loss].dtype))}
     if seed is not None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import schema
 from .base import FLOATS, Layout, Schema, broadcast
-from ..errors import ModelError, ShapeError
+from ..errors import ShapeError
 
 TILE_Q, TILE_K = 128, 512
 """The largest query and key tiles: a (128, 512) float32 score tile (256 KiB) stays in a core's cache."""
@@ -243,17 +243,16 @@ class ScaledDotProductAttention(Schema):
                     xp.copyto(y[b, at.heads(hk), i0:i1], acc)
 
     def gradient(self, b, node, dys):
-        """dQ, dK and dV from memplan.ScaledDotProductAttentionGrad, which recomputes the scores tile by
-        tile from Q, K and the saved LSE (recomputed by that op when the node does not output it). No
-        gradient reaches the bias (it gets none, as a mask needs none) nor flows from LSE."""
+        """dQ, dK, dV and, where a requested gradient depends on the bias, dBias from
+        memplan.ScaledDotProductAttentionGrad, which recomputes the scores tile by tile from Q, K and the
+        saved LSE (recomputed by that op when the node does not output it); LSE's gradient is its dLSE."""
         dy, dlse = (list(dys) + [None])[:2]
-        if dlse is not None:
-            raise ModelError(f"node {node.name!r} (memplan.ScaledDotProductAttention): no gradient flows "
-                             f"back from its LSE output")
         q, k, v, bias = (list(node.inputs) + [""])[:4]
         lse = node.outputs[1] if len(node.outputs) > 1 else ""
-        grads = b.op("ScaledDotProductAttentionGrad", q, k, v, bias, node.outputs[0], lse, dy, outputs=3,
-                     domain="memplan", **node.attrs)
+        y = node.outputs[0] if dy else ""
+        wanted = 4 if bias and b.needed(bias) else 3
+        grads = b.op("ScaledDotProductAttentionGrad", q, k, v, bias, y, lse, dy or "", *([dlse] if dlse else []),
+                     outputs=wanted, domain="memplan", **node.attrs)
         return [*grads, None][:len(node.inputs)]
 
     def torch(self, torch, q, k, v, bias=None, scale=0.0, causal=0):

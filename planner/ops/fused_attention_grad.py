@@ -1,6 +1,8 @@
 """memplan.ScaledDotProductAttentionGrad: the gradient of memplan.ScaledDotProductAttention as
 FlashAttention-2's backward, the scores recomputed tile by tile from Q, K and the saved log-sum-exp,
 so that training keeps O(S) memory beside the inputs, never the (S, T) probabilities."""
+import math
+
 from . import schema
 from .base import FLOATS, Schema
 from .fused_attention import Tiles, check_attributes, flat, sizes, tile_layout, tiles, visible
@@ -10,61 +12,83 @@ from ..errors import ShapeError
 @schema("ScaledDotProductAttentionGrad", domain="memplan")
 class ScaledDotProductAttentionGrad(Schema):
     """Inputs Q, K, V, bias (or ""), Y, LSE (or "": recomputed here, one more pass of Q K^T), dY as
-    memplan.ScaledDotProductAttention's; outputs dQ, dK, dV. Per kv head, for each key tile (its dK and
-    dV summed in the scratch over the query tiles of every head of its group) and each query tile:
-    P = exp(S - LSE), dV += P^T dY, dP = dY V^T, dS = P (dP - D) with D = rowsum(dY Y), dQ += scale dS K,
-    dK += scale dS^T Q. dQ sums in its output, or for 16-bit floats in float32 scratch of the group's
-    (G, S, D) rows."""
+    memplan.ScaledDotProductAttention's, and the optional dLSE (Y and dY may be "" where dLSE is given);
+    outputs dQ, dK, dV and, when asked for (a bias that needs a gradient), dBias of the bias's shape.
+    Per kv head, for each key tile (its dK and dV summed in the scratch over the query tiles of every head
+    of its group) and each query tile: P = exp(S - LSE), dV += P^T dY, dP = dY V^T, dS = P (dP - D) with
+    D = rowsum(dY Y) - dLSE (d lse_i / d s_ij = p_ij), dBias += dS summed over the axes the bias
+    broadcasts along, dQ += scale dS K, dK += scale dS^T Q. dQ and dBias sum in their outputs, or for
+    16-bit floats in float32 scratch (dQ's of the group's (G, S, D) rows, dBias's of its whole shape where
+    it broadcasts)."""
 
     defaults = {"scale": 0.0, "causal": 0}
-    types = (("T", "T", "T", "T", "T", "L", "T"), {"T": FLOATS, "L": FLOATS})
+    types = (("T", "T", "T", "T", "T", "L", "T", "L"), {"T": FLOATS, "L": FLOATS})
     mirror = False
 
     def infer(self, node, ins):
         check_attributes(node, self.attr)
-        if len(ins) != 7:
-            raise ShapeError(f"takes 7 inputs (Q, K, V, bias, Y, LSE, dY; bias and LSE may be empty), got {len(ins)}")
-        q, k, v, bias, y, lse, dy = ins
+        if len(ins) not in (7, 8):
+            raise ShapeError(f"takes 7 or 8 inputs (Q, K, V, bias, Y, LSE, dY and dLSE; bias, LSE and dLSE may be "
+                             f"empty), got {len(ins)}")
+        q, k, v, bias, y, lse, dy, dlse = (list(ins) + [None])[:8]
+        if dy is None and dlse is None or (dy is None) != (y is None):
+            raise ShapeError("takes dY with Y, or dLSE, or both")
         batch, heads, _, s, _, _, dv = sizes(q.shape, k.shape, v.shape, None if bias is None else bias.shape)
         for name, info, shape in (("Y", y, (batch, heads, s, dv)), ("dY", dy, (batch, heads, s, dv)),
-                                  ("LSE", lse, (batch, heads, s))):
+                                  ("LSE", lse, (batch, heads, s)), ("dLSE", dlse, (batch, heads, s))):
             if info is not None and tuple(info.shape) != shape:
                 raise ShapeError(f"{name} must have shape {shape}, got {tuple(info.shape)}")
-        if lse is not None and lse.dtype != self.accumulation(q.dtype):
-            raise ShapeError(f"LSE must be {self.accumulation(q.dtype)} for {q.dtype} inputs, got {lse.dtype}")
-        return [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)]
+            if info is not None and "LSE" in name and info.dtype != self.accumulation(q.dtype):
+                raise ShapeError(f"{name} must be {self.accumulation(q.dtype)} for {q.dtype} inputs, got {info.dtype}")
+        grads = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)]
+        return grads + ([(bias.shape, bias.dtype)] if bias is not None else [])
 
     def workspace(self, node, ins, outs, limit):
         """One tile pair as the forward's (scores, Q, K and V tiles, row statistics), dP, the dY tile and
         the three products, the key tile's dK and dV sums; the group's rows' LSE and D (G, S); for 16-bit
-        floats dQ's float32 sums (G, S, D), beyond `limit` where it must be."""
-        q, k, v = ins[:3]
-        _, heads, hkv, s, t, d, dv = sizes(q.shape, k.shape, v.shape)
+        floats the accumulators, dQ's float32 sums (G, S, D) and dBias's (the bias's shape, when asked for),
+        beyond `limit` where they must be: the tiles are sized without them. dBias's sums over broadcast
+        axes reuse the score tile."""
+        q, k, v, bias = ins[:4]
+        batch, heads, hkv, s, t, d, dv = sizes(q.shape, k.shape, v.shape)
         wide, causal, g = self.accumulation(q.dtype), self.attr(node, "causal"), heads // hkv
         narrow = wide != q.dtype
+        asked = outs is not None and len(outs) > 3 and outs[3] is not None
+        dbias = asked and sums_apart(narrow, bias.shape, (batch, heads, s, t))
 
-        def layout(tq, tk):
+        def layout(tq, tk, *accumulators):
             return tile_layout(g, tq, tk, d, wide, causal, ("v", tk * dv), ("dp", g * tq * tk), ("dy", g * tq * dv),
                                ("dq", g * tq * d), ("dk", tk * d), ("dv", tk * dv), ("dk_sum", tk * d),
                                ("dv_sum", tk * dv), ("lse", g * s), ("delta", g * s), ("prod", g * tq * dv),
-                               ("dq_sum", g * s * d) if narrow else None)
-        return tiles(s, t, layout, limit)
+                               *accumulators)
+        tile = tiles(s, t, layout, limit)
+        if not narrow:
+            return tile
+        shapes = {c.name: c.shape for c in tile.slices}
+        return layout(shapes["rows"][0], shapes["cols"][0], ("dq_sum", g * s * d),
+                      ("dbias_sum", math.prod(bias.shape)) if dbias else None)
 
     def flops(self, node, ins, outs):
-        """2 (3 D + 2 Dv) per attending (query, key) pair: Q K^T again, dY V^T, P^T dY, dS K and dS^T Q;
-        2 D more when LSE is recomputed."""
+        """2 (3 D + 2 Dv) per attending (query, key) pair: Q K^T again, dY V^T, P^T dY, dS K and dS^T Q
+        (the two products with dY only when it is given); 2 D more when LSE is recomputed."""
         batch, heads, _, s, t, d, dv = sizes(ins[0].shape, ins[1].shape, ins[2].shape)
-        per_pair = 2 * (3 * d + 2 * dv) + (2 * d if ins[5] is None else 0)
+        per_pair = 6 * d + (4 * dv if ins[6] is not None else 0) + (2 * d if ins[5] is None else 0)
         return per_pair * batch * heads * visible(s, t, self.attr(node, "causal"))
 
     def kernel(self, xp, step, ins, outs, ws):
-        q, k, v, bias, y, lse_in, dy = ins
-        dq, dk, dv = outs
+        q, k, v, bias, y, lse_in, dy, dlse = (list(ins) + [None])[:8]
+        dq, dk, dv, dbias = (list(outs) + [None])[:4]
         at = Tiles(xp, step, q, k, v, bias, ws)
         g, d = at.groups, q.shape[-1]
         narrow = at.wide != dq.dtype
         if not narrow:
             dq.fill(0)
+        bias_sum, apart = None, False
+        if dbias is not None:
+            apart = sums_apart(narrow, dbias.shape, (at.batch, q.shape[1], at.s, at.t))
+            shape = (1,) * (4 - dbias.ndim) + dbias.shape
+            bias_sum = flat(ws, "dbias_sum", shape) if apart else dbias.reshape(shape)
+            bias_sum.fill(0)
         for b in range(at.batch):
             for hk in range(at.hkv):
                 heads = at.heads(hk)
@@ -76,22 +100,32 @@ class ScaledDotProductAttentionGrad(Schema):
                 xp.maximum(lse, at.low, out=lse)  # a row that sees nothing (-inf): its scores' P = exp(-inf) = 0
                 delta = flat(ws, "delta", (g, at.s, 1))
                 for i0, i1 in at.queries():
-                    prod = flat(ws, "prod", (g, i1 - i0, at.dv))
-                    xp.multiply(at.load("dy", dy[b, heads, i0:i1]), y[b, heads, i0:i1], out=prod)
-                    xp.sum(prod, axis=-1, keepdims=True, out=delta[:, i0:i1])
+                    rows = delta[:, i0:i1]
+                    if dy is None:
+                        rows.fill(0)
+                    else:
+                        prod = flat(ws, "prod", (g, i1 - i0, at.dv))
+                        xp.multiply(at.load("dy", dy[b, heads, i0:i1]), y[b, heads, i0:i1], out=prod)
+                        xp.sum(prod, axis=-1, keepdims=True, out=rows)
+                    if dlse is not None:
+                        xp.subtract(rows, dlse[b, heads, i0:i1, None], out=rows)
                 dq_sum = flat(ws, "dq_sum", (g, at.s, d)) if narrow else dq[b, heads]
                 if narrow:
                     dq_sum.fill(0)
                 for j0, j1 in [(j, min(j + at.tk, at.t)) for j in range(0, at.t, at.tk)]:
-                    self.key_tile(at, q, k, v, dy, b, hk, j0, j1, lse, delta, dq_sum)
+                    self.key_tile(at, (q, k, v, dy), (b, hk, j0, j1), lse, delta, dq_sum, bias_sum)
                     xp.copyto(dk[b, hk, j0:j1], flat(ws, "dk_sum", (j1 - j0, d)))
                     xp.copyto(dv[b, hk, j0:j1], flat(ws, "dv_sum", (j1 - j0, at.dv)))
                 if narrow:
                     xp.copyto(dq[b, heads], dq_sum)
+        if apart:
+            xp.copyto(dbias.reshape(bias_sum.shape), bias_sum)
 
     @staticmethod
-    def key_tile(at, q, k, v, dy, b, hk, j0, j1, lse, delta, dq_sum):
-        """dK and dV of keys [j0, j1) summed over the query tiles that see them; their dQ added to `dq_sum`."""
+    def key_tile(at, arrays, where, lse, delta, dq_sum, bias_sum):
+        """dK and dV of keys [j0, j1) of batch b and kv head hk (`where`) summed over the query tiles that
+        see them; their dQ added to `dq_sum`, their dS to `bias_sum` (None: no dBias)."""
+        (q, k, v, dy), (b, hk, j0, j1) = arrays, where
         xp, ws, g, d, m = at.xp, at.ws, at.groups, q.shape[-1], j1 - j0
         kt, vt = at.load("k", k[b, hk, j0:j1]), at.load("v", v[b, hk, j0:j1])
         dk_sum, dv_sum = flat(ws, "dk_sum", (m, d)), flat(ws, "dv_sum", (m, at.dv))
@@ -102,16 +136,22 @@ class ScaledDotProductAttentionGrad(Schema):
             if at.causal and j0 > i1 - 1 + at.offset:
                 continue
             n = i1 - i0
-            qt, dyt = at.load("q", q[b, at.heads(hk), i0:i1]), at.load("dy", dy[b, at.heads(hk), i0:i1])
+            qt = at.load("q", q[b, at.heads(hk), i0:i1])
             p = at.scores(qt, kt, b, hk, i0, i1, j0, j1)
             xp.subtract(p, lse[:, i0:i1], out=p)
             xp.exp(p, out=p)
-            xp.matmul(p.reshape(g * n, m).T, dyt.reshape(g * n, at.dv), out=dv_part)
-            xp.add(dv_sum, dv_part, out=dv_sum)
             ds = flat(ws, "dp", (g, n, m))
-            xp.matmul(dyt, vt.T, out=ds)
+            if dy is None:
+                ds.fill(0)
+            else:
+                dyt = at.load("dy", dy[b, at.heads(hk), i0:i1])
+                xp.matmul(p.reshape(g * n, m).T, dyt.reshape(g * n, at.dv), out=dv_part)
+                xp.add(dv_sum, dv_part, out=dv_sum)
+                xp.matmul(dyt, vt.T, out=ds)
             xp.subtract(ds, delta[:, i0:i1], out=ds)
             xp.multiply(ds, p, out=ds)
+            if bias_sum is not None:
+                add_bias_grad(at, ds, bias_sum, b, hk, (i0, i1, j0, j1))
             xp.multiply(ds, at.scale, out=ds)
             dq_part = flat(ws, "dq", (g, n, d))
             xp.matmul(ds, kt, out=dq_part)
@@ -131,10 +171,33 @@ class ScaledDotProductAttentionGrad(Schema):
                 m, m_new = m_new, m
             at.log_sum_exp(m, total, out[:, i0:i1])
 
-    def torch(self, torch, q, k, v, bias, y, lse, dy, scale=0.0, causal=0):
-        """PyTorch's own gradient of the forward's form."""
+    def torch(self, torch, q, k, v, bias, y, lse, dy, dlse=None, scale=0.0, causal=0):
+        """PyTorch's own gradient of the forward's form: dQ, dK, dV, and dBias where there is a bias."""
         from . import get
         with torch.enable_grad():
-            inputs = [x.detach().requires_grad_() for x in (q, k, v)]
-            out = get("ScaledDotProductAttention", "memplan").torch(torch, *inputs, bias, scale=scale, causal=causal)[0]
-            return list(torch.autograd.grad(out, inputs, dy))
+            inputs = [x.detach().requires_grad_() for x in (q, k, v, bias) if x is not None]
+            outs = get("ScaledDotProductAttention", "memplan").torch(torch, *inputs, scale=scale, causal=causal)
+            pairs = [(out, grad) for out, grad in zip(outs, (dy, dlse)) if grad is not None]
+            return list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs]))
+
+
+def sums_apart(narrow, bias, full):
+    """Whether dBias sums in float32 scratch: for 16-bit floats where the bias broadcasts to the scores' `full`
+    shape, so that an element sums several tiles' dS (a bias of that shape takes each once, into its output)."""
+    return narrow and (1,) * (4 - len(bias)) + tuple(bias) != tuple(full)
+
+
+def add_bias_grad(at, ds, total, b, hk, box):
+    """dS of the tile `box` (i0, i1, j0, j1) of batch b and kv head hk's group, (G, n, m), added to `total`,
+    dBias as (B', H', S', T') (1 where the bias broadcasts): summed over the axes the bias broadcasts along
+    into the score slice, free once dS holds P's part."""
+    xp, (i0, i1, j0, j1) = at.xp, box
+    _, h, s, t = total.shape
+    target = total[b if total.shape[0] > 1 else 0, at.heads(hk) if h > 1 else slice(0, 1),
+                   slice(i0, i1) if s > 1 else slice(0, 1), slice(j0, j1) if t > 1 else slice(0, 1)]
+    axes = tuple(a for a, size in enumerate((h, s, t)) if size == 1)
+    if axes:
+        part = flat(at.ws, "s", target.shape)
+        xp.sum(ds, axis=axes, keepdims=True, out=part)
+        ds = part
+    xp.add(target, ds, out=target)

@@ -5,7 +5,7 @@ writes. Running copies the feeds in, calls the kernels in order and copies the o
 """
 import threading
 from collections.abc import Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
@@ -45,9 +45,10 @@ class Executor:
     per thread instead.
 
     With `profile=True` each step's kernel is timed, the device synchronised after it, into
-    `self.profile` (executor.profile.Profile); None otherwise."""
+    `self.profile` (executor.profile.Profile); None otherwise. `threads` caps the host BLAS threads
+    during a run (default: the BLAS library's own choice, one per core)."""
 
-    def __init__(self, plan, backend="auto", poison=False, config=None, profile=False):
+    def __init__(self, plan, backend="auto", poison=False, config=None, profile=False, threads=None):
         self.plan, self.poison = plan, poison
         self.backend = backends.get(backend)
         self.backend.check_room(plan.arena_bytes, "the arena", config or Config.from_env())
@@ -73,15 +74,18 @@ class Executor:
         self.updated = False
         self.dead = _dead_after(plan) if poison else {}
         self.busy = threading.Lock()
+        self.threads = _thread_limit(threads)
 
     @contextmanager
     def _exclusive(self):
-        """Hold the arena for one run, or raise BusyError when another run holds it."""
+        """Hold the arena for one run, or raise BusyError when another run holds it; the BLAS threads
+        capped meanwhile when `threads` was given."""
         if not self.busy.acquire(blocking=False):
             raise BusyError("this Executor is already running (run or train_step from another thread) and its "
                             "arena holds one run at a time: make one Executor per thread")
         try:
-            yield
+            with self.threads() if self.threads else nullcontext():
+                yield
         finally:
             self.busy.release()
 
@@ -217,6 +221,17 @@ class Executor:
         if dtype.kind in "iu" and not np.array_equal(cast, given):
             raise FeedError(f"{expected}, got {_type_name(value)} of values outside the range of {t.dtype}")
         return cast
+
+
+def _thread_limit(threads):
+    """None for no cap, else a context manager capping the BLAS threads at `threads` (threadpoolctl)."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise MemplanError(f"threads must be an int >= 1, got {threads!r}")
+    from threadpoolctl import ThreadpoolController
+    controller = ThreadpoolController()
+    return lambda: controller.limit(limits=threads, user_api="blas")
 
 
 def _dead_after(plan):

@@ -173,7 +173,8 @@ def run(args):
     print(f"{args.model}: {shapes}; {what}, {plan.strategy} plan, arena {format_bytes(plan.arena_bytes)}")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     device_before = backends.get(args.backend).used_bytes()
-    ex = Executor(plan, backend=args.backend, config=config_of(args), profile=args.profile)
+    ex = Executor(plan, backend=args.backend, config=config_of(args), profile=args.profile,
+                  threads=args.threads)
     times = []
     with Progress("memplan run", total=args.repeat + 1) as bar:
         for k in range(args.repeat + 1):
@@ -418,6 +419,8 @@ def build_parser():
     p = command("run", "run the planned graph out of one arena and time it", run)
     p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default="auto")
     p.add_argument("--repeat", type=count(1), default=10, help="timed runs after one warm-up (default 10)")
+    p.add_argument("--threads", type=count(1), default=None,
+                   help="host BLAS threads during the run (default: the BLAS library's choice, one per core)")
     p.add_argument("--profile", action="store_true",
                    help="time each step (synchronising after it) and print the time per op type and the slowest steps")
     p.add_argument("--top", type=count(1), default=10, help="how many of the slowest steps --profile lists (default 10)")

@@ -306,3 +306,29 @@ def test_random_feeds_that_cannot_fit_are_refused(monkeypatch):
                                                    r".*\(6,272 bytes\) needed, .*\(1,000 bytes\) available on the "
                                                    "host; use a smaller batch"):
         random_feeds(plan)
+
+
+def test_threads_cap_the_blas_threads_during_a_run_only():
+    from threadpoolctl import threadpool_info
+    plan = planner.compile(small_model("mlp"), input_shapes(small_model("mlp"), 2))
+    ex = Executor(plan, backend="numpy", threads=1)
+    seen = []
+    k, (fn, *rest) = next((k, bound) for k, bound in enumerate(ex.program) if bound is not None)
+
+    def recording(*args):
+        seen.append({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"})
+        fn(*args)
+    ex.program[k] = (recording, *rest)
+    before = threadpool_info()
+    got = ex.run(random_feeds(plan))
+    assert seen == [{1}] or seen == [set()]  # set(): a NumPy without a BLAS library threadpoolctl knows
+    assert threadpool_info() == before
+    want = Executor(plan, backend="numpy").run(random_feeds(plan))
+    assert all(np.array_equal(got[name], want[name]) for name in want)
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True])
+def test_threads_must_be_a_positive_int(threads):
+    plan = planner.compile(small_model("mlp"), input_shapes(small_model("mlp"), 2))
+    with pytest.raises(planner.MemplanError, match="threads must be an int >= 1"):
+        Executor(plan, backend="numpy", threads=threads)

@@ -1,15 +1,18 @@
 """Executor latency and memory beside the peers, measured side by side in one process.
 
-    python benchmarks/run_latency.py cpu [--batch 8] [--repeat 10]
+    python benchmarks/run_latency.py cpu [--batch 8] [--repeat 10] [--models resnet50 mobilenet_v2 bert_base]
     python benchmarks/run_latency.py gpu [--batches 1 32] [--repeat 20]
 
-cpu: resnet50 on the NumPy backend against onnxruntime (CPU provider): median latency, and how far a
-fresh process's peak RSS rises while it plans (or loads) and runs the model.
+cpu: resnet50, mobilenet_v2 and bert_base (sequence 128) on the NumPy backend against onnxruntime (CPU
+provider), with the threads each uses: median latency, and how far a fresh process's peak RSS rises
+while it plans (or loads) and runs the model. Run it on a quiet machine: a ratio taken beside other
+work is off by up to 1.5x.
 gpu: resnet50 and bert_base (sequence 128) on the CuPy backend against PyTorch eager (torchvision's
 resnet50, transformers' BertModel with the same sizes): median latency, and device memory: the
 arena against torch.cuda.max_memory_allocated().
 """
 import argparse
+import os
 import platform
 import time
 
@@ -36,58 +39,79 @@ def median_seconds(fn, repeat, sync=lambda: None):
     return float(np.median(times))
 
 
-def cpu(batch, repeat):
-    import onnxruntime as ort
-    model = zoo.build("resnet50")
-    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
-    plan = planner.compile(model, {"input": x.shape})
-    ex = Executor(plan, backend="numpy")
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    ours = median_seconds(lambda: ex.run({"input": x}), repeat)
-    theirs = median_seconds(lambda: session.run(None, {"input": x}), repeat)
-    print(f"machine: {platform.machine()}, python {platform.python_version()}")
-    print(f"resnet50 batch {batch}: memplan numpy {ours * 1e3:.1f} ms, onnxruntime CPU {theirs * 1e3:.1f} ms, "
-          f"ratio {ours / theirs:.2f}x; arena {plan.arena_bytes / MiB:.1f} MiB")
+CPU_MODELS = ("resnet50", "mobilenet_v2", "bert_base")
+
+
+def cpu_feeds(name, batch):
+    """Random feeds of a zoo model at `batch` (bert_base at sequence SEQ, its mask all ones)."""
+    if name == "bert_base":
+        return {"input_ids": np.random.default_rng(0).integers(0, 30522, (batch, SEQ)),
+                "attention_mask": np.ones((batch, SEQ), np.int64)}
+    return {"input": np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)}
+
+
+def cpu(batch, repeat, models):
+    """Each model on the NumPy backend and on onnxruntime's CPU provider, one after the other in this
+    process, with the threads each uses; then the peak RSS rise of each in a fresh process."""
     import tempfile
+
+    import onnxruntime as ort
+    from threadpoolctl import threadpool_info
+    blas = ", ".join(sorted({f"{p['internal_api']} {p['num_threads']}" for p in threadpool_info() if p["user_api"] == "blas"}))
+    options = ort.SessionOptions()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}; "
+          f"threads: memplan's BLAS {blas or 'none found'} (elementwise kernels: 1), onnxruntime intra-op "
+          f"{options.intra_op_num_threads or 'default (one per physical core)'}")
+    print(f"{'model':<13} {'batch':>5} {'memplan ms':>11} {'ort ms':>8} {'ratio':>6} {'arena MiB':>10} "
+          f"{'memplan RSS MiB':>16} {'ort RSS MiB':>12}")
     with tempfile.TemporaryDirectory() as tmp:
-        path = f"{tmp}/resnet50.onnx"
-        onnx.save(model, path)
-        rss = {engine: peak_rss(engine, path, batch) for engine in ("memplan", "onnxruntime")}
-    print(f"peak RSS while planning or loading the model, then running it (a fresh process each, above its RSS "
-          f"once the model file is read): memplan {rss['memplan'] / MiB:.1f} MiB, onnxruntime "
-          f"{rss['onnxruntime'] / MiB:.1f} MiB")
+        for name in models:
+            model, feeds = zoo.build(name), cpu_feeds(name, batch)
+            plan = planner.compile(model, {n: v.shape for n, v in feeds.items()})
+            ex = Executor(plan, backend="numpy")
+            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            ours = median_seconds(lambda: ex.run(feeds), repeat)
+            theirs = median_seconds(lambda: session.run(None, feeds), repeat)
+            del ex, session
+            path = f"{tmp}/{name}.onnx"
+            onnx.save(model, path)
+            rss = {engine: peak_rss(engine, path, name, batch) for engine in ("memplan", "onnxruntime")}
+            print(f"{name:<13} {batch:>5} {ours * 1e3:>11.1f} {theirs * 1e3:>8.1f} {ours / theirs:>5.2f}x "
+                  f"{plan.arena_bytes / MiB:>10.1f} {rss['memplan'] / MiB:>16.1f} {rss['onnxruntime'] / MiB:>12.1f}")
+    print(f"medians of {repeat} runs after a warm-up; RSS: how far a fresh process's peak RSS rises, from after "
+          f"it reads the model file, while it plans (or loads) the model and runs it 3 times")
 
 
-def peak_rss(engine, path, batch, runs=3):
+def peak_rss(engine, path, name, batch, runs=3):
     """Bytes a fresh process's peak RSS rises by, from after it reads the model at `path`, while it plans
     (memplan) or loads (onnxruntime) the model and runs it `runs` times (Linux: VmHWM reset through
     /proc/self/clear_refs)."""
     import multiprocessing
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    child = ctx.Process(target=_run_and_report, args=(engine, path, batch, runs, queue))
+    child = ctx.Process(target=_run_and_report, args=(engine, path, name, batch, runs, queue))
     child.start()
     result = queue.get()
     child.join()
     return result
 
 
-def _run_and_report(engine, path, batch, runs, queue):
+def _run_and_report(engine, path, name, batch, runs, queue):
     import onnxruntime as ort
-    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    feeds = cpu_feeds(name, batch)
     model = onnx.load(path)
     data = model.SerializeToString() if engine == "onnxruntime" else None
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = _status("VmRSS")
     if engine == "memplan":
-        ex = Executor(planner.compile(model, {"input": x.shape}), backend="numpy")
+        ex = Executor(planner.compile(model, {n: v.shape for n, v in feeds.items()}), backend="numpy")
         for _ in range(runs):
-            ex.run({"input": x})
+            ex.run(feeds)
     else:
         session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
         for _ in range(runs):
-            session.run(None, {"input": x})
+            session.run(None, feeds)
     queue.put(_status("VmHWM") - before)
 
 
@@ -143,8 +167,9 @@ def main():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--models", nargs="+", choices=CPU_MODELS, default=list(CPU_MODELS))
     args = parser.parse_args()
-    cpu(args.batch, args.repeat) if args.device == "cpu" else gpu(args.batches, args.repeat)
+    cpu(args.batch, args.repeat, args.models) if args.device == "cpu" else gpu(args.batches, args.repeat)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,9 @@ def conv(xp, step, ins, outs, ws):
     x, w, b = _padded(ins, 3)
     y, group = outs[0], step.attrs["group"]
     chunks = _chunks(ws)
-    if chunks is None:
+    if "product" in ws:
+        _depthwise(xp, step, x, w, y, ws["product"])
+    elif chunks is None:
         _pointwise(xp, x, w, y, group, transposed=False)
     else:
         kernel_shape, cg, mg = w.shape[2:], x.shape[1] // group, y.shape[1] // group
@@ -142,6 +144,26 @@ def conv(xp, step, ins, outs, ws):
     _add_bias(xp, y, b)
 
 
+def _depthwise(xp, step, x, w, y, product):
+    """A conv whose groups read one channel each: per chunk of outputs, every channel at once, one tap at
+    a time, y += x(tap) * w(tap), the products in the planned `product` scratch. Each input channel
+    feeds W.shape[0] / C outputs in a row (the channel multiplier)."""
+    chunks = Chunks(*product.shape[:2], product.nbytes)
+    (n, c), kernel_shape, spatial = x.shape[:2], w.shape[2:], y.shape[3:]
+    per = w.shape[0] // c
+    weights = w.reshape(c, per, *kernel_shape)
+    win = _window(step, x.shape[2:], kernel_shape, y.shape[2:])
+    for n0, n1, r0, r1 in _walk(chunks, n, y.shape[2]):
+        out = y[n0:n1, :, r0:r1].reshape(n1 - n0, c, per, r1 - r0, *spatial)
+        products = cut(product, out.shape, y.dtype)
+        out.fill(0)
+        for tap, at, source in _taps(win, kernel_shape, y.shape[2:], x.shape[2:], (r0, r1)):
+            where = (slice(None), slice(None), slice(None), *at)
+            tap_weights = weights[(slice(None), slice(None), *tap)].reshape(c, per, *[1] * len(at))
+            xp.multiply(x[n0:n1][_at(source)][:, :, None], tap_weights, out=products[where])
+            xp.add(out[where], products[where], out=out[where])
+
+
 @kernel("ConvTranspose")
 def conv_transpose(xp, step, ins, outs, ws):
     """GEMM + col2im: per chunk and group, the weights' transpose times the input rows gives the
@@ -149,7 +171,9 @@ def conv_transpose(xp, step, ins, outs, ws):
     x, w, b = _padded(ins, 3)
     y, group = outs[0], step.attrs["group"]
     chunks = _chunks(ws)
-    if chunks is None:
+    if "product" in ws:
+        _depthwise(xp, step, x, w, y, ws["product"])
+    elif chunks is None:
         _pointwise(xp, x, w, y, group, transposed=True)
     else:
         kernel_shape, cg, mg = w.shape[2:], x.shape[1] // group, y.shape[1] // group

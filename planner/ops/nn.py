@@ -196,11 +196,19 @@ class Conv(Schema):
 
     def workspace(self, node, ins, outs, limit):
         """The column buffer of one chunk, chunked to fit `limit` (see `conv_chunks` for when one row
-        exceeds it): `columns`, raw bytes shaped (images, rows, bytes of a row) by the chunk."""
+        exceeds it): `columns`, raw bytes shaped (images, rows, bytes of a row) by the chunk; for a
+        depthwise conv `product` instead, one tap's products for the chunk's outputs."""
         c = self.chunks(node, ins, outs, limit)
         if not c.nbytes:
             return Layout()
-        return Layout.pack(("columns", (c.images, c.rows, c.nbytes // (c.images * c.rows)), np.uint8))
+        name = "product" if self.depthwise(node, ins[1]) else "columns"
+        return Layout.pack((name, (c.images, c.rows, c.nbytes // (c.images * c.rows)), np.uint8))
+
+    def depthwise(self, node, w):
+        """Whether each group reads one input channel (a depthwise conv, MobileNet's): the kernel then
+        works every channel at once, tap by tap, instead of a GEMM per group, its products in no more
+        scratch than the columns would take (at least one row of outputs)."""
+        return not self.transposed and w.shape[1] == 1 and self.attr(node, "group") > 1
 
     def flops(self, node, ins, outs):
         """2 per multiply-add: each output element (input element, for ConvTranspose) meets
@@ -245,8 +253,11 @@ class Conv(Schema):
         if self._pointwise(node, kernel, x.shape[2:], out_spatial):
             return Chunks(max(1, x.shape[0]), out_spatial[0], 0)
         grid = x.shape[2:] if self.transposed else out_spatial
-        per_pixel = w.shape[1] * math.prod(kernel) * np.dtype(x.dtype).itemsize
-        return conv_chunks(x.shape[0], grid[0], per_pixel * math.prod(grid[1:]), limit)
+        pixels, item = math.prod(grid[1:]), np.dtype(x.dtype).itemsize
+        columns = conv_chunks(x.shape[0], grid[0], w.shape[1] * math.prod(kernel) * pixels * item, limit)
+        if not self.depthwise(node, w):
+            return columns
+        return conv_chunks(x.shape[0], grid[0], w.shape[0] * pixels * item, min(limit, columns.nbytes))
 
     def _pointwise(self, node, kernel, in_spatial, out_spatial):
         """Whether each output pixel reads only the input pixel at its own place: a kernel of one tap

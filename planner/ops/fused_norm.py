@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from . import schema
-from .base import FLOATS, Layout, Schema, axis as to_axis, broadcast
+from .base import FLOATS, Layout, Schema, axis as to_axis
 from ..errors import ShapeError
 
 CHUNK = 1 << 16
@@ -38,7 +38,7 @@ def check(node, attr, x, scale, bias, skip=None):
     for name, p in (("scale", scale), ("bias", bias)):
         if p is None:
             continue
-        if p.rank > len(normalised) or broadcast(normalised, p.shape) != normalised:
+        if p.rank > len(normalised) or any(d not in (1, n) for d, n in zip(p.shape[::-1], normalised[::-1])):
             raise ShapeError(f"{name} of shape {tuple(p.shape)} does not broadcast to the normalised dims {normalised}")
         if p.dtype != x.dtype:
             raise ShapeError(f"{name} must have X's dtype {x.dtype}, got {p.dtype}")

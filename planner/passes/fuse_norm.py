@@ -80,7 +80,8 @@ def _norm(graph, m, rms):
     dims = tuple(x.shape[first.pop():])
     params = [graph.tensors[m.bindings[k]] for k in ("w", "b") if k in m.bindings]
     for p in params:
-        if p.dtype != x.dtype or len(p.shape) > len(dims) or any(d not in (1, n) for d, n in zip(p.shape[::-1], dims[::-1])):
+        if p.dtype != x.dtype or len(p.shape) > len(dims) or any(d not in (1, n) for d, n in
+                                                                 zip(p.shape[::-1], dims[::-1])):
             return None
     if tuple(graph.tensors[m.root.outputs[0]].shape) != tuple(x.shape):
         return None

@@ -147,3 +147,193 @@ def test_bad_shapes_and_attributes_are_shape_errors(shapes, attrs, error):
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
     with pytest.raises(planner.ShapeError, match=error):
         planner.load(m)
+
+
+def pieces_model(form, shared=False, eps=1e-5, two=2.0, axes=(-1,), dtype=np.float32):
+    """A float model y = norm(x + x * k) as an exporter writes `form`, the norm's weight w (and bias b); with
+    `shared` the residual sum is read elsewhere too (output z). Its feeds."""
+    names = {"rms_pow_reciprocal": ("Pow", "Reciprocal"), "rms_mul_div": ("Mul", "Div"),
+             "rms_pow_one_over": ("Pow", "OneOver"), "ln_pow_div": ("Pow", "Div"), "ln_mul_reciprocal": ("Mul", "Reciprocal")}
+    shape = (2, 4, 16)
+    params = {"k": RNG.standard_normal(shape), "k2": RNG.standard_normal(shape), "w": RNG.standard_normal(16),
+              "b": RNG.standard_normal(16), "eps": np.array(eps), "two": np.array(two), "one": np.array(1.0)}
+    node = helper.make_node
+    nodes = [node("Mul", ["x", "k"], ["h"]), node("Add", ["x", "h"], ["r"])]
+    if form == "ln_node":
+        nodes.append(node("LayerNormalization", ["r", "w", "b"], ["y"], epsilon=eps))
+    else:
+        square, scale = names[form]
+        centred = "r"
+        if form.startswith("ln"):
+            nodes += [node("ReduceMean", ["r"], ["mean"], axes=list(axes)), node("Sub", ["r", "mean"], ["d"])]
+            centred = "d"
+        nodes += [node("Pow", [centred, "two"], ["sq"]) if square == "Pow" else node("Mul", [centred, centred], ["sq"]),
+                  node("ReduceMean", ["sq"], ["ms"], axes=list(axes)), node("Add", ["ms", "eps"], ["v"]),
+                  node("Sqrt", ["v"], ["den"])]
+        if scale == "Div":
+            nodes.append(node("Div", [centred, "den"], ["n"]))
+        else:
+            nodes += [node("Reciprocal", ["den"], ["inv"]) if scale == "Reciprocal" else node("Div", ["one", "den"], ["inv"]),
+                      node("Mul", [centred, "inv"], ["n"])]
+        if form.startswith("ln"):
+            nodes += [node("Mul", ["n", "w"], ["nw"]), node("Add", ["b", "nw"], ["y"])]
+        else:
+            nodes.append(node("Mul", ["w", "n"], ["y"]))
+    outputs = ["y", "z"] if shared else ["y"]
+    if shared:
+        nodes.append(node("Mul", ["r", "k2"], ["z"]))
+    used = {i for n in nodes for i in n.input}
+    onnx_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(nodes, form, [helper.make_tensor_value_info("x", onnx_type, shape)],
+                              [helper.make_tensor_value_info(o, onnx_type, None) for o in outputs],
+                              [numpy_helper.from_array(v.astype(dtype), k) for k, v in params.items() if k in used])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), {"x": RNG.standard_normal(shape).astype(dtype)}
+
+
+def with_and_without(model, feeds, shapes=None, **options):
+    """(plan with the pass, its outputs, the outputs without it), each run with poison on."""
+    shapes = shapes or {k: v.shape for k, v in feeds.items()}
+    plans = [planner.compile(model, shapes, fuse_norm=f, **options) for f in (True, False)]
+    fused, plain = (Executor(p, backend="numpy", poison=True).run(feeds) for p in plans)
+    assert plans[1].stats["fused_norm"] == 0
+    return plans[0], fused, plain
+
+
+def like_onnxruntime(model, feeds, got):
+    import onnxruntime as ort
+    path = model if isinstance(model, str) else model.SerializeToString()
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for name, want in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
+        np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+FORMS = ["rms_pow_reciprocal", "rms_mul_div", "rms_pow_one_over", "ln_pow_div", "ln_mul_reciprocal", "ln_node"]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["sum unread", "sum read"])
+@pytest.mark.parametrize("form", FORMS)
+def test_each_form_fuses_with_its_residual_add_and_changes_no_result(form, shared):
+    pytest.importorskip("onnxruntime")
+    model, feeds = pieces_model(form, shared)
+    plan, fused, plain = with_and_without(model, feeds)
+    assert plan.stats["fused_norm"] == 1
+    steps = [s for s in plan.steps if s.op == "AddLayerNormalization"]
+    assert len(steps) == 1 and steps[0].inputs[:2] == ("x", "h") and (len(steps[0].outputs) == 2) == shared
+    assert not {"Add", "ReduceMean", "Sqrt", "LayerNormalization"} & {s.op for s in plan.steps}
+    for name in plain:
+        assert rel_l2(fused[name], plain[name]) < 1e-5, name
+    like_onnxruntime(model, feeds, fused)
+
+
+@pytest.mark.parametrize("form, change", [
+    ("rms_pow_reciprocal", dict(two=3.0)), ("ln_pow_div", dict(two=2.5)), ("rms_mul_div", dict(axes=(1,))),
+    ("ln_mul_reciprocal", dict(axes=(0, 2))), ("rms_pow_reciprocal", dict(dtype=np.float16)),
+])
+def test_forms_that_are_no_norm_stay(form, change):
+    """A Pow not of 2, statistics over other axes than the weight's (or not trailing), a 16-bit export:
+    the pieces stay, and results are the same."""
+    model, feeds = pieces_model(form, **change)
+    plan, fused, plain = with_and_without(model, feeds)
+    assert plan.stats["fused_norm"] == 0
+    np.testing.assert_array_equal(fused["y"], plain["y"])
+
+
+@pytest.mark.parametrize("case", ["gpt2_small", "bert_base"])
+def test_zoo_models_fuse_and_change_no_result(case):
+    model, inputs, want = reference(case, 2)
+    plan, fused, plain = with_and_without(model, inputs)
+    assert plan.stats["fused_norm"] >= 4
+    for name in want:
+        assert rel_l2(fused[name], plain[name]) < 1e-5, name
+        np.testing.assert_allclose(fused[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["gpt2_small", "bert_base"])
+def test_training_through_fused_norms_matches_the_exported_form(case):
+    model = small_model(case)
+    _, inputs, _ = reference(case, 2)
+    losses = []
+    for fuse in (True, False):
+        plan = planner.compile(model, input_shapes(model, 2), training=True, loss="mse", fuse_norm=fuse)
+        assert (plan.stats["fused_norm"] > 0) == fuse
+        targets = plan.tensors[plan.training["labels"]]
+        feeds = {**inputs, targets.name: np.full(targets.shape, 0.1, np.dtype(targets.dtype))}
+        ex = Executor(plan, backend="numpy", poison=True)
+        losses.append([ex.train_step(feeds) for _ in range(3)])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+
+
+def test_mixed_precision_computes_the_fused_op_in_float32():
+    """Under amp-fp16 the fused op reads its residual in float32, as autocast's Add and layer_norm do."""
+    model, inputs, _ = reference("gpt2_small", 2)
+    plan, fused, plain = with_and_without(model, inputs, precision="amp-fp16")
+    steps = [s for s in plan.steps if s.op == "AddLayerNormalization"]
+    assert steps and all(np.dtype(plan.tensors[i].dtype) == np.float32 for s in steps for i in s.inputs if i)
+    for name in plain:
+        assert rel_l2(fused[name], plain[name]) < 1e-5, name
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A tiny LLaMA's dynamo export (RMSNorm in pieces) and its path."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    from test_llama_export import BATCH, SEQ, VOCAB, export, tiny_llama
+    path = tmp_path_factory.mktemp("llama") / "llama.onnx"
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    export(tiny_llama(), ids, path)
+    return str(path), ids.numpy()
+
+
+@pytest.mark.torch
+def test_llama_rms_norms_fuse_and_change_no_result(llama):
+    path, ids = llama
+    pytest.importorskip("onnxruntime")
+    plan, fused, plain = with_and_without(path, {"input_ids": ids})
+    assert plan.stats["fused_norm"] == 5  # two per layer and the final norm
+    assert not {"Pow", "Sqrt", "ReduceMean"} & {s.op for s in plan.steps}
+    assert rel_l2(fused["logits"], plain["logits"]) < 1e-5
+    like_onnxruntime(path, {"input_ids": ids}, fused)
+
+
+@pytest.mark.torch
+def test_llama_trains_alike_with_and_without_the_pass(llama):
+    """Three SGD steps: equal losses and parameters; the fused plan's arena is no larger."""
+    path, ids = llama
+    labels = np.concatenate([ids[:, 1:], np.full((ids.shape[0], 1), -100)], axis=1)
+    runs, plans = [], []
+    for fuse in (True, False):
+        plans.append(planner.compile(path, {"input_ids": ids.shape}, training=True, loss="cross_entropy",
+                                     optimizer="sgd", optimizer_args={"lr": 0.1}, fuse_norm=fuse))
+        ex = Executor(plans[-1], backend="numpy", poison=True)
+        runs.append(([ex.train_step({"input_ids": ids, "labels": labels}) for _ in range(3)], ex.parameters()))
+    np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-5)
+    for name, value in runs[1][1].items():
+        assert rel_l2(runs[0][1][name], value) < 1e-5, name
+    assert plans[0].arena_bytes <= plans[1].arena_bytes
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("build, dynamo", [("gpt2", True), ("bert", False)], ids=["gpt2-dynamo", "bert-torchscript16"])
+def test_exports_fuse_and_run_like_onnxruntime(build, dynamo, tmp_path):
+    """GPT-2's LayerNormalization nodes after residual Adds (dynamo) and BERT's layer norms in pieces
+    (TorchScript at opset 16)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime")
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    import warnings
+    import test_transformers_exports as exports
+    torch.manual_seed(0)
+    module, inputs = getattr(exports, build)()
+    path = str(tmp_path / "model.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), tuple(inputs.values()), path, input_names=list(inputs), output_names=["out"],
+                          dynamo=dynamo, **({} if dynamo else {"opset_version": 16}))
+    feeds = {name: value.numpy() for name, value in inputs.items()}
+    plan, fused, plain = with_and_without(path, feeds)
+    assert plan.stats["fused_norm"] >= 4
+    assert rel_l2(fused["out"], plain["out"]) < 1e-5
+    like_onnxruntime(path, feeds, fused)

@@ -153,7 +153,8 @@ def pieces_model(form, shared=False, eps=1e-5, two=2.0, axes=(-1,), dtype=np.flo
     """A float model y = norm(x + x * k) as an exporter writes `form`, the norm's weight w (and bias b); with
     `shared` the residual sum is read elsewhere too (output z). Its feeds."""
     names = {"rms_pow_reciprocal": ("Pow", "Reciprocal"), "rms_mul_div": ("Mul", "Div"),
-             "rms_pow_one_over": ("Pow", "OneOver"), "ln_pow_div": ("Pow", "Div"), "ln_mul_reciprocal": ("Mul", "Reciprocal")}
+             "rms_pow_one_over": ("Pow", "OneOver"), "ln_pow_div": ("Pow", "Div"),
+             "ln_mul_reciprocal": ("Mul", "Reciprocal")}
     shape = (2, 4, 16)
     params = {"k": RNG.standard_normal(shape), "k2": RNG.standard_normal(shape), "w": RNG.standard_normal(16),
               "b": RNG.standard_normal(16), "eps": np.array(eps), "two": np.array(two), "one": np.array(1.0)}
@@ -173,8 +174,9 @@ def pieces_model(form, shared=False, eps=1e-5, two=2.0, axes=(-1,), dtype=np.flo
         if scale == "Div":
             nodes.append(node("Div", [centred, "den"], ["n"]))
         else:
-            nodes += [node("Reciprocal", ["den"], ["inv"]) if scale == "Reciprocal" else node("Div", ["one", "den"], ["inv"]),
-                      node("Mul", [centred, "inv"], ["n"])]
+            inverse = (node("Reciprocal", ["den"], ["inv"]) if scale == "Reciprocal"
+                       else node("Div", ["one", "den"], ["inv"]))
+            nodes += [inverse, node("Mul", [centred, "inv"], ["n"])]
         if form.startswith("ln"):
             nodes += [node("Mul", ["n", "w"], ["nw"]), node("Add", ["b", "nw"], ["y"])]
         else:
@@ -187,7 +189,8 @@ def pieces_model(form, shared=False, eps=1e-5, two=2.0, axes=(-1,), dtype=np.flo
     graph = helper.make_graph(nodes, form, [helper.make_tensor_value_info("x", onnx_type, shape)],
                               [helper.make_tensor_value_info(o, onnx_type, None) for o in outputs],
                               [numpy_helper.from_array(v.astype(dtype), k) for k, v in params.items() if k in used])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), {"x": RNG.standard_normal(shape).astype(dtype)}
+    feeds = {"x": RNG.standard_normal(shape).astype(dtype)}
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), feeds
 
 
 def with_and_without(model, feeds, shapes=None, **options):

@@ -340,3 +340,22 @@ def test_exports_fuse_and_run_like_onnxruntime(build, dynamo, tmp_path):
     assert plan.stats["fused_norm"] >= 4
     assert rel_l2(fused["out"], plain["out"]) < 1e-5
     like_onnxruntime(path, feeds, fused)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("rms", [0, 1])
+def test_torch_forms_match_the_kernels(rms):
+    torch = pytest.importorskip("torch")
+    x, skip, dy, dsum = (RNG.standard_normal((3, 4, 6)) for _ in range(4))
+    w, b = RNG.standard_normal(6), RNG.standard_normal(6)
+    fwd = ops.get("AddLayerNormalization", "memplan")
+    step, infos = _step(rms=rms), [Info(a.shape, a.dtype) for a in (x, skip, w, b)]
+    outs = [np.empty(x.shape), np.empty(x.shape)]
+    fwd.kernel(np, step, [x, skip, w, b], outs, cut(fwd.workspace(step, infos, None, 1 << 20)))
+    t = [torch.tensor(a) for a in (x, skip, w, b, dy, dsum)]
+    for got, want in zip(fwd.torch(torch, *t[:4], rms=rms), outs):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+    grads = GRAD.torch(torch, t[4], torch.tensor(outs[1]), t[2], dsum=t[5], rms=rms)
+    dx, dscale, dbias = _grad(dy, outs[1], w, rms=rms)
+    for got, want in zip(grads, (dx + dsum, dscale, dbias)):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)

@@ -144,6 +144,17 @@ class AddLayerNormalization(Schema):
         grads = layer_norm_gradient(b, node, dy, *source, scale, bias, dsum or "")
         return [grads[0], grads[0] if skip else None, *grads[1:]][:len(node.inputs)]
 
+    def torch(self, torch, x, skip=None, scale=None, bias=None, axis=-1, epsilon=1e-5, rms=0):
+        """Y and Sum, the statistics in float32 (float64 for float64), as the kernel."""
+        total = x if skip is None else x + skip
+        dims = tuple(range(axis % x.dim(), x.dim()))
+        wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+        t = total.to(wide)
+        if not rms:
+            t = t - t.mean(dims, keepdim=True)
+        y = t * torch.rsqrt(t.pow(2).mean(dims, keepdim=True) + epsilon) * scale.to(wide)
+        return [(y if bias is None else y + bias.to(wide)).to(x.dtype), total]
+
 
 def layer_norm_gradient(b, node, dy, x, skip, scale, bias, dsum=""):
     """[dX, dscale, dbias (None without a bias)] of a norm of X (+ skip) over the dims from node's `axis`
@@ -250,3 +261,15 @@ class LayerNormalizationGrad(Schema):
         if narrow:
             for acc, out in sums:
                 xp.copyto(out.reshape(cols), acc)
+
+    def torch(self, torch, dy, x, scale, skip=None, dsum=None, axis=-1, epsilon=1e-5, rms=0):
+        """PyTorch's own gradient of the forward's form, the parameters' summed over the rows."""
+        from . import get
+        dims = x.shape[axis % x.dim():]
+        with torch.enable_grad():
+            inputs = [x.detach().requires_grad_(), scale.detach().expand(dims).requires_grad_(),
+                      torch.zeros(dims, dtype=x.dtype, device=x.device, requires_grad=True)]
+            y = get("AddLayerNormalization", "memplan").torch(torch, inputs[0], skip, *inputs[1:], axis=axis,
+                                                              epsilon=epsilon, rms=rms)[0]
+            dx, dscale, dbias = torch.autograd.grad(y, inputs, dy)
+        return [dx if dsum is None else dx + dsum, dscale, dbias]

@@ -49,6 +49,7 @@ def check(node, attr, x, scale, bias, skip=None):
 
 
 def chunks(rows, step):
+    """[(first row, end row)] of the chunks of `step` rows (the last may be short)."""
     return [(r, min(r + step, rows)) for r in range(0, rows, step)]
 
 

@@ -46,6 +46,7 @@ class CompileOptions:
     precision: str = "fp32"
     fuse_attention: bool = True
     fold_batchnorm: bool = True
+    fuse_norm: bool = True
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:

@@ -31,6 +31,7 @@ FP32 = frozenset({
     "ReduceSumSquare", "ReduceProd", "ReduceLogSum", "ReduceLogSumExp", "Exp", "Log", "Pow", "Reciprocal",
     "Sqrt", "Acos", "Asin", "Cosh", "Sinh", "Tan", "Softplus", "CumSum", "CumProd",
     "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss",
+    "AddLayerNormalization",  # memplan's residual add + layer norm, in float32 as layer_norm
 })
 """Op types autocast runs in float32."""
 

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import schema
 from .base import Layout, Schema, axis, broadcast, no_gradient, per_input_element
+from .fused_norm import layer_norm_gradient
 from .reduce import max_gradient
 from .shape_ops import scatter_add_flat
 from ..dtypes import from_onnx
@@ -484,14 +485,14 @@ class LayerNormalization(Schema):
                              for k, name in ((1, "mean"), (2, "inv_std"))))
 
     def gradient(self, b, node, dys):
+        """One memplan.LayerNormalizationGrad, which recomputes the row statistics from X chunk by chunk
+        (no full-size temporary besides dX); no gradient flows from Mean and InvStdDev."""
         x, scale, *bias = node.inputs
-        shape = b.shape(x)
         if dys[0] is None:
             return [no_gradient(node)] * 3
-        axes = list(range(axis(self.attr(node, "axis"), len(shape)), len(shape)))
-        dx, dy_xhat = _normalised_gradient(b, x, dys[0], scale, axes, self.attr(node, "epsilon"))
-        grads = [dx, b.unbroadcast(dy_xhat, shape, b.shape(scale))]
-        return grads + ([b.unbroadcast(dys[0], shape, b.shape(bias[0]))] if bias and bias[0] else [])
+        bias = bias[0] if bias and bias[0] else ""
+        grads = layer_norm_gradient(b, node, dys[0], x, "", scale, bias)
+        return grads if bias else grads[:2]
 
     def infer(self, node, ins):
         x, scale, bias = [*ins, None][:3]

@@ -4,6 +4,7 @@ from .base import GRADIENTS, LOSS, PRUNED, TYPED, UPDATES, Context, Pass, Result
 from .decompose import decompose
 from .fold_batchnorm import fold_batchnorm
 from .fuse_attention import fuse_attention
+from .fuse_norm import fuse_norm
 from .gradients import gradients
 from .infer_shapes import infer_shapes
 from .loss import loss
@@ -20,6 +21,7 @@ INFERENCE = [
     simplify,           # Identity and Casts to the same dtype dropped
     fold_batchnorm,     # inference BatchNormalization folded into the Conv before it
     fuse_attention,     # attention as one tiled op, its scores never held
+    fuse_norm,          # residual add + (RMS) layer norm as one chunked op, its gradient keeping X alone
     precision,          # 16-bit floats, or autocast's policy, with the casts they need
     prune,              # what no output needs dropped
 ]
@@ -33,5 +35,6 @@ TRAINING = [
 ]
 
 __all__ = ["Pass", "Result", "Context", "run", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
-           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "fold_batchnorm", "fuse_attention", "precision", "prune", "training_mode", "loss", "gradients", "optimizer",
+           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "fold_batchnorm", "fuse_attention",
+           "fuse_norm", "precision", "prune", "training_mode", "loss", "gradients", "optimizer",
            "recomputation"]

@@ -84,7 +84,8 @@ def _autocast(graph, low):
 
 def _target(node, casts, low):
     """The float type `node` computes in, or None to leave it as it is."""
-    if (node.domain and node.op not in precision.LOWER) or node.op in precision.KEEPS_INPUT or node.op == "Cast":
+    if ((node.domain and node.op not in precision.LOWER | precision.FP32) or node.op in precision.KEEPS_INPUT
+            or node.op == "Cast"):
         return None
     floats = [i for i in node.inputs if i and is_float(casts.dtype[i])]
     if not floats:

@@ -66,10 +66,15 @@ def test_retype_folds_and_prunes_as_infer_does():
     assert signature(shapes.retype(rewritten, graph)) == signature(shapes.infer(rewritten))
 
 
-def test_the_inference_pipeline_is_load():
-    model = small_model("resnet18")
-    graph, facts = passes.run(passes.INFERENCE, read(model), passes.Context(input_shapes=input_shapes(model, 2)))
-    assert facts == {} and signature(graph) == signature(planner.load(model, input_shapes(model, 2)))
+def test_the_inference_pipeline_is_load_but_for_folding_batchnorm():
+    """load's graph still trains: its BatchNormalizations stay, where compile's inference plans fold them."""
+    model, shapes = small_model("resnet18"), input_shapes(small_model("resnet18"), 2)
+    kept = passes.Context(planner.CompileOptions(fold_batchnorm=False), input_shapes=shapes)
+    graph, facts = passes.run(passes.INFERENCE, read(model), kept)
+    assert facts == {} and signature(graph) == signature(planner.load(model, shapes))
+    folded, _ = passes.run(passes.INFERENCE, read(model), passes.Context(input_shapes=shapes))
+    assert any(n.op == "BatchNormalization" for n in graph.nodes)
+    assert not any(n.op == "BatchNormalization" for n in folded.nodes)
 
 
 def test_a_pass_needs_what_it_reads():

@@ -122,6 +122,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     deform_conv,
     loss_grad,
     fused_attention,
+    bias_activation,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

@@ -1,0 +1,266 @@
+"""memplan.BiasActivation, Y = act(X + bias), and its gradient memplan.BiasActivationGrad: an activation and
+the bias Add before it as one op (planner/passes/fuse_activation.py makes them from the exported pieces),
+so that training keeps X alone for backward, where the pieces keep several tensors of X's size.
+
+Both work tile by tile through a scratch of at most CHUNK elements per slice, in the accumulation dtype
+(float32 for 16-bit inputs), and may write over their input."""
+import math
+
+import numpy as np
+
+from . import schema
+from .activation import CHUNK, erf, gelu, sigmoid
+from .base import FLOATS, Info, Layout, Schema, elements
+from ..dtypes import is_float
+from ..errors import ShapeError
+
+C, K = math.sqrt(2 / math.pi), 0.044715
+"""The tanh Gelu's constants: tanh(C (x + K x^3))."""
+
+
+def _swish(xp, z, t, u, alpha):
+    xp.multiply(z, alpha, out=t)
+    sigmoid(xp, t, out=t)
+    xp.multiply(z, t, out=z)
+
+
+def _gelu_slope(xp, z, t, u, approximate):
+    """Exact: Phi(z) + z phi(z). Tanh, with t = tanh(C (z + K z^3)): (1 + t + z (1 - t^2) C (1 + 3 K z^2)) / 2
+    (the formulas of planner/ops/activation.py's Gelu gradient)."""
+    xp.multiply(z, z, out=u)
+    if approximate == "tanh":
+        xp.multiply(u, K * C, out=t)
+        xp.add(t, C, out=t)
+        xp.multiply(t, z, out=t)
+        xp.tanh(t, out=t)
+        xp.multiply(u, 3 * K * C, out=u)
+        xp.add(u, C, out=u)
+        xp.multiply(u, z, out=u)
+        xp.multiply(t, t, out=z)
+        xp.subtract(1, z, out=z)
+        xp.multiply(z, u, out=z)
+        xp.add(z, t, out=z)
+        xp.add(z, 1, out=z)
+        xp.multiply(z, 0.5, out=z)
+        return
+    xp.multiply(u, -0.5, out=u)
+    xp.exp(u, out=u)
+    xp.multiply(u, 1 / math.sqrt(2 * math.pi), out=u)
+    xp.multiply(u, z, out=u)
+    xp.multiply(z, 1 / math.sqrt(2), out=t)
+    erf(xp)(t, out=t)
+    xp.add(t, 1, out=t)
+    xp.multiply(t, 0.5, out=t)
+    xp.add(t, u, out=z)
+
+
+def _swish_slope(xp, z, t, u, alpha):
+    """s (1 + alpha z (1 - s)) with s = sigmoid(alpha z)."""
+    xp.multiply(z, alpha, out=t)
+    sigmoid(xp, t, out=t)
+    xp.subtract(1, t, out=u)
+    xp.multiply(u, z, out=u)
+    xp.multiply(u, alpha, out=u)
+    xp.add(u, 1, out=u)
+    xp.multiply(t, u, out=z)
+
+
+def _sigmoid_slope(xp, z, t, u):
+    sigmoid(xp, z, out=z)
+    xp.subtract(1, z, out=t)
+    xp.multiply(z, t, out=z)
+
+
+def _tanh_slope(xp, z, t, u):
+    xp.tanh(z, out=z)
+    xp.multiply(z, z, out=z)
+    xp.subtract(1, z, out=z)
+
+
+ACTIVATIONS = {  # name: (forward, derivative, flops per element), each computing in place on z with scratch t, u
+    "Relu": (lambda xp, z, t, u: xp.maximum(z, 0, out=z), lambda xp, z, t, u: xp.heaviside(z, 0, out=z), 1),
+    "Sigmoid": (lambda xp, z, t, u: sigmoid(xp, z, out=z), _sigmoid_slope, 4),
+    "Tanh": (lambda xp, z, t, u: xp.tanh(z, out=z), _tanh_slope, 4),
+    "Gelu": (lambda xp, z, t, u, approximate: gelu(xp, z, t, z, approximate), _gelu_slope, 10),
+    "Swish": (_swish, _swish_slope, 6),
+}
+"""The activations BiasActivation computes, by their ONNX op names: Gelu (`approximate` "none" or "tanh")
+and Swish (`alpha`: 1 is SiLU, 1.702 QuickGelu) take attributes, the others none."""
+TAKES = {"Gelu": ("approximate",), "Swish": ("alpha",)}
+
+
+def check(node, attr, x, bias):
+    """ShapeError for an activation memplan does not fuse, a bad attribute, a bias that is not X's trailing
+    dims (leading 1s aside) or not of X's dtype, or an X that is not a float."""
+    name = attr(node, "activation")
+    if name not in ACTIVATIONS:
+        raise ShapeError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {name!r}")
+    if attr(node, "approximate") not in ("none", "tanh"):
+        raise ShapeError(f"approximate must be 'none' or 'tanh', got {attr(node, 'approximate')!r}")
+    alpha = attr(node, "alpha")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise ShapeError(f"alpha must be a finite float, got {alpha!r}")
+    if not is_float(x.dtype):
+        raise ShapeError(f"X must be a float tensor, got {x.dtype}")
+    if bias is not None:
+        if bias.dtype != x.dtype:
+            raise ShapeError(f"bias must have X's dtype {x.dtype}, got {bias.dtype}")
+        trailing = _trailing(bias.shape)
+        if len(bias.shape) > len(x.shape) or tuple(x.shape[len(x.shape) - len(trailing):]) != trailing:
+            raise ShapeError(f"bias of shape {tuple(bias.shape)} must be X's trailing dims {tuple(x.shape)} "
+                             "(leading 1s aside)")
+
+
+def _trailing(shape):
+    """`shape` without its leading 1s."""
+    shape = tuple(shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def _grid(shape, bias_shape):
+    """(rows, row length, tile rows, tile columns): X as rows of the bias's length (one row without a
+    bias), cut into tiles of at most CHUNK elements."""
+    size = math.prod(shape)
+    inner = math.prod(_trailing(bias_shape)) if bias_shape is not None else size
+    rows = size // inner if inner else 0
+    width = max(1, min(inner, CHUNK))
+    return rows, inner, max(1, min(rows, CHUNK // width)), width
+
+
+def layout(x, bias, accumulate):
+    """Three scratch slices z, t, u of one tile, in the accumulation dtype."""
+    rows, _, h, w = _grid(x.shape, None if bias is None else bias.shape)
+    if not rows:
+        return Layout()
+    return Layout.pack(*[(name, (h * w,), accumulate) for name in ("z", "t", "u")])
+
+
+def tiles(xp, arrays, bias, ws):
+    """For each tile: the tile of each X-shaped array (as rows of the bias's length), then the scratch z
+    holding X + bias of the tile (arrays[0] is X), then t and u."""
+    x = arrays[0]
+    rows, inner, h, w = _grid(x.shape, None if bias is None else bias.shape)
+    flat = [a.reshape(rows, inner) for a in arrays]
+    b = None if bias is None else bias.reshape(-1)
+    for r0 in range(0, rows, h):
+        for c0 in range(0, inner, w):
+            r1, c1 = min(r0 + h, rows), min(c0 + w, inner)
+            n = (r1 - r0) * (c1 - c0)
+            z, t, u = (ws[name][:n].reshape(r1 - r0, c1 - c0) for name in ("z", "t", "u"))
+            parts = [a[r0:r1, c0:c1] for a in flat]
+            xp.copyto(z, parts[0])
+            if b is not None:
+                xp.add(z, b if b.size == 1 else b[c0:c1], out=z)
+            yield parts, z, t, u
+
+
+def options(step, derivative=False):
+    """(the activation's function, its attributes)."""
+    name = step.attrs["activation"]
+    return ACTIVATIONS[name][1 if derivative else 0], {k: step.attrs[k] for k in TAKES.get(name, ())}
+
+
+DEFAULTS = {"activation": "Gelu", "approximate": "none", "alpha": 1.0}
+
+
+def _torch(torch, x, bias=None, activation="Gelu", approximate="none", alpha=1.0):
+    """The op in PyTorch."""
+    z = x if bias is None else x + bias
+    f = torch.nn.functional
+    return {"Relu": f.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh,
+            "Gelu": lambda v: f.gelu(v, approximate=approximate),
+            "Swish": lambda v: v * torch.sigmoid(alpha * v)}[activation](z)
+
+
+def _cut(layout):
+    """{slice name: view} of a fresh buffer, as the executor cuts a step's workspace."""
+    raw = np.empty(layout.nbytes, np.uint8)
+    return {c.name: raw[c.offset:c.offset + c.nbytes].view(c.dtype).reshape(c.shape) for c in layout.slices}
+
+
+@schema("BiasActivation", domain="memplan")
+class BiasActivation(Schema):
+    """Y = activation(X + bias): inputs X and an optional bias of X's trailing dims; attributes `activation`
+    (Relu, Sigmoid, Tanh, Gelu, Swish), `approximate` (Gelu's) and `alpha` (Swish's)."""
+
+    defaults = DEFAULTS
+    types = (("T", "T"), {"T": FLOATS})
+    inplace = ((0, 0),)
+
+    def infer(self, node, ins):
+        x, bias = (list(ins) + [None])[:2]
+        check(node, self.attr, x, bias)
+        return [(x.shape, x.dtype)]
+
+    def workspace(self, node, ins, outs, limit):
+        return layout(ins[0], (list(ins) + [None])[1], self.accumulation(ins[0].dtype))
+
+    def flops(self, node, ins, outs):
+        """The activation's operations per element, and one more for the bias."""
+        bias = (list(ins) + [None])[1]
+        return (ACTIVATIONS[self.attr(node, "activation")][2] + (bias is not None)) * elements(outs)
+
+    def kernel(self, xp, step, ins, outs, ws):
+        x, bias = (list(ins) + [None])[:2]
+        fn, attrs = options(step)
+        for (_, y), z, t, u in tiles(xp, [x, outs[0]], bias, ws):
+            fn(xp, z, t, u, **attrs)
+            xp.copyto(y, z)
+
+    def evaluate(self, node, x, bias=None):
+        """The value of a node whose inputs are constants, in NumPy."""
+        step = type("Step", (), {"attrs": self.normalize(node)})()
+        infos = [None if a is None else Info(a.shape, a.dtype) for a in (x, bias)]
+        out = np.empty_like(x)
+        self.kernel(np, step, [x, bias], [out], _cut(self.workspace(node, infos, None, 0)))
+        return [out]
+
+    def gradient(self, b, node, dys):
+        """dX from memplan.BiasActivationGrad, which recomputes X + bias; the bias's, dX summed down to it."""
+        x, bias = (list(node.inputs) + [""])[:2]
+        dx = b.op("BiasActivationGrad", dys[0], x, bias, domain="memplan", **self.normalize(node))
+        return [dx, b.unbroadcast(dx, b.shape(x), b.shape(bias)) if bias else None][:len(node.inputs)]
+
+    def torch(self, torch, x, bias=None, **attrs):
+        return _torch(torch, x, bias, **attrs)
+
+
+@schema("BiasActivationGrad", domain="memplan")
+class BiasActivationGrad(Schema):
+    """dX = dY activation'(X + bias): inputs dY, X and the optional bias, attributes as BiasActivation's."""
+
+    defaults = DEFAULTS
+    types = (("T", "T", "T"), {"T": FLOATS})
+    inplace = ((0, 0), (1, 0))
+    mirror = False
+
+    def infer(self, node, ins):
+        dy, x, bias = (list(ins) + [None])[:3]
+        check(node, self.attr, x, bias)
+        if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
+            raise ShapeError(f"dY {tuple(dy.shape)} {dy.dtype} must have X's shape and dtype {tuple(x.shape)} {x.dtype}")
+        return [(x.shape, x.dtype)]
+
+    def workspace(self, node, ins, outs, limit):
+        return layout(ins[1], (list(ins) + [None])[2], self.accumulation(ins[1].dtype))
+
+    def flops(self, node, ins, outs):
+        """The derivative's operations per element (about twice the activation's), the bias and dY's product."""
+        bias = (list(ins) + [None])[2]
+        return (2 * ACTIVATIONS[self.attr(node, "activation")][2] + 1 + (bias is not None)) * elements(outs)
+
+    def kernel(self, xp, step, ins, outs, ws):
+        dy, x, bias = (list(ins) + [None])[:3]
+        fn, attrs = options(step, derivative=True)
+        for (_, dyt, dx), z, t, u in tiles(xp, [x, dy, outs[0]], bias, ws):
+            fn(xp, z, t, u, **attrs)
+            xp.multiply(z, dyt, out=z)
+            xp.copyto(dx, z)
+
+    def torch(self, torch, dy, x, bias=None, **attrs):
+        """PyTorch's own gradient of the forward's form."""
+        with torch.enable_grad():
+            v = x.detach().requires_grad_()
+            return torch.autograd.grad(_torch(torch, v, bias, **attrs), v, dy)[0]

@@ -2,8 +2,9 @@
 the bias Add before it as one op (planner/passes/fuse_activation.py makes them from the exported pieces),
 so that training keeps X alone for backward, where the pieces keep several tensors of X's size.
 
-Both work tile by tile through a scratch of at most CHUNK elements per slice, in the accumulation dtype
-(float32 for 16-bit inputs), and may write over their input."""
+Both work tile by tile through a scratch of TILE elements per slice (two slices forward, three backward;
+about as much as the one chunk of activation.py's Gelu), in the accumulation dtype (float32 for 16-bit
+inputs), and may write over their input."""
 import math
 
 import numpy as np
@@ -14,6 +15,8 @@ from .base import FLOATS, Info, Layout, Schema, elements
 from ..dtypes import is_float
 from ..errors import ShapeError
 
+TILE = CHUNK // 4
+"""Elements of each scratch slice."""
 C, K = math.sqrt(2 / math.pi), 0.044715
 """The tanh Gelu's constants: tanh(C (x + K x^3))."""
 
@@ -105,10 +108,15 @@ def check(node, attr, x, bias):
     if bias is not None:
         if bias.dtype != x.dtype:
             raise ShapeError(f"bias must have X's dtype {x.dtype}, got {bias.dtype}")
-        trailing = _trailing(bias.shape)
-        if len(bias.shape) > len(x.shape) or tuple(x.shape[len(x.shape) - len(trailing):]) != trailing:
+        if not fits(x.shape, bias.shape):
             raise ShapeError(f"bias of shape {tuple(bias.shape)} must be X's trailing dims {tuple(x.shape)} "
                              "(leading 1s aside)")
+
+
+def fits(shape, bias_shape):
+    """Whether a bias of `bias_shape` is the trailing dims of `shape`, leading 1s aside."""
+    trailing = _trailing(bias_shape)
+    return len(bias_shape) <= len(shape) and tuple(shape[len(shape) - len(trailing):]) == trailing
 
 
 def _trailing(shape):
@@ -121,25 +129,25 @@ def _trailing(shape):
 
 def _grid(shape, bias_shape):
     """(rows, row length, tile rows, tile columns): X as rows of the bias's length (one row without a
-    bias), cut into tiles of at most CHUNK elements."""
+    bias), cut into tiles of at most TILE elements."""
     size = math.prod(shape)
     inner = math.prod(_trailing(bias_shape)) if bias_shape is not None else size
     rows = size // inner if inner else 0
-    width = max(1, min(inner, CHUNK))
-    return rows, inner, max(1, min(rows, CHUNK // width)), width
+    width = max(1, min(inner, TILE))
+    return rows, inner, max(1, min(rows, TILE // width)), width
 
 
-def layout(x, bias, accumulate):
-    """Three scratch slices z, t, u of one tile, in the accumulation dtype."""
+def layout(x, bias, accumulate, names):
+    """Scratch slices of one tile, by `names`, in the accumulation dtype."""
     rows, _, h, w = _grid(x.shape, None if bias is None else bias.shape)
     if not rows:
         return Layout()
-    return Layout.pack(*[(name, (h * w,), accumulate) for name in ("z", "t", "u")])
+    return Layout.pack(*[(name, (h * w,), accumulate) for name in names])
 
 
 def tiles(xp, arrays, bias, ws):
     """For each tile: the tile of each X-shaped array (as rows of the bias's length), then the scratch z
-    holding X + bias of the tile (arrays[0] is X), then t and u."""
+    holding X + bias of the tile (arrays[0] is X), then t and u (None where the workspace has no u)."""
     x = arrays[0]
     rows, inner, h, w = _grid(x.shape, None if bias is None else bias.shape)
     flat = [a.reshape(rows, inner) for a in arrays]
@@ -148,7 +156,7 @@ def tiles(xp, arrays, bias, ws):
         for c0 in range(0, inner, w):
             r1, c1 = min(r0 + h, rows), min(c0 + w, inner)
             n = (r1 - r0) * (c1 - c0)
-            z, t, u = (ws[name][:n].reshape(r1 - r0, c1 - c0) for name in ("z", "t", "u"))
+            z, t, u = (ws[name][:n].reshape(r1 - r0, c1 - c0) if name in ws else None for name in ("z", "t", "u"))
             parts = [a[r0:r1, c0:c1] for a in flat]
             xp.copyto(z, parts[0])
             if b is not None:
@@ -195,7 +203,7 @@ class BiasActivation(Schema):
         return [(x.shape, x.dtype)]
 
     def workspace(self, node, ins, outs, limit):
-        return layout(ins[0], (list(ins) + [None])[1], self.accumulation(ins[0].dtype))
+        return layout(ins[0], (list(ins) + [None])[1], self.accumulation(ins[0].dtype), ("z", "t"))
 
     def flops(self, node, ins, outs):
         """The activation's operations per element, and one more for the bias."""
@@ -244,7 +252,7 @@ class BiasActivationGrad(Schema):
         return [(x.shape, x.dtype)]
 
     def workspace(self, node, ins, outs, limit):
-        return layout(ins[1], (list(ins) + [None])[2], self.accumulation(ins[1].dtype))
+        return layout(ins[1], (list(ins) + [None])[2], self.accumulation(ins[1].dtype), ("z", "t", "u"))
 
     def flops(self, node, ins, outs):
         """The derivative's operations per element (about twice the activation's), the bias and dY's product."""

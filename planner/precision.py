@@ -11,6 +11,9 @@ The lists are autocast's (PyTorch 2.x, torch/csrc/autograd/autocast_mode.cpp, th
 and "fp32" lists) written in ONNX's op types: conv*, matmul, mm, bmm, addmm, linear, prelu,
 scaled_dot_product_attention and the RNN cells below; softmax, log_softmax, layer_norm, group_norm,
 norm, exp, log, pow, sum, prod, cumsum, cumprod, the losses and the reciprocal family in float32.
+memplan.BiasActivation is in neither list, as autocast's activations and its bias Add are in none: it
+computes in the widest type of its inputs, as the Add and the activation it replaces do (within the op,
+16-bit inputs compute in float32 tiles anyway).
 """
 import ml_dtypes
 import numpy as np

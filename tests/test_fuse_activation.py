@@ -258,3 +258,37 @@ def test_flops():
     assert schema.flops(node, [x, b], [((4, 5), x.dtype)]) == 40
     assert schema.flops(node, [x], [((4, 5), x.dtype)]) == 20
     assert grad.flops(node, [x, x, b], [((4, 5), x.dtype)]) == 80
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("kind", ["gpt2-dynamo", "bert-torchscript"])
+def test_transformers_exports_fuse_every_mlp_activation(kind, tmp_path):
+    """GPT-2's gelu_new as the dynamo exporter writes it, and BERT's erf Gelu as the TorchScript one
+    (opset 17) does, each fuse in both layers; the plan still runs like onnxruntime, and like the unfused
+    plan."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("onnxruntime")
+    from exports import Output, runs_like_onnxruntime
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    if kind == "gpt2-dynamo":
+        pytest.importorskip("onnxscript")
+        config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32, use_cache=False)
+        model = Output(transformers.GPT2LMHeadModel(config), ["input_ids"], "logits", use_cache=False)
+    else:
+        config = transformers.BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, max_position_embeddings=32)
+        model = Output(transformers.BertModel(config), ["input_ids"], "last_hidden_state")
+    path = tmp_path / "model.onnx"
+    plan = runs_like_onnxruntime(model, path, kind.endswith("dynamo"), input_ids=ids)
+    assert plan.stats["fused_activation"] == 2
+    assert not {"Tanh", "Erf"} & {s.op for s in plan.steps}
+    if kind == "bert-torchscript":  # its Linear is a MatMul and a bias Add, which folds in
+        assert all(len(s.inputs) == 2 for s in plan.steps if s.op == "BiasActivation")
+    plain = planner.compile(str(path), {"input_ids": (2, 8)}, fuse_activation=False)
+    feeds = {"input_ids": ids.numpy()}
+    got, want = (Executor(p, backend="numpy", poison=True).run(feeds)["out"] for p in (plan, plain))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    trained = planner.compile(str(path), {"input_ids": (2, 8)}, training=True)
+    assert sum(s.op == "BiasActivationGrad" for s in trained.steps) == 2

@@ -137,11 +137,26 @@ def test_a_bias_add_read_elsewhere_stays_and_a_computed_addend_is_no_bias():
     assert [s.op for s in plan.steps] == ["MatMul", "Add", "BiasActivation"]
 
 
-def test_16_bit_exports_keep_their_pieces_and_fp16_plans_fuse():
-    m = form_model("gelu_new")
-    assert planner.compile(m, {"input": (2, 5, H)}, precision="fp16").stats["fused_activation"] == 1
-    x, plans, (fused, plain) = outputs(m, precision="fp16")
-    np.testing.assert_allclose(fused, plain, rtol=2e-2, atol=2e-3)
+@pytest.mark.parametrize("precision", ["fp16", "amp-fp16", "amp-bf16"])
+def test_16_bit_plans_fuse_and_keep_16_bit_tensors(precision):
+    """fp16 plans and autocast's (where the op is in LOWER, as a Linear's bias and the activation after it
+    are) fuse, X and Y stay 16-bit, and the outputs stay the unfused plan's within 16-bit rounding."""
+    x, plans, (fused, plain) = outputs(form_model("gelu_new"), precision=precision)
+    assert plans[0].stats["fused_activation"] == 1
+    step = next(s for s in plans[0].steps if s.op == "BiasActivation")
+    assert {np.dtype(plans[0].tensors[t].dtype).itemsize for t in (*step.inputs, *step.outputs)} == {2}
+    tol = 2e-2 if precision.endswith("bf16") else 4e-3
+    np.testing.assert_allclose(fused.astype(np.float32), plain.astype(np.float32), rtol=tol, atol=tol)
+
+
+def test_16_bit_exports_keep_their_pieces():
+    """A float16 export rounds each piece; the fused op would not, so it is left as it is."""
+    m = form_model("silu", bias=False)
+    for init in m.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name))
+    for value in (m.graph.input[0], m.graph.output[0]):
+        value.type.tensor_type.elem_type = TensorProto.FLOAT16
+    assert planner.compile(m, {"input": (2, 5, H)}).stats["fused_activation"] == 0
 
 
 @pytest.mark.parametrize("name", ["gelu_new", "erf gelu", "quick gelu", "silu", "relu"])

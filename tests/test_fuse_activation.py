@@ -14,6 +14,7 @@ from planner.autodiff import backward
 from planner.errors import ShapeError
 from planner.ops import Info
 from test_autodiff import numeric_gradient
+from test_fused_attention import cut
 from test_no_hidden_allocations import BOUND, allocations
 
 RNG = np.random.default_rng(0)
@@ -163,7 +164,7 @@ def test_16_bit_exports_keep_their_pieces():
 def test_training_steps_match_the_exported_form(name):
     m = form_model(name)
     x = RNG.standard_normal((2, 5, H)).astype(np.float32)
-    losses, arenas = [], []
+    losses = []
     for fuse in (True, False):
         plan = planner.compile(m, {"input": x.shape}, training=True, loss="mse", fuse_activation=fuse)
         assert plan.stats["fused_activation"] == fuse
@@ -231,11 +232,6 @@ def test_kernels_match_pytorch_over_many_tiles(activation, attrs):
         tol = 2e-3 if dtype == np.float16 else 1e-12
         np.testing.assert_allclose(y, forward.torch(torch, t[0], t[1], **step.attrs).numpy(), rtol=tol, atol=tol)
         np.testing.assert_allclose(dx, grad.torch(torch, t[2], t[0], t[1], **step.attrs).numpy(), rtol=tol, atol=tol)
-
-
-def cut(layout):
-    raw = np.empty(layout.nbytes, np.uint8)
-    return {c.name: raw[c.offset:c.offset + c.nbytes].view(c.dtype).reshape(c.shape) for c in layout.slices}
 
 
 def test_no_hidden_allocations_forward_and_backward():

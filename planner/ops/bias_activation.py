@@ -2,21 +2,19 @@
 the bias Add before it as one op (planner/passes/fuse_activation.py makes them from the exported pieces),
 so that training keeps X alone for backward, where the pieces keep several tensors of X's size.
 
-Both work tile by tile through a scratch of TILE elements per slice (two slices forward, three backward;
-about as much as the one chunk of activation.py's Gelu), in the accumulation dtype (float32 for 16-bit
-inputs), and may write over their input."""
+Both work tile by tile through a small scratch (two slices forward, three backward; about as much as the
+one chunk of activation.py's Gelu), in the accumulation dtype (float32 for 16-bit inputs, in tiles of half
+as many elements, so that a 16-bit plan's scratch is half a float32 plan's), and may write over X."""
 import math
-
-import numpy as np
 
 from . import schema
 from .activation import CHUNK, erf, gelu, sigmoid
-from .base import FLOATS, Info, Layout, Schema, elements
+from .base import FLOATS, Layout, Schema, elements
 from ..dtypes import is_float
 from ..errors import ShapeError
 
 TILE = CHUNK // 4
-"""Elements of each scratch slice."""
+"""Elements of each scratch slice for float32 inputs."""
 C, K = math.sqrt(2 / math.pi), 0.044715
 """The tanh Gelu's constants: tanh(C (x + K x^3))."""
 
@@ -92,7 +90,7 @@ and Swish (`alpha`: 1 is SiLU, 1.702 QuickGelu) take attributes, the others none
 TAKES = {"Gelu": ("approximate",), "Swish": ("alpha",)}
 
 
-def check(node, attr, x, bias):
+def _check(node, attr, x, bias):
     """ShapeError for an activation memplan does not fuse, a bad attribute, a bias that is not X's trailing
     dims (leading 1s aside) or not of X's dtype, or an X that is not a float."""
     name = attr(node, "activation")
@@ -127,29 +125,30 @@ def _trailing(shape):
     return shape
 
 
-def _grid(shape, bias_shape):
+def _grid(shape, bias_shape, tile):
     """(rows, row length, tile rows, tile columns): X as rows of the bias's length (one row without a
-    bias), cut into tiles of at most TILE elements."""
+    bias), cut into tiles of at most `tile` elements."""
     size = math.prod(shape)
     inner = math.prod(_trailing(bias_shape)) if bias_shape is not None else size
     rows = size // inner if inner else 0
-    width = max(1, min(inner, TILE))
-    return rows, inner, max(1, min(rows, TILE // width)), width
+    width = max(1, min(inner, tile))
+    return rows, inner, max(1, min(rows, tile // width)), width
 
 
-def layout(x, bias, accumulate, names):
-    """Scratch slices of one tile, by `names`, in the accumulation dtype."""
-    rows, _, h, w = _grid(x.shape, None if bias is None else bias.shape)
+def _layout(x, bias, accumulate, names):
+    """Scratch slices of one tile, by `names`, in the accumulation dtype: TILE elements of X's width."""
+    tile = max(1, TILE * x.dtype.itemsize // accumulate.itemsize)
+    rows, _, h, w = _grid(x.shape, None if bias is None else bias.shape, tile)
     if not rows:
         return Layout()
     return Layout.pack(*[(name, (h * w,), accumulate) for name in names])
 
 
-def tiles(xp, arrays, bias, ws):
+def _tiles(xp, arrays, bias, ws):
     """For each tile: the tile of each X-shaped array (as rows of the bias's length), then the scratch z
     holding X + bias of the tile (arrays[0] is X), then t and u (None where the workspace has no u)."""
     x = arrays[0]
-    rows, inner, h, w = _grid(x.shape, None if bias is None else bias.shape)
+    rows, inner, h, w = _grid(x.shape, None if bias is None else bias.shape, ws["z"].size if ws else 1)
     flat = [a.reshape(rows, inner) for a in arrays]
     b = None if bias is None else bias.reshape(-1)
     for r0 in range(0, rows, h):
@@ -164,7 +163,7 @@ def tiles(xp, arrays, bias, ws):
             yield parts, z, t, u
 
 
-def options(step, derivative=False):
+def _options(step, derivative=False):
     """(the activation's function, its attributes)."""
     name = step.attrs["activation"]
     return ACTIVATIONS[name][1 if derivative else 0], {k: step.attrs[k] for k in TAKES.get(name, ())}
@@ -182,12 +181,6 @@ def _torch(torch, x, bias=None, activation="Gelu", approximate="none", alpha=1.0
             "Swish": lambda v: v * torch.sigmoid(alpha * v)}[activation](z)
 
 
-def _cut(layout):
-    """{slice name: view} of a fresh buffer, as the executor cuts a step's workspace."""
-    raw = np.empty(layout.nbytes, np.uint8)
-    return {c.name: raw[c.offset:c.offset + c.nbytes].view(c.dtype).reshape(c.shape) for c in layout.slices}
-
-
 @schema("BiasActivation", domain="memplan")
 class BiasActivation(Schema):
     """Y = activation(X + bias): inputs X and an optional bias of X's trailing dims; attributes `activation`
@@ -199,11 +192,11 @@ class BiasActivation(Schema):
 
     def infer(self, node, ins):
         x, bias = (list(ins) + [None])[:2]
-        check(node, self.attr, x, bias)
+        _check(node, self.attr, x, bias)
         return [(x.shape, x.dtype)]
 
     def workspace(self, node, ins, outs, limit):
-        return layout(ins[0], (list(ins) + [None])[1], self.accumulation(ins[0].dtype), ("z", "t"))
+        return _layout(ins[0], (list(ins) + [None])[1], self.accumulation(ins[0].dtype), ("z", "t"))
 
     def flops(self, node, ins, outs):
         """The activation's operations per element, and one more for the bias."""
@@ -212,18 +205,10 @@ class BiasActivation(Schema):
 
     def kernel(self, xp, step, ins, outs, ws):
         x, bias = (list(ins) + [None])[:2]
-        fn, attrs = options(step)
-        for (_, y), z, t, u in tiles(xp, [x, outs[0]], bias, ws):
+        fn, attrs = _options(step)
+        for (_, y), z, t, u in _tiles(xp, [x, outs[0]], bias, ws):
             fn(xp, z, t, u, **attrs)
             xp.copyto(y, z)
-
-    def evaluate(self, node, x, bias=None):
-        """The value of a node whose inputs are constants, in NumPy."""
-        step = type("Step", (), {"attrs": self.normalize(node)})()
-        infos = [None if a is None else Info(a.shape, a.dtype) for a in (x, bias)]
-        out = np.empty_like(x)
-        self.kernel(np, step, [x, bias], [out], _cut(self.workspace(node, infos, None, 0)))
-        return [out]
 
     def gradient(self, b, node, dys):
         """dX from memplan.BiasActivationGrad, which recomputes X + bias; the bias's, dX summed down to it."""
@@ -246,13 +231,13 @@ class BiasActivationGrad(Schema):
 
     def infer(self, node, ins):
         dy, x, bias = (list(ins) + [None])[:3]
-        check(node, self.attr, x, bias)
+        _check(node, self.attr, x, bias)
         if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
             raise ShapeError(f"dY {tuple(dy.shape)} {dy.dtype} must have X's shape and dtype {tuple(x.shape)} {x.dtype}")
         return [(x.shape, x.dtype)]
 
     def workspace(self, node, ins, outs, limit):
-        return layout(ins[1], (list(ins) + [None])[2], self.accumulation(ins[1].dtype), ("z", "t", "u"))
+        return _layout(ins[1], (list(ins) + [None])[2], self.accumulation(ins[1].dtype), ("z", "t", "u"))
 
     def flops(self, node, ins, outs):
         """The derivative's operations per element (about twice the activation's), the bias and dY's product."""
@@ -261,8 +246,8 @@ class BiasActivationGrad(Schema):
 
     def kernel(self, xp, step, ins, outs, ws):
         dy, x, bias = (list(ins) + [None])[:3]
-        fn, attrs = options(step, derivative=True)
-        for (_, dyt, dx), z, t, u in tiles(xp, [x, dy, outs[0]], bias, ws):
+        fn, attrs = _options(step, derivative=True)
+        for (_, dyt, dx), z, t, u in _tiles(xp, [x, dy, outs[0]], bias, ws):
             fn(xp, z, t, u, **attrs)
             xp.multiply(z, dyt, out=z)
             xp.copyto(dx, z)

@@ -9,7 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import planner
 from executor import Executor
-from planner import ops
+from frontends import read
+from planner import ops, shapes
 from planner.autodiff import backward
 from planner.errors import ShapeError
 from planner.ops import Info
@@ -174,6 +175,21 @@ def test_training_steps_match_the_exported_form(name):
                        for _ in range(3)])
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
     assert len(set(np.round(losses[0], 6))) == 3  # the params did train
+
+
+@pytest.mark.parametrize("name", ["gelu_new", "erf gelu by Mul, 0.5 first", "quick gelu", "sigmoid"])
+def test_gradients_match_the_exported_form(name):
+    """d sum(y) / d (input, W, bias) through the fused op and through the pieces as read."""
+    m = form_model(name)
+    x = RNG.standard_normal((2, 5, H)).astype(np.float32)
+    got = []
+    for graph, fuse in ((planner.load(m), True), (shapes.infer(read(m)), False)):
+        assert any(n.op == "BiasActivation" for n in graph.nodes) == fuse
+        trained, grads = backward(graph, "y", wrt=["input", "w", "bias"])
+        out = Executor(planner.compile(trained, fuse_activation=fuse), backend="numpy", poison=True).run({"input": x})
+        got.append([out[grads[name]] for name in ("input", "w", "bias")])
+    for fused, plain in zip(*got):
+        np.testing.assert_allclose(fused, plain, rtol=1e-5, atol=1e-6)
 
 
 def op_model(activation, bias, shape=(3, 4), **attrs):

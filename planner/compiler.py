@@ -62,8 +62,9 @@ def compile(model, input_shapes=None, options=None, **keywords):
     plan = min(plans, key=lambda p: p.arena_bytes)
     plan.training, plan.device, plan.rank = facts, options.device, options.rank
     plan.stats.update(_flops(graph), plan_seconds=time.perf_counter() - start, precision=options.precision,
-                      fused_attention=sum(n.op == "ScaledDotProductAttention" for n in graph.nodes))
-    plan.stats["fused_norm"] = sum(n.op == "AddLayerNormalization" and n.domain == "memplan" for n in graph.nodes)
+                      fused_attention=sum(n.op == "ScaledDotProductAttention" for n in graph.nodes),
+                      fused_activation=sum(n.op == "BiasActivation" and n.domain == "memplan" for n in graph.nodes),
+                      fused_norm=sum(n.op == "AddLayerNormalization" and n.domain == "memplan" for n in graph.nodes))
     if config.debug:
         unshared = sum(allocators.align(t.nbytes, ALIGNMENT) for t in plan.tensors.values())
         print(f"memplan: {options.strategy}, {plan.schedule} schedule: memory {unshared / 2**20:.2f} MiB -> "

@@ -47,6 +47,7 @@ class CompileOptions:
     fuse_attention: bool = True
     fold_batchnorm: bool = True
     fuse_norm: bool = True
+    fuse_activation: bool = True
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:

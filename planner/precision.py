@@ -11,6 +11,9 @@ The lists are autocast's (PyTorch 2.x, torch/csrc/autograd/autocast_mode.cpp, th
 and "fp32" lists) written in ONNX's op types: conv*, matmul, mm, bmm, addmm, linear, prelu,
 scaled_dot_product_attention and the RNN cells below; softmax, log_softmax, layer_norm, group_norm,
 norm, exp, log, pow, sum, prod, cumsum, cumprod, the losses and the reciprocal family in float32.
+memplan.BiasActivation (an activation and the bias Add before it) is in LOWER: autocast adds a Linear's
+bias in the low type (addmm) and runs Gelu, SiLU, ReLU on the low result as they come, so that the
+op's X and Y stay 16-bit (within the op, tiles compute in float32).
 """
 import ml_dtypes
 import numpy as np
@@ -21,9 +24,10 @@ PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
 
 LOWER = frozenset({
     "Conv", "ConvTranspose", "ConvInteger", "DeformConv", "MatMul", "Gemm", "Einsum", "PRelu",
-    "Attention", "LSTM", "GRU", "RNN", "ScaledDotProductAttention",
+    "Attention", "LSTM", "GRU", "RNN", "ScaledDotProductAttention", "BiasActivation",
 })
-"""Op types autocast runs in the low type (ScaledDotProductAttention: memplan's fused attention)."""
+"""Op types autocast runs in the low type (ScaledDotProductAttention and BiasActivation: memplan's fused
+attention and activation)."""
 
 FP32 = frozenset({
     "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "InstanceNormalization",

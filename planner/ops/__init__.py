@@ -123,6 +123,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     loss_grad,
     fused_attention,
     fused_norm,
+    bias_activation,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

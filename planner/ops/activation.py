@@ -16,7 +16,7 @@ CHUNK = 1 << 14
 """Elements of the scratch of the ops that hold x and a function of x at once."""
 
 
-def _erf(xp):
+def erf(xp):
     """erf from SciPy on the host or CuPy's on the GPU: NumPy has none."""
     if xp.__name__ == "numpy":
         from scipy.special import erf
@@ -62,7 +62,7 @@ def _hard_swish(xp, x, t, y):
     xp.multiply(x, t, out=y)
 
 
-def _gelu(xp, x, t, y, approximate="none"):
+def gelu(xp, x, t, y, approximate="none"):
     """x/2 (1 + erf(x / sqrt 2)), or with tanh(sqrt(2/pi) (x + 0.044715 x^3)) when approximate="tanh"."""
     if approximate == "tanh":
         xp.power(x, 3, out=t)
@@ -72,13 +72,13 @@ def _gelu(xp, x, t, y, approximate="none"):
         xp.tanh(t, out=t)
     else:
         xp.divide(x, math.sqrt(2), out=t)
-        _erf(xp)(t, out=t)
+        erf(xp)(t, out=t)
     xp.add(t, 1, out=t)
     xp.multiply(x, 0.5, out=y)
     xp.multiply(y, t, out=y)
 
 
-def _sigmoid(xp, x, out=None):
+def sigmoid(xp, x, out=None):
     """1 / (1 + exp(-x)), one ufunc at a time in the output."""
     out = xp.negative(x, out=out)
     xp.exp(out, out=out)
@@ -151,11 +151,11 @@ GELU_CUDA = {"none": "0.5 * v * (1 + erf(v * 0.7071067811865476))",
              "tanh": "0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))"}
 
 unary("Relu", lambda xp, x, out=None: xp.maximum(x, 0, out=out), _relu_grad, torch="relu")
-unary("Sigmoid", _sigmoid, lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Mul", y, b.op("Sub", b.const(1, x), y))),
+unary("Sigmoid", sigmoid, lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Mul", y, b.op("Sub", b.const(1, x), y))),
       torch="sigmoid")
 unary("Tanh", "tanh", lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Sub", b.const(1, x), b.op("Mul", y, y))),
       torch="tanh")
-unary("Erf", lambda xp, x, out=None: _erf(xp)(x, out=out), _erf_grad, torch="erf")
+unary("Erf", lambda xp, x, out=None: erf(xp)(x, out=out), _erf_grad, torch="erf")
 unary("HardSigmoid", _hard_sigmoid, _hard_sigmoid_grad, defaults={"alpha": 0.2, "beta": 0.5},
       torch=lambda torch, x, alpha, beta: torch.clamp(x * alpha + beta, 0, 1),
       cuda="min(max(alpha * v + beta, 0.0), 1.0)")
@@ -163,7 +163,7 @@ unary("LeakyRelu", chunked(_leaky_relu), _leaky_relu_grad, scratch=one_chunk, de
       torch=lambda torch, x, alpha: torch.nn.functional.leaky_relu(x, alpha), cuda="v < 0 ? alpha * v : v")
 unary("HardSwish", chunked(_hard_swish), _hard_swish_grad, scratch=one_chunk,
       torch=lambda torch, x: torch.nn.functional.hardswish(x), cuda="v * min(max(v / 6 + 0.5, 0.0), 1.0)")
-unary("Gelu", chunked(_gelu), _gelu_grad, scratch=one_chunk, defaults={"approximate": "none"}, torch=_torch_gelu,
+unary("Gelu", chunked(gelu), _gelu_grad, scratch=one_chunk, defaults={"approximate": "none"}, torch=_torch_gelu,
       cuda=lambda approximate: GELU_CUDA[approximate])
 unary("Softplus", lambda xp, x, out=None: xp.logaddexp(x, 0, out=out),
       lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Sigmoid", x)), torch=lambda torch, x: torch.nn.functional.softplus(x))

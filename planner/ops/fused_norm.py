@@ -4,8 +4,6 @@ recomputes the row statistics from X, so that backward keeps X alone and makes n
 besides dX. Statistics are taken in float32 for 16-bit floats (in float64 for float64)."""
 import math
 
-import numpy as np
-
 from . import schema
 from .base import FLOATS, Layout, Schema, axis as to_axis
 from ..errors import ShapeError

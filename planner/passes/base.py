@@ -71,3 +71,14 @@ def run(pipeline, graph, context=None, properties=frozenset()):
         facts.update(found)
         properties = (properties & step.keeps) | step.makes
     return graph, facts
+
+
+def rewrite_pass(name, fused, inference_only=False):
+    """The Pass `name` of a graph rewrite, `fused(graph) -> (graph, how many places it rewrote)`, typed
+    graph in and out; skipped where CompileOptions.<name> is False, and in training when `inference_only`."""
+    def apply(graph, context):
+        if not getattr(context.options, name) or (inference_only and context.options.training):
+            return Result(graph, False)
+        graph, count = fused(graph)
+        return Result(graph, bool(count))
+    return Pass(name, apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}))

@@ -8,7 +8,7 @@ ignored. CompileOptions(fold_batchnorm=False) keeps the graph as it is."""
 import numpy as np
 
 from ..ir import Node, Tensor
-from .base import TYPED, Pass, Result
+from .base import rewrite_pass
 from .pattern import Op, rewrite
 
 FOLDABLE = (np.float32, np.float64)
@@ -57,11 +57,4 @@ def folded(graph):
     return graph, folder.count
 
 
-def _fold_batchnorm(graph, context):
-    if context.options.training or not context.options.fold_batchnorm:
-        return Result(graph, False)
-    graph, count = folded(graph)
-    return Result(graph, bool(count))
-
-
-fold_batchnorm = Pass("fold_batchnorm", _fold_batchnorm, needs=frozenset({TYPED}), makes=frozenset({TYPED}))
+fold_batchnorm = rewrite_pass("fold_batchnorm", folded, inference_only=True)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..ir import Node
 from ..ops.bias_activation import fits
-from .base import TYPED, Pass, Result
+from .base import rewrite_pass
 from .pattern import Op, rewrite
 
 FUSED = "BiasActivation"
@@ -113,11 +113,4 @@ def fused(graph):
     return graph, fuser.count
 
 
-def _fuse_activation(graph, context):
-    if not context.options.fuse_activation:
-        return Result(graph, False)
-    graph, count = fused(graph)
-    return Result(graph, bool(count))
-
-
-fuse_activation = Pass("fuse_activation", _fuse_activation, needs=frozenset({TYPED}), makes=frozenset({TYPED}))
+fuse_activation = rewrite_pass("fuse_activation", fused)

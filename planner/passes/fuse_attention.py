@@ -9,7 +9,7 @@ plan.stats["fused_attention"]; CompileOptions(fuse_attention=False) keeps the ex
 import numpy as np
 
 from ..ir import Node, Tensor
-from .base import TYPED, Pass, Result
+from .base import rewrite_pass
 from .pattern import Op, rewrite
 
 FUSED = "ScaledDotProductAttention"
@@ -154,11 +154,4 @@ def fused(graph):
     return graph, fuser.count
 
 
-def _fuse_attention(graph, context):
-    if not context.options.fuse_attention:
-        return Result(graph, False)
-    graph, count = fused(graph)
-    return Result(graph, bool(count))
-
-
-fuse_attention = Pass("fuse_attention", _fuse_attention, needs=frozenset({TYPED}), makes=frozenset({TYPED}))
+fuse_attention = rewrite_pass("fuse_attention", fused)

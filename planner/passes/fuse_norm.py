@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import ops, shapes
 from ..ir import Node
-from .base import TYPED, Pass, Result
+from .base import rewrite_pass
 from .pattern import Op, rewrite
 
 FUSED = "AddLayerNormalization"
@@ -142,11 +142,4 @@ def fused(graph):
     return graph, sum(n.op == FUSED and n.domain == "memplan" for n in graph.nodes) - before
 
 
-def _fuse_norm(graph, context):
-    if not context.options.fuse_norm:
-        return Result(graph, False)
-    graph, count = fused(graph)
-    return Result(graph, bool(count))
-
-
-fuse_norm = Pass("fuse_norm", _fuse_norm, needs=frozenset({TYPED}), makes=frozenset({TYPED}))
+fuse_norm = rewrite_pass("fuse_norm", fused)

@@ -43,6 +43,11 @@ def compile(model, input_shapes=None, options=None, **keywords):
     `remat` ("mirror", "sublinear", "budget", see planner.remat) recomputes forward tensors in backward
     instead of keeping them; `memory_budget` (bytes) asks for the least recomputation whose arena fits
     it (remat="budget"; InfeasibleBudgetError when none does). MXNET_BACKWARD_DO_MIRROR=1 means "mirror".
+
+    `precision` ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", see planner.precision) plans in that
+    type. The graph rewrites (planner/passes/) are on by default; False keeps the exported form:
+    `fuse_attention`, `fuse_norm`, `fuse_activation`, and for inference `fold_batchnorm`. plan.stats
+    counts the fused ops.
     """
     from frontends import read
     start = time.perf_counter()

@@ -178,3 +178,27 @@ def test_the_default_sdpa_export_runs_like_onnxruntime(tmp_path):
     session = ort.InferenceSession(str(tmp_path / "sdpa.onnx"), providers=["CPUExecutionProvider"])
     want = session.run(None, {"input_ids": ids.numpy()})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_causal_mask_built_from_index_comparisons_becomes_causal(tmp_path, monkeypatch):
+    """With a dynamic sequence, transformers' sdpa mask is built from position comparisons when running;
+    too large to fold (as at long sequences, made so here by a lower folding limit), the fusion pass
+    evaluates it while planning: causal attention, the mask pruned, onnxruntime's results."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from planner import shapes
+    monkeypatch.setattr(shapes, "FOLD_LIMIT", SEQ * SEQ - 1)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(3))
+    path = str(tmp_path / "dynamic.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(tiny_llama("sdpa"), (ids,), path, input_names=["input_ids"], output_names=["logits"],
+                          dynamo=True, dynamic_shapes={"input_ids": {1: torch.export.Dim("seq", min=2, max=64)}})
+    plans = {fuse: planner.compile(path, {"input_ids": (BATCH, SEQ)}, fuse_attention=fuse) for fuse in (True, False)}
+    fused = [s for s in plans[True].steps if s.op == "ScaledDotProductAttention"]
+    assert len(fused) == 2 and all(s.attrs["causal"] == 1 and len(s.inputs) == 3 for s in fused)
+    built = {"LessOrEqual", "And"}  # the mask's comparisons: when running unfused, pruned once causal
+    assert built <= {s.op for s in plans[False].steps} and not built & {s.op for s in plans[True].steps}
+    got = Executor(plans[True], backend="numpy", poison=True).run({"input_ids": ids.numpy()})["logits"]
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(got, session.run(None, {"input_ids": ids.numpy()})[0], rtol=1e-4, atol=1e-5)

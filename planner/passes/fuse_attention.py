@@ -6,13 +6,22 @@ mask becomes the op's `causal`; any other mask, its additive bias. Attention of 
 is, since the fused op accumulates in float32 where the export rounds each step in 16 bits (so results would
 change); fp16 and bf16 plans of float32 models fuse first and lower after. planner.compile counts the fused ops in
 plan.stats["fused_attention"]; CompileOptions(fuse_attention=False) keeps the exported form."""
+import math
+
 import numpy as np
 
+from .. import ops
 from ..ir import Node, Tensor
+from ..ops import Info
 from .base import rewrite_pass
 from .pattern import Op, rewrite
 
 FUSED = "ScaledDotProductAttention"
+PROBE_LIMIT = 1 << 25
+"""Most elements of a mask built from constants alone (transformers' causal masks from index comparisons)
+that planning evaluates, to learn whether it is the causal one; larger masks stay an input of the op."""
+MASKED = -1e30
+"""An additive bias at or below this masks its score out: exp underflows to exactly 0 in float32."""
 
 
 def _scores():
@@ -78,6 +87,30 @@ def _built_causal(graph, cond, s, t):
     return filled and shape[-2:] == (s, t)
 
 
+def _causal_bias(bias, s, t):
+    """Whether an additive bias is 0 on the causal lower triangle and masks out (<= MASKED) the rest."""
+    attend = bias == 0
+    return bool((attend | (bias <= MASKED)).all()) and _causal(attend, s, t)
+
+
+def _computed(graph, name, limit=PROBE_LIMIT):
+    """The value of tensor `name` where it depends on constants alone, each value on the way at most
+    `limit` elements, computed by the ops' NumPy forms (planning folds only small constants); else None."""
+    value = _value(graph, name)
+    node = graph.producers.get(name)
+    if value is not None or node is None or math.prod(graph.tensors[name].shape) > limit:
+        return value
+    ins = []
+    for i in node.inputs:
+        v = _computed(graph, i, limit) if i else None
+        if i and v is None:
+            return None
+        ins.append(Info(graph.tensors[i].shape, graph.tensors[i].dtype, v) if i else None)
+    with np.errstate(all="ignore"):
+        values = ops.of(node, graph.opsets).fold(node, ins)
+    return None if values is None else np.asarray(values[node.outputs.index(name)])
+
+
 def _k(trilu):
     k = trilu.attrs.get("k", 0)
     return int(np.ravel(k)[0]) if k is not None else 0
@@ -87,7 +120,13 @@ class _Fuser:
     """Builds the replacement of one match, or None where the match is not attention memplan can fuse."""
 
     def __init__(self, graph):
-        self.graph, self.count, self.fresh = graph, 0, {}
+        self.graph, self.count, self.fresh, self.masks = graph, 0, {}, {}
+
+    def mask(self, name):
+        """`_computed` of a mask, once per mask (every layer reads the same one)."""
+        if name not in self.masks:
+            self.masks[name] = _computed(self.graph, name)
+        return self.masks[name]
 
     def build(self, m, scaling, masking):
         g = self.graph
@@ -109,7 +148,11 @@ class _Fuser:
             bias = m.bindings["bias"]
             if g.tensors[bias].dtype != g.tensors[q].dtype or not _broadcasts(g.tensors[bias].shape, (b, h, s, t)):
                 return None
-            inputs.append(bias)
+            value = self.mask(bias)
+            if value is not None and _causal_bias(value, s, t):
+                causal = 1
+            elif value is None or value.any():
+                inputs.append(bias)
         elif masking.startswith("where"):
             cond, fill = m.bindings["cond"], _value(g, m.bindings["fill"])
             if fill is None or fill.size != 1 or not _broadcasts(g.tensors[cond].shape, (b, h, s, t)):
@@ -117,7 +160,7 @@ class _Fuser:
             if masking == "where" and _built_causal(g, cond, s, t):
                 causal = 1
             else:
-                value = _value(g, cond)
+                value = self.mask(cond)
                 if value is None:
                     return None
                 attend = value if masking == "where" else ~value

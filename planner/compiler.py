@@ -16,6 +16,7 @@ from .ir import Phase
 from .liveness import lifetimes
 from .options import SCHEDULES, STRATEGIES, CompileOptions
 from .plan import ALIGNMENT, Plan, PlannedTensor, Step
+from .passes.fold_transpose import SUFFIX as FOLDED
 from .schedule import schedule as make_schedule
 
 __all__ = ["compile", "plan_graph", "CompileOptions", "STRATEGIES", "SCHEDULES"]
@@ -62,7 +63,8 @@ def compile(model, input_shapes=None, options=None, **keywords):
     plan = min(plans, key=lambda p: p.arena_bytes)
     plan.training, plan.device, plan.rank = facts, options.device, options.rank
     plan.stats.update(_flops(graph), plan_seconds=time.perf_counter() - start, precision=options.precision,
-                      fused_attention=sum(n.op == "ScaledDotProductAttention" for n in graph.nodes))
+                      fused_attention=sum(n.op == "ScaledDotProductAttention" for n in graph.nodes),
+                      folded_transposes=sum(n.op == "Gemm" and n.name.endswith(FOLDED) for n in graph.nodes))
     if config.debug:
         unshared = sum(allocators.align(t.nbytes, ALIGNMENT) for t in plan.tensors.values())
         print(f"memplan: {options.strategy}, {plan.schedule} schedule: memory {unshared / 2**20:.2f} MiB -> "

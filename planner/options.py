@@ -45,6 +45,7 @@ class CompileOptions:
     rank: int = 0
     precision: str = "fp32"
     fuse_attention: bool = True
+    fold_transpose: bool = True
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:

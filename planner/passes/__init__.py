@@ -2,6 +2,7 @@
 runs before planning: plain lists, applied top to bottom by `run`."""
 from .base import GRADIENTS, LOSS, PRUNED, TYPED, UPDATES, Context, Pass, Result, run
 from .decompose import decompose
+from .fold_transpose import fold_transpose
 from .fuse_attention import fuse_attention
 from .gradients import gradients
 from .infer_shapes import infer_shapes
@@ -18,6 +19,7 @@ INFERENCE = [
     decompose,          # composite ops replaced by their parts
     simplify,           # Identity and Casts to the same dtype dropped
     fuse_attention,     # attention as one tiled op, its scores never held
+    fold_transpose,     # MatMul of a transposed matrix as a Gemm, no transposed copy
     precision,          # 16-bit floats, or autocast's policy, with the casts they need
     prune,              # what no output needs dropped
 ]
@@ -31,5 +33,5 @@ TRAINING = [
 ]
 
 __all__ = ["Pass", "Result", "Context", "run", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
-           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "fuse_attention", "precision", "prune", "training_mode", "loss", "gradients", "optimizer",
+           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "fuse_attention", "fold_transpose", "precision", "prune", "training_mode", "loss", "gradients", "optimizer",
            "recomputation"]

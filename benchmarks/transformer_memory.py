@@ -17,12 +17,15 @@ gradient of the tied embedding / LM-head weight before the two uses are summed),
   running sum, leaving out the allocations that end the step as a parameter's .grad.
 - memplan: breakdown.peak over the io, saved and activations fields (the most bytes the planned step
   holds outside params, gradients and optimizer state at one step) plus the pooled workspace slot. Two
-  plans (bestfit, sgd): "export", torch.onnx's dynamo export of the same module (its logits), planned
-  with training=True and loss cross_entropy, the initializers that are no parameter frozen; "zoo", the
+  plans (bestfit, sgd, default passes): "export", torch.onnx's dynamo export of the same module (its
+  logits), planned with training=True and loss cross_entropy (classes on the last dim, as the language
+  model rule finds), the initializers that are no parameter frozen (none are, for GPT-2); "zoo", the
   zoo's gpt2_small (an untied LM head; otherwise the same layers).
---explain N lists the N largest buffers live at each side's peak. Progress goes to stderr.
+--explain N lists, for each side, the N largest groups of the buffers live at its peak: by the op that
+made them and their size (and memplan's category). Progress goes to stderr.
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -75,8 +78,8 @@ def feeds(vocab, seq):
 
 
 def torch_activations(lm, seq, top):
-    """PyTorch's activation bytes over one step (see the module doc), and its `top` largest allocations
-    live at that peak as (bytes, the op that made it)."""
+    """PyTorch's activation bytes over one step (see the module doc), and the `top` largest groups of the
+    allocations live at that peak (`grouped`) by the op that made them."""
     import torch
     from torch.nn.functional import cross_entropy
     ids, labels = (torch.as_tensor(a) for a in feeds(lm.config.vocab_size, seq))
@@ -117,8 +120,18 @@ def torch_activations(lm, seq, top):
         if running > most:
             most, at_most = running, dict(live)
     ops = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in trace if e.get("cat") == "cpu_op")
-    largest = sorted(at_most.values(), reverse=True)[:top]
-    return most, [(nbytes, _op_at(ops, ts)) for nbytes, ts in largest]
+    return most, grouped(((nbytes, _op_at(ops, ts)) for nbytes, ts in at_most.values()), top)
+
+
+def grouped(buffers, top):
+    """The `top` largest groups of (bytes, *what made them) buffers of one size and maker, as (total bytes,
+    how many, the size in MiB, *what)."""
+    groups = {}
+    for nbytes, *what in buffers:
+        key = (round(nbytes / MiB, 2), *what)
+        total, count = groups.get(key, (0, 0))
+        groups[key] = (total + nbytes, count + 1)
+    return sorted(((total, count, *key) for key, (total, count) in groups.items()), reverse=True)[:top]
 
 
 def _op_at(ops, ts):
@@ -132,7 +145,7 @@ def export(module, seq, path):
     element that are no parameter of it (folded buffers and computed tables, to freeze)."""
     import torch
     ids = torch.as_tensor(feeds(module.lm.config.vocab_size, seq)[0])
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):  # the exporter's progress
         warnings.simplefilter("ignore")
         torch.onnx.export(module, (ids,), path, input_names=["input_ids"], output_names=["logits"], dynamo=True)
     names = {name for name, _ in module.named_parameters(remove_duplicate=False)}  # a tied weight's both names
@@ -145,8 +158,8 @@ def export(module, seq, path):
 
 
 def memplan_activations(plan, top):
-    """memplan's activation bytes (see the module doc), and its `top` largest buffers live at that step as
-    (bytes, category, the tensor holding it then)."""
+    """memplan's activation bytes (see the module doc), and the `top` largest groups of the buffers live at
+    that step (`grouped`) by their category and the op that wrote them."""
     most, step = peak(plan, FIELDS)
     members = {}
     for t in plan.tensors.values():
@@ -154,8 +167,9 @@ def memplan_activations(plan, top):
             members.setdefault(t.alias_of or t.name, []).append(t)
     held = {root: max(ts, key=lambda t: t.lifetime) for root, ts in members.items()
             if plan.tensors[root].lifetime is not None and max(t.lifetime[1] for t in ts) >= step}
-    largest = sorted(((plan.tensors[root].nbytes, category(t), t.name) for root, t in held.items()
-                      if category(t) in ("io", "saved", "activation", "recomputed")), reverse=True)[:top]
+    writer = {out: step.op for step in plan.steps for out in step.outputs}
+    largest = grouped(((plan.tensors[root].nbytes, category(t), writer.get(root, "input")) for root, t in held.items()
+                       if category(t) in ("io", "saved", "activation", "recomputed")), top)
     return most + plan.breakdown["workspace"], largest
 
 
@@ -187,7 +201,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqs", nargs="+", type=int, default=[1024])
     parser.add_argument("--explain", type=int, default=0, metavar="N",
-                        help="list the N largest buffers live at each side's peak")
+                        help="list the N largest groups of buffers live at each side's peak")
     parser.add_argument("--no-torch", dest="torch", action="store_false", help="plan only")
     args = parser.parse_args()
     positions = max(1024, *args.seqs)
@@ -206,9 +220,9 @@ def main():
     for seq, row in rows.items():
         for key, (_, largest) in row.items():
             if largest:
-                print(f"\nseq {seq}, {key}: the largest buffers live at its peak (MiB)")
-                for nbytes, *what in largest:
-                    print(f"  {nbytes / MiB:9.2f}  {' '.join(map(str, what))}")
+                print(f"\nseq {seq}, {key}: the buffers live at its peak, by maker and size (MiB)")
+                for total, count, size, *what in largest:
+                    print(f"  {total / MiB:9.2f} = {count:3d} x {size:7.2f}  {' '.join(what)}")
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ def gpt2(positions):
 
 
 def feeds(vocab, seq):
+    """(input ids, labels), each (1, seq), seeded by the length."""
     rng = np.random.default_rng(seq)
     return rng.integers(0, vocab, (1, seq)), rng.integers(0, vocab, (1, seq))
 
@@ -167,7 +168,7 @@ def memplan_activations(plan, top):
             members.setdefault(t.alias_of or t.name, []).append(t)
     held = {root: max(ts, key=lambda t: t.lifetime) for root, ts in members.items()
             if plan.tensors[root].lifetime is not None and max(t.lifetime[1] for t in ts) >= step}
-    writer = {out: step.op for step in plan.steps for out in step.outputs}
+    writer = {out: s.op for s in plan.steps for out in s.outputs}
     largest = grouped(((plan.tensors[root].nbytes, category(t), writer.get(root, "input")) for root, t in held.items()
                        if category(t) in ("io", "saved", "activation", "recomputed")), top)
     return most + plan.breakdown["workspace"], largest

@@ -68,10 +68,27 @@ def by_dtype(plan):
     return {dtype: nbytes for dtype, nbytes in sorted(live.items(), key=lambda item: -item[1]) if nbytes}
 
 
+def peak(plan, fields):
+    """(the most bytes the transient buffers of these breakdown `fields` hold at one step, that step): a
+    training step's activation memory, say, with its parameter gradients left out."""
+    names, live = _timeline(plan.tensors, len(plan.steps), category)
+    total = live[[k for k, name in enumerate(names) if FIELDS[name] in fields]].sum(axis=0)
+    step = int(np.argmax(total))
+    return int(total[step]), step
+
+
 def _live_at_fullest_step(tensors, nsteps, key=category):
     """The fullest step and {key: bytes} of the transient buffers live then, by `key` of each tensor (its
-    category). A buffer shared in place or by a view counts its aligned bytes once, under the member that
-    last took it over."""
+    category)."""
+    names, live = _timeline(tensors, nsteps, key)
+    step = int(np.argmax(live.sum(axis=0)))
+    return step, {name: int(live[k, step]) for k, name in enumerate(names)}
+
+
+def _timeline(tensors, nsteps, key):
+    """(keys, bytes live at each step under each key): every transient buffer by `key` of each tensor. A
+    buffer shared in place or by a view counts its aligned bytes once, under the member that last took it
+    over."""
     names = list(dict.fromkeys((*FIELDS, *(key(t) for t in tensors.values())) if key is category else
                                (key(t) for t in tensors.values())))
     live = np.zeros((len(names), nsteps + 2), np.int64)
@@ -90,6 +107,4 @@ def _live_at_fullest_step(tensors, nsteps, key=category):
             row = names.index(key(t))
             live[row, t.lifetime[0]] += size
             live[row, max(stop, t.lifetime[0]) + 1] -= size
-    live = np.cumsum(live, axis=1)
-    step = int(np.argmax(live.sum(axis=0)))
-    return step, {name: int(live[k, step]) for k, name in enumerate(names)}
+    return names, np.cumsum(live, axis=1)

@@ -236,9 +236,7 @@ def max_batch(args):
     config = config_of(args)
     raw = read(args.model)
     given = input_shapes(raw, args.input, None)
-    if not given and not bind_batch(raw, {}, 1):
-        raise MemplanError("max-batch varies the first dim of the inputs, but no input has a free first dim with "
-                           "its other dims fixed: give the other dims with --input NAME:DIMS")
+    check_free_batch(raw, given)
 
     def compile_at(batch, **options):
         shapes = {n: (batch, *s[1:]) for n, s in given.items()}
@@ -262,6 +260,25 @@ def max_batch(args):
     lines += [f"{r['strategy']:<22} {r['max_batch']:>9} {format_bytes(r['arena_bytes'] or 0):>13}" for r in rows]
     emit(args, "\n".join(lines))
     return 0
+
+
+def check_free_batch(raw, given):
+    """Refuse a model whose batch max-batch cannot vary: an --input whose first dim the model fixes, or no
+    input with a free first dim (its other dims fixed, or given by --input)."""
+    fixed = {n: raw.tensors[n].shape for n in (given or raw.inputs)
+             if raw.tensors[n].shape and isinstance(raw.tensors[n].shape[0], int)}
+    hint = "; export the model with a free batch dim (torch.onnx.export(..., dynamic_shapes=...))"
+    for name in given:
+        if name in fixed:
+            raise MemplanError(f"max-batch varies the first dim of the inputs, but the model fixes {name}'s at "
+                               f"{fixed[name][0]} (shape {tuple(fixed[name])}){hint}")
+    if not given and not bind_batch(raw, {}, 1):
+        if fixed and len(fixed) == len(raw.inputs):
+            shapes = ", ".join(f"{n} {tuple(s)}" for n, s in fixed.items())
+            raise MemplanError(f"max-batch varies the first dim of the inputs, but the model fixes the first dim "
+                               f"of every input ({shapes}){hint}")
+        raise MemplanError("max-batch varies the first dim of the inputs, but no input has a free first dim with "
+                           "its other dims fixed: give the other dims with --input NAME:DIMS")
 
 
 def check_output(path):

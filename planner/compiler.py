@@ -16,6 +16,7 @@ from .ir import Phase
 from .liveness import lifetimes
 from .options import SCHEDULES, STRATEGIES, CompileOptions
 from .plan import ALIGNMENT, Plan, PlannedTensor, Step
+from .passes.fold_transpose import SUFFIX as FOLDED
 from .schedule import schedule as make_schedule
 
 __all__ = ["compile", "plan_graph", "CompileOptions", "STRATEGIES", "SCHEDULES"]
@@ -46,7 +47,7 @@ def compile(model, input_shapes=None, options=None, **keywords):
 
     `precision` ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", see planner.precision) plans in that
     type. The graph rewrites (planner/passes/) are on by default; False keeps the exported form:
-    `fuse_attention`, `fuse_norm`, `fuse_activation`, and for inference `fold_batchnorm`. plan.stats
+    `fuse_attention`, `fuse_norm`, `fuse_activation`, `fold_transpose`, and for inference `fold_batchnorm`. plan.stats
     counts the fused ops.
     """
     from frontends import read
@@ -69,7 +70,8 @@ def compile(model, input_shapes=None, options=None, **keywords):
     plan.stats.update(_flops(graph), plan_seconds=time.perf_counter() - start, precision=options.precision,
                       fused_attention=sum(n.op == "ScaledDotProductAttention" for n in graph.nodes),
                       fused_activation=sum(n.op == "BiasActivation" and n.domain == "memplan" for n in graph.nodes),
-                      fused_norm=sum(n.op == "AddLayerNormalization" and n.domain == "memplan" for n in graph.nodes))
+                      fused_norm=sum(n.op == "AddLayerNormalization" and n.domain == "memplan" for n in graph.nodes),
+                      folded_transposes=sum(n.op == "Gemm" and n.name.endswith(FOLDED) for n in graph.nodes))
     if config.debug:
         unshared = sum(allocators.align(t.nbytes, ALIGNMENT) for t in plan.tensors.values())
         print(f"memplan: {options.strategy}, {plan.schedule} schedule: memory {unshared / 2**20:.2f} MiB -> "

@@ -4,8 +4,8 @@ them like the rest): a scalar `loss` tensor and the new graph input holding the 
 cross_entropy reads the classes along one dim of the logits, chosen in this order:
   - `class_axis` when given (negative counts from the end);
   - dim 1 of rank-2 (batch, classes) logits;
-  - the last dim when the model reads integer token ids through an embedding Gather: a language
-    model's (batch, seq, vocab) logits, labelled (batch, seq);
+  - the last dim when the model reads integer token ids through an embedding Gather (reshaped on the
+    way or not): a language model's (batch, seq, vocab) logits, labelled (batch, seq);
   - else dim 1, as ONNX's SoftmaxCrossEntropyLoss and PyTorch's cross_entropy read (N, C, d1, ...).
 Labels equal to `ignore_index` (PyTorch's -100 by default; None for none) count neither in the loss
 nor in its mean, so padding positions can be marked.
@@ -111,10 +111,25 @@ def _class_axis(graph, output, given):
     return 1, "(N, C, d1, ...) logits: dim 1, as ONNX's SoftmaxCrossEntropyLoss and PyTorch's cross_entropy"
 
 
+RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+"""Ops that change only the shape of the ids on their way to the embedding (torch.onnx's `view`)."""
+
+
 def _token_inputs(graph):
-    """The integer graph inputs that index an embedding table (a Gather from a param)."""
-    return [name for name in graph.inputs if graph.tensors[name].dtype.kind in "iu" and any(
-        n.op == "Gather" and n.inputs[1] == name and graph.tensors[n.inputs[0]].kind == "param" for n in graph.nodes)]
+    """The integer graph inputs that index an embedding table (a Gather from a param), as they are or
+    through RESHAPES."""
+    found = []
+    for name in graph.inputs:
+        if graph.tensors[name].dtype.kind not in "iu":
+            continue
+        ids = {name}
+        for n in graph.nodes:
+            if n.op in RESHAPES and not n.domain and n.inputs[0] in ids:
+                ids.add(n.outputs[0])
+            elif n.op == "Gather" and n.inputs[1] in ids and graph.tensors[n.inputs[0]].kind == "param":
+                found.append(name)
+                break
+    return found
 
 
 def _integer(value):

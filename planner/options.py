@@ -48,6 +48,7 @@ class CompileOptions:
     fold_batchnorm: bool = True
     fuse_norm: bool = True
     fuse_activation: bool = True
+    fold_transpose: bool = True
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:

@@ -89,6 +89,19 @@ def test_batched_matmul_views_transpose_and_arithmetic():
     check(m, p(2, 3, 4))
 
 
+def test_a_linear_weight_under_batched_rows_takes_gemms_over_the_rows():
+    """x (batch, seq, K) @ w (K, N): dW is one (K, N) Gemm over the rows, not (batch, K, N) products summed,
+    and dX reads w as it is, not a transposed copy (an LM head's would be vocab x hidden)."""
+    m = weighted([("MatMul", ["x", "w"], ["a"], {})], [3, 2, 4], dict(w=p(4, 5)))
+    graph = planner.load(m)
+    trained, grads = backward(graph, "y", wrt=["w", "x"])
+    added = [n for n in trained.nodes if n not in graph.nodes]
+    assert not any(n.op == "Transpose" for n in added)
+    assert all(trained.tensors[o].shape != (3, 4, 5) for n in added for o in n.outputs)
+    assert [n.op for n in added if grads["w"] in n.outputs] == ["Gemm"]
+    check(m, p(3, 2, 4))
+
+
 def test_gemm_transposed_inputs_and_unary_ops():
     m = model([("Gemm", ["a", "x"], ["g"], dict(transA=1, transB=1, alpha=1.5)), ("Exp", ["g"], ["e"], {}),
                ("Sqrt", ["e"], ["r"], {}), ("Reciprocal", ["r"], ["i"], {}), ("Neg", ["i"], ["n"], {}),

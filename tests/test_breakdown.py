@@ -87,3 +87,31 @@ def test_training_fields_cover_saved_values_and_gradients():
     assert plan.breakdown["optimizer"] == sum(align(t.nbytes) for t in plan.tensors.values() if t.kind == "state")
     assert plan.breakdown["params"] >= sum(align(t.nbytes) for t in plan.tensors.values() if t.kind == "param")
     assert plan.breakdown["saved"] + plan.breakdown["grads"] > 0
+
+
+def test_peak_of_some_fields_is_their_most_bytes_at_one_step():
+    """peak(plan, fields) against a step-by-step recount: all the transient fields peak at the fullest step
+    with the breakdown's bytes; without the gradients (a training step's activation memory) no step holds
+    more than the peak, and its step holds that much."""
+    m = small_model("lenet")
+    plan = planner.compile(m, input_shapes(m, 4), training=True, update="after_backward")
+    transient = ("workspace", "io", "saved", "grads", "activations")
+    groups = {}
+    for t in plan.tensors.values():
+        if t.lifetime is not None:
+            groups.setdefault(t.alias_of or t.name, []).append(t)
+    assert breakdown.peak(plan, transient) == (sum(plan.breakdown[f] for f in transient[1:]),
+                                               plan.stats["fullest_step"])
+    fields = ("io", "saved", "activations")
+    most, at = breakdown.peak(plan, fields)
+
+    def held(step):
+        total = 0
+        for root, members in groups.items():
+            if plan.tensors[root].lifetime is None or not any(m.lifetime[0] <= step <= m.lifetime[1] for m in members):
+                continue
+            holder = max((m for m in members if m.lifetime[0] <= step), key=lambda m: m.lifetime)
+            total += align(plan.tensors[root].nbytes) * (breakdown.FIELDS[breakdown.category(holder)] in fields)
+        return total
+    assert held(at) == most == max(held(s) for s in range(len(plan.steps)))
+    assert most < plan.lower_bound_bytes

@@ -274,3 +274,20 @@ def test_precision_reaches_every_command(tmp_path, capsys):
     assert cli.main(["max-batch", *MLP[:1], "--budget", "1MiB", "--precision", "fp16", "--json"]) == 0
     assert cli.main(["plan", *MLP, "--precision", "all", "-o", str(out)]) == 2
     assert "--precision all applies to report" in capsys.readouterr().err
+
+
+def test_gpt2_small_training_step_report_and_max_batch(capsys):
+    """The full-size zoo GPT-2 at sequence 16: report --training plans a language model's step (classes on
+    the last dim of the logits); max-batch --training finds a batch whose step fits while one more does not."""
+    gpt2 = ["zoo:gpt2_small", "--input", "input_ids:1x16", "--training"]
+    assert cli.main(["report", *gpt2, "--strategy", "bestfit", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["criterion"]["class_axis"] == 2 and doc["trained_params"] == 149
+    budget = dict((r["strategy"], r["arena_bytes"]) for r in doc["rows"])["bestfit"] + 16 * 2 ** 20
+    assert cli.main(["max-batch", *gpt2, "--budget", str(budget), "--strategy", "bestfit", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+
+    def arena(batch):
+        return planner.compile("zoo:gpt2_small", {"input_ids": (batch, 16)}, training=True).arena_bytes
+    assert row["strategy"] == "bestfit" and row["max_batch"] >= 2
+    assert arena(row["max_batch"]) == row["arena_bytes"] <= budget < arena(row["max_batch"] + 1)

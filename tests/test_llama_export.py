@@ -12,6 +12,7 @@ Training uses "eager" attention, as the PyTorch side trains it; transformers' de
 export reads IsNaN) is planned and run against onnxruntime in inference.
 """
 import copy
+import json
 import warnings
 
 import numpy as np
@@ -21,6 +22,7 @@ from onnx import numpy_helper
 
 import planner
 from executor import Executor
+from planner import cli
 from planner.report import report
 from zoo_cases import rel_l2
 
@@ -56,18 +58,23 @@ def tiny_llama(attention="eager"):
     return module
 
 
-def export(module, ids, path):
-    """torch.onnx.export by dynamo (it needs onnxscript), else by TorchScript; skips when neither can."""
+def export(module, ids, path, free_batch=False):
+    """torch.onnx.export by dynamo (it needs onnxscript), else by TorchScript; skips when neither can. With
+    `free_batch` the batch dim of input_ids is left free (the shape of ids fixes it otherwise)."""
     try:
         import onnxscript  # noqa: F401
         dynamo = True
     except ImportError:
         dynamo = False
+    free = {}
+    if free_batch:
+        free = {"dynamic_shapes": {"input_ids": {0: torch.export.Dim("batch")}}} if dynamo else \
+            {"dynamic_axes": {"input_ids": {0: "batch"}}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(module, (ids,), str(path), input_names=["input_ids"], output_names=["logits"],
-                              dynamo=dynamo, **({} if dynamo else {"opset_version": 17}))
+                              dynamo=dynamo, **({} if dynamo else {"opset_version": 17}), **free)
         except torch.onnx.errors.UnsupportedOperatorError as e:
             if dynamo:
                 raise
@@ -81,7 +88,12 @@ def exported(tmp_path_factory):
     module = tiny_llama()
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     path = tmp_path_factory.mktemp("llama") / "llama.onnx"
-    inits = {i.name: numpy_helper.to_array(i) for i in export(module, ids, path).graph.initializer}
+    return module, path, stored_params(module, export(module, ids, path))
+
+
+def stored_params(module, model):
+    """{parameter name: (initializer name, stored transposed)} of the module exported as `model`."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     found = {}
     for name, p in module.named_parameters():
         value = p.detach().numpy()
@@ -89,7 +101,7 @@ def exported(tmp_path_factory):
         found[name] = [(n, t) for n, a in inits.items() for t, v in forms
                        if a.shape == v.shape and np.array_equal(a, v)]
         assert len(found[name]) == 1, f"{name} is stored {len(found[name])} times among the initializers"
-    return module, path, {name: hits[0] for name, hits in found.items()}
+    return {name: hits[0] for name, hits in found.items()}
 
 
 def compiled(path, **options):
@@ -202,3 +214,42 @@ def test_a_causal_mask_built_from_index_comparisons_becomes_causal(tmp_path, mon
     got = Executor(plans[True], backend="numpy", poison=True).run({"input_ids": ids.numpy()})["logits"]
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(got, session.run(None, {"input_ids": ids.numpy()})[0], rtol=1e-4, atol=1e-5)
+@pytest.fixture(scope="module")
+def free_batch(tmp_path_factory):
+    """The tiny LLaMA exported with a free batch dim, and its folded buffers (to freeze)."""
+    module = tiny_llama()
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    path = tmp_path_factory.mktemp("llama") / "llama_batch.onnx"
+    model = export(module, ids, path, free_batch=True)
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    return path, folded_buffers(path, stored_params(module, model))
+
+
+def test_report_and_max_batch_of_the_training_step_from_the_command_line(free_batch, capsys):
+    """report --training plans the step of the 21 nn.Parameters; max-batch --training finds, for each row,
+    a batch whose training plan fits the budget while one more does not."""
+    path, frozen = free_batch
+    freeze = [arg for name in frozen for arg in ("--frozen", name)]
+    argv = [str(path), "--training", *freeze]
+    assert cli.main(["report", *argv, "--batch", "3", "--strategy", "bestfit", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["inputs"] == {"input_ids": [3, SEQ]} and doc["trained_params"] == 21
+    assert doc["criterion"]["class_axis"] == 2
+    budget = 1 << 20
+    assert cli.main(["max-batch", *argv, "--budget", "1MiB", "--strategy", "bestfit", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["strategy"] for r in rows] == ["bestfit", "bestfit + mirror", "bestfit + sublinear"]
+    for row, remat in zip(rows, (None, "mirror", "sublinear")):
+        def arena(batch):
+            return planner.compile(str(path), {"input_ids": (batch, SEQ)}, training=True, remat=remat,
+                                   frozen=frozen).arena_bytes
+        assert row["max_batch"] >= 2, row
+        assert arena(row["max_batch"]) == row["arena_bytes"] <= budget < arena(row["max_batch"] + 1), row
+
+
+def test_max_batch_of_a_fixed_batch_export_says_how_to_free_it(exported, capsys):
+    _, path, _ = exported
+    for extra in ([], ["--input", f"input_ids:{BATCH}x{SEQ}"]):
+        assert cli.main(["max-batch", str(path), "--training", "--budget", "1MiB", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "the model fixes" in err and "dynamic_shapes" in err, err

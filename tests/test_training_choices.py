@@ -126,6 +126,17 @@ def tokens(seed=0):
     return rng.integers(0, VOCAB, (BATCH, SEQ)), rng.integers(0, VOCAB, (BATCH, SEQ))
 
 
+def test_ids_reshaped_on_the_way_to_the_embedding_still_make_a_language_model():
+    """torch.onnx's dynamo export views the ids (a Reshape) before the embedding Gather (GPT-2's)."""
+    model, _ = language_model()
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [BATCH, SEQ])
+    model.graph.initializer.append(shape)
+    model.graph.node.insert(0, node("Reshape", ["input_ids", "shape"], ["view"]))
+    model.graph.node[1].input[1] = "view"
+    criterion = compiled(model, {"input_ids": (BATCH, SEQ)}).training["criterion"]
+    assert criterion["class_axis"] == 2 and criterion["rule"].startswith("a language model")
+
+
 @pytest.mark.torch
 @pytest.mark.parametrize("ignore_index", [-100, 0, None])
 def test_a_language_model_takes_classes_on_the_last_dim(ignore_index):

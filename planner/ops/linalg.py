@@ -72,16 +72,23 @@ class MatMul(Schema):
 
     def gradient(self, b, node, dys):
         """dA = dY B^T and dB = A^T dY over the last two dims, summed over broadcast batch dims; a 1-D
-        operand is taken as the one-row (A) or one-column (B) matrix it stands for."""
+        operand is taken as the one-row (A) or one-column (B) matrix it stands for. A matrix B (a Linear
+        layer's weight) takes Gemms over A's rows: no per-batch dB to sum, no transposed copy of B."""
         dy, (x, w) = dys[0], node.inputs
         sx, sw = b.shape(x), b.shape(w)
         mx, mw = ((1, *sx) if len(sx) == 1 else sx), ((*sw, 1) if len(sw) == 1 else sw)
         out = (*broadcast(mx[:-2], mw[:-2]), mx[-2], mw[-1])
         if mx != sx or mw != sw:
             dy, x, w = (b.op("Reshape", t, shape=list(s)) for t, s in ((dy, out), (x, mx), (w, mw)))
-        dx = b.op("MatMul", dy, b.op("Transpose", w, perm=_swap_last(len(mw))))
-        dw = b.op("MatMul", b.op("Transpose", x, perm=_swap_last(len(mx))), dy)
-        dx, dw = b.unbroadcast(dx, out[:-1] + mx[-1:], mx), b.unbroadcast(dw, out[:-2] + mw[-2:], mw)
+        if len(mw) == 2:  # a weight shared by every row (a Linear layer): one Gemm each, no transposed copy
+            rows = (math.prod(mx[:-1]), mx[-1]), (math.prod(out[:-1]), mw[-1])
+            flat_x, flat_dy = (t if len(mx) == 2 else b.op("Reshape", t, shape=list(r)) for t, r in zip((x, dy), rows))
+            dx, dw = b.op("Gemm", flat_dy, w, transB=1), b.op("Gemm", flat_x, flat_dy, transA=1)
+            dx = dx if len(mx) == 2 else b.op("Reshape", dx, shape=list(mx))
+        else:
+            dx = b.op("MatMul", dy, b.op("Transpose", w, perm=_swap_last(len(mw))))
+            dw = b.op("MatMul", b.op("Transpose", x, perm=_swap_last(len(mx))), dy)
+            dx, dw = b.unbroadcast(dx, out[:-1] + mx[-1:], mx), b.unbroadcast(dw, out[:-2] + mw[-2:], mw)
         return [t if m == s else b.op("Reshape", t, shape=list(s)) for t, m, s in ((dx, mx, sx), (dw, mw, sw))]
 
 

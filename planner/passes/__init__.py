@@ -4,6 +4,7 @@ from .base import GRADIENTS, LOSS, PRUNED, TYPED, UPDATES, Context, Pass, Result
 from .decompose import decompose
 from .fold_batchnorm import fold_batchnorm
 from .fuse_activation import fuse_activation
+from .fold_transpose import fold_transpose
 from .fuse_attention import fuse_attention
 from .fuse_norm import fuse_norm
 from .gradients import gradients
@@ -24,6 +25,7 @@ INFERENCE = [
     fuse_attention,     # attention as one tiled op, its scores never held
     fuse_norm,          # residual add + (RMS) layer norm as one chunked op, its gradient keeping X alone
     fuse_activation,    # an activation's pieces and its bias Add as one op, backward keeping X alone
+    fold_transpose,     # MatMul of a transposed matrix as a Gemm, no transposed copy
     precision,          # 16-bit floats, or autocast's policy, with the casts they need
     prune,              # what no output needs dropped
 ]
@@ -38,5 +40,6 @@ TRAINING = [
 
 __all__ = ["Pass", "Result", "Context", "run", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
            "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "fold_batchnorm", "fuse_attention",
-           "fuse_activation", "fuse_norm", "precision", "prune", "training_mode", "loss", "gradients", "optimizer",
+           "fuse_activation", "fuse_norm", "fold_transpose", "precision", "prune", "training_mode", "loss", "gradients",
+           "optimizer",
            "recomputation"]

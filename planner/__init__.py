@@ -14,13 +14,13 @@ def load(model, input_shapes=None):
     `model` is a path to an .onnx file, an onnx.ModelProto, a frontends.symbol.Symbol, or
     "zoo:NAME" (a built-in model, see frontends.zoo). `input_shapes` binds the inputs' dynamic
     dims, e.g. {"input": (8, 3, 224, 224)}; dims of the same name in other inputs follow. Composite
-    ops (planner/ops/composite.py) come back as the ops they are made of. Rewrites that hold for
-    inference only (BatchNormalization folded into its Conv) are left to compile: the graph still trains.
+    ops (planner/ops/composite.py) come back as the ops they are made of. The graph is the model's own:
+    the rewrites (fusions, folding, precision) are compile's (planner.passes.REWRITES), so it still trains
+    with the names it was exported with.
     """
     from frontends import read
     from . import passes
-    options = CompileOptions(fold_batchnorm=False)
-    return passes.run(passes.INFERENCE, read(model), passes.Context(options, input_shapes=input_shapes))[0]
+    return passes.run(passes.LOADING, read(model), passes.Context(input_shapes=input_shapes))[0]
 
 
 __all__ = ["load", "compile", "CompileOptions", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",

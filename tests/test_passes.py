@@ -66,11 +66,11 @@ def test_retype_folds_and_prunes_as_infer_does():
     assert signature(shapes.retype(rewritten, graph)) == signature(shapes.infer(rewritten))
 
 
-def test_the_inference_pipeline_is_load_but_for_folding_batchnorm():
-    """load's graph still trains: its BatchNormalizations stay, where compile's inference plans fold them."""
+def test_load_is_the_loading_pipeline_and_compile_rewrites_after_it():
+    """load's graph is the model's own (its BatchNormalizations stay, so it trains); compile's inference
+    pipeline rewrites it (folds them)."""
     model, shapes = small_model("resnet18"), input_shapes(small_model("resnet18"), 2)
-    kept = passes.Context(planner.CompileOptions(fold_batchnorm=False), input_shapes=shapes)
-    graph, facts = passes.run(passes.INFERENCE, read(model), kept)
+    graph, facts = passes.run(passes.LOADING, read(model), passes.Context(input_shapes=shapes))
     assert facts == {} and signature(graph) == signature(planner.load(model, shapes))
     folded, _ = passes.run(passes.INFERENCE, read(model), passes.Context(input_shapes=shapes))
     assert any(n.op == "BatchNormalization" for n in graph.nodes)

@@ -4,7 +4,7 @@ import pytest
 
 import planner
 from executor import Executor
-from frontends import read, symbol as S
+from frontends import symbol as S
 from planner import shapes
 from planner.errors import ModelError
 from planner.ir import Node
@@ -19,18 +19,13 @@ def _w(*shape):
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def typed(symbol):
-    """The typed graph of `symbol` as read: planner.load would fuse the activations these tests match."""
-    return shapes.infer(read(symbol))
-
-
 def silus():
     x = S.var("x", (2, 3))
     y = S.var("y", (2, 3))
     one = S.op("Mul", x, S.op("Sigmoid", x, name="s1"), name="m1")            # x * sigmoid(x)
     two = S.op("Mul", S.op("Sigmoid", one, name="s2"), one, name="m2")        # sigmoid(v) * v: swapped
     three = S.op("Mul", y, S.op("Sigmoid", two, name="s3"), name="m3")        # y * sigmoid(v): not a SiLU
-    return typed(three)
+    return planner.load(three)
 
 
 def linear(shared=False):
@@ -38,7 +33,7 @@ def linear(shared=False):
     h = S.op("MatMul", x, S.param("w", _w(8, 5)), name="mm")
     y = S.op("Add", S.param("b", _w(5)), h, name="add")                      # bias first: commuted
     out = S.op("Relu", y, name="relu")
-    return typed(S.group(out, S.op("Neg", h, name="neg")) if shared else out)
+    return planner.load(S.group(out, S.op("Neg", h, name="neg")) if shared else out)
 
 
 def test_silu_matches_either_order_and_binds_one_tensor():

@@ -1,6 +1,7 @@
 """Passes over the graph (one rewrite per file, each a `Pass`), and the named pipelines planner.compile
 runs before planning: plain lists, applied top to bottom by `run`."""
 from .base import GRADIENTS, LOSS, PRUNED, TYPED, UPDATES, Context, Pass, Result, run
+from .check_names import check_names
 from .decompose import decompose
 from .fold_batchnorm import fold_batchnorm
 from .fuse_activation import fuse_activation
@@ -17,10 +18,12 @@ from .recomputation import recomputation
 from .simplify import simplify
 from .training_mode import training_mode
 
-INFERENCE = [
+LOADING = [
     infer_shapes,       # concrete shapes and dtypes, constants folded
     decompose,          # composite ops replaced by their parts
     simplify,           # Identity and Casts to the same dtype dropped
+]
+REWRITES = [
     fold_batchnorm,     # inference BatchNormalization folded into the Conv before it
     fuse_attention,     # attention as one tiled op, its scores never held
     fuse_norm,          # residual add + (RMS) layer norm as one chunked op, its gradient keeping X alone
@@ -29,8 +32,11 @@ INFERENCE = [
     precision,          # 16-bit floats, or autocast's policy, with the casts they need
     prune,              # what no output needs dropped
 ]
+INFERENCE = [*LOADING, *REWRITES]
 TRAINING = [
-    *INFERENCE,
+    *LOADING,
+    check_names,        # frozen and trainable name params the model reads
+    *REWRITES,
     training_mode,      # batch statistics, dropout masks
     loss,               # the scalar "loss", the labels input
     gradients,          # the backward pass
@@ -38,8 +44,8 @@ TRAINING = [
     recomputation,      # forward values recomputed in backward instead of kept
 ]
 
-__all__ = ["Pass", "Result", "Context", "run", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
-           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "fold_batchnorm", "fuse_attention",
+__all__ = ["Pass", "Result", "Context", "run", "LOADING", "REWRITES", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
+           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm", "fuse_attention",
            "fuse_activation", "fuse_norm", "fold_transpose", "precision", "prune", "training_mode", "loss", "gradients",
            "optimizer",
            "recomputation"]

@@ -1,12 +1,10 @@
 """Training-mode semantics (planner.training.training_mode): BatchNormalization with batch statistics
-written back into its running ones, Dropout drawing its mask. It first checks that `frozen` and
-`trainable` name params of the model."""
+written back into its running ones, Dropout drawing its mask."""
 from .. import training
 from .base import PRUNED, TYPED, Pass, Result
 
 
 def _training_mode(graph, context):
-    training.check_names(graph, context.options.frozen, context.options.trainable)
     return Result(training.training_mode(graph), True)
 
 

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 import planner
 from executor import Executor
 from frontends import read
-from planner import ops, shapes
+from planner import ops, passes
 from planner.autodiff import backward
 from planner.errors import ShapeError
 from planner.ops import Info
@@ -183,7 +183,7 @@ def test_gradients_match_the_exported_form(name):
     m = form_model(name)
     x = RNG.standard_normal((2, 5, H)).astype(np.float32)
     got = []
-    for graph, fuse in ((planner.load(m), True), (shapes.infer(read(m)), False)):
+    for graph, fuse in ((passes.run(passes.INFERENCE, read(m))[0], True), (planner.load(m), False)):
         assert any(n.op == "BiasActivation" for n in graph.nodes) == fuse
         trained, grads = backward(graph, "y", wrt=["input", "w", "bias"])
         out = Executor(planner.compile(trained, fuse_activation=fuse), backend="numpy", poison=True).run({"input": x})

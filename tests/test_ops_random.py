@@ -175,8 +175,8 @@ def test_rematerialisation_keeps_the_draws():
                   helper.make_node("Mul", [f"h{k}", f"e{k}"], [f"z{k}"]),
                   helper.make_node("Tanh", [f"z{k}"], [f"t{k}"])]
         prev = f"t{k}"
-    graph = helper.make_graph(nodes, "noisy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
-                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [16, 64])], inits)
+    graph = helper.make_graph(nodes, "noisy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [64, 64])], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     plan = planner.compile(m, training=True, loss="mse", remat="sublinear")
     recomputed = plan.training["remat"]["recomputed"]

@@ -22,6 +22,7 @@ LOADING = [
     infer_shapes,       # concrete shapes and dtypes, constants folded
     decompose,          # composite ops replaced by their parts
     simplify,           # Identity and Casts to the same dtype dropped
+    prune,              # what no output needs dropped
 ]
 REWRITES = [
     fold_batchnorm,     # inference BatchNormalization folded into the Conv before it

@@ -57,7 +57,8 @@ def cpu(batch, repeat, models):
 
     import onnxruntime as ort
     from threadpoolctl import threadpool_info
-    blas = ", ".join(sorted({f"{p['internal_api']} {p['num_threads']}" for p in threadpool_info() if p["user_api"] == "blas"}))
+    blas = ", ".join(sorted({f"{p['internal_api']} {p['num_threads']} ({p.get('architecture', '?')} kernels)"
+                             for p in threadpool_info() if p["user_api"] == "blas"}))
     options = ort.SessionOptions()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}; "
           f"threads: memplan's BLAS {blas or 'none found'} (elementwise kernels: 1), onnxruntime intra-op "

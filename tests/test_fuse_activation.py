@@ -319,3 +319,15 @@ def test_transformers_exports_fuse_every_mlp_activation(kind, tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     trained = planner.compile(str(path), {"input_ids": (2, 8)}, training=True)
     assert sum(s.op == "BiasActivationGrad" for s in trained.steps) == 2
+
+
+@pytest.mark.parametrize("bound, rtol", [(3, 7e-7), (9, 3e-6)])
+def test_the_float32_normal_cdf_follows_scipys(bound, rtol):
+    """Gelu's Phi from the erfc fit, against SciPy's in float64, relative to Phi on both tails."""
+    from scipy.special import ndtr
+    from planner.ops.activation import normal_cdf
+    x = np.linspace(-bound, bound, 100_001, dtype=np.float32)
+    out, spare = np.empty_like(x), np.empty_like(x)
+    normal_cdf(np, x, out, spare)
+    want = ndtr(x.astype(np.float64))
+    assert out[50_000] == 0.5 and np.all(np.abs(out - want) <= rtol * want)

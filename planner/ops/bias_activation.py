@@ -8,13 +8,14 @@ as many elements, so that a 16-bit plan's scratch is half a float32 plan's), and
 import math
 
 from . import schema
-from .activation import CHUNK, erf, gelu, sigmoid
+from .activation import CHUNK, gelu, normal_cdf, sigmoid
 from .base import FLOATS, Layout, Schema, elements
 from ..dtypes import is_float
 from ..errors import ShapeError
 
-TILE = CHUNK // 4
-"""Elements of each scratch slice for float32 inputs."""
+TILE = CHUNK
+"""Elements of each scratch slice for float32 inputs, as the activations' chunk: smaller tiles cost more in
+NumPy's per-call overhead than in arithmetic (BERT's Gelu at 4,096 elements a tile took twice as long)."""
 C, K = math.sqrt(2 / math.pi), 0.044715
 """The tanh Gelu's constants: tanh(C (x + K x^3))."""
 
@@ -28,31 +29,29 @@ def _swish(xp, z, t, u, alpha):
 def _gelu_slope(xp, z, t, u, approximate):
     """Exact: Phi(z) + z phi(z). Tanh, with t = tanh(C (z + K z^3)): (1 + t + z (1 - t^2) C (1 + 3 K z^2)) / 2
     (the formulas of planner/ops/activation.py's Gelu gradient)."""
-    xp.multiply(z, z, out=u)
-    if approximate == "tanh":
-        xp.multiply(u, K * C, out=t)
-        xp.add(t, C, out=t)
-        xp.multiply(t, z, out=t)
-        xp.tanh(t, out=t)
-        xp.multiply(u, 3 * K * C, out=u)
-        xp.add(u, C, out=u)
+    if approximate != "tanh":
+        normal_cdf(xp, z, t, u)
+        xp.multiply(z, z, out=u)
+        xp.multiply(u, -0.5, out=u)
+        xp.exp(u, out=u)
+        xp.multiply(u, 1 / math.sqrt(2 * math.pi), out=u)
         xp.multiply(u, z, out=u)
-        xp.multiply(t, t, out=z)
-        xp.subtract(1, z, out=z)
-        xp.multiply(z, u, out=z)
-        xp.add(z, t, out=z)
-        xp.add(z, 1, out=z)
-        xp.multiply(z, 0.5, out=z)
+        xp.add(t, u, out=z)
         return
-    xp.multiply(u, -0.5, out=u)
-    xp.exp(u, out=u)
-    xp.multiply(u, 1 / math.sqrt(2 * math.pi), out=u)
+    xp.multiply(z, z, out=u)
+    xp.multiply(u, K * C, out=t)
+    xp.add(t, C, out=t)
+    xp.multiply(t, z, out=t)
+    xp.tanh(t, out=t)
+    xp.multiply(u, 3 * K * C, out=u)
+    xp.add(u, C, out=u)
     xp.multiply(u, z, out=u)
-    xp.multiply(z, 1 / math.sqrt(2), out=t)
-    erf(xp)(t, out=t)
-    xp.add(t, 1, out=t)
-    xp.multiply(t, 0.5, out=t)
-    xp.add(t, u, out=z)
+    xp.multiply(t, t, out=z)
+    xp.subtract(1, z, out=z)
+    xp.multiply(z, u, out=z)
+    xp.add(z, t, out=z)
+    xp.add(z, 1, out=z)
+    xp.multiply(z, 0.5, out=z)
 
 
 def _swish_slope(xp, z, t, u, alpha):
@@ -82,7 +81,7 @@ ACTIVATIONS = {  # name: (forward, derivative, flops per element), each computin
     "Relu": (lambda xp, z, t, u: xp.maximum(z, 0, out=z), lambda xp, z, t, u: xp.heaviside(z, 0, out=z), 1),
     "Sigmoid": (lambda xp, z, t, u: sigmoid(xp, z, out=z), _sigmoid_slope, 4),
     "Tanh": (lambda xp, z, t, u: xp.tanh(z, out=z), _tanh_slope, 4),
-    "Gelu": (lambda xp, z, t, u, approximate: gelu(xp, z, t, z, approximate), _gelu_slope, 10),
+    "Gelu": (lambda xp, z, t, u, approximate: gelu(xp, z, t, z, approximate, u), _gelu_slope, 10),
     "Swish": (_swish, _swish_slope, 6),
 }
 """The activations BiasActivation computes, by their ONNX op names: Gelu (`approximate` "none" or "tanh")
@@ -136,8 +135,9 @@ def _grid(shape, bias_shape, tile):
 
 
 def _layout(x, bias, accumulate, names):
-    """Scratch slices of one tile, by `names`, in the accumulation dtype: TILE elements of X's width."""
-    tile = max(1, TILE * x.dtype.itemsize // accumulate.itemsize)
+    """Scratch slices of one tile, by `names`, in the accumulation dtype: TILE elements of X's width (at most
+    X's), of a 16-bit X half that, so that a 16-bit plan's scratch takes half a float32 plan's bytes."""
+    tile = max(1, min(math.prod(x.shape), TILE) * x.dtype.itemsize // accumulate.itemsize)
     rows, _, h, w = _grid(x.shape, None if bias is None else bias.shape, tile)
     if not rows:
         return Layout()
@@ -196,7 +196,9 @@ class BiasActivation(Schema):
         return [(x.shape, x.dtype)]
 
     def workspace(self, node, ins, outs, limit):
-        return _layout(ins[0], (list(ins) + [None])[1], self.accumulation(ins[0].dtype), ("z", "t"))
+        """z (X + bias) and t; u too for the exact Gelu (planner.ops.activation.normal_cdf's spare)."""
+        exact = self.attr(node, "activation") == "Gelu" and self.attr(node, "approximate") == "none"
+        return _layout(ins[0], (list(ins) + [None])[1], self.accumulation(ins[0].dtype), ("z", "t", "u")[:2 + exact])
 
     def flops(self, node, ins, outs):
         """The activation's operations per element, and one more for the bias."""

@@ -46,6 +46,7 @@ class CompileOptions:
     precision: str = "fp32"
     fuse_attention: bool = True
     fold_batchnorm: bool = True
+    fuse_conv: bool = True
     fuse_norm: bool = True
     fuse_activation: bool = True
     fold_transpose: bool = True

@@ -24,10 +24,10 @@ PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
 
 LOWER = frozenset({
     "Conv", "ConvTranspose", "ConvInteger", "DeformConv", "MatMul", "Gemm", "Einsum", "PRelu",
-    "Attention", "LSTM", "GRU", "RNN", "ScaledDotProductAttention", "BiasActivation",
+    "Attention", "LSTM", "GRU", "RNN", "ScaledDotProductAttention", "BiasActivation", "FusedConv",
 })
 """Op types autocast runs in the low type (ScaledDotProductAttention and BiasActivation: memplan's fused
-attention and activation)."""
+attention and activation; FusedConv: a Conv with the Add and activation after it, as autocast runs them)."""
 
 FP32 = frozenset({
     "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "InstanceNormalization",

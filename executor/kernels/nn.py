@@ -16,6 +16,7 @@ from itertools import product
 import numpy as np
 
 from planner import ops
+from planner.ops.activation import sigmoid
 from planner.ops.nn import Chunks, window
 
 from . import cut, kernel
@@ -122,8 +123,41 @@ def conv(xp, step, ins, outs, ws):
     """im2col + GEMM: per chunk and group, the columns (images, C/group, k..., rows, out...) are zeroed
     where padding shows, filled tap by tap, and multiplied by the group's weights into the output."""
     x, w, b = _padded(ins, 3)
-    y, group = outs[0], step.attrs["group"]
-    chunks = _chunks(ws)
+    _convolve(xp, step, x, w, outs[0], ws, partial(_finish, xp, b))
+
+
+@kernel("FusedConv", domain="com.microsoft")
+def fused_conv(xp, step, ins, outs, ws):
+    """Conv, then in each chunk of the output while it is in cache: the bias, Z, the activation."""
+    x, w, b, z = _padded(ins, 4)
+    activation = _ACTIVATIONS.get(step.attrs["activation"])
+    params = step.attrs.get("activation_params") or ()
+    _convolve(xp, step, x, w, outs[0], ws, partial(_finish, xp, b, z=z, activation=activation, params=params))
+
+
+_ACTIVATIONS = {  # in place on y, with the activation_params
+    "Relu": lambda xp, y: xp.maximum(y, 0, out=y),
+    "Sigmoid": lambda xp, y: sigmoid(xp, y, out=y),
+    "Tanh": lambda xp, y: xp.tanh(y, out=y),
+    "Clip": lambda xp, y, low, high: xp.clip(y, low, high, out=y),
+    "HardSigmoid": lambda xp, y, alpha, beta: xp.clip(xp.add(xp.multiply(y, alpha, out=y), beta, out=y), 0, 1, out=y),
+}
+
+
+def _finish(xp, b, y, at=(), z=None, activation=None, params=()):
+    """The epilogue of a conv on the output block y = Y[at] (every channel of some images and rows): the
+    bias, Z[at], the activation."""
+    _add_bias(xp, y, b)
+    if z is not None:
+        xp.add(y, z[at] if at else z, out=y)
+    if activation is not None:
+        activation(xp, y, *params)
+
+
+def _convolve(xp, step, x, w, y, ws, finish):
+    """Y = conv(X, W), `finish(block, at)` applied to each block of Y once the GEMMs wrote it: per chunk of
+    images and rows (the columns' walk), else the whole of Y."""
+    group, chunks = step.attrs["group"], _chunks(ws)
     if "product" in ws:
         _depthwise(xp, step, x, w, y, ws["product"])
     elif chunks is None:
@@ -141,7 +175,10 @@ def conv(xp, step, ins, outs, ws):
                     xp.copyto(cols[(slice(None), slice(None), *tap, *at)], images[_at(source)])
                 _matmul(xp, w[g * mg:(g + 1) * mg].reshape(mg, -1), cols.reshape(n1 - n0, w[0].size, -1),
                         y[n0:n1, g * mg:(g + 1) * mg, r0:r1].reshape(n1 - n0, mg, -1))
-    _add_bias(xp, y, b)
+            at = (slice(n0, n1), slice(None), slice(r0, r1))
+            finish(y[at], at)
+        return
+    finish(y)
 
 
 def _depthwise(xp, step, x, w, y, product):

@@ -124,6 +124,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     fused_attention,
     fused_norm,
     bias_activation,
+    fused_conv,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

@@ -7,6 +7,7 @@ from .fold_batchnorm import fold_batchnorm
 from .fuse_activation import fuse_activation
 from .fold_transpose import fold_transpose
 from .fuse_attention import fuse_attention
+from .fuse_conv import fuse_conv
 from .fuse_norm import fuse_norm
 from .gradients import gradients
 from .infer_shapes import infer_shapes
@@ -26,6 +27,7 @@ LOADING = [
 ]
 REWRITES = [
     fold_batchnorm,     # inference BatchNormalization folded into the Conv before it
+    fuse_conv,          # inference Conv with the residual Add and activation after it, one pass over Y
     fuse_attention,     # attention as one tiled op, its scores never held
     fuse_norm,          # residual add + (RMS) layer norm as one chunked op, its gradient keeping X alone
     fuse_activation,    # an activation's pieces and its bias Add as one op, backward keeping X alone
@@ -46,7 +48,7 @@ TRAINING = [
 ]
 
 __all__ = ["Pass", "Result", "Context", "run", "LOADING", "REWRITES", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
-           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm", "fuse_attention",
+           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm", "fuse_conv", "fuse_attention",
            "fuse_activation", "fuse_norm", "fold_transpose", "precision", "prune", "training_mode", "loss", "gradients",
            "optimizer",
            "recomputation"]

@@ -1,6 +1,6 @@
 """Depthwise convolutions (each group reads one channel): the kernel works every channel at once, tap by
-tap, and matches onnxruntime whatever the chunks the workspace limit makes, without a larger arena than
-the columns of a GEMM per group would take."""
+tap, and matches onnxruntime whatever the chunks the workspace limit makes, its products in no more scratch
+than the columns of a GEMM per group would take or planner.ops.nn.PRODUCTS (1 MiB)."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -46,7 +46,7 @@ def test_depthwise_matches_onnxruntime_in_any_chunks(case, limit):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_the_products_take_no_more_scratch_than_the_columns():
+def test_mobilenets_largest_scratch_stays_its_first_convs_columns():
     """mobilenet_v2's arena is the one the GEMM per group planned: its largest scratch is the first conv's
     columns (27 x 112 x 112 floats an image), which the depthwise products stay within."""
     for batch in (1, 8):

@@ -12,7 +12,7 @@ import planner
 from planner import ops, workspace
 from planner.ir import Node
 from planner.ops import Info
-from planner.ops.nn import Chunks, conv_chunks
+from planner.ops.nn import PRODUCTS, Chunks, conv_chunks
 
 MiB = 1 << 20
 
@@ -107,13 +107,15 @@ def test_chunks_fit_the_limit(case, dtype):
     depthwise = schema.depthwise(node, ins[1])
     if not depthwise:
         assert schema.workspace(node, ins, outs, 1 << 40).nbytes == batch * per_image
-    for limit in LIMITS:
-        if depthwise:  # one tap's products, in no more than the columns' bytes (or one row)
-            limit = min(limit, conv_chunks(batch, grid[0], columns * np.dtype(dtype).itemsize // grid[0], limit).nbytes)
+    for asked in LIMITS:
+        limit = asked
+        if depthwise:  # one tap's products, in no more than the columns' bytes or PRODUCTS (or one row)
+            cols = conv_chunks(batch, grid[0], columns * np.dtype(dtype).itemsize // grid[0], asked).nbytes
+            limit = min(asked, max(cols, PRODUCTS))
             per_image = w_shape[0] * math.prod(grid) * np.dtype(dtype).itemsize
             row = per_image // grid[0]
-        c = schema.chunks(node, ins, outs, limit)
-        assert c.nbytes == schema.workspace(node, ins, outs, limit).nbytes
+        c = schema.chunks(node, ins, outs, asked)
+        assert c.nbytes == schema.workspace(node, ins, outs, asked).nbytes
         if per_image <= limit:  # whole images, as many as fit
             assert c.rows == grid[0] and 1 <= c.images <= batch and c.nbytes == c.images * per_image <= limit
             assert c.images == batch or (c.images + 1) * per_image > limit

@@ -179,6 +179,12 @@ def conv_chunks(batch, rows, row_bytes, limit):
     return Chunks(1, take, take * row_bytes)
 
 
+PRODUCTS = 1 << 20
+"""Bytes a depthwise conv's products may take beyond its columns' size: the columns of a small depthwise
+layer are a few KiB, and products cut that fine (one row of one image) cost more in NumPy's per-call
+overhead than in arithmetic (a 576-channel 14x14 layer at batch 8: 2,000 calls)."""
+
+
 @schema("Conv")
 class Conv(Schema):
     """Conv: X (N, C, ...), W (M, C/group, k...), optional bias B (M,).
@@ -208,7 +214,7 @@ class Conv(Schema):
     def depthwise(self, node, w):
         """Whether each group reads one input channel (a depthwise conv, MobileNet's): the kernel then
         works every channel at once, tap by tap, instead of a GEMM per group, its products in no more
-        scratch than the columns would take (at least one row of outputs)."""
+        scratch than the columns would take or PRODUCTS (at least one row of outputs)."""
         return not self.transposed and w.shape[1] == 1 and self.attr(node, "group") > 1
 
     def flops(self, node, ins, outs):
@@ -258,7 +264,8 @@ class Conv(Schema):
         columns = conv_chunks(x.shape[0], grid[0], w.shape[1] * math.prod(kernel) * pixels * item, limit)
         if not self.depthwise(node, w):
             return columns
-        return conv_chunks(x.shape[0], grid[0], w.shape[0] * pixels * item, min(limit, columns.nbytes))
+        return conv_chunks(x.shape[0], grid[0], w.shape[0] * pixels * item,
+                           min(limit, max(columns.nbytes, PRODUCTS)))
 
     def _pointwise(self, node, kernel, in_spatial, out_spatial):
         """Whether each output pixel reads only the input pixel at its own place: a kernel of one tap

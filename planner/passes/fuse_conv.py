@@ -1,15 +1,14 @@
 """Fuse a convolution with what follows it in inference: Conv, then an Add of a tensor of its output's shape
-(ResNet's residual), then Relu, Sigmoid, Tanh, HardSigmoid or a Clip (of constant bounds, which are attributes once typed), either or both,
-become one com.microsoft FusedConv, whose kernel applies them to each chunk of the output while the GEMM
-has just written it (planner/ops/fused_conv.py): a pass over the output fewer for each. Inference plans
-only (FusedConv has no gradient); CompileOptions(fuse_conv=False) keeps the graph as it is."""
+(ResNet's residual), then Relu, Sigmoid, Tanh, HardSigmoid or a Clip (of constant bounds, attributes once
+typed), either or both, become one com.microsoft FusedConv, whose kernel applies them to each chunk of the
+output as the GEMM writes it (planner/ops/fused_conv.py): a pass over the output fewer for each. Inference
+plans only (FusedConv has no gradient); CompileOptions(fuse_conv=False) keeps the graph as it is."""
 import numpy as np
 
 from ..ir import Node
+from ..ops.fused_conv import ACTIVATIONS
 from .base import rewrite_pass
 from .pattern import Op, rewrite
-
-ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "HardSigmoid", "Clip")
 
 
 def _patterns():

@@ -53,3 +53,40 @@ def test_gpt2_memory_grows_linearly_with_the_sequence():
     square = [(plan, [t for t in plan.tensors.values() if tuple(t.shape[-2:]) == (4096, 4096)]) for plan in (long, plain)]
     assert not square[0][1] and square[1][1]
     assert transient(plain) - transient(long) >= 12 * 4096 ** 2 * 4
+
+
+def additive_mask_model(bias):
+    """softmax(Q K^T / 2 + bias) V over inputs Q, K^T, V of (1, 2, S, 4), the bias a constant."""
+    from onnx import TensorProto, helper, numpy_helper
+    s = bias.shape[-1]
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["qk"]), helper.make_node("Div", ["qk", "two"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "bias"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)
+              for n, shape in (("q", [1, 2, s, 4]), ("kt", [1, 2, 4, s]), ("v", [1, 2, s, 4]))]
+    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"), numpy_helper.from_array(bias, "bias")]
+    graph = helper.make_graph(nodes, "sdpa", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+S = 6
+LOWER = np.tril(np.ones((S, S), bool))
+
+
+@pytest.mark.parametrize("bias, causal, kept", [
+    (np.where(LOWER, 0, -np.inf), 1, False),                  # a causal mask: the op's causal, no bias
+    (np.where(LOWER, 0, np.finfo(np.float32).min), 1, False),  # as transformers writes it
+    (np.where(LOWER, 0, -1e4), 0, True),                       # -1e4 need not underflow: stays a bias
+    (np.zeros((S, S)), 0, False),                               # no mask at all
+    (np.random.default_rng(0).standard_normal((S, S)), 0, True),  # a bias
+])
+def test_an_additive_mask_is_causal_only_where_it_masks_out_exactly(bias, causal, kept):
+    m = additive_mask_model(bias.reshape(1, 1, S, S).astype(np.float32))
+    shapes = {"q": (1, 2, S, 4), "kt": (1, 2, 4, S), "v": (1, 2, S, 4)}
+    rng = np.random.default_rng(1)
+    feeds = {n: rng.standard_normal(s, dtype=np.float32) for n, s in shapes.items()}
+    plans = [planner.compile(m, shapes, fuse_attention=f) for f in (True, False)]
+    fused = next(s for s in plans[0].steps if s.op == "ScaledDotProductAttention")
+    assert fused.attrs["causal"] == causal and (len(fused.inputs) == 4) == kept
+    got, want = (Executor(p, backend="numpy", poison=True).run(feeds)["y"] for p in plans)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -169,10 +169,13 @@ class _Fuser:
                 else:
                     inputs.append(self._const(np.where(attend, 0, fill.ravel()[0]).astype(g.tensors[q].dtype)))
         name = m.root.name
-        k = f"{name}/key"
-        self.fresh[k] = Tensor(k, None, None, "activation")
-        nodes.append(Node("Transpose", (kt,), (k,), {"perm": [0, 1, 3, 2]}, f"{name}/transpose_key"))
-        inputs[1] = k
+        source, perm = _key_source(g, kt)
+        if perm == [0, 1, 2, 3]:
+            inputs[1] = source
+        else:
+            inputs[1] = f"{name}/key"
+            self.fresh[inputs[1]] = Tensor(inputs[1], None, None, "activation")
+            nodes.append(Node("Transpose", (source,), (inputs[1],), {"perm": perm}, f"{name}/transpose_key"))
         nodes.append(Node(FUSED, tuple(inputs), m.root.outputs, {"scale": scale, "causal": causal}, name,
                           m.root.notes, "memplan"))
         self.count += 1
@@ -182,6 +185,17 @@ class _Fuser:
         name = f"fused_attention/bias{len(self.fresh)}"
         self.fresh[name] = Tensor(name, value.shape, value.dtype, "const", value)
         return name
+
+
+def _key_source(graph, kt):
+    """(tensor, perm) with K = Transpose(tensor, perm), K^T being `kt`: where the export transposed the
+    keys into K^T itself, the one Transpose from its input (none when it comes out as the identity)."""
+    swap = [0, 1, 3, 2]
+    producer = graph.producers.get(kt)
+    if producer is None or producer.op != "Transpose" or producer.domain:
+        return kt, swap
+    inner = producer.attrs.get("perm") or list(range(len(graph.tensors[kt].shape)))[::-1]
+    return producer.inputs[0], [int(inner[i]) for i in swap]
 
 
 def _broadcasts(shape, to):

@@ -17,6 +17,8 @@ def test_fused_attention_changes_no_result(case):
     plans = [planner.compile(model, shapes, fuse_attention=f) for f in (True, False)]
     assert plans[0].stats["fused_attention"] == 2 and plans[1].stats["fused_attention"] == 0
     assert not any(s.op == "Softmax" for s in plans[0].steps)
+    transposes = [sum(s.op == "Transpose" for s in p.steps) for p in plans]
+    assert transposes[0] == transposes[1], "K comes from the export's own key Transpose, no second copy"
     fused, plain = (Executor(p, backend="numpy", poison=True).run(inputs) for p in plans)
     for name in want:
         assert rel_l2(fused[name], plain[name]) < 1e-6, name

@@ -1,0 +1,299 @@
+"""Exact offset search in the spirit of MiniMalloc (Moffitt, ASPLOS 2023), in plain Python.
+
+A feasibility search decides whether every interval fits under a capacity; the capacity is tried at
+LOAD first and then bisected between the best proven lower bound and the best plan found (best fit's
+to begin with), so the answer is never worse than best fit and, when every probe finishes, optimal.
+
+The feasibility search is a depth-first search over *canonical* solutions: intervals are placed in
+non-decreasing order of offset, each at the lowest offset its placed neighbours allow (its
+`floor`). At each node the unplaced intervals are tried in order of (floor, preorder rank), and
+- canonical pruning: a child may not come before its parent in that order;
+- dominance: an interval whose floor is at or above the lowest top any unplaced interval could
+  reach leaves a gap that interval could fill, so it is skipped;
+- inference: time is cut into sections (steps where the live set is the same); in each section
+  the unplaced live intervals must stack above both the current offset and the top of the placed
+  ones, so `max(offset, top) + unplaced bytes <= capacity`, and every interval's floor plus its
+  size must stay under the capacity;
+- hatless pruning: if a placed interval touched no unplaced interval, no sibling can do better.
+Intervals that never share a step with anything outside their own time range (partitions) are
+searched independently. The preorder rotates between three of MiniMalloc's heuristics under a
+node limit that doubles (its round robin), so one unlucky order does not eat the time.
+"""
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import allocator, lower_bound
+from .bestfit import bestfit
+
+HEURISTICS = ("WAT", "TAW", "TWA")  # MiniMalloc's default: Width, Area, Total (section bytes), descending
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _NodeLimit(Exception):
+    pass
+
+
+@dataclass
+class ExactResult:
+    """What `exact_search` found: the offsets and total, LOAD, the proven lower bound on any
+    arena, whether the total is proven optimal, best fit's total, and the search effort."""
+    offsets: list
+    total: int
+    load: int
+    lower: int
+    optimal: bool
+    bestfit: int
+    nodes: int = 0
+    seconds: float = 0.0
+    probes: list = field(default_factory=list)  # (capacity, "fits" | "no" | "timeout")
+
+    @property
+    def gap(self):
+        """How far the total may be above the optimum, as a fraction of the proven lower bound."""
+        return self.total / self.lower - 1 if self.lower else 0.0
+
+
+@allocator("exact")
+def exact(sizes, starts, ends, alignment, time_limit=10.0):
+    """The smallest arena the exact search finds within `time_limit` seconds; never worse than best fit."""
+    result = exact_search(sizes, starts, ends, alignment, time_limit)
+    return result.offsets, result.total
+
+
+def exact_search(sizes, starts, ends, alignment=256, time_limit=10.0, initial=None):
+    """Search offsets for (aligned) `sizes`; `initial` is a known plan (offsets, total), best fit's
+    by default. Returns an ExactResult."""
+    began = time.monotonic()
+    deadline = began + float(time_limit)
+    offsets, total = initial or bestfit(sizes, starts, ends, alignment)
+    offsets = list(offsets)
+    load = lower_bound(sizes, starts, ends, alignment)
+    result = ExactResult(offsets, total, load, load, total <= load, total)
+    live = [i for i, size in enumerate(sizes) if size]
+    if result.optimal or len(live) <= 1:
+        result.optimal, result.lower = True, total
+        return result
+    problem = _Problem([sizes[i] for i in live], [starts[i] for i in live], [ends[i] for i in live])
+    lo, hi = load, total  # lo: no proof that anything below it fits; hi: a plan of that total exists
+    first = True
+    while lo < hi:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if first:  # LOAD first: on real models the optimum is usually there
+            capacity, budget = lo, left / 3
+        else:
+            steps = max(1, (hi - lo) // alignment).bit_length()
+            capacity = lo + ((hi - lo) // alignment - 1) // 2 * alignment
+            budget = max(left / steps, min(left, 0.05 * time_limit))
+        outcome, found = problem.fits(capacity, min(deadline, time.monotonic() + budget))
+        result.nodes += problem.nodes
+        if outcome == "fits":
+            top = max(o + s for o, s in zip(found, problem.sizes))
+            offsets = [0] * len(sizes)
+            for i, offset in zip(live, found):
+                offsets[i] = offset
+            result.offsets, result.total, hi = offsets, top, top
+        elif outcome == "no":
+            lo = result.lower = capacity + alignment
+        else:
+            lo = capacity + alignment  # unproven: look higher, but the lower bound stays
+        result.probes.append((capacity, outcome))
+        first = False
+    result.lower = min(result.lower, result.total)
+    result.optimal = result.lower >= result.total
+    result.seconds = time.monotonic() - began
+    return result
+
+
+class _Problem:
+    """Intervals (non-empty, aligned) cut into sections and partitions, ready for `fits`."""
+
+    def __init__(self, sizes, starts, ends):
+        n = len(sizes)
+        self.sizes = sizes
+        bounds = sorted(set(starts) | {e + 1 for e in ends})
+        index = {b: k for k, b in enumerate(bounds)}
+        self.first = [index[s] for s in starts]  # sections [first, last) of each interval
+        self.last = [index[e + 1] for e in ends]
+        self.sections = len(bounds) - 1
+        self.members = [[] for _ in range(self.sections)]  # the intervals live in each section
+        for i in range(n):
+            for s in range(self.first[i], self.last[i]):
+                self.members[s].append(i)
+        s_arr, e_arr = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+        self.overlaps = []
+        for i in range(n):
+            hit = np.flatnonzero((s_arr <= ends[i]) & (e_arr >= starts[i]))
+            self.overlaps.append([j for j in hit.tolist() if j != i])
+        # partitions: runs of sections no interval crosses between
+        order = sorted(range(n), key=lambda i: self.first[i])
+        self.partitions, reach = [], -1
+        for i in order:
+            if self.first[i] >= reach:
+                self.partitions.append([])
+            self.partitions[-1].append(i)
+            reach = max(reach, self.last[i])
+        self.nodes = 0
+
+    def fits(self, capacity, deadline):
+        """("fits", offsets) when every interval fits under `capacity`, ("no", None) when none can,
+        ("timeout", None) when the deadline came first."""
+        self.nodes = 0
+        sizes = self.sizes
+        if max(sizes) > capacity:
+            return "no", None
+        totals = [0] * self.sections
+        for i, size in enumerate(sizes):
+            for s in range(self.first[i], self.last[i]):
+                totals[s] += size
+        if max(totals) > capacity:
+            return "no", None
+        offsets = [0] * len(sizes)
+        for part in self.partitions:
+            outcome = self._fits_partition(part, capacity, deadline, totals, offsets)
+            if outcome != "fits":
+                return outcome, None
+        return "fits", offsets
+
+    def _fits_partition(self, part, capacity, deadline, totals, offsets):
+        """Round robin over the preorders with a doubling node limit (MiniMalloc's)."""
+        if len(part) == 1:
+            offsets[part[0]] = 0
+            return "fits"
+        ranks = [self._preorder(part, totals, h) for h in HEURISTICS]
+        limit = len(part)
+        while True:
+            limit *= 2
+            for rank in ranks:
+                search = _Search(self, part, rank, capacity, deadline, limit, totals)
+                try:
+                    found = search.run()
+                except _NodeLimit:
+                    self.nodes += search.nodes
+                    continue
+                except _Timeout:
+                    self.nodes += search.nodes
+                    return "timeout"
+                self.nodes += search.nodes
+                if found is None:
+                    return "no"
+                for i in part:
+                    offsets[i] = found[i]
+                return "fits"
+
+    def _preorder(self, part, totals, heuristic):
+        """{interval: rank} under a heuristic: W lifetime width, A area, T the fullest section's bytes,
+        each descending; ties by index."""
+        first, last, sizes = self.first, self.last, self.sizes
+        keys = {
+            "W": lambda i: -(last[i] - first[i]),
+            "A": lambda i: -(last[i] - first[i]) * sizes[i],
+            "T": lambda i: -max(totals[first[i]:last[i]]),
+        }
+        order = sorted(part, key=lambda i: tuple(keys[c](i) for c in heuristic) + (i,))
+        return {i: r for r, i in enumerate(order)}
+
+
+class _Search:
+    """One depth-first feasibility search of a partition under a capacity and a node limit."""
+
+    def __init__(self, problem, part, rank, capacity, deadline, limit, totals):
+        self.sizes, self.first, self.last = problem.sizes, problem.first, problem.last
+        self.overlaps, self.members = problem.overlaps, problem.members
+        self.capacity, self.deadline, self.limit = capacity, deadline, limit
+        self.total = list(totals)  # unplaced bytes per section
+        self.placed = 4 * capacity + 1  # the floor of a placed interval: above everything
+        self.floor = [self.placed] * len(problem.sizes)  # lowest offset each unplaced interval may take
+        for i in part:
+            self.floor[i] = 0
+        self.pending = set(part)
+        self.radix = len(problem.sizes)  # sort key of a candidate: floor * radix + rank
+        self.rank = [0] * self.radix
+        self.by_rank = [0] * self.radix
+        for i, r in rank.items():
+            self.rank[i], self.by_rank[r] = r, i
+        self.offsets = {}
+        self.begin, self.end = min(problem.first[i] for i in part), max(problem.last[i] for i in part)
+        self.nodes, self.solution = 0, None
+
+    def run(self):
+        """{interval: offset} of a solution, or None when none exists."""
+        return self.solution if self._search(-1) else None
+
+    def _search(self, low):
+        self.nodes += 1
+        if self.nodes > self.limit:
+            raise _NodeLimit
+        if not self.nodes & 255 and time.monotonic() > self.deadline:
+            raise _Timeout
+        pending, floor, rank, sizes, radix = self.pending, self.floor, self.rank, self.sizes, self.radix
+        if not pending:
+            self.solution = dict(self.offsets)
+            return True
+        keys = sorted([floor[i] * radix + rank[i] for i in pending])
+        ceiling = min([floor[i] + sizes[i] for i in pending])
+        capacity, total, begin, end, placed = self.capacity, self.total, self.begin, self.end, self.placed
+        first, last, overlaps, offsets, by_rank = self.first, self.last, self.overlaps, self.offsets, self.by_rank
+        members = self.members
+        for key in keys:
+            if key <= low:
+                continue  # canonical: placements come in (offset, rank) order
+            i = by_rank[key % radix]
+            offset = floor[i]
+            if offset >= ceiling:
+                break  # dominance: it would leave a gap some unplaced interval fills; so would all later
+            a, b = first[i], last[i]
+            if offset + max(total[a:b]) > capacity:
+                continue  # its sections' unplaced bytes cannot stack above it
+            size = sizes[i]
+            height = offset + size
+            floor[i] = placed
+            pending.remove(i)
+            offsets[i] = offset
+            raised, ok, lo, hi = [], True, a, b
+            for j in overlaps[i]:
+                f = floor[j]
+                if f < height:
+                    raised.append((j, f))
+                    floor[j] = height
+                    if height + sizes[j] > capacity:
+                        ok = False
+                        break
+                    if first[j] < lo:
+                        lo = first[j]
+                    if last[j] > hi:
+                        hi = last[j]
+            for s in range(a, b):
+                total[s] -= size
+            if ok:
+                # the placed tops in its sections rose to `height`, and every unplaced interval goes
+                # at `offset` or above, where the fullest section must still fit
+                ok = height + max(total[a:b]) <= capacity and offset + max(total[begin:end]) <= capacity
+            if ok and raised:
+                # a section's unplaced intervals stack above the lowest of their floors
+                fetch = floor.__getitem__
+                for s in range(lo, hi):
+                    t = total[s]
+                    if t and min(map(fetch, members[s])) + t > capacity:
+                        ok = False
+                        break
+            if ok:
+                ok = self._search(key)
+            for s in range(a, b):
+                total[s] += size
+            for j, f in raised:
+                floor[j] = f
+            del offsets[i]
+            floor[i] = offset
+            pending.add(i)
+            if ok:
+                return True
+            if not raised and all(floor[j] == placed for j in overlaps[i]):
+                break  # hatless: nothing unplaced felt this interval; no sibling does better
+        return False

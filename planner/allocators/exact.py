@@ -220,13 +220,19 @@ class _Search:
             self.rank[i], self.by_rank[r] = r, i
         self.offsets = {}
         self.begin, self.end = min(problem.first[i] for i in part), max(problem.last[i] for i in part)
-        self.nodes, self.solution = 0, None
+        self.nodes, self.solution, self.queue = 0, None, []  # queue: groups left (set, begin, end, code)
+        self.cuts = [0] * len(totals)  # unplaced intervals live on both sides of each section boundary
+        for i in part:
+            for s in range(problem.first[i], problem.last[i] - 1):
+                self.cuts[s] += 1
 
     def run(self):
         """{interval: offset} of a solution, or None when none exists."""
-        return self.solution if self._search(-1) else None
+        return self.solution if self._search(-1, 0) == 1 else None
 
-    def _search(self, low):
+    def _search(self, low, depth):
+        """1 when the pending intervals (and the queued groups) fit, 0 when not, or the code of the
+        decomposition to return to when a queued group cannot fit whatever came before it."""
         self.nodes += 1
         if self.nodes > self.limit:
             raise _NodeLimit
@@ -234,13 +240,12 @@ class _Search:
             raise _Timeout
         pending, floor, rank, sizes, radix = self.pending, self.floor, self.rank, self.sizes, self.radix
         if not pending:
-            self.solution = dict(self.offsets)
-            return True
+            return self._next_group(depth)
         keys = sorted([floor[i] * radix + rank[i] for i in pending])
         ceiling = min([floor[i] + sizes[i] for i in pending])
         capacity, total, begin, end, placed = self.capacity, self.total, self.begin, self.end, self.placed
         first, last, overlaps, offsets, by_rank = self.first, self.last, self.overlaps, self.offsets, self.by_rank
-        members = self.members
+        members, cuts, code = self.members, self.cuts, depth + 2
         for key in keys:
             if key <= low:
                 continue  # canonical: placements come in (offset, rank) order
@@ -283,8 +288,23 @@ class _Search:
                     if t and min(map(fetch, members[s])) + t > capacity:
                         ok = False
                         break
+            split = False
+            for s in range(a, b - 1):
+                cuts[s] -= 1
+                if not cuts[s]:
+                    split = True
             if ok:
-                ok = self._search(key)
+                groups = self._groups(pending) if split and pending else ()
+                if len(groups) > 1:  # nothing unplaced crosses a cut: solve the sides separately
+                    self.queue += [(g, gb, ge, code) for g, gb, ge in reversed(groups[1:])]
+                    self.pending, self.begin, self.end = groups[0]
+                    ok = self._search(-1, depth + 1)
+                    self.pending, self.begin, self.end = pending, begin, end
+                    del self.queue[len(self.queue) - len(groups) + 1:]
+                else:
+                    ok = self._search(key, depth + 1)
+            for s in range(a, b - 1):
+                cuts[s] += 1
             for s in range(a, b):
                 total[s] += size
             for j, f in raised:
@@ -292,8 +312,35 @@ class _Search:
             del offsets[i]
             floor[i] = offset
             pending.add(i)
-            if ok:
-                return True
+            if ok == 1:
+                return 1
+            if ok and ok != code:
+                return ok  # a later group failed whatever is chosen here: back to its decomposition
             if not raised and all(floor[j] == placed for j in overlaps[i]):
                 break  # hatless: nothing unplaced felt this interval; no sibling does better
-        return False
+        return 0
+
+    def _next_group(self, depth):
+        """At a leaf: search the next queued group, or record the solution when none is left."""
+        if not self.queue:
+            self.solution = dict(self.offsets)
+            return 1
+        entry = self.queue.pop()
+        saved = self.pending, self.begin, self.end
+        self.pending, self.begin, self.end = entry[0], entry[1], entry[2]
+        found = self._search(-1, depth + 1)
+        self.pending, self.begin, self.end = saved
+        self.queue.append(entry)
+        return found if found else entry[3]
+
+    def _groups(self, pending):
+        """The pending intervals split where no pending interval crosses: [(set, begin, end)]."""
+        first, last = self.first, self.last
+        groups, reach = [], -1
+        for j in sorted(pending, key=first.__getitem__):
+            if first[j] >= reach:
+                groups.append([set(), first[j], 0])
+            group = groups[-1]
+            group[0].add(j)
+            reach = group[2] = max(reach, last[j])
+        return groups

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."), os.path.dirname(os.path.abspath(__file__))]
 
 from planner.allocators import lower_bound  # noqa: E402
 from planner.allocators.bestfit import bestfit  # noqa: E402
@@ -32,14 +32,15 @@ def read_csv(path):
     return ([int(r["size"]) for r in rows], [int(r["lower"]) for r in rows], [int(r["upper"]) - 1 for r in rows])
 
 
-def zoo_cases():
-    """(name, sizes, starts, ends, alignment) of each zoo model's arena as best fit plans it."""
+def zoo_cases(batch=1):
+    """(name, sizes, starts, ends, alignment) of each zoo model's transient buffers as best fit plans them."""
     import planner
-    from planner import zoo
-    for name in sorted(zoo.MODELS):
-        plan = planner.compile(zoo.build(name), strategy="bestfit")
-        sizes, starts, ends = plan.intervals()
-        yield name, sizes, starts, ends, 256
+    from frontends import zoo
+    from plan_quality import _image, buffers, shapes
+    for name in zoo.NAMES:
+        model = zoo.build(name)
+        graph = planner.load(model, shapes(name, batch) or {"input": (batch, *_image(model))})
+        yield (name, *buffers(planner.compile(graph, strategy="bestfit")), 256)
 
 
 def solve(sizes, starts, ends, alignment, time_limit):

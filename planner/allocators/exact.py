@@ -246,6 +246,7 @@ class _Search:
         capacity, total, begin, end, placed = self.capacity, self.total, self.begin, self.end, self.placed
         first, last, overlaps, offsets, by_rank = self.first, self.last, self.overlaps, self.offsets, self.by_rank
         members, cuts, code = self.members, self.cuts, depth + 2
+        hot_offset = hot_lo = hot_hi = -1
         for key in keys:
             if key <= low:
                 continue  # canonical: placements come in (offset, rank) order
@@ -253,7 +254,13 @@ class _Search:
             offset = floor[i]
             if offset >= ceiling:
                 break  # dominance: it would leave a gap some unplaced interval fills; so would all later
+            if offset != hot_offset:  # sections too full for everything left to go at `offset` or above
+                hot_offset, over = offset, capacity - offset
+                hot = [s for s, t in enumerate(total[begin:end], begin) if t > over]
+                hot_lo, hot_hi = (hot[0], hot[-1] + 1) if hot else (end, begin)
             a, b = first[i], last[i]
+            if a > hot_lo or b < hot_hi:
+                continue  # it must be live in every such section, or those stay too full
             if offset + max(total[a:b]) > capacity:
                 continue  # its sections' unplaced bytes cannot stack above it
             size = sizes[i]
@@ -276,16 +283,17 @@ class _Search:
                         hi = last[j]
             for s in range(a, b):
                 total[s] -= size
-            if ok:
-                # the placed tops in its sections rose to `height`, and every unplaced interval goes
-                # at `offset` or above, where the fullest section must still fit
-                ok = height + max(total[a:b]) <= capacity and offset + max(total[begin:end]) <= capacity
+            # every unplaced interval goes at `offset` or above, so each section must fit its bytes
+            # there: outside its sections by the hot check, inside by `offset + bytes` (`height +
+            # bytes left`) above
             if ok and raised:
-                # a section's unplaced intervals stack above the lowest of their floors
-                fetch = floor.__getitem__
+                # a section's unplaced intervals stack above the lowest of their floors. That lowest
+                # floor is now at most max(before, height), and before + bytes fitted (checked when
+                # it last rose; bytes only fall), so only sections with height + bytes over need a look
+                fetch, over = floor.__getitem__, capacity - height
                 for s in range(lo, hi):
                     t = total[s]
-                    if t and min(map(fetch, members[s])) + t > capacity:
+                    if t > over and min(map(fetch, members[s])) + t > capacity:
                         ok = False
                         break
             split = False

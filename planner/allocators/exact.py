@@ -86,7 +86,7 @@ def exact_search(sizes, starts, ends, alignment=256, time_limit=10.0, initial=No
         if left <= 0:
             break
         if first:  # LOAD first: on real models the optimum is usually there
-            capacity, budget = lo, left / 3
+            capacity, budget = lo, left / 2
         else:
             steps = max(1, (hi - lo) // alignment).bit_length()
             capacity = lo + ((hi - lo) // alignment - 1) // 2 * alignment
@@ -221,6 +221,7 @@ class _Search:
         self.offsets = {}
         self.begin, self.end = min(problem.first[i] for i in part), max(problem.last[i] for i in part)
         self.nodes, self.solution, self.queue = 0, None, []  # queue: groups left (set, begin, end, code)
+        self.free = [len(o) for o in problem.overlaps]  # unplaced neighbours of each interval
         self.cuts = [0] * len(totals)  # unplaced intervals live on both sides of each section boundary
         for i in part:
             for s in range(problem.first[i], problem.last[i] - 1):
@@ -245,7 +246,7 @@ class _Search:
         ceiling = min([floor[i] + sizes[i] for i in pending])
         capacity, total, begin, end, placed = self.capacity, self.total, self.begin, self.end, self.placed
         first, last, overlaps, offsets, by_rank = self.first, self.last, self.overlaps, self.offsets, self.by_rank
-        members, cuts, code = self.members, self.cuts, depth + 2
+        members, cuts, code, free = self.members, self.cuts, depth + 2, self.free
         hot_offset = hot_lo = hot_hi = -1
         for key in keys:
             if key <= low:
@@ -259,10 +260,12 @@ class _Search:
                 hot = [s for s, t in enumerate(total[begin:end], begin) if t > over]
                 hot_lo, hot_hi = (hot[0], hot[-1] + 1) if hot else (end, begin)
             a, b = first[i], last[i]
-            if a > hot_lo or b < hot_hi:
-                continue  # it must be live in every such section, or those stay too full
-            if offset + max(total[a:b]) > capacity:
-                continue  # its sections' unplaced bytes cannot stack above it
+            if a > hot_lo or b < hot_hi or offset + max(total[a:b]) > capacity:
+                # it must be live in every such section, or those stay too full; and its own
+                # sections' unplaced bytes must stack above it
+                if not free[i]:
+                    break  # hatless (below)
+                continue
             size = sizes[i]
             height = offset + size
             floor[i] = placed
@@ -302,6 +305,8 @@ class _Search:
                 if not cuts[s]:
                     split = True
             if ok:
+                for j in overlaps[i]:
+                    free[j] -= 1
                 groups = self._groups(pending) if split and pending else ()
                 if len(groups) > 1:  # nothing unplaced crosses a cut: solve the sides separately
                     self.queue += [(g, gb, ge, code) for g, gb, ge in reversed(groups[1:])]
@@ -311,6 +316,8 @@ class _Search:
                     del self.queue[len(self.queue) - len(groups) + 1:]
                 else:
                     ok = self._search(key, depth + 1)
+                for j in overlaps[i]:
+                    free[j] += 1
             for s in range(a, b - 1):
                 cuts[s] += 1
             for s in range(a, b):
@@ -324,7 +331,7 @@ class _Search:
                 return 1
             if ok and ok != code:
                 return ok  # a later group failed whatever is chosen here: back to its decomposition
-            if not raised and all(floor[j] == placed for j in overlaps[i]):
+            if not free[i]:
                 break  # hatless: nothing unplaced felt this interval; no sibling does better
         return 0
 

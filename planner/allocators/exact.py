@@ -79,18 +79,22 @@ def exact_search(sizes, starts, ends, alignment=256, time_limit=10.0, initial=No
         result.optimal, result.lower = True, total
         return result
     problem = _Problem([sizes[i] for i in live], [starts[i] for i in live], [ends[i] for i in live])
-    lo, hi = load, total  # lo: no proof that anything below it fits; hi: a plan of that total exists
-    first = True
-    while lo < hi:
+    lo, hi = load, total  # lo: the lowest capacity left to try; hi: a plan of that total exists
+    first, rounds = True, 0
+    while True:
         left = deadline - time.monotonic()
         if left <= 0:
             break
+        if lo >= hi:  # probes that timed out left a range unproven: bisect it again, with more time
+            if result.lower >= hi or left < 0.1 * time_limit:
+                break
+            lo, rounds = result.lower, rounds + 1
         if first:  # LOAD first: on real models the optimum is usually there
             capacity, budget = lo, left / 2
         else:
             steps = max(1, (hi - lo) // alignment).bit_length()
             capacity = lo + ((hi - lo) // alignment - 1) // 2 * alignment
-            budget = max(left / steps, min(left, 0.05 * time_limit))
+            budget = min(left, max(left / steps * 2 ** rounds, 0.05 * time_limit))
         outcome, found = problem.fits(capacity, min(deadline, time.monotonic() + budget))
         result.nodes += problem.nodes
         if outcome == "fits":

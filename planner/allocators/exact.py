@@ -121,6 +121,7 @@ class _Problem:
     def __init__(self, sizes, starts, ends):
         n = len(sizes)
         self.sizes = sizes
+        self.widths = [e - s + 1 for s, e in zip(starts, ends)]  # lifetimes in steps, for the preorders
         bounds = sorted(set(starts) | {e + 1 for e in ends})
         index = {b: k for k, b in enumerate(bounds)}
         self.first = [index[s] for s in starts]  # sections [first, last) of each interval
@@ -192,12 +193,12 @@ class _Problem:
                 return "fits"
 
     def _preorder(self, part, totals, heuristic):
-        """{interval: rank} under a heuristic: W lifetime width, A area, T the fullest section's bytes,
-        each descending; ties by index."""
-        first, last, sizes = self.first, self.last, self.sizes
+        """{interval: rank} under a heuristic: W lifetime in steps, A area (bytes x steps), T the fullest
+        section's bytes, each descending; ties by index."""
+        first, last, sizes, widths = self.first, self.last, self.sizes, self.widths
         keys = {
-            "W": lambda i: -(last[i] - first[i]),
-            "A": lambda i: -(last[i] - first[i]) * sizes[i],
+            "W": lambda i: -widths[i],
+            "A": lambda i: -widths[i] * sizes[i],
             "T": lambda i: -max(totals[first[i]:last[i]]),
         }
         order = sorted(part, key=lambda i: tuple(keys[c](i) for c in heuristic) + (i,))

@@ -27,7 +27,9 @@ import numpy as np
 from . import allocator, lower_bound
 from .bestfit import bestfit
 
-HEURISTICS = ("WAT", "TAW", "TWA")  # MiniMalloc's default: Width, Area, Total (section bytes), descending
+# MiniMalloc's default preorders: Width (steps), Area, Total (the fullest section's bytes), descending;
+# and the same by sections spanned (C) and bytes x sections (B), which solve other instances fast
+HEURISTICS = ("WAT", "TAW", "TWA", "CBT", "TBC", "TCB")
 
 
 class _Timeout(Exception):
@@ -90,7 +92,7 @@ def exact_search(sizes, starts, ends, alignment=256, time_limit=10.0, initial=No
                 break
             lo, rounds = result.lower, rounds + 1
         if first:  # LOAD first: on real models the optimum is usually there
-            capacity, budget = lo, left / 2
+            capacity, budget = lo, 0.6 * left
         else:
             steps = max(1, (hi - lo) // alignment).bit_length()
             capacity = lo + ((hi - lo) // alignment - 1) // 2 * alignment
@@ -193,12 +195,14 @@ class _Problem:
                 return "fits"
 
     def _preorder(self, part, totals, heuristic):
-        """{interval: rank} under a heuristic: W lifetime in steps, A area (bytes x steps), T the fullest
-        section's bytes, each descending; ties by index."""
+        """{interval: rank} under a heuristic: W lifetime in steps, A area (bytes x steps), C sections
+        spanned, B bytes x sections, T the fullest section's bytes, each descending; ties by index."""
         first, last, sizes, widths = self.first, self.last, self.sizes, self.widths
         keys = {
             "W": lambda i: -widths[i],
             "A": lambda i: -widths[i] * sizes[i],
+            "C": lambda i: -(last[i] - first[i]),
+            "B": lambda i: -(last[i] - first[i]) * sizes[i],
             "T": lambda i: -max(totals[first[i]:last[i]]),
         }
         order = sorted(part, key=lambda i: tuple(keys[c](i) for c in heuristic) + (i,))

@@ -94,3 +94,19 @@ def test_hypothesis_small_sets_are_optimal(rows):
     offsets, total = allocate("exact", sizes, starts, ends, U, time_limit=5.0)
     check(sizes, starts, ends, offsets, total)
     assert total == brute_force(sizes, starts, ends)
+
+
+def test_many_intervals_recurse_deeper_than_the_default_limit():
+    # 1,500 intervals in one staircase, each overlapping the next: best fit misses LOAD, so the
+    # search places all of them, one recursion level each; the recursion limit is restored
+    import sys
+    rng = random.Random(11)
+    n = 1500
+    sizes = [rng.randint(1, 4) * U for _ in range(n)]
+    starts = list(range(n))
+    ends = [s + rng.randint(1, 3) for s in starts]
+    limit = sys.getrecursionlimit()
+    result = exact_search(sizes, starts, ends, U, time_limit=3.0)
+    check(sizes, starts, ends, result.offsets, result.total)
+    assert result.bestfit > result.load and result.probes[0] == (result.load, "fits")
+    assert sys.getrecursionlimit() == limit

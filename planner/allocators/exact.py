@@ -1,24 +1,28 @@
 """Exact offset search in the spirit of MiniMalloc (Moffitt, ASPLOS 2023), in plain Python.
 
-A feasibility search decides whether every interval fits under a capacity; the capacity is tried at
-LOAD first and then bisected between the best proven lower bound and the best plan found (best fit's
-to begin with), so the answer is never worse than best fit and, when every probe finishes, optimal.
+A feasibility search decides whether every interval fits under a capacity. LOAD is tried first
+(0.6 of the time), then the capacity is bisected between the proven lower bound and the best plan
+found (best fit's to begin with); a range left unproven by probes that timed out is bisected
+again with more time. The answer is never worse than best fit and, when the probes end in
+"fits" at the bound or "no" below it, proven optimal.
 
 The feasibility search is a depth-first search over *canonical* solutions: intervals are placed in
 non-decreasing order of offset, each at the lowest offset its placed neighbours allow (its
 `floor`). At each node the unplaced intervals are tried in order of (floor, preorder rank), and
 - canonical pruning: a child may not come before its parent in that order;
 - dominance: an interval whose floor is at or above the lowest top any unplaced interval could
-  reach leaves a gap that interval could fill, so it is skipped;
-- inference: time is cut into sections (steps where the live set is the same); in each section
-  the unplaced live intervals must stack above both the current offset and the top of the placed
-  ones, so `max(offset, top) + unplaced bytes <= capacity`, and every interval's floor plus its
-  size must stay under the capacity;
-- hatless pruning: if a placed interval touched no unplaced interval, no sibling can do better.
-Intervals that never share a step with anything outside their own time range (partitions) are
-searched independently. The preorder rotates between three of MiniMalloc's heuristics under a
-node limit that doubles (its round robin), so one unlucky order does not eat the time.
+  reach leaves a gap that interval could fill, so it (and every later one) is skipped;
+- inference: time is cut into sections (runs of steps with the same live set). Everything left
+  goes at the current offset or above, so a section whose unplaced bytes do not fit there must
+  lie in the lifetime of the interval placed next; the unplaced intervals of a section stack
+  above the lowest of their floors; and every floor plus its size stays under the capacity;
+- hatless pruning: if a failed interval touches no unplaced interval, no sibling does better;
+- dynamic decomposition: when no unplaced interval crosses a section boundary any more, the two
+  sides are searched one after the other, and a side that fails fails the placement that split.
+The preorder rotates between six heuristics (MiniMalloc's three, by steps and by sections) under
+a node limit that doubles (its round robin), so one unlucky order does not eat the time.
 """
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -162,10 +166,17 @@ class _Problem:
         if max(totals) > capacity:
             return "no", None
         offsets = [0] * len(sizes)
-        for part in self.partitions:
-            outcome = self._fits_partition(part, capacity, deadline, totals, offsets)
-            if outcome != "fits":
-                return outcome, None
+        limit = sys.getrecursionlimit()  # the search recurses once per placement (and group)
+        sys.setrecursionlimit(max(limit, 3 * len(sizes) + 1000))
+        try:
+            for part in self.partitions:
+                outcome = self._fits_partition(part, capacity, deadline, totals, offsets)
+                if outcome != "fits":
+                    return outcome, None
+        except RecursionError:
+            return "timeout", None
+        finally:
+            sys.setrecursionlimit(limit)
         return "fits", offsets
 
     def _fits_partition(self, part, capacity, deadline, totals, offsets):

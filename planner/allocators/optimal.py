@@ -6,8 +6,9 @@ Each interval is a rectangle: fixed in time, free in space (offsets in units of 
 exact search's plan as a hint and upper bound and from its proven lower bound.
 
 `report`, a dict when given, is filled with what was proved: {"by": "exact" | "cpsat" | None,
-"optimal": bool, "lower_bytes": the proven lower bound, "gap": total / lower - 1, "cpsat": CP-SAT's
-status name or why it did not run}.
+"optimal": bool, "lower_bytes": the proven lower bound, "load_bytes": LOAD, "gap": total / lower - 1,
+"cpsat": CP-SAT's status name or why it did not run}; bytes of the intervals given, so in a Plan
+(stats["allocator_proof"]) without the persistent bytes below them.
 """
 import time
 

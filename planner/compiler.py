@@ -128,7 +128,8 @@ def plan_graph(graph, strategy, order, config, fetch=(), training=None):
                 tensors, tuple(steps_out), tuple(graph.inputs), tuple(graph.outputs),
                 stats={"allocator": name, "steps": len(steps), "buffers": len(roots), "persistent_bytes": base,
                        "inplace": sum(1 for n in root_of if n not in views), "views": len(views),
-                       "workspace": ws, "fullest_step": fullest},
+                       "workspace": ws, "fullest_step": fullest,
+                       **({"allocator_proof": options["report"]} if "report" in options else {})},
                 data={t.name: t.data for t in graph.tensors.values() if t.kind in ("param", "const")},
                 opsets=dict(graph.opsets))
 
@@ -184,8 +185,8 @@ def _allocator_options(name, config, steps, starts, ends):
             last = len(steps) - 1  # held tensors end after the last step; their blocks are never reused
             options["colors"] = ([color[steps[s].name] for s in starts], [color[steps[min(e, last)].name] for e in ends])
         return options
-    if name == "optimal":
-        return {"time_limit": config.time_limit}
+    if name == "optimal":  # `report` comes back filled with what the search proved
+        return {"time_limit": config.time_limit, "report": {}}
     return {}
 
 

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.allocators import ALLOCATORS, allocate, lower_bound
-from planner.errors import MissingDependencyError, PlanError
+from planner.errors import MissingDependencyError, PlanError, require
 
 U = 256
 NAMES = sorted(ALLOCATORS)
-OPTIONS = {"optimal": {"time_limit": 2.0}}
+OPTIONS = {"optimal": {"time_limit": 2.0}, "exact": {"time_limit": 2.0}}
 
 
 def check(sizes, starts, ends, offsets, total, alignment=U):
@@ -113,9 +113,13 @@ def test_optimal_reaches_load_where_greedy_does_not():
 
 
 def test_optimal_without_ortools(monkeypatch):
+    """The exact search alone: OR-Tools is only the second opinion, and the report says it was missing."""
     monkeypatch.setitem(sys.modules, "ortools.sat.python.cp_model", None)
+    report = {}
+    assert allocate("optimal", *ADVERSARIAL, report=report)[1] == 7 * U
+    assert report["optimal"] and report["by"] == "exact"
     with pytest.raises(MissingDependencyError, match=r'needs OR-Tools: pip install "memplan\[solver\]"'):
-        allocate("optimal", *ADVERSARIAL)
+        require("ortools.sat.python.cp_model", "CP-SAT", "OR-Tools", "solver")
 
 
 # match_range 1 reuses only equal sizes: b (1U) may not take a's 2U block, c (2U) may.

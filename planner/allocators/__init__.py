@@ -52,4 +52,4 @@ def lower_bound(sizes, starts, ends, alignment=256):
     return int(np.cumsum(delta).max())
 
 
-from . import naive, share, bestfit, optimal, baselines  # noqa: E402,F401  (register the algorithms)
+from . import naive, share, bestfit, optimal, exact, baselines  # noqa: E402,F401  (register the algorithms)

@@ -1,32 +1,56 @@
-"""Exact offset assignment with OR-Tools CP-SAT, seeded by best fit.
+"""Exact offset assignment: the exact search (exact.py) first, then OR-Tools CP-SAT as a second
+opinion when it is installed and the search has not proved its plan optimal; the best plan wins.
 
 Each interval is a rectangle: fixed in time, free in space (offsets in units of the alignment).
 `AddNoOverlap2D` keeps rectangles apart and the solver minimises the arena top, starting from the
-best-fit plan as a hint and upper bound and from LOAD as a lower bound.
+exact search's plan as a hint and upper bound and from its proven lower bound.
+
+`report`, a dict when given, is filled with what was proved: {"by": "exact" | "cpsat" | None,
+"optimal": bool, "lower_bytes": the proven lower bound, "load_bytes": LOAD, "gap": total / lower - 1,
+"cpsat": CP-SAT's status name or why it did not run}; bytes of the intervals given, so in a Plan
+(stats["allocator_proof"]) without the persistent bytes below them.
 """
-from ..errors import require
-from . import allocator, lower_bound
-from .bestfit import bestfit
+import time
+
+from ..errors import MissingDependencyError, require
+from . import allocator
+from .exact import exact_search
 
 
 @allocator("optimal")
-def optimal(sizes, starts, ends, alignment, time_limit=10.0, num_workers=2, seed=0):
-    """The smallest arena CP-SAT finds within `time_limit` seconds; never worse than best fit."""
-    cp_model = require("ortools.sat.python.cp_model", 'strategy "optimal"', "OR-Tools", "solver")
-    offsets, total = bestfit(sizes, starts, ends, alignment)
-    load = lower_bound(sizes, starts, ends, alignment)
-    if total == load or sum(1 for size in sizes if size) <= 1:
-        return offsets, total
-    model, offset_vars, top = _model(cp_model, sizes, starts, ends, alignment, offsets, total, load)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit)
-    solver.parameters.num_workers = num_workers
-    solver.parameters.random_seed = seed
-    status = solver.Solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or solver.Value(top) * alignment >= total:
-        return offsets, total
-    solved = [solver.Value(var) * alignment if var is not None else 0 for var in offset_vars]
-    return solved, solver.Value(top) * alignment
+def optimal(sizes, starts, ends, alignment, time_limit=10.0, num_workers=2, seed=0, report=None):
+    """The smallest arena the exact search (half of `time_limit`) and CP-SAT (the rest) find; never
+    worse than best fit."""
+    began = time.monotonic()
+    result = exact_search(sizes, starts, ends, alignment, time_limit / 2)
+    offsets, total, lower = result.offsets, result.total, result.lower
+    by, cpsat = ("exact" if result.optimal else None), "not needed"
+    if not result.optimal:
+        try:
+            cp_model = require("ortools.sat.python.cp_model", 'CP-SAT', "OR-Tools", "solver")
+        except MissingDependencyError:
+            cp_model, cpsat = None, "OR-Tools not installed"
+    if not result.optimal and cp_model is not None:
+        left = max(0.1, time_limit - (time.monotonic() - began))
+        model, offset_vars, top = _model(cp_model, sizes, starts, ends, alignment, offsets, total, lower)
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = float(left)
+        solver.parameters.num_workers = num_workers
+        solver.parameters.random_seed = seed
+        status = solver.Solve(model)
+        cpsat = solver.StatusName(status)
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            lower = max(lower, int(solver.BestObjectiveBound()) * alignment)
+            if solver.Value(top) * alignment < total:
+                offsets = [solver.Value(var) * alignment if var is not None else 0 for var in offset_vars]
+                total = solver.Value(top) * alignment
+            if status == cp_model.OPTIMAL:
+                by = "cpsat"
+    if report is not None:
+        lower = min(lower, total)
+        report.update(by=by, optimal=lower == total, lower_bytes=lower, load_bytes=result.load,
+                      gap=total / lower - 1 if lower else 0.0, cpsat=cpsat)
+    return offsets, total
 
 
 def _model(cp_model, sizes, starts, ends, alignment, hint, total, load):

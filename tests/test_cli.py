@@ -128,16 +128,15 @@ def block_ortools(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)
 
 
-def test_report_without_or_tools_leaves_out_the_optimal_rows_with_a_note(monkeypatch, capsys):
+def test_report_without_or_tools_keeps_the_optimal_rows(monkeypatch, capsys):
+    """The exact search needs no OR-Tools (CP-SAT is its second opinion), so a plain install has every row."""
     block_ortools(monkeypatch)
     assert cli.main(["report", *MLP]) == 0
     out = capsys.readouterr().out
-    assert "\noptimal " not in out and "bestfit " in out
-    notes = [line for line in out.splitlines() if line.startswith("note:")]
-    assert notes == ["note: row 'optimal' left out: strategy \"optimal\" needs OR-Tools: pip install \"memplan[solver]\""]
+    assert "\noptimal " in out and "bestfit " in out and "note:" not in out
     assert cli.main(["report", *MLP, "--training", "--budget", "4MiB", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [r["strategy"] for r in doc["rows"]][-1] == "bestfit" and len(doc["notes"]) == 1
+    assert [r["strategy"] for r in doc["rows"]][-1] == "optimal" and doc["notes"] == []
 
 
 def test_viz_without_graphviz_programs_says_how_to_install_them(monkeypatch, capsys, tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..ir import Node, Tensor
 from .base import rewrite_pass
-from .pattern import Op, rewrite
+from .pattern import Op, constant, rewrite
 
 FOLDABLE = (np.float32, np.float64)
 
@@ -23,18 +23,16 @@ class _Folder:
     def __init__(self, graph):
         self.graph, self.fresh, self.count = graph, {}, 0
 
-    def constant(self, name):
-        t = self.graph.tensors[name]
-        return t.data if t.kind in ("param", "const") and t.data is not None else None
-
     def build(self, m):
         bn, conv = m.named["bn"], m.named["conv"]
         if bn.attrs.get("training_mode", 0) or any(bn.outputs[1:]):
             return None
-        w = self.constant(m.bindings["w"])
-        values = [self.constant(m.bindings[k]) for k in ("scale", "beta", "mean", "var")]
-        b = self.constant(m.bindings["b"]) if "b" in m.bindings else np.zeros(w.shape[:1], w.dtype) if w is not None else None
-        if w is None or b is None or any(v is None for v in values) or w.dtype.type not in FOLDABLE:
+        w = constant(self.graph, m.bindings["w"])
+        if w is None or w.dtype.type not in FOLDABLE:
+            return None
+        b = constant(self.graph, m.bindings["b"]) if "b" in m.bindings else np.zeros(w.shape[:1], w.dtype)
+        values = [constant(self.graph, m.bindings[k]) for k in ("scale", "beta", "mean", "var")]
+        if b is None or any(v is None for v in values):
             return None
         scale, beta, mean, var = (v.astype(np.float64) for v in values)
         s = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))

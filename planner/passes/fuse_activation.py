@@ -17,7 +17,7 @@ import numpy as np
 from ..ir import Node
 from ..ops.bias_activation import fits
 from .base import rewrite_pass
-from .pattern import Op, rewrite
+from .pattern import Op, constant, rewrite
 
 FUSED = "BiasActivation"
 VALUES = {"three": 3.0, "k": 0.044715, "c": math.sqrt(2 / math.pi), "one": 1.0, "half": 0.5,
@@ -55,15 +55,10 @@ def _patterns():
     return found
 
 
-def _value(graph, name):
-    """The constant value of a tensor, or None."""
-    t = graph.tensors.get(name)
-    return None if t is None or t.kind not in ("const", "param") or t.data is None else t.data
-
 
 def _scalar(graph, name):
     """The one value of a constant, or None."""
-    value = _value(graph, name)
+    value = constant(graph, name)
     return None if value is None or value.size != 1 else float(value.ravel()[0])
 
 
@@ -76,7 +71,7 @@ class _Fuser:
     def build(self, m, attrs, biased):
         g = self.graph
         x, bias = m.bindings["x"], m.bindings.get("bias")
-        if biased and _value(g, bias) is None:
+        if biased and constant(g, bias) is None:
             x, bias = bias, x
         dtype = g.tensors[x].dtype
         if dtype.kind != "f" or dtype.itemsize < 4:
@@ -96,7 +91,7 @@ class _Fuser:
         inputs = (x,)
         if biased:
             shape = g.tensors[x].shape
-            if (_value(g, bias) is None or _value(g, x) is not None or g.tensors[bias].dtype != dtype
+            if (constant(g, bias) is None or constant(g, x) is not None or g.tensors[bias].dtype != dtype
                     or not fits(shape, g.tensors[bias].shape) or g.tensors[m.root.outputs[0]].shape != shape):
                 return None
             inputs = (x, bias)

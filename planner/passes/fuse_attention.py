@@ -14,7 +14,7 @@ from .. import ops
 from ..ir import Node, Tensor
 from ..ops import Info
 from .base import rewrite_pass
-from .pattern import Op, rewrite
+from .pattern import Op, constant, rewrite
 
 FUSED = "ScaledDotProductAttention"
 PROBE_LIMIT = 1 << 25
@@ -47,18 +47,13 @@ def _patterns():
     return found
 
 
-def _value(graph, name):
-    """The constant value of a tensor, or None."""
-    t = graph.tensors.get(name)
-    return None if t is None or t.kind not in ("const", "param") or t.data is None else t.data
-
 
 def _scale(graph, m, scaling):
     """The scale the scores are multiplied by, or None where a factor is not a one-value constant."""
     if scaling == "none":
         return 1.0
     names = ("cq", "ck") if scaling == "split" else ("c",)
-    values = [_value(graph, m.bindings[n]) for n in names]
+    values = [constant(graph, m.bindings[n]) for n in names]
     if any(v is None or v.size != 1 for v in values):
         return None
     product = float(np.prod([float(v.ravel()[0]) for v in values]))
@@ -96,7 +91,7 @@ def _causal_bias(bias, s, t):
 def _computed(graph, name, limit=PROBE_LIMIT):
     """The value of tensor `name` where it depends on constants alone, each value on the way at most
     `limit` elements, computed by the ops' NumPy forms (planning folds only small constants); else None."""
-    value = _value(graph, name)
+    value = constant(graph, name)
     node = graph.producers.get(name)
     if value is not None or node is None or math.prod(graph.tensors[name].shape) > limit:
         return value
@@ -138,7 +133,7 @@ class _Fuser:
             return None
         (b, h, s, _), t = shapes[0], shapes[1][3]
         zero = m.bindings.get("zero")
-        if zero is not None and (_value(g, zero) is None or np.any(_value(g, zero))):
+        if zero is not None and (constant(g, zero) is None or np.any(constant(g, zero))):
             return None
         scale = _scale(g, m, scaling)
         if scale is None:
@@ -154,7 +149,7 @@ class _Fuser:
             elif value is None or value.any():
                 inputs.append(bias)
         elif masking.startswith("where"):
-            cond, fill = m.bindings["cond"], _value(g, m.bindings["fill"])
+            cond, fill = m.bindings["cond"], constant(g, m.bindings["fill"])
             if fill is None or fill.size != 1 or not _broadcasts(g.tensors[cond].shape, (b, h, s, t)):
                 return None
             if masking == "where" and _built_causal(g, cond, s, t):

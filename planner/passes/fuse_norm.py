@@ -15,7 +15,7 @@ import numpy as np
 from .. import ops, shapes
 from ..ir import Node
 from .base import rewrite_pass
-from .pattern import Op, rewrite
+from .pattern import Op, constant, rewrite
 
 FUSED = "AddLayerNormalization"
 
@@ -48,10 +48,8 @@ def _patterns():
 
 def _scalar(graph, name):
     """The value of a one-element constant, or None."""
-    t = graph.tensors.get(name)
-    if t is None or t.kind not in ("const", "param") or t.data is None or np.size(t.data) != 1:
-        return None
-    return float(np.ravel(t.data)[0])
+    value = constant(graph, name)
+    return None if value is None or np.size(value) != 1 else float(np.ravel(value)[0])
 
 
 def _first_axis(node, rank):

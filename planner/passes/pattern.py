@@ -52,6 +52,13 @@ class Match:
     named: dict
 
 
+def constant(graph, name):
+    """The value of tensor `name` where it is a param or a const holding data (a weight, a folded value),
+    else None: what a rewrite may read while planning."""
+    t = graph.tensors.get(name)
+    return None if t is None or t.kind not in ("const", "param") or t.data is None else t.data
+
+
 def matches(graph, pattern):
     """The exclusive matches of `pattern` in `graph`, in the order of their roots; where two would share
     a node, the first is kept."""

@@ -30,7 +30,7 @@ def llama_export(path, max_seq):
     """Export the LLaMA of the docstring to `path` with a dynamic sequence; False (and a note) without torch,
     transformers or onnxscript."""
     try:
-        import onnxscript  # noqa: F401
+        import onnxscript  # noqa: F401  (the dynamo exporter needs it)
         import torch
         import transformers
     except ImportError as e:

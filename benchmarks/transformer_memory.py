@@ -50,26 +50,18 @@ def log(message):
 
 
 def gpt2(positions):
-    """The causal LM (eval mode, seeded) and a module returning its logits alone (what the export keeps)."""
+    """The causal LM (eval mode, seeded, no key/value cache: its logits are its one output, as exported)."""
     import torch
     import transformers
 
-    class Logits(torch.nn.Module):
-        def __init__(self, lm):
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, input_ids):
-            return self.lm(input_ids=input_ids, use_cache=False).logits
-
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_positions=positions, attn_implementation="sdpa")
+    config = transformers.GPT2Config(n_positions=positions, attn_implementation="sdpa", use_cache=False)
     lm = transformers.GPT2LMHeadModel(config).eval()
     with torch.no_grad():
         for p in lm.parameters():
             if p.ndim == 1:
                 p.add_(0.02 * torch.randn_like(p))
-    return lm, Logits(lm).eval()
+    return lm
 
 
 def feeds(vocab, seq):
@@ -145,7 +137,7 @@ def export(module, seq, path):
     """The dynamo ONNX export of `module` at (1, seq) input ids, and the float initializers of more than one
     element that are no parameter of it (folded buffers and computed tables, to freeze)."""
     import torch
-    ids = torch.as_tensor(feeds(module.lm.config.vocab_size, seq)[0])
+    ids = torch.as_tensor(feeds(module.config.vocab_size, seq)[0])
     with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):  # the exporter's progress
         warnings.simplefilter("ignore")
         torch.onnx.export(module, (ids,), path, input_names=["input_ids"], output_names=["logits"], dynamo=True)
@@ -176,7 +168,7 @@ def memplan_activations(plan, top):
 
 def measure(seq, positions, top, with_torch):
     """{column: (bytes, the largest buffers at its peak)} for one sequence length."""
-    lm, module = gpt2(positions)
+    lm = gpt2(positions)
     row = {}
     if with_torch:
         log(f"seq {seq}: PyTorch sdpa forward + loss + backward, profiled")
@@ -184,7 +176,7 @@ def measure(seq, positions, top, with_torch):
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "gpt2.onnx")
         log(f"seq {seq}: torch.onnx dynamo export")
-        frozen = export(module, seq, path)
+        frozen = export(lm, seq, path)
         log(f"seq {seq}: planning the export's training step ({len(frozen)} initializers frozen)")
         plan = planner.compile(path, {"input_ids": (1, seq)}, training=True, loss="cross_entropy",
                                optimizer="sgd", frozen=frozen)

@@ -5,7 +5,7 @@ writes. Running copies the feeds in, calls the kernels in order and copies the o
 """
 import threading
 from collections.abc import Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import numpy as np
 
@@ -46,9 +46,11 @@ class Executor:
 
     With `profile=True` each step's kernel is timed, the device synchronised after it, into
     `self.profile` (executor.profile.Profile); None otherwise. `threads` caps the host BLAS threads
-    during a run (default: the BLAS library's own choice, one per core)."""
+    during a run (default: the BLAS library's own choice, one per core). `jit` chooses the compiled CPU
+    kernels of executor.jit (numba) over the shared NumPy ones: None, where numba is installed and
+    MEMPLAN_JIT is not 0; True or False to say."""
 
-    def __init__(self, plan, backend="auto", poison=False, config=None, profile=False, threads=None):
+    def __init__(self, plan, backend="auto", poison=False, config=None, profile=False, threads=None, jit=None):
         self.plan, self.poison = plan, poison
         self.backend = backends.get(backend)
         self.backend.check_room(plan.arena_bytes, "the arena", config or Config.from_env())
@@ -56,8 +58,10 @@ class Executor:
         foreign = sorted({t.dtype for t in plan.tensors.values() if not self.backend.holds(np.dtype(t.dtype))})
         if foreign:
             raise MemplanError(f"backend {self.backend.NAME!r} cannot hold tensors of dtype {', '.join(foreign)}")
+        self.kernels = self.backend.table(jit)
+        self.jit = self.kernels is not self.backend.kernels
         missing = sorted({op_name(s.domain, s.op) for s in plan.steps
-                          if kernels.find(self.backend.kernels, s, self.backend.fuse) is None})
+                          if kernels.find(self.kernels, s, self.backend.fuse) is None})
         if missing:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.arena = Arena(plan, self.backend.xp)
@@ -74,7 +78,7 @@ class Executor:
         self.updated = False
         self.dead = _dead_after(plan) if poison else {}
         self.busy = threading.Lock()
-        self.threads = _thread_limit(threads)
+        self.threads = _thread_limit(threads, self.jit)
 
     @contextmanager
     def _exclusive(self):
@@ -110,7 +114,7 @@ class Executor:
             base = self.plan.tensors[step.workspace].offset
             ws = {c.name: self.arena.bytes(base + c.offset, c.nbytes).view(np.dtype(c.dtype)).reshape(c.shape)
                   for c in step.scratch}
-        fn = kernels.find(self.backend.kernels, step, self.backend.fuse)
+        fn = kernels.find(self.kernels, step, self.backend.fuse)
         if self.profile:
             fn = self.profile.timed(k, fn)
         return (fn, step, [views(i) if i else None for i in step.inputs],
@@ -223,15 +227,24 @@ class Executor:
         return cast
 
 
-def _thread_limit(threads):
-    """None for no cap, else a context manager capping the BLAS threads at `threads` (threadpoolctl)."""
+def _thread_limit(threads, jit):
+    """None for no cap, else a function making a context manager that caps the BLAS threads at `threads`
+    (threadpoolctl), and with `jit` the compiled kernels' threads too."""
     if threads is None:
         return None
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise MemplanError(f"threads must be an int >= 1, got {threads!r}")
     from threadpoolctl import ThreadpoolController
     controller = ThreadpoolController()
-    return lambda: controller.limit(limits=threads, user_api="blas")
+
+    def capped():
+        stack = ExitStack()
+        stack.enter_context(controller.limit(limits=threads, user_api="blas"))
+        if jit:
+            from . import jit as compiled
+            stack.enter_context(compiled.limit_threads(threads))
+        return stack
+    return capped
 
 
 def _dead_after(plan):

@@ -31,6 +31,13 @@ def available():
     return True
 
 
+def table(jit=None):
+    """The kernel table (the shared one with the GPU overrides); the compiled CPU kernels are not for it."""
+    if jit:
+        raise MemplanError("jit=True is for the numpy backend: its compiled kernels run on the CPU")
+    return kernels
+
+
 def free_bytes():
     return xp.cuda.runtime.memGetInfo()[0]
 

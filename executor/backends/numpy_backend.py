@@ -6,12 +6,29 @@ import numpy as xp  # noqa: F401  (the backend's array module)
 from planner.errors import MemplanError
 from planner.units import format_bytes
 
+from .. import jit as compiled
 from ..kernels import KERNELS
 
 NAME = "numpy"
 kernels = KERNELS
 fuse = None
 """NumPy fuses nothing: every op runs its array form."""
+_compiled = {}
+
+
+def table(jit=None):
+    """The kernel table: the shared one, with executor.jit's compiled kernels over it when `jit` is True, or
+    when it is None and numba is installed and MEMPLAN_JIT allows them."""
+    if jit is None:
+        jit = compiled.wanted() and compiled.available()
+    elif jit and not compiled.available():
+        raise MemplanError('jit=True needs numba: pip install "memplan[cpu]"')
+    if not jit:
+        return kernels
+    if not _compiled:
+        _compiled.update(kernels)
+        _compiled.update(compiled.overrides())
+    return _compiled
 
 
 def free_bytes():

@@ -32,6 +32,11 @@ def _window(step, in_spatial, kernel_shape, out_spatial, transposed=False):
     return window(ops.of(step), step, in_spatial, kernel_shape, out_spatial, transposed)
 
 
+def conv_window(step, x, w, y):
+    """The window of a Conv step with input x, weights w and output y."""
+    return _window(step, x.shape[2:], w.shape[2:], y.shape[2:])
+
+
 def _span(offset, stride, n_source, lo, hi):
     """The grid indices o in [lo, hi) whose source o * stride + offset lies in [0, n_source): a pair
     (slice of o - lo, slice of the sources), or None when there is none."""
@@ -123,7 +128,7 @@ def conv(xp, step, ins, outs, ws):
     """im2col + GEMM: per chunk and group, the columns (images, C/group, k..., rows, out...) are zeroed
     where padding shows, filled tap by tap, and multiplied by the group's weights into the output."""
     x, w, b = _padded(ins, 3)
-    _convolve(xp, step, x, w, outs[0], ws, partial(_finish, xp, b))
+    convolve(xp, step, x, w, outs[0], ws, partial(_finish, xp, b))
 
 
 @kernel("FusedConv", domain="com.microsoft")
@@ -132,7 +137,7 @@ def fused_conv(xp, step, ins, outs, ws):
     x, w, b, z = _padded(ins, 4)
     activation = _ACTIVATIONS.get(step.attrs["activation"])
     params = step.attrs.get("activation_params") or ()
-    _convolve(xp, step, x, w, outs[0], ws, partial(_finish, xp, b, z=z, activation=activation, params=params))
+    convolve(xp, step, x, w, outs[0], ws, partial(_finish, xp, b, z=z, activation=activation, params=params))
 
 
 _ACTIVATIONS = {  # in place on y, with the activation_params
@@ -154,31 +159,45 @@ def _finish(xp, b, y, at=(), z=None, activation=None, params=()):
         activation(xp, y, *params)
 
 
-def _convolve(xp, step, x, w, y, ws, finish):
+def fill_columns(xp, cols, images, win, grid, rows, first):
+    """im2col of one chunk and group: `cols` (images, C/group, k..., rows, out...) of the output `grid`'s
+    `rows` (first, end), zeroed where windows lie on padding (for the `first` group: every group's copies
+    write the same places), and each tap's strided view of `images` copied in."""
+    kernel_shape = cols.shape[2:2 + len(grid)]
+    taps = partial(_taps, win, kernel_shape, grid, images.shape[2:], rows)
+    if first:
+        _zero_padding(cols, kernel_shape, taps())
+    for tap, at, source in taps():
+        xp.copyto(cols[(slice(None), slice(None), *tap, *at)], images[_at(source)])
+
+
+def depthwise(xp, step, x, w, y, ws, finish):
+    """A depthwise conv by `_depthwise` in the planned `product` scratch, then `finish(Y)`."""
+    _depthwise(xp, step, x, w, y, ws["product"])
+    finish(y)
+
+
+def convolve(xp, step, x, w, y, ws, finish, fill=fill_columns, by_channel=depthwise):
     """Y = conv(X, W), `finish(block, at)` applied to each block of Y once the GEMMs wrote it: per chunk of
-    images and rows (the columns' walk), else the whole of Y."""
+    images and rows (the columns' walk), else the whole of Y. `fill` writes a chunk's columns (as
+    `fill_columns`); a depthwise conv (a `product` scratch) is `by_channel`'s (as `depthwise`)."""
     group, chunks = step.attrs["group"], _chunks(ws)
     if "product" in ws:
-        _depthwise(xp, step, x, w, y, ws["product"])
+        by_channel(xp, step, x, w, y, ws, finish)
     elif chunks is None:
         _pointwise(xp, x, w, y, group, transposed=False)
+        finish(y)
     else:
         kernel_shape, cg, mg = w.shape[2:], x.shape[1] // group, y.shape[1] // group
         win = _window(step, x.shape[2:], kernel_shape, y.shape[2:])
         for n0, n1, r0, r1 in _walk(chunks, x.shape[0], y.shape[2]):
-            taps = partial(_taps, win, kernel_shape, y.shape[2:], x.shape[2:], (r0, r1))
             cols = cut(ws["columns"], (n1 - n0, cg, *kernel_shape, r1 - r0, *y.shape[3:]), x.dtype)
-            _zero_padding(cols, kernel_shape, taps())
             for g in range(group):
-                images = x[n0:n1, g * cg:(g + 1) * cg]
-                for tap, at, source in taps():
-                    xp.copyto(cols[(slice(None), slice(None), *tap, *at)], images[_at(source)])
+                fill(xp, cols, x[n0:n1, g * cg:(g + 1) * cg], win, y.shape[2:], (r0, r1), g == 0)
                 _matmul(xp, w[g * mg:(g + 1) * mg].reshape(mg, -1), cols.reshape(n1 - n0, w[0].size, -1),
                         y[n0:n1, g * mg:(g + 1) * mg, r0:r1].reshape(n1 - n0, mg, -1))
             at = (slice(n0, n1), slice(None), slice(r0, r1))
             finish(y[at], at)
-        return
-    finish(y)
 
 
 def _depthwise(xp, step, x, w, y, product):

@@ -1,0 +1,59 @@
+"""Compiled CPU kernels (numba) for the steps NumPy cannot do in a few passes: a depthwise convolution tap
+by tap, im2col's strided copies, an activation of a dozen ufuncs. The NumPy backend puts them over the
+shared kernels when numba is installed (`pip install "memplan[cpu]"`) and MEMPLAN_JIT is not 0; each takes
+the float32 arrays of C layout it was written for and hands anything else to the shared kernel. They write
+into the same arena views and allocate nothing.
+
+Compiled on first use and cached beside this package (numba's cache), so a process pays the compilation
+once per machine, not once per run.
+"""
+import os
+
+from ..kernels import KERNELS, find
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+"""numba's OpenMP threads sleep between parallel loops instead of spinning on the cores the BLAS threads
+then need (a spinning pool made resnet50's GEMMs 1.6x slower); a value the user set is kept."""
+
+
+def wanted():
+    """Whether MEMPLAN_JIT allows the compiled kernels (anything but 0, false, no or off)."""
+    return os.environ.get("MEMPLAN_JIT", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def available():
+    """Whether numba imports."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def generic(xp, step, ins, outs, ws):
+    """The shared kernel of a step, for the arrays a compiled kernel does not take."""
+    return find(KERNELS, step)(xp, step, ins, outs, ws)
+
+
+def overrides():
+    """{(domain, op): kernel} of the compiled kernels."""
+    from . import conv, elementwise
+    return {("memplan", "BiasActivation"): elementwise.bias_activation(generic),
+            ("", "Conv"): conv.conv(generic),
+            ("com.microsoft", "FusedConv"): conv.conv(generic)}
+
+
+def limit_threads(n):
+    """A context manager running numba's parallel loops on at most `n` threads."""
+    import numba
+    from contextlib import contextmanager
+
+    @contextmanager
+    def capped():
+        before = numba.get_num_threads()
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        try:
+            yield
+        finally:
+            numba.set_num_threads(before)
+    return capped()

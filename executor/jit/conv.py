@@ -1,0 +1,140 @@
+"""Conv and FusedConv compiled, for 2-D float32 images: a depthwise conv in one pass over its output (bias,
+Z and the activation applied row by row while the row is in cache), im2col in one pass over the columns
+(padding written as zeros on the way), and the epilogue of the GEMM's blocks in one pass. The walk over
+chunks and groups, and the GEMMs, are executor.kernels.nn.convolve's."""
+from functools import partial
+
+import numpy as np
+from numba import njit, prange
+
+from ..kernels import nn
+from .scalar import ACTIVATIONS, activate_row, f32
+
+NO_Z = np.zeros((1, 1, 1, 0), np.float32)
+"""Z of a conv without one: its rows are empty."""
+NO_BIAS = np.zeros(0, np.float32)
+
+
+@njit(inline="always")
+def _span(offset, stride, size, count):
+    """The output positions o in [0, count) whose source o * stride + offset lies in [0, size)."""
+    lo = 0 if offset >= 0 else (-offset + stride - 1) // stride
+    return lo, max(lo, min(count, (size - 1 - offset) // stride + 1))
+
+
+@njit(inline="always", fastmath=True)
+def _finish_row(row, bias, z, code, p0, p1):
+    """row = activation(row + bias + z), z a row of Z or empty."""
+    if z.shape[0]:
+        for k in range(row.shape[0]):
+            row[k] += z[k]
+    activate_row(row, bias, code, p0, p1)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def depthwise(x, w, bias, z, y, strides, pads, dilations, code, p0, p1):
+    """y = activation(depthwise conv(x, w) + bias + z) for x (N, C, H, W), w (M, 1, kh, kw), y and z (N, M,
+    OH, OW), output channel o reading input channel o // (M / C); pads are the leading ones. Row by row of
+    the output, each finished while in cache."""
+    n, c, height, width = x.shape
+    m, kh, kw = y.shape[1], w.shape[2], w.shape[3]
+    per, step = m // c, strides[1]
+    for job in prange(n * m):
+        i, o = job // m, job % m
+        src, out = x[i, o // per], y[i, o]
+        b = bias[o] if bias.shape[0] else f32(0)
+        for r in range(out.shape[0]):
+            dst = out[r]
+            dst[:] = 0
+            for a in range(kh):
+                ih = r * strides[0] - pads[0] + a * dilations[0]
+                if ih < 0 or ih >= height:
+                    continue
+                for e in range(kw):
+                    offset = e * dilations[1] - pads[1]
+                    lo, hi = _span(offset, step, width, dst.shape[0])
+                    if lo >= hi:
+                        continue
+                    weight, part = w[o, 0, a, e], dst[lo:hi]
+                    if step == 1:
+                        line = src[ih, lo + offset:hi + offset]
+                    else:
+                        line = src[ih, lo * step + offset:(hi - 1) * step + offset + 1:step]
+                    for k in range(hi - lo):
+                        part[k] += line[k] * weight
+            _finish_row(dst, b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
+
+
+@njit(parallel=True, cache=True)
+def im2col(x, cols, first_row, strides, pads, dilations):
+    """cols (N, C, kh, kw, rows, OW) = the windows of x (N, C, H, W) over output rows first_row on, zeros
+    where they lie on padding."""
+    n, c, kh, kw, rows, width = cols.shape
+    height, source_width = x.shape[2], x.shape[3]
+    for job in prange(n * c * kh):
+        i, ch, a = job // (c * kh), (job // kh) % c, job % kh
+        for e in range(kw):
+            offset = e * dilations[1] - pads[1]
+            lo, hi = _span(offset, strides[1], source_width, width)
+            for r in range(rows):
+                dst = cols[i, ch, a, e, r]
+                ih = (first_row + r) * strides[0] - pads[0] + a * dilations[0]
+                if ih < 0 or ih >= height or lo >= hi:
+                    dst[:] = 0
+                    continue
+                dst[:lo] = 0
+                dst[hi:] = 0
+                line = x[i, ch, ih, lo * strides[1] + offset:(hi - 1) * strides[1] + offset + 1:strides[1]]
+                target = dst[lo:hi]
+                for k in range(hi - lo):
+                    target[k] = line[k]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def epilogue(y, bias, z, code, p0, p1):
+    """y = activation(y + bias + z) for a block y (N, M, rows, OW) of the output, z the same block of Z or
+    empty, bias one value per channel or none."""
+    n, m, rows = y.shape[0], y.shape[1], y.shape[2]
+    for job in prange(n * m):
+        i, o = job // m, job % m
+        b = bias[o] if bias.shape[0] else f32(0)
+        for r in range(rows):
+            _finish_row(y[i, o, r], b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
+
+
+def conv(generic):
+    """The Conv and FusedConv kernel for 2-D float32 images of C layout; `generic` for the rest."""
+    def run(xp, step, ins, outs, ws):
+        x, w, b, z = (list(ins) + [None] * 3)[:4]
+        y = outs[0]
+        arrays = [a for a in (x, w, b, z, y) if a is not None]
+        if x.ndim != 4 or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays) or not y.size:
+            return generic(xp, step, ins, outs, ws)
+        epilogue_args = (NO_BIAS if b is None else b, NO_Z if z is None else z, *_activation(step))
+        nn.convolve(xp, step, x, w, y, ws, partial(_finish, *epilogue_args), fill=_fill,
+                    by_channel=partial(_depthwise, epilogue_args))
+    return run
+
+
+def _activation(step):
+    """(code, p0, p1) of a FusedConv's activation; the identity's for a Conv."""
+    name = step.attrs.get("activation") or "Identity"
+    params = [float(p) for p in step.attrs.get("activation_params") or ()] + [0.0, 0.0]
+    return ACTIVATIONS.index(name), f32(params[0]), f32(params[1])
+
+
+def _finish(bias, z, code, p0, p1, y, at=()):
+    """The epilogue of a GEMM's block Y[at] (all of Y without `at`)."""
+    epilogue(y, bias, z[at] if at and z.size else z, code, p0, p1)
+
+
+def _fill(xp, cols, images, win, grid, rows, first):
+    """nn.fill_columns by `im2col`: every column written, padding included, whichever group."""
+    im2col(images, cols, rows[0], win.strides, win.begin, win.dilations)
+
+
+def _depthwise(epilogue_args, xp, step, x, w, y, ws, finish):
+    """nn.depthwise in one pass, the epilogue included."""
+    win = nn.conv_window(step, x, w, y)
+    bias, z, code, p0, p1 = epilogue_args
+    depthwise(x, w, bias, z, y, win.strides, win.begin, win.dilations, code, p0, p1)

@@ -4,7 +4,8 @@
     python benchmarks/run_latency.py gpu [--batches 1 32] [--repeat 20]
 
 cpu: resnet50, mobilenet_v2 and bert_base (sequence 128) on the NumPy backend against onnxruntime (CPU
-provider), with the threads each uses: median latency, and how far a fresh process's peak RSS rises
+provider), with the threads each uses: median latency with numba's compiled kernels (executor/jit, when
+numba is installed) and with the NumPy kernels alone, and how far a fresh process's peak RSS rises
 while it plans (or loads) and runs the model. Run it on a quiet machine: a ratio taken beside other
 work is off by up to 1.5x.
 gpu: resnet50 and bert_base (sequence 128) on the CuPy backend against PyTorch eager (torchvision's
@@ -16,11 +17,12 @@ import os
 import platform
 import time
 
+import planner  # first: it sets OpenBLAS's thread timeout, which OpenBLAS reads when NumPy loads it
 import numpy as np
 import onnx
 
-import planner
 from executor import Executor
+from executor import jit as compiled
 from frontends import zoo
 
 MiB = 2 ** 20
@@ -61,26 +63,37 @@ def cpu(batch, repeat, models):
                              for p in threadpool_info() if p["user_api"] == "blas"}))
     options = ort.SessionOptions()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}; "
-          f"threads: memplan's BLAS {blas or 'none found'} (elementwise kernels: 1), onnxruntime intra-op "
-          f"{options.intra_op_num_threads or 'default (one per physical core)'}")
-    print(f"{'model':<13} {'batch':>5} {'memplan ms':>11} {'ort ms':>8} {'ratio':>6} {'arena MiB':>10} "
-          f"{'memplan RSS MiB':>16} {'ort RSS MiB':>12}")
+          f"threads: memplan's BLAS {blas or 'none found'}, compiled kernels {_compiled_kernels()} "
+          f"(NumPy's ufuncs: 1), onnxruntime intra-op {options.intra_op_num_threads or 'default (one per physical core)'}")
+    print(f"{'model':<13} {'batch':>5} {'memplan ms':>11} {'ort ms':>8} {'ratio':>6} {'no-jit ms':>10} {'ratio':>6} "
+          f"{'arena MiB':>10} {'memplan RSS MiB':>16} {'ort RSS MiB':>12}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             model, feeds = zoo.build(name), cpu_feeds(name, batch)
             plan = planner.compile(model, {n: v.shape for n, v in feeds.items()})
-            ex = Executor(plan, backend="numpy")
+            ex, plain = Executor(plan, backend="numpy"), Executor(plan, backend="numpy", jit=False)
             session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             ours = median_seconds(lambda: ex.run(feeds), repeat)
             theirs = median_seconds(lambda: session.run(None, feeds), repeat)
-            del ex, session
+            numpy_only = median_seconds(lambda: plain.run(feeds), repeat)
+            del ex, plain, session
             path = f"{tmp}/{name}.onnx"
             onnx.save(model, path)
             rss = {engine: peak_rss(engine, path, name, batch) for engine in ("memplan", "onnxruntime")}
             print(f"{name:<13} {batch:>5} {ours * 1e3:>11.1f} {theirs * 1e3:>8.1f} {ours / theirs:>5.2f}x "
-                  f"{plan.arena_bytes / MiB:>10.1f} {rss['memplan'] / MiB:>16.1f} {rss['onnxruntime'] / MiB:>12.1f}")
+                  f"{numpy_only * 1e3:>10.1f} {numpy_only / theirs:>5.2f}x {plan.arena_bytes / MiB:>10.1f} {rss['memplan'] / MiB:>16.1f} {rss['onnxruntime'] / MiB:>12.1f}")
     print(f"medians of {repeat} runs after a warm-up; RSS: how far a fresh process's peak RSS rises, from after "
           f"it reads the model file, while it plans (or loads) the model and runs it 3 times")
+
+
+def _compiled_kernels():
+    """What runs memplan's compiled kernels: numba's version and threads, or why none do."""
+    if not compiled.available():
+        return "off (numba not installed)"
+    if not compiled.wanted():
+        return "off (MEMPLAN_JIT)"
+    import numba
+    return f"numba {numba.__version__} on {numba.get_num_threads()} threads"
 
 
 def peak_rss(engine, path, name, batch, runs=3):

@@ -174,7 +174,7 @@ def run(args):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     device_before = backends.get(args.backend).used_bytes()
     ex = Executor(plan, backend=args.backend, config=config_of(args), profile=args.profile,
-                  threads=args.threads)
+                  threads=args.threads, jit=False if args.no_jit else None)
     times = []
     with Progress("memplan run", total=args.repeat + 1) as bar:
         for k in range(args.repeat + 1):
@@ -195,7 +195,7 @@ def run(args):
     peak = f"device bytes in use {format_bytes(device)}" if device is not None else \
         f"RSS grew {format_bytes(max(grown, 0))}"
     timed = sorted(times[1:])
-    print(f"{plan.strategy} on {ex.backend.NAME}: median {1e3 * timed[len(timed) // 2]:.2f} ms over "
+    print(f"{plan.strategy} on {ex.backend.NAME}{' with compiled kernels' if ex.jit else ''}: median {1e3 * timed[len(timed) // 2]:.2f} ms over "
           f"{args.repeat} run{'s' if args.repeat > 1 else ''} after a warm-up; arena {format_bytes(plan.arena_bytes)}; "
           f"{peak}" + (f" ({format_bytes(device_before)} before the executor)" if device is not None else ""))
     if ex.profile:
@@ -438,6 +438,8 @@ def build_parser():
     p.add_argument("--repeat", type=count(1), default=10, help="timed runs after one warm-up (default 10)")
     p.add_argument("--threads", type=count(1), default=None,
                    help="host BLAS threads during the run (default: the BLAS library's choice, one per core)")
+    p.add_argument("--no-jit", action="store_true",
+                   help="numpy backend: the NumPy kernels alone, not numba's compiled ones (also MEMPLAN_JIT=0)")
     p.add_argument("--profile", action="store_true",
                    help="time each step (synchronising after it) and print the time per op type and the slowest steps")
     p.add_argument("--top", type=count(1), default=10, help="how many of the slowest steps --profile lists (default 10)")

@@ -52,9 +52,15 @@ def test_user_errors_are_one_line(argv, message, capsys):
 
 
 def test_run_on_numpy(capsys):
-    assert cli.main(["run", *MLP, "--backend", "numpy", "--repeat", "2"]) == 0
+    assert cli.main(["run", *MLP, "--backend", "numpy", "--repeat", "2", "--no-jit"]) == 0
     out = capsys.readouterr().out
     assert "bestfit on numpy: median" in out and "arena" in out and "RSS grew" in out
+
+
+def test_run_says_when_the_compiled_kernels_run(capsys):
+    pytest.importorskip("numba")
+    assert cli.main(["run", *MLP, "--backend", "numpy", "--repeat", "2"]) == 0
+    assert "bestfit on numpy with compiled kernels: median" in capsys.readouterr().out
 
 
 def test_run_profile_lists_time_per_op_type_and_the_slowest_steps(capsys):

@@ -148,3 +148,29 @@ def test_threads_cap_the_compiled_loops_too():
                   for bound in ex.program]
     ex.run({"x": np.ones((64, 48), np.float32)})
     assert seen == [1]
+
+
+def test_a_forked_child_runs_the_compiled_kernels_after_its_parent():
+    """numba's GNU OpenMP layer aborts a child forked after the parent ran parallel loops; TBB's (or one
+    thread, without TBB) does not."""
+    from isolation import isolated
+    plan = planner.compile(bias_activation_model((64, 48), (48,), activation="Gelu"), {"x": (64, 48)})
+    x = np.ones((64, 48), np.float32)
+    want = Executor(plan, backend="numpy", jit=True).run({"x": x})["y"]
+    kind, got = isolated(lambda: Executor(plan, backend="numpy", jit=True).run({"x": x})["y"])
+    assert kind == "ok" and np.array_equal(got, want)
+
+
+def test_executors_in_several_threads_run_the_compiled_kernels_at_once():
+    from concurrent.futures import ThreadPoolExecutor
+    plan = planner.compile(bias_activation_model((256, 48), (48,), activation="Gelu"), {"x": (256, 48)})
+    x = np.random.default_rng(0).standard_normal((256, 48), dtype=np.float32)
+    want = Executor(plan, backend="numpy", jit=False).run({"x": x})["y"]
+
+    def runs(_):
+        ex = Executor(plan, backend="numpy", jit=True)
+        return [ex.run({"x": x})["y"] for _ in range(50)]
+    with ThreadPoolExecutor(4) as pool:
+        for results in pool.map(runs, range(4)):
+            for got in results:
+                np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)

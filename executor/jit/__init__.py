@@ -2,7 +2,7 @@
 by tap, im2col's strided copies, an activation of a dozen ufuncs. The NumPy backend puts them over the
 shared kernels when numba is installed (`pip install "memplan[cpu]"`) and MEMPLAN_JIT is not 0; each takes
 the float32 arrays of C layout it was written for and hands anything else to the shared kernel. They write
-into the same arena views and allocate nothing.
+into the same arena views and allocate nothing. Their loops run on every core with TBB (see threads.py).
 
 Compiled on first use and cached beside this package (numba's cache), so a process pays the compilation
 once per machine, not once per run.
@@ -10,10 +10,6 @@ once per machine, not once per run.
 import os
 
 from ..kernels import KERNELS, find
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-"""numba's OpenMP threads sleep between parallel loops instead of spinning on the cores the BLAS threads
-then need (a spinning pool made resnet50's GEMMs 1.6x slower); a value the user set is kept."""
 
 
 def wanted():

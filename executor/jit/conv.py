@@ -9,6 +9,7 @@ from numba import njit, prange
 
 from ..kernels import nn
 from .scalar import ACTIVATIONS, activate_row, f32
+from .threads import PARALLEL
 
 NO_Z = np.zeros((1, 1, 1, 0), np.float32)
 """Z of a conv without one: its rows are empty."""
@@ -31,7 +32,7 @@ def _finish_row(row, bias, z, code, p0, p1):
     activate_row(row, bias, code, p0, p1)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=True, cache=True)
 def depthwise(x, w, bias, z, y, strides, pads, dilations, code, p0, p1):
     """y = activation(depthwise conv(x, w) + bias + z) for x (N, C, H, W), w (M, 1, kh, kw), y and z (N, M,
     OH, OW), output channel o reading input channel o // (M / C); pads are the leading ones. Row by row of
@@ -65,7 +66,7 @@ def depthwise(x, w, bias, z, y, strides, pads, dilations, code, p0, p1):
             _finish_row(dst, b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=PARALLEL, cache=True)
 def im2col(x, cols, first_row, strides, pads, dilations):
     """cols (N, C, kh, kw, rows, OW) = the windows of x (N, C, H, W) over output rows first_row on, zeros
     where they lie on padding."""
@@ -90,7 +91,7 @@ def im2col(x, cols, first_row, strides, pads, dilations):
                     target[k] = line[k]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=True, cache=True)
 def epilogue(y, bias, z, code, p0, p1):
     """y = activation(y + bias + z) for a block y (N, M, rows, OW) of the output, z the same block of Z or
     empty, bias one value per channel or none."""

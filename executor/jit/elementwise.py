@@ -3,12 +3,13 @@ import numpy as np
 from numba import njit, prange
 
 from .scalar import ACTIVATIONS, activate_row, f32
+from .threads import PARALLEL
 
 ZERO = np.zeros(1, np.float32)
 """The bias of a BiasActivation without one."""
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=True, cache=True)
 def bias_activation_rows(x, bias, y, code, p0, p1):
     """y[r] = activation(x[r] + bias) for each row r of the (rows, width) arrays, where bias holds width
     values, or one added to all; y may be x."""

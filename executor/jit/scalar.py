@@ -18,11 +18,24 @@ Clip and HardSigmoid take the parameters (alpha), (low, high) and (alpha, beta).
 
 LOG2E, LN2_HI, LN2_LO = f32(1 / math.log(2)), f32(0.693359375), f32(-2.12194440e-4)
 """exp's range reduction: x = k ln 2 + r, ln 2 split in two so that k ln 2 is exact (Cody and Waite)."""
-C0, C1, C2, C3, C4, C5, C6, C7, C8, C9 = (f32(c) for c in ERFC_FIT)
-F2, F3, F4, F5, F6, F7 = (f32(1 / math.factorial(k)) for k in range(2, 8))
+ERFC = tuple(f32(c) for c in ERFC_FIT[::-1])
+"""The erfc fit's coefficients, highest power first."""
+EXP = tuple(f32(1 / math.factorial(k)) for k in range(7, -1, -1))
+"""e^r's Taylor coefficients to r^7, highest power first."""
+HALVINGS = tuple(f32(2.0 ** -(1 << bit)) for bit in range(7))
+"""2^-(2^bit): 2^-n is the product of those of n's bits."""
 INV_SQRT2 = f32(1 / math.sqrt(2))
 TWO_TANH_C, TANH_K = f32(2 * math.sqrt(2 / math.pi)), f32(0.044715)
 """The tanh Gelu x (1 + tanh(u)) / 2 = x sigmoid(2u), u = sqrt(2 / pi) (x + 0.044715 x^3)."""
+
+
+@njit(inline="always", fastmath=True)
+def horner(coefficients, x):
+    """The polynomial of `coefficients` (highest power first) at x."""
+    p = coefficients[0]
+    for k in range(1, len(coefficients)):
+        p = p * x + coefficients[k]
+    return p
 
 
 @njit(inline="always", fastmath=True)
@@ -31,23 +44,10 @@ def exp_nonpositive(x):
     2^-n by the bits of n (n < 127, where float32 stays normal); 0 below -87."""
     clamped = max(x, f32(-87.0))
     k = np.floor(clamped * LOG2E + f32(0.5))
-    r = clamped - k * LN2_HI - k * LN2_LO
-    p = F7
-    p = p * r + F6
-    p = p * r + F5
-    p = p * r + F4
-    p = p * r + F3
-    p = p * r + F2
-    p = p * r + f32(1)
-    p = p * r + f32(1)
+    p = horner(EXP, clamped - k * LN2_HI - k * LN2_LO)
     n = np.int32(-k)
-    p *= f32(2.0 ** -1) if n & 1 else f32(1)
-    p *= f32(2.0 ** -2) if n & 2 else f32(1)
-    p *= f32(2.0 ** -4) if n & 4 else f32(1)
-    p *= f32(2.0 ** -8) if n & 8 else f32(1)
-    p *= f32(2.0 ** -16) if n & 16 else f32(1)
-    p *= f32(2.0 ** -32) if n & 32 else f32(1)
-    p *= f32(2.0 ** -64) if n & 64 else f32(1)
+    for bit in range(len(HALVINGS)):
+        p *= HALVINGS[bit] if n >> bit & 1 else f32(1)
     return p if x > f32(-87.0) else f32(0)
 
 
@@ -65,17 +65,7 @@ def normal_cdf(x):
     relative for |x| < 6."""
     a = abs(x) * INV_SQRT2
     s = f32(1) / (f32(1) + f32(0.5) * a)
-    p = C9
-    p = p * s + C8
-    p = p * s + C7
-    p = p * s + C6
-    p = p * s + C5
-    p = p * s + C4
-    p = p * s + C3
-    p = p * s + C2
-    p = p * s + C1
-    p = p * s + C0
-    half_erfc = f32(0.5) * s * exp_nonpositive(p - a * a)
+    half_erfc = f32(0.5) * s * exp_nonpositive(horner(ERFC, s) - a * a)
     return half_erfc if x < f32(0) else f32(1) - half_erfc
 
 

@@ -32,37 +32,66 @@ def _finish_row(row, bias, z, code, p0, p1):
     activate_row(row, bias, code, p0, p1)
 
 
+@njit(inline="always", fastmath=True)
+def _same_plane(src, out, w, o, pads, dilations):
+    """A stride-1 depthwise plane whose output is as wide as its input (rows align), tap by tap as one
+    loop over the flattened plane: a tap's contributions to the columns whose source lies off the row
+    (which the flat loop takes from the next or previous row) are subtracted again, a rounding apart."""
+    height, width = src.shape
+    flat, source = out.reshape(-1), src.reshape(-1)
+    flat[:] = 0
+    for a in range(w.shape[2]):
+        rows = a * dilations[0] - pads[0]
+        first, end = max(0, -rows), min(out.shape[0], height - rows)
+        for e in range(w.shape[3]):
+            shift, weight = e * dilations[1] - pads[1], w[o, 0, a, e]
+            lo, hi = max(first * width, -(rows * width + shift)), min(end * width, height * width - rows * width - shift)
+            if lo >= hi:
+                continue
+            part, line = flat[lo:hi], source[lo + rows * width + shift:hi + rows * width + shift]
+            for k in range(hi - lo):
+                part[k] += line[k] * weight
+            for r in range(first, end):
+                off_row = range(0, min(-shift, width)) if shift < 0 else range(max(width - shift, 0), width)
+                for col in off_row:
+                    p = r * width + col
+                    if lo <= p < hi:
+                        flat[p] -= source[p + rows * width + shift] * weight
+
+
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
 def depthwise(x, w, bias, z, y, strides, pads, dilations, code, p0, p1):
     """y = activation(depthwise conv(x, w) + bias + z) for x (N, C, H, W), w (M, 1, kh, kw), y and z (N, M,
-    OH, OW), output channel o reading input channel o // (M / C); pads are the leading ones. Row by row of
-    the output, each finished while in cache."""
+    OH, OW), output channel o reading input channel o // (M / C); pads are the leading ones. A plane whose
+    rows align with its input's is `_same_plane`'s; others go row by row. Each output row is finished
+    (bias, Z, activation) while in cache."""
     n, c, height, width = x.shape
     m, kh, kw = y.shape[1], w.shape[2], w.shape[3]
     per, step = m // c, strides[1]
+    aligned = strides[0] == 1 and step == 1 and y.shape[3] == width
     for job in prange(n * m):
         i, o = job // m, job % m
         src, out = x[i, o // per], y[i, o]
         b = bias[o] if bias.shape[0] else f32(0)
+        if aligned:
+            _same_plane(src, out, w, o, pads, dilations)
         for r in range(out.shape[0]):
             dst = out[r]
-            dst[:] = 0
-            for a in range(kh):
-                ih = r * strides[0] - pads[0] + a * dilations[0]
-                if ih < 0 or ih >= height:
-                    continue
-                for e in range(kw):
-                    offset = e * dilations[1] - pads[1]
-                    lo, hi = _span(offset, step, width, dst.shape[0])
-                    if lo >= hi:
+            if not aligned:
+                dst[:] = 0
+                for a in range(kh):
+                    ih = r * strides[0] - pads[0] + a * dilations[0]
+                    if ih < 0 or ih >= height:
                         continue
-                    weight, part = w[o, 0, a, e], dst[lo:hi]
-                    if step == 1:
-                        line = src[ih, lo + offset:hi + offset]
-                    else:
+                    for e in range(kw):
+                        offset = e * dilations[1] - pads[1]
+                        lo, hi = _span(offset, step, width, dst.shape[0])
+                        if lo >= hi:
+                            continue
+                        weight, part = w[o, 0, a, e], dst[lo:hi]
                         line = src[ih, lo * step + offset:(hi - 1) * step + offset + 1:step]
-                    for k in range(hi - lo):
-                        part[k] += line[k] * weight
+                        for k in range(hi - lo):
+                            part[k] += line[k] * weight
             _finish_row(dst, b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
 
 

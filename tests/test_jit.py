@@ -78,6 +78,23 @@ def test_fused_conv_epilogues_match(case, activation, params, z):
     np.testing.assert_allclose(fast["y"], plain["y"], rtol=1e-5, atol=1e-5)
 
 
+POOLS = [dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+         dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0], ceil_mode=1),
+         dict(kernel_shape=[3, 2], dilations=[2, 1], strides=[2, 1]),
+         dict(kernel_shape=[3, 3], auto_pad="SAME_UPPER", strides=[2, 2])]
+
+
+@pytest.mark.parametrize("attrs", POOLS)
+def test_max_pools_match(attrs):
+    node = helper.make_node("MaxPool", ["x"], ["y"], **attrs)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 11, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(0).standard_normal((2, 3, 11, 10), dtype=np.float32)
+    fast, plain = both(model, {"x": x})
+    np.testing.assert_array_equal(fast["y"], plain["y"])
+
+
 def bias_activation_model(shape, bias_shape, **attrs):
     inits = [] if bias_shape is None else \
         [numpy_helper.from_array(np.random.default_rng(2).standard_normal(bias_shape).astype(np.float32), "b")]

@@ -36,7 +36,8 @@ def overrides():
     from . import conv, elementwise
     return {("memplan", "BiasActivation"): elementwise.bias_activation(generic),
             ("", "Conv"): conv.conv(generic),
-            ("com.microsoft", "FusedConv"): conv.conv(generic)}
+            ("com.microsoft", "FusedConv"): conv.conv(generic),
+            ("", "MaxPool"): conv.pool(generic)}
 
 
 def limit_threads(n):

@@ -1,7 +1,7 @@
-"""Conv and FusedConv compiled, for 2-D float32 images: a depthwise conv in one pass over its output (bias,
-Z and the activation applied row by row while the row is in cache), im2col in one pass over the columns
-(padding written as zeros on the way), and the epilogue of the GEMM's blocks in one pass. The walk over
-chunks and groups, and the GEMMs, are executor.kernels.nn.convolve's."""
+"""Conv, FusedConv and MaxPool compiled, for 2-D float32 images: a depthwise conv in one pass over its output
+(bias, Z and the activation applied row by row while the row is in cache), im2col in one pass over the
+columns (padding written as zeros on the way), the epilogue of the GEMM's blocks in one pass, and the max
+pool row by row. The walk over chunks and groups, and the GEMMs, are executor.kernels.nn.convolve's."""
 from functools import partial
 
 import numpy as np
@@ -130,6 +130,41 @@ def epilogue(y, bias, z, code, p0, p1):
         b = bias[o] if bias.shape[0] else f32(0)
         for r in range(rows):
             _finish_row(y[i, o, r], b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
+
+
+@njit(parallel=PARALLEL, fastmath=True, cache=True)
+def max_pool(x, y, kernel, strides, pads, dilations):
+    """y = the maximum over each window of x (N, C, H, W), row by row of the output."""
+    n, c, height, width = x.shape
+    for job in prange(n * c):
+        src, out = x[job // c, job % c], y[job // c, job % c]
+        for r in range(out.shape[0]):
+            dst = out[r]
+            dst[:] = -np.inf
+            for a in range(kernel[0]):
+                ih = r * strides[0] - pads[0] + a * dilations[0]
+                if ih < 0 or ih >= height:
+                    continue
+                for e in range(kernel[1]):
+                    offset = e * dilations[1] - pads[1]
+                    lo, hi = _span(offset, strides[1], width, dst.shape[0])
+                    if lo < hi:
+                        part = dst[lo:hi]
+                        line = src[ih, lo * strides[1] + offset:(hi - 1) * strides[1] + offset + 1:strides[1]]
+                        for k in range(hi - lo):
+                            part[k] = max(part[k], line[k])
+
+
+def pool(generic):
+    """The MaxPool kernel for 2-D float32 images of C layout without Indices; `generic` for the rest."""
+    def run(xp, step, ins, outs, ws):
+        x, y = ins[0], outs[0]
+        if x.ndim != 4 or len(outs) > 1 and outs[1] is not None or x.dtype != np.float32 or \
+                not (x.flags.c_contiguous and y.flags.c_contiguous):
+            return generic(xp, step, ins, outs, ws)
+        kernel, win = nn.pool_window(step, x, y)
+        max_pool(x, y, tuple(kernel), win.strides, win.begin, win.dilations)
+    return run
 
 
 def conv(generic):

@@ -248,7 +248,7 @@ def conv_transpose(xp, step, ins, outs, ws):
     _add_bias(xp, y, b)
 
 
-def _pool_window(step, x, y):
+def pool_window(step, x, y):
     """A pool's kernel shape and window."""
     kernel_shape = step.attrs["kernel_shape"]
     return kernel_shape, _window(step, x.shape[2:], kernel_shape, y.shape[2:])
@@ -263,7 +263,7 @@ def _lowest(dtype):
 def max_pool(xp, step, ins, outs, ws):
     """The maximum over the taps reaching each output; with Indices, the flat index of the first."""
     x, (y, indices) = ins[0], _padded(outs, 2)
-    kernel_shape, win = _pool_window(step, x, y)
+    kernel_shape, win = pool_window(step, x, y)
     taps = partial(_taps, win, kernel_shape, y.shape[2:], x.shape[2:])
     y.fill(_lowest(y.dtype))
     for _, at, source in taps():
@@ -320,7 +320,7 @@ def average_pool(xp, step, ins, outs, ws):
     """The sum over the taps reaching each output, divided by the count of taps (padding counted
     when count_include_pad, but never the overhang ceil_mode adds)."""
     x, y = ins[0], outs[0]
-    kernel_shape, win = _pool_window(step, x, y)
+    kernel_shape, win = pool_window(step, x, y)
     y.fill(0)
     for _, at, source in _taps(win, kernel_shape, y.shape[2:], x.shape[2:]):
         dst = y[_at(at)]

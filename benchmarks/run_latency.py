@@ -30,6 +30,9 @@ SEQ = 128
 
 
 def median_seconds(fn, repeat, sync=lambda: None):
+    """The median of `repeat` timed calls of fn after a warm-up, begun after a second's pause so that the
+    threads of whatever ran before (OpenBLAS's, TBB's, onnxruntime's spin) are asleep."""
+    time.sleep(1)
     fn()
     sync()
     times = []
@@ -74,8 +77,8 @@ def cpu(batch, repeat, models):
             ex, plain = Executor(plan, backend="numpy"), Executor(plan, backend="numpy", jit=False)
             session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             ours = median_seconds(lambda: ex.run(feeds), repeat)
-            theirs = median_seconds(lambda: session.run(None, feeds), repeat)
             numpy_only = median_seconds(lambda: plain.run(feeds), repeat)
+            theirs = median_seconds(lambda: session.run(None, feeds), repeat)
             del ex, plain, session
             path = f"{tmp}/{name}.onnx"
             onnx.save(model, path)

@@ -1,19 +1,15 @@
 """memplan's planner: from a model to a typed graph and a memory plan."""
-import os
+from .threads import quiet_blas
 
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
-"""OpenBLAS's threads sleep after 2^18 cycles (0.1 ms) without a GEMM, not 2^28 (0.1 s), instead of spinning
-on the cores that the executor's next kernel (a compiled loop on two threads) then needs: mobilenet_v2 ran
-1.6x faster, resnet50 1.2x, and bert_base's back-to-back GEMMs keep their threads awake. It takes effect only
-where OpenBLAS loads after this (NumPy imported after memplan); a value the user set is kept."""
+quiet_blas()
 
 from .compiler import compile  # noqa: E402
-from .options import CompileOptions
-from .config import Config
+from .options import CompileOptions  # noqa: E402
+from .config import Config  # noqa: E402
 from .errors import (ConfigError, InfeasibleBudgetError, MemplanError, MissingDependencyError, ModelError,
-                     PlanError, ShapeError, UnsupportedOpError)
-from .ir import Graph, Node, Tensor
-from .plan import Plan, PlannedTensor, Step
+                     PlanError, ShapeError, UnsupportedOpError)  # noqa: E402
+from .ir import Graph, Node, Tensor  # noqa: E402
+from .plan import Plan, PlannedTensor, Step  # noqa: E402
 
 
 def load(model, input_shapes=None):

@@ -1,6 +1,8 @@
 """The compiled CPU kernels (executor/jit, numba) give the shared NumPy kernels' results: depthwise and
 im2col convolutions in every window form and chunking, FusedConv's epilogues, BiasActivation's activations;
 and the executor's choice of them (jit=None/True/False, MEMPLAN_JIT, threads)."""
+import os
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -191,3 +193,15 @@ def test_executors_in_several_threads_run_the_compiled_kernels_at_once():
         for results in pool.map(runs, range(4)):
             for got in results:
                 np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+
+
+def test_openblas_threads_sleep_sooner_only_where_the_compiled_kernels_run(monkeypatch):
+    from planner import threads
+    for jit, preset, want in (("1", None, "18"), ("0", None, None), ("1", "28", "28")):
+        monkeypatch.setenv("MEMPLAN_JIT", jit)
+        if preset is None:
+            monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
+        else:
+            monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", preset)
+        threads.quiet_blas()
+        assert os.environ.get("OPENBLAS_THREAD_TIMEOUT") == want

@@ -7,14 +7,9 @@ into the same arena views and allocate nothing. Their loops run on every core wi
 Compiled on first use and cached beside this package (numba's cache), so a process pays the compilation
 once per machine, not once per run.
 """
-import os
+from planner.threads import jit_wanted as wanted
 
 from ..kernels import KERNELS, find
-
-
-def wanted():
-    """Whether MEMPLAN_JIT allows the compiled kernels (anything but 0, false, no or off)."""
-    return os.environ.get("MEMPLAN_JIT", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def available():

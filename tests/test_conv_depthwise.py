@@ -33,7 +33,8 @@ def model(x_shape, w_shape, bias, **attrs):
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("limit", [1, 700, 64 * 2 ** 20])
-def test_depthwise_matches_onnxruntime_in_any_chunks(case, limit):
+@pytest.mark.parametrize("jit", [False, None])
+def test_depthwise_matches_onnxruntime_in_any_chunks(case, limit, jit):
     import onnxruntime as ort
     x_shape, w_shape, attrs = CASES[case]
     m = model(x_shape, w_shape, bias=limit == 700, **attrs)
@@ -41,7 +42,7 @@ def test_depthwise_matches_onnxruntime_in_any_chunks(case, limit):
     step = next(s for s in plan.steps if s.op == "Conv")
     assert [c.name for c in step.scratch] == ["product"]
     x = np.random.default_rng(0).standard_normal(x_shape, dtype=np.float32)
-    got = Executor(plan, backend="numpy", poison=True).run({"x": x})["y"]
+    got = Executor(plan, backend="numpy", poison=True, jit=jit).run({"x": x})["y"]
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 

@@ -205,3 +205,37 @@ def test_openblas_threads_sleep_sooner_only_where_the_compiled_kernels_run(monke
             monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", preset)
         threads.quiet_blas()
         assert os.environ.get("OPENBLAS_THREAD_TIMEOUT") == want
+
+
+def attention_model(q, k, v, bias, lse, **attrs):
+    """One memplan.ScaledDotProductAttention over inputs of the given shapes (bias None for none), with the
+    LSE output when `lse`."""
+    names = ["q", "k", "v", *(["bias"] if bias else [])]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in zip(names, (q, k, v, bias))]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["y", "lse"][:1 + lse]]
+    node = helper.make_node("ScaledDotProductAttention", names, ["y", "lse"][:1 + lse], domain="memplan", **attrs)
+    return helper.make_model(helper.make_graph([node], "attention", inputs, outputs),
+                             opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
+
+
+ATTENTIONS = {  # name: (Q, K, V, bias shapes, attributes)
+    "plain": ((2, 3, 7, 8), (2, 3, 7, 8), (2, 3, 7, 5), None, {}),
+    "grouped causal": ((1, 4, 5, 8), (1, 2, 9, 8), (1, 2, 9, 8), None, dict(causal=1)),
+    "key mask": ((2, 2, 6, 4), (2, 2, 10, 4), (2, 2, 10, 4), (2, 1, 1, 10), dict(scale=0.3)),
+    "full bias causal": ((1, 2, 9, 4), (1, 2, 9, 4), (1, 2, 9, 4), (1, 2, 9, 9), dict(causal=1)),
+    "one query": ((2, 2, 1, 4), (2, 2, 1, 4), (2, 2, 1, 4), (2, 1, 1, 1), {}),
+}
+
+
+@pytest.mark.parametrize("case", ATTENTIONS)
+@pytest.mark.parametrize("limit", [600, 64 * 2 ** 20])
+@pytest.mark.parametrize("lse", [False, True])
+def test_attention_matches(case, limit, lse):
+    q, k, v, bias, attrs = ATTENTIONS[case]
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(s, dtype=np.float32) for n, s in zip("qkv", (q, k, v))}
+    if bias:
+        feeds["bias"] = np.where(rng.random(bias) < 0.2, -np.inf, rng.standard_normal(bias)).astype(np.float32)
+    fast, plain = both(attention_model(q, k, v, bias, lse, **attrs), feeds, Config(workspace_limit=limit))
+    for name in plain:
+        np.testing.assert_allclose(fast[name], plain[name], rtol=1e-5, atol=1e-6)

@@ -28,8 +28,9 @@ def generic(xp, step, ins, outs, ws):
 
 def overrides():
     """{(domain, op): kernel} of the compiled kernels."""
-    from . import conv, elementwise
+    from . import attention, conv, elementwise
     return {("memplan", "BiasActivation"): elementwise.bias_activation(generic),
+            ("memplan", "ScaledDotProductAttention"): attention.scaled_dot_product_attention(generic),
             ("", "Conv"): conv.conv(generic),
             ("com.microsoft", "FusedConv"): conv.conv(generic),
             ("", "MaxPool"): conv.pool(generic)}

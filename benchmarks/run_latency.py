@@ -67,7 +67,8 @@ def cpu(batch, repeat, models):
     options = ort.SessionOptions()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}; "
           f"threads: memplan's BLAS {blas or 'none found'}, compiled kernels {_compiled_kernels()} "
-          f"(NumPy's ufuncs: 1), onnxruntime intra-op {options.intra_op_num_threads or 'default (one per physical core)'}")
+          f"(NumPy's ufuncs: 1), onnxruntime intra-op "
+          f"{options.intra_op_num_threads or 'default (one per physical core)'}")
     print(f"{'model':<13} {'batch':>5} {'memplan ms':>11} {'ort ms':>8} {'ratio':>6} {'no-jit ms':>10} {'ratio':>6} "
           f"{'arena MiB':>10} {'memplan RSS MiB':>16} {'ort RSS MiB':>12}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +85,8 @@ def cpu(batch, repeat, models):
             onnx.save(model, path)
             rss = {engine: peak_rss(engine, path, name, batch) for engine in ("memplan", "onnxruntime")}
             print(f"{name:<13} {batch:>5} {ours * 1e3:>11.1f} {theirs * 1e3:>8.1f} {ours / theirs:>5.2f}x "
-                  f"{numpy_only * 1e3:>10.1f} {numpy_only / theirs:>5.2f}x {plan.arena_bytes / MiB:>10.1f} {rss['memplan'] / MiB:>16.1f} {rss['onnxruntime'] / MiB:>12.1f}")
+                  f"{numpy_only * 1e3:>10.1f} {numpy_only / theirs:>5.2f}x {plan.arena_bytes / MiB:>10.1f} "
+                  f"{rss['memplan'] / MiB:>16.1f} {rss['onnxruntime'] / MiB:>12.1f}")
     print(f"medians of {repeat} runs after a warm-up; RSS: how far a fresh process's peak RSS rises, from after "
           f"it reads the model file, while it plans (or loads) the model and runs it 3 times")
 

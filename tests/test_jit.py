@@ -48,7 +48,8 @@ def conv_model(x_shape, w_shape, group, attrs, activation=None, params=(), z=Fal
                               inits)
     if z:  # Z of Y's shape, from a second input bound when planning
         graph.input.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])
 
 
 def both(model, feeds, config=None):
@@ -139,7 +140,8 @@ def test_zoo_models_run_like_onnxruntime_with_the_compiled_kernels():
         x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
         plan = planner.compile(model, {"input": x.shape})
         got = Executor(plan, backend="numpy", poison=True, jit=True).run({"input": x})
-        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"input": x})
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        want = session.run(None, {"input": x})
         for name_, w in zip(plan.outputs, want):
             assert np.linalg.norm(got[name_] - w) / np.linalg.norm(w) < 1e-5, name
 

@@ -45,18 +45,19 @@ def _same_plane(src, out, w, o, pads, dilations):
         first, end = max(0, -rows), min(out.shape[0], height - rows)
         for e in range(w.shape[3]):
             shift, weight = e * dilations[1] - pads[1], w[o, 0, a, e]
-            lo, hi = max(first * width, -(rows * width + shift)), min(end * width, height * width - rows * width - shift)
+            reach = rows * width + shift
+            lo, hi = max(first * width, -reach), min(end * width, height * width - reach)
             if lo >= hi:
                 continue
-            part, line = flat[lo:hi], source[lo + rows * width + shift:hi + rows * width + shift]
+            part, line = flat[lo:hi], source[lo + reach:hi + reach]
             for k in range(hi - lo):
                 part[k] += line[k] * weight
+            off_row = range(0, min(-shift, width)) if shift < 0 else range(max(width - shift, 0), width)
             for r in range(first, end):
-                off_row = range(0, min(-shift, width)) if shift < 0 else range(max(width - shift, 0), width)
                 for col in off_row:
                     p = r * width + col
                     if lo <= p < hi:
-                        flat[p] -= source[p + rows * width + shift] * weight
+                        flat[p] -= source[p + reach] * weight
 
 
 @njit(parallel=PARALLEL, fastmath=True, cache=True)

@@ -241,3 +241,15 @@ def test_attention_matches(case, limit, lse):
     fast, plain = both(attention_model(q, k, v, bias, lse, **attrs), feeds, Config(workspace_limit=limit))
     for name in plain:
         np.testing.assert_allclose(fast[name], plain[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_numba_that_cannot_set_up_the_kernels_leaves_the_numpy_ones(monkeypatch):
+    def broken():
+        raise RuntimeError("cannot cache function 'depthwise': no locator available")
+    monkeypatch.setattr(compiled, "overrides", broken)
+    monkeypatch.setattr(numpy_backend, "_compiled", {})
+    plan = planner.compile("zoo:mlp", {"input": (2, 784)})
+    with pytest.warns(RuntimeWarning, match=r"no locator available\); running the NumPy kernels"):
+        assert not Executor(plan, backend="numpy").jit
+    with pytest.raises(MemplanError, match="cannot be set up"):
+        Executor(plan, backend="numpy", jit=True)

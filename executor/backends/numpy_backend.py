@@ -1,5 +1,6 @@
 """The CPU backend: NumPy arrays, the shared kernel table."""
 import os
+import warnings
 
 import numpy as xp  # noqa: F401  (the backend's array module)
 
@@ -18,7 +19,9 @@ _compiled = {}
 
 def table(jit=None):
     """The kernel table: the shared one, with executor.jit's compiled kernels over it when `jit` is True, or
-    when it is None and numba is installed and MEMPLAN_JIT allows them."""
+    when it is None and numba is installed and MEMPLAN_JIT allows them. A numba that cannot set them up
+    (no writable cache, say) is a MemplanError for jit=True, and a warning and the shared table for None."""
+    asked = jit
     if jit is None:
         jit = compiled.wanted() and compiled.available()
     elif jit and not compiled.available():
@@ -26,8 +29,16 @@ def table(jit=None):
     if not jit:
         return kernels
     if not _compiled:
+        try:
+            overrides = compiled.overrides()
+        except Exception as e:  # numba's own failures have no common class
+            message = f"the compiled CPU kernels cannot be set up ({type(e).__name__}: {e})"
+            if asked:
+                raise MemplanError(message) from e
+            warnings.warn(f"{message}; running the NumPy kernels", RuntimeWarning, stacklevel=3)
+            return kernels
         _compiled.update(kernels)
-        _compiled.update(compiled.overrides())
+        _compiled.update(overrides)
     return _compiled
 
 

@@ -195,7 +195,8 @@ def run(args):
     peak = f"device bytes in use {format_bytes(device)}" if device is not None else \
         f"RSS grew {format_bytes(max(grown, 0))}"
     timed = sorted(times[1:])
-    print(f"{plan.strategy} on {ex.backend.NAME}{' with compiled kernels' if ex.jit else ''}: median {1e3 * timed[len(timed) // 2]:.2f} ms over "
+    engine = f"{ex.backend.NAME} with compiled kernels" if ex.jit else ex.backend.NAME
+    print(f"{plan.strategy} on {engine}: median {1e3 * timed[len(timed) // 2]:.2f} ms over "
           f"{args.repeat} run{'s' if args.repeat > 1 else ''} after a warm-up; arena {format_bytes(plan.arena_bytes)}; "
           f"{peak}" + (f" ({format_bytes(device_before)} before the executor)" if device is not None else ""))
     if ex.profile:

@@ -7,6 +7,8 @@ into the same arena views and allocate nothing. Their loops run on every core wi
 Compiled on first use and cached beside this package (numba's cache), so a process pays the compilation
 once per machine, not once per run.
 """
+import numpy as np
+
 from planner.threads import jit_wanted as wanted
 
 from ..kernels import KERNELS, find
@@ -19,6 +21,11 @@ def available():
     except ImportError:
         return False
     return True
+
+
+def takes(*arrays):
+    """Whether the compiled kernels take these arrays: float32 of C layout, omitted ones (None) aside."""
+    return all(a is None or a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
 
 
 def generic(xp, step, ins, outs, ws):

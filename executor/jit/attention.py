@@ -7,6 +7,7 @@ import math
 import numpy as np
 from numba import njit
 
+from . import takes
 from .scalar import exp_nonpositive, f32
 
 NO_BIAS, NO_LSE = np.zeros((1, 1, 1, 0), np.float32), np.zeros((1, 1, 0), np.float32)
@@ -78,9 +79,7 @@ def scaled_dot_product_attention(generic):
     def run(xp, step, ins, outs, ws):
         q, k, v, bias = (list(ins) + [None])[:4]
         y, lse = (list(outs) + [None])[:2]
-        arrays = [a for a in (q, k, v, y, lse) if a is not None]
-        if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays) or not y.size or \
-                bias is not None and bias.dtype != np.float32:
+        if not takes(q, k, v, y, lse) or not y.size or bias is not None and bias.dtype != np.float32:
             return generic(xp, step, ins, outs, ws)
         scale = float(step.attrs.get("scale") or 0.0) or 1 / math.sqrt(max(q.shape[-1], 1))
         bias = NO_BIAS if bias is None else np.broadcast_to(bias, (*q.shape[:3], k.shape[2]))

@@ -8,12 +8,12 @@ import numpy as np
 from numba import njit, prange
 
 from ..kernels import nn
-from .scalar import ACTIVATIONS, activate_row, f32
+from . import takes
+from .scalar import ACTIVATIONS, NO_BIAS, activate_row, f32
 from .threads import PARALLEL
 
 NO_Z = np.zeros((1, 1, 1, 0), np.float32)
 """Z of a conv without one: its rows are empty."""
-NO_BIAS = np.zeros(0, np.float32)
 
 
 @njit(inline="always")
@@ -160,8 +160,7 @@ def pool(generic):
     """The MaxPool kernel for 2-D float32 images of C layout without Indices; `generic` for the rest."""
     def run(xp, step, ins, outs, ws):
         x, y = ins[0], outs[0]
-        if x.ndim != 4 or len(outs) > 1 and outs[1] is not None or x.dtype != np.float32 or \
-                not (x.flags.c_contiguous and y.flags.c_contiguous):
+        if x.ndim != 4 or len(outs) > 1 and outs[1] is not None or not takes(x, y):
             return generic(xp, step, ins, outs, ws)
         kernel, win = nn.pool_window(step, x, y)
         max_pool(x, y, tuple(kernel), win.strides, win.begin, win.dilations)
@@ -173,8 +172,7 @@ def conv(generic):
     def run(xp, step, ins, outs, ws):
         x, w, b, z = (list(ins) + [None] * 3)[:4]
         y = outs[0]
-        arrays = [a for a in (x, w, b, z, y) if a is not None]
-        if x.ndim != 4 or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays) or not y.size:
+        if x.ndim != 4 or not takes(x, w, b, z, y) or not y.size:
             return generic(xp, step, ins, outs, ws)
         epilogue_args = (NO_BIAS if b is None else b, NO_Z if z is None else z, *_activation(step))
         nn.convolve(xp, step, x, w, y, ws, partial(_finish, *epilogue_args), fill=_fill,

@@ -1,18 +1,15 @@
 """memplan.BiasActivation compiled: Y = activation(X + bias) in one pass over X, rows in parallel."""
-import numpy as np
 from numba import njit, prange
 
-from .scalar import ACTIVATIONS, activate_row, f32
+from . import takes
+from .scalar import ACTIVATIONS, NO_BIAS, activate_row, f32
 from .threads import PARALLEL
-
-ZERO = np.zeros(1, np.float32)
-"""The bias of a BiasActivation without one."""
 
 
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
 def bias_activation_rows(x, bias, y, code, p0, p1):
     """y[r] = activation(x[r] + bias) for each row r of the (rows, width) arrays, where bias holds width
-    values, or one added to all; y may be x."""
+    values, one added to all, or none; y may be x."""
     rows, width = x.shape
     for r in prange(rows):
         if bias.shape[0] == width:
@@ -21,7 +18,7 @@ def bias_activation_rows(x, bias, y, code, p0, p1):
             activate_row(y[r], f32(0), code, p0, p1)
         else:
             y[r, :] = x[r, :]
-            activate_row(y[r], bias[0], code, p0, p1)
+            activate_row(y[r], bias[0] if bias.shape[0] else f32(0), code, p0, p1)
 
 
 def code(name, approximate="none"):
@@ -35,10 +32,9 @@ def bias_activation(generic):
     def run(xp, step, ins, outs, ws):
         x, bias = (list(ins) + [None])[:2]
         y, attrs = outs[0], step.attrs
-        if not (x.dtype == np.float32 and x.flags.c_contiguous and y.flags.c_contiguous and x.size) or \
-                attrs["activation"] == "Tanh":
+        if not takes(x, y) or not x.size or attrs["activation"] == "Tanh":
             return generic(xp, step, ins, outs, ws)
         width = x.shape[-1] if bias is None or bias.size == 1 else bias.size
-        bias_activation_rows(x.reshape(-1, width), ZERO if bias is None else bias.reshape(-1), y.reshape(-1, width),
+        bias_activation_rows(x.reshape(-1, width), NO_BIAS if bias is None else bias.reshape(-1), y.reshape(-1, width),
                              code(attrs["activation"], attrs["approximate"]), f32(attrs["alpha"]), f32(0))
     return run

@@ -12,6 +12,8 @@ from numba import njit
 from planner.ops.activation import ERFC_FIT
 
 f32 = np.float32
+NO_BIAS = np.zeros(0, np.float32)
+"""The bias of a kernel without one."""
 ACTIVATIONS = ("Identity", "Relu", "Sigmoid", "Tanh", "Gelu", "GeluTanh", "Swish", "Clip", "HardSigmoid")
 """What `activate_row` computes, by code; Gelu is the exact (erf) form, GeluTanh the tanh approximation; Swish,
 Clip and HardSigmoid take the parameters (alpha), (low, high) and (alpha, beta)."""

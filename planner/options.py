@@ -50,6 +50,7 @@ class CompileOptions:
     fuse_norm: bool = True
     fuse_activation: bool = True
     fold_transpose: bool = True
+    winograd: bool = True
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:

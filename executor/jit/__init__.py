@@ -35,12 +35,13 @@ def generic(xp, step, ins, outs, ws):
 
 def overrides():
     """{(domain, op): kernel} of the compiled kernels."""
-    from . import attention, conv, elementwise
+    from . import attention, conv, elementwise, winograd
     return {("memplan", "BiasActivation"): elementwise.bias_activation(generic),
             ("memplan", "ScaledDotProductAttention"): attention.scaled_dot_product_attention(generic),
             ("", "Conv"): conv.conv(generic),
             ("com.microsoft", "FusedConv"): conv.conv(generic),
-            ("", "MaxPool"): conv.pool(generic)}
+            ("", "MaxPool"): conv.pool(generic),
+            ("memplan", "WinogradConv"): winograd.winograd_conv(generic)}
 
 
 def limit_threads(n):

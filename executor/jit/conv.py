@@ -24,7 +24,7 @@ def _span(offset, stride, size, count):
 
 
 @njit(inline="always", fastmath=True)
-def _finish_row(row, bias, z, code, p0, p1):
+def finish_row(row, bias, z, code, p0, p1):
     """row = activation(row + bias + z), z a row of Z or empty."""
     if z.shape[0]:
         for k in range(row.shape[0]):
@@ -93,7 +93,7 @@ def depthwise(x, w, bias, z, y, strides, pads, dilations, code, p0, p1):
                         line = src[ih, lo * step + offset:(hi - 1) * step + offset + 1:step]
                         for k in range(hi - lo):
                             part[k] += line[k] * weight
-            _finish_row(dst, b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
+            finish_row(dst, b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
 
 
 @njit(parallel=PARALLEL, cache=True)
@@ -130,7 +130,7 @@ def epilogue(y, bias, z, code, p0, p1):
         i, o = job // m, job % m
         b = bias[o] if bias.shape[0] else f32(0)
         for r in range(rows):
-            _finish_row(y[i, o, r], b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
+            finish_row(y[i, o, r], b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
 
 
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
@@ -174,13 +174,13 @@ def conv(generic):
         y = outs[0]
         if x.ndim != 4 or not takes(x, w, b, z, y) or not y.size:
             return generic(xp, step, ins, outs, ws)
-        epilogue_args = (NO_BIAS if b is None else b, NO_Z if z is None else z, *_activation(step))
+        epilogue_args = (NO_BIAS if b is None else b, NO_Z if z is None else z, *activation(step))
         nn.convolve(xp, step, x, w, y, ws, partial(_finish, *epilogue_args), fill=_fill,
                     by_channel=partial(_depthwise, epilogue_args))
     return run
 
 
-def _activation(step):
+def activation(step):
     """(code, p0, p1) of a FusedConv's activation; the identity's for a Conv."""
     name = step.attrs.get("activation") or "Identity"
     params = [float(p) for p in step.attrs.get("activation_params") or ()] + [0.0, 0.0]

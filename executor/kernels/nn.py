@@ -37,7 +37,7 @@ def conv_window(step, x, w, y):
     return _window(step, x.shape[2:], w.shape[2:], y.shape[2:])
 
 
-def _span(offset, stride, n_source, lo, hi):
+def span(offset, stride, n_source, lo, hi):
     """The grid indices o in [lo, hi) whose source o * stride + offset lies in [0, n_source): a pair
     (slice of o - lo, slice of the sources), or None when there is none."""
     first = max(lo, -(offset // stride))
@@ -54,7 +54,7 @@ def _taps(win, kernel_shape, grid, source, rows=None):
     per_dim = []
     for d, (k, s, dil, b) in enumerate(zip(kernel_shape, win.strides, win.dilations, win.begin)):
         lo, hi = rows if d == 0 and rows else (0, grid[d])
-        per_dim.append([(t, _span(t * dil - b, s, source[d], lo, hi)) for t in range(k)])
+        per_dim.append([(t, span(t * dil - b, s, source[d], lo, hi)) for t in range(k)])
     for combo in product(*per_dim):
         if all(span is not None for _, span in combo):
             yield tuple(t for t, _ in combo), tuple(s[0] for _, s in combo), tuple(s[1] for _, s in combo)
@@ -135,9 +135,13 @@ def conv(xp, step, ins, outs, ws):
 def fused_conv(xp, step, ins, outs, ws):
     """Conv, then in each chunk of the output while it is in cache: the bias, Z, the activation."""
     x, w, b, z = _padded(ins, 4)
-    activation = _ACTIVATIONS.get(step.attrs["activation"])
-    params = step.attrs.get("activation_params") or ()
-    convolve(xp, step, x, w, outs[0], ws, partial(_finish, xp, b, z=z, activation=activation, params=params))
+    convolve(xp, step, x, w, outs[0], ws, epilogue(xp, step, b, z))
+
+
+def epilogue(xp, step, b, z):
+    """FusedConv's epilogue as `finish(block, at)` for the block Y[at]: the bias, Z[at], the activation."""
+    activation = _ACTIVATIONS.get(step.attrs.get("activation") or "")
+    return partial(_finish, xp, b, z=z, activation=activation, params=step.attrs.get("activation_params") or ())
 
 
 _ACTIVATIONS = {  # in place on y, with the activation_params

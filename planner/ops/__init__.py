@@ -125,6 +125,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     fused_norm,
     bias_activation,
     fused_conv,
+    winograd,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

@@ -18,6 +18,7 @@ from .prune import prune
 from .recomputation import recomputation
 from .simplify import simplify
 from .training_mode import training_mode
+from .winograd import winograd
 
 LOADING = [
     infer_shapes,       # concrete shapes and dtypes, constants folded
@@ -33,6 +34,7 @@ REWRITES = [
     fuse_activation,    # an activation's pieces and its bias Add as one op, backward keeping X alone
     fold_transpose,     # MatMul of a transposed matrix as a Gemm, no transposed copy
     precision,          # 16-bit floats, or autocast's policy, with the casts they need
+    winograd,           # inference 3x3 convolutions by Winograd's F(2x2, 3x3), in no more scratch than im2col
     prune,              # what no output needs dropped
 ]
 INFERENCE = [*LOADING, *REWRITES]
@@ -49,6 +51,6 @@ TRAINING = [
 
 __all__ = ["Pass", "Result", "Context", "run", "LOADING", "REWRITES", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
            "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm", "fuse_conv", "fuse_attention",
-           "fuse_activation", "fuse_norm", "fold_transpose", "precision", "prune", "training_mode", "loss", "gradients",
+           "fuse_activation", "fuse_norm", "fold_transpose", "precision", "winograd", "prune", "training_mode", "loss", "gradients",
            "optimizer",
            "recomputation"]

@@ -1,0 +1,117 @@
+"""memplan.WinogradConv (planner/ops/winograd.py) over NumPy or CuPy arrays. Per chunk of images: the 16
+inputs of each 4x4 tile gathered into `products` (zeros where a tile lies on padding), transformed into
+`tiles` by one GEMM with B^T (x) B^T; per block of output channels, the filters transformed into `weights`
+by one GEMM with G (x) G, and the 16 GEMMs of the block into `products`; the products transformed back into
+`tiles` by one GEMM with A^T (x) A^T and scattered into Y's 2x2 tiles; then FusedConv's epilogue."""
+from functools import cache
+
+import numpy as np
+
+from planner import ops
+from planner.ops.winograd import PLANES
+
+from . import kernel
+from .nn import epilogue, span
+
+BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
+G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
+AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]])
+"""F(2x2, 3x3)'s input, filter and output transforms: V = B^T d B, U = G g G^T, Y = A^T m A."""
+
+
+@cache
+def transforms(xp, dtype):
+    """(B^T (x) B^T, G (x) G, A^T (x) A^T) of `dtype` on xp's device, made once per process: the 2-D
+    transforms of a flattened tile, (16, 16), (16, 9) and (4, 16)."""
+    return tuple(xp.asarray(np.kron(t, t), dtype=dtype) for t in (BT, G, AT))
+
+
+def planes(scratch, rows, cols):
+    """The front (rows, cols) of each of the 16 planes of a scratch slice, as one (16, rows, cols) view."""
+    return scratch[:, :rows * cols].reshape(PLANES, rows, cols)
+
+
+@kernel("WinogradConv", domain="memplan")
+def winograd_conv(xp, step, ins, outs, ws):
+    """Y = activation(conv(X, W) + B + Z) by the stages the module says."""
+    convolve(xp, step, ins, outs, ws, Stages(xp, step, ins))
+
+
+class Stages:
+    """The transforms of `convolve` in NumPy's or CuPy's calls: each a GEMM with a Kronecker product of
+    the 1-D transforms, over planes of the scratch."""
+
+    def __init__(self, xp, step, ins):
+        x, _, b, z = [*ins, None, None][:4]
+        self.xp, self.finish = xp, epilogue(xp, step, b, z)
+        self.to_tiles, self.to_weights, self.to_outputs = transforms(xp, x.dtype)
+
+    def tiles(self, x, ws, grid, pads):
+        """ws["tiles"]: the transformed 4x4 tiles of the images x, (16, C, tiles); `products` as scratch."""
+        c, cols = x.shape[1], x.shape[0] * grid[0] * grid[1]
+        gather(self.xp, x, planes(ws["products"], c, cols), grid, pads)
+        self.xp.matmul(self.to_tiles, ws["products"][:, :c * cols], out=ws["tiles"][:, :c * cols])
+
+    def weights(self, w, ws):
+        """ws["weights"]: the transformed filters w (block, C, 3, 3), (16, block, C)."""
+        self.xp.matmul(self.to_weights, w.reshape(-1, 9).T, out=ws["weights"][:, :w.shape[0] * w.shape[1]])
+
+    def outputs(self, ws, y, grid, at):
+        """Y[at] = y from the products (16, M, tiles), the epilogue included; `tiles` as scratch."""
+        m, cols = y.shape[1], y.shape[0] * grid[0] * grid[1]
+        self.xp.matmul(self.to_outputs, ws["products"][:, :m * cols], out=ws["tiles"][:4, :m * cols])
+        scatter(self.xp, planes(ws["tiles"], m, cols)[:4], y, grid)
+        self.finish(y, at)
+
+
+def convolve(xp, step, ins, outs, ws, stages):
+    """Per chunk of images: the tiles, then per block of output channels its weights and its 16 GEMMs, then
+    the outputs; the chunk and the block the largest the scratch holds."""
+    x, w = ins[:2]
+    y = outs[0]
+    (n, c), m = x.shape[:2], w.shape[0]
+    grid = tuple(-(-s // 2) for s in y.shape[2:])
+    per_image = grid[0] * grid[1]
+    images = max(1, min(n, ws["tiles"].shape[1] // (max(c, m) * per_image)))
+    block = max(1, min(m, ws["weights"].shape[1] // c))
+    pads = ops.of(step).padding(step, x, y)
+    for n0 in range(0, n, images):
+        n1 = min(n, n0 + images)
+        cols = (n1 - n0) * per_image
+        stages.tiles(x[n0:n1], ws, grid, pads)
+        for m0 in range(0, m, block):
+            m1 = min(m, m0 + block)
+            stages.weights(w[m0:m1], ws)
+            xp.matmul(planes(ws["weights"], m1 - m0, c), planes(ws["tiles"], c, cols),
+                      out=ws["products"][:, m0 * cols:m1 * cols].reshape(PLANES, m1 - m0, cols))
+        stages.outputs(ws, y[n0:n1], grid, (slice(n0, n1),))
+
+
+def gather(xp, x, tiles, grid, pads):
+    """tiles[4a + e] (C, images, tile rows, tile cols) = the input at offset (a, e) of each 4x4 tile, whose
+    top left lies at (2 row - pad, 2 col - pad); zeros where that is padding."""
+    n, c, height, width = x.shape
+    for a in range(4):
+        rows = span(a - pads[0], 2, height, 0, grid[0])
+        for e in range(4):
+            plane = tiles[4 * a + e].reshape(c, n, *grid)
+            cols = span(e - pads[1], 2, width, 0, grid[1])
+            if rows is None or cols is None:
+                plane.fill(0)
+                continue
+            for gap in (slice(0, rows[0].start), slice(rows[0].stop, grid[0])):
+                plane[:, :, gap].fill(0)
+            for gap in (slice(0, cols[0].start), slice(cols[0].stop, grid[1])):
+                plane[:, :, :, gap].fill(0)
+            xp.copyto(plane[:, :, rows[0], cols[0]], x[:, :, rows[1], cols[1]].transpose(1, 0, 2, 3))
+
+
+def scatter(xp, outputs, y, grid):
+    """Y's 2x2 tiles from outputs[2a + e] (M, images, tile rows, tile cols), the last row and column of tiles
+    cut where Y's size is odd."""
+    n, m, height, width = y.shape
+    for a in range(2):
+        for e in range(2):
+            target = y[:, :, a::2, e::2]
+            source = outputs[2 * a + e].reshape(m, n, *grid)[:, :, :target.shape[2], :target.shape[3]]
+            xp.copyto(target, source.transpose(1, 0, 2, 3))

@@ -1,0 +1,106 @@
+"""memplan.WinogradConv: a 3x3, stride-1, ungrouped 2-D FusedConv computed by Winograd's F(2x2, 3x3) (Lavin &
+Gray, 2016), as cuDNN, oneDNN and NNPACK compute such convolutions: each 4x4 tile of the input and each 3x3
+filter are transformed (V = B^T d B, U = G g G^T), the 16 transformed positions are 16 GEMMs U[k] V[k] over
+the channels, and each tile's 2x2 outputs are A^T m A, then the bias, Z and the activation. 16 products per
+4 outputs instead of 36: 2.25x fewer multiply-adds than im2col's GEMM. planner/passes/winograd.py makes it
+from the convolutions where its scratch is no larger than the columns im2col would take.
+
+Scratch, in `Tiling.layout`: `tiles` (the gathered then transformed inputs) and `products` (the GEMMs'
+results, then the transformed outputs), 16 planes each of max(C, M) rows and one column per tile of a chunk
+of images; `weights`, 16 planes of the transformed filters of a block of output channels. Planes are padded
+so that the 16 streams a transform reads or writes do not start at the same offset of a 4 KiB page (their
+loads and stores would alias: the input transform ran 2.3x slower); planes of a page or less are not."""
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from . import schema
+from .base import Layout
+from .fused_conv import FusedConv
+from .nn import window
+
+PLANES = 16
+"""Transformed positions of a 4x4 tile."""
+PAGE, SKEW, ALIGN = 4096, 320, 64
+
+
+def plane_elements(elements, itemsize):
+    """Elements of a plane holding `elements`: its bytes rounded up to ALIGN, and past PAGE to SKEW more than
+    a multiple of PAGE."""
+    nbytes = -(-elements * itemsize // ALIGN) * ALIGN
+    if nbytes > PAGE:
+        nbytes += (SKEW - nbytes) % PAGE
+    return nbytes // itemsize
+
+
+class Tiling(NamedTuple):
+    """How the kernel walks a WinogradConv: `images` images per chunk, `block` output channels per GEMM,
+    the output's tile grid `(rows, cols)` of 2x2 tiles, and the scratch `layout`."""
+
+    images: int
+    block: int
+    grid: tuple
+    layout: Layout
+
+
+def tiling(batch, channels, filters, out_spatial, dtype, budget, images=0, block=0):
+    """The Tiling of `images` images a chunk and `block` output channels a GEMM where given (at most the
+    batch and the filters); else the one whose scratch fits `budget` bytes with the most images, then the
+    largest block (all filters, or a multiple of 16 and at least min(filters, 64)); None when none fits."""
+    grid = tuple(-(-s // 2) for s in out_spatial)
+    itemsize, tiles = np.dtype(dtype).itemsize, math.prod(grid)
+
+    def layout(images, block):
+        data = plane_elements(max(channels, filters) * tiles * images, itemsize)
+        return Layout.pack(("tiles", (PLANES, data), dtype), ("products", (PLANES, data), dtype),
+                           ("weights", (PLANES, plane_elements(block * channels, itemsize)), dtype), align=ALIGN)
+
+    if images and block:
+        images, block = min(images, batch), min(block, filters)
+        return Tiling(images, block, grid, layout(images, block))
+    least = min(filters, 64)
+    for images in range(batch, 0, -1):
+        for block in (filters, *range(filters - filters % 16, least - 1, -16)):
+            found = layout(images, block)
+            if block >= least and found.nbytes <= budget:
+                return Tiling(images, block, grid, found)
+    return None
+
+
+@schema("WinogradConv", domain="memplan")
+class WinogradConv(FusedConv):
+    """FusedConv's inputs and attributes, for a 3x3 kernel of stride and dilation 1 in one group, and the
+    Tiling's `images` and `block` (0: chosen from the workspace limit); its FLOPs are the convolution's (the
+    model's arithmetic, whichever algorithm computes it)."""
+
+    defaults = {**FusedConv.defaults, "images": 0, "block": 0}
+
+    def infer(self, node, ins):
+        from ..errors import ShapeError
+        w = ins[1]
+        if w.rank != 4 or w.shape[2:] != (3, 3) or self.attr(node, "group") != 1 or \
+                any(v != 1 for v in (*(self.attr(node, "strides") or ()), *(self.attr(node, "dilations") or ()))):
+            raise ShapeError(f"WinogradConv takes a 3x3 kernel of stride and dilation 1 in one group, got weights "
+                             f"{w.shape}, group {self.attr(node, 'group')}, strides {self.attr(node, 'strides')}, "
+                             f"dilations {self.attr(node, 'dilations')}")
+        return super().infer(node, ins)
+
+    def workspace(self, node, ins, outs, limit):
+        return self.tiling(node, ins, outs, limit).layout
+
+    def tiling(self, node, ins, outs, limit):
+        """The Tiling of the attributes `images` and `block` (as planner/passes/winograd.py chose them);
+        without them, the one whose scratch is no larger than the columns im2col would take under `limit`,
+        or one image in one block where none is."""
+        x, w = ins[0], ins[1]
+        args = (x.shape[1], w.shape[0], outs[0][0][2:], x.dtype)
+        images, block = self.attr(node, "images"), self.attr(node, "block")
+        if images and block:
+            return tiling(x.shape[0], *args, None, images, block)
+        return tiling(x.shape[0], *args, super().workspace(node, ins[:2], outs, limit).nbytes) or \
+            tiling(1, *args, None, 1, w.shape[0])
+
+    def padding(self, node, x, y):
+        """The rows and columns of zeros before the input (auto_pad resolved)."""
+        return window(self, node, x.shape[2:], (3, 3), y.shape[2:]).begin

@@ -1,0 +1,138 @@
+"""The winograd pass (memplan.WinogradConv, F(2x2, 3x3)): inference plans compute their 3x3 convolutions by it
+and the results stay those of im2col and onnxruntime, with the NumPy kernels and the compiled ones, in whole
+batches and in the chunks and blocks a small scratch forces; the arena never grows; what it does not take
+(training, a CUDA device, 16-bit, strides, groups, few channels) keeps its Conv."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import planner
+from executor import Executor
+from executor import jit as compiled
+from planner.config import Config
+from planner.errors import ShapeError
+
+RNG = np.random.default_rng(11)
+JITS = [False, pytest.param(True, marks=pytest.mark.skipif(not compiled.available(), reason="numba is not installed"))]
+
+
+def conv_model(x_shape, w_shape, after=(), bias=True, **attrs):
+    """x -> Conv(W[, B]) -> c -> `after` nodes reading "c" and ending in "a" -> a 5x5 Conv to 16 channels -> y.
+    The last conv's columns are the scratch the plan holds, which a Winograd conv of a small image needs
+    (its own im2col takes less than its transforms)."""
+    inits = {"w": RNG.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:])),
+             "w5": RNG.standard_normal((16, w_shape[0], 5, 5)) / np.sqrt(25 * w_shape[0])}
+    if bias:
+        inits["b"] = RNG.standard_normal(w_shape[0])
+    nodes = [helper.make_node("Conv", ["x", "w", *(["b"] if bias else [])], ["c"], **attrs), *after,
+             helper.make_node("Conv", ["a" if after else "c", "w5"], ["y"], pads=[2, 2, 2, 2])]
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def run(model, x, jit=False, **options):
+    plan = planner.compile(model, {"x": x.shape}, **options)
+    return plan, Executor(plan, backend="numpy", jit=jit, poison=True).run({"x": x})["y"]
+
+
+def onnxruntime(model, x):
+    import onnxruntime as ort
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+CASES = {  # x shape, w shape, Conv attributes
+    "same, even": ((2, 16, 8, 8), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "same, odd": ((3, 16, 7, 9), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "valid": ((2, 24, 9, 6), (16, 24, 3, 3), {}),
+    "uneven pads": ((1, 16, 5, 11), (20, 16, 3, 3), {"pads": [0, 2, 2, 1]}),
+    "auto_pad": ((2, 16, 6, 5), (16, 16, 3, 3), {"auto_pad": "SAME_LOWER"}),
+}
+
+
+@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("case", CASES)
+def test_winograd_changes_no_result(case, jit):
+    x_shape, w_shape, attrs = CASES[case]
+    model, x = conv_model(x_shape, w_shape, **attrs), RNG.standard_normal(x_shape).astype(np.float32)
+    plan, got = run(model, x, jit)
+    plain, want = run(model, x, jit, winograd=False)
+    assert [s.op for s in plan.steps] == ["WinogradConv", "Conv"] and plan.stats["winograd"] == 1
+    assert [s.op for s in plain.steps] == ["Conv", "Conv"] and plan.arena_bytes <= plain.arena_bytes
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_fused_epilogue_of_a_residual_and_activation(jit, bias):
+    """Conv + Add(x) + Clip, as fuse_conv makes a FusedConv of them: bias, Z and activation in the epilogue."""
+    after = [helper.make_node("Add", ["c", "x"], ["s"]), helper.make_node("Clip", ["s", "lo", "hi"], ["a"])]
+    model = conv_model((2, 16, 6, 7), (16, 16, 3, 3), after, bias=bias, pads=[1, 1, 1, 1])
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(v, np.float32), k)
+                                    for k, v in (("lo", -0.3), ("hi", 0.8))])
+    x = RNG.standard_normal((2, 16, 6, 7)).astype(np.float32)
+    plan, got = run(model, x, jit)
+    assert [s.op for s in plan.steps] == ["WinogradConv", "Conv"] and plan.steps[0].attrs["activation"] == "Clip"
+    np.testing.assert_allclose(got, run(model, x, jit, winograd=False)[1], rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("jit", JITS)
+def test_a_small_scratch_walks_chunks_of_images_and_blocks_of_channels(jit):
+    """Under a workspace limit a fraction of im2col's, the Tiling takes fewer images and output channels
+    at a time."""
+    x_shape, w_shape = (5, 16, 4, 4), (80, 16, 3, 3)
+    model, x = conv_model(x_shape, w_shape, pads=[1, 1, 1, 1]), RNG.standard_normal(x_shape).astype(np.float32)
+    config = Config(workspace_limit=150_000)
+    plan, got = run(model, x, jit, config=config)
+    step = plan.steps[0]
+    assert step.op == "WinogradConv" and step.attrs["images"] < 5 and step.attrs["block"] < 80
+    np.testing.assert_allclose(got, run(model, x, jit, config=config, winograd=False)[1], rtol=1e-5, atol=2e-6)
+
+
+def test_the_arena_of_resnet50_does_not_grow():
+    plans = [planner.compile("zoo:resnet50", {"input": (2, 3, 224, 224)}, winograd=w) for w in (True, False)]
+    assert plans[0].stats["winograd"] == 13 and plans[1].stats["winograd"] == 0
+    assert plans[0].arena_bytes <= plans[1].arena_bytes
+
+
+@pytest.mark.parametrize("why, x_shape, w_shape, attrs, options", [
+    ("a stride", (1, 16, 8, 8), (16, 16, 3, 3), {"strides": [2, 2]}, {}),
+    ("a dilation", (1, 16, 8, 8), (16, 16, 3, 3), {"dilations": [2, 2]}, {}),
+    ("groups", (1, 16, 8, 8), (16, 8, 3, 3), {"group": 2}, {}),
+    ("a 5x5 kernel", (1, 16, 8, 8), (16, 16, 5, 5), {}, {}),
+    ("few channels", (1, 3, 8, 8), (16, 3, 3, 3), {}, {}),
+    ("training", (1, 16, 8, 8), (16, 16, 3, 3), {}, {"training": True, "loss": "mse"}),
+    ("a CUDA device", (1, 16, 8, 8), (16, 16, 3, 3), {}, {"device": "cuda:0"}),
+    ("fp16", (1, 16, 8, 8), (16, 16, 3, 3), {}, {"precision": "fp16"}),
+])
+def test_what_winograd_does_not_take_keeps_its_conv(why, x_shape, w_shape, attrs, options):
+    plan = planner.compile(conv_model(x_shape, w_shape, **attrs), {"x": x_shape}, **options)
+    assert "WinogradConv" not in {s.op for s in plan.steps} and plan.stats["winograd"] == 0
+
+
+def test_a_winograd_conv_read_from_a_file_chooses_its_own_tiling():
+    """memplan.WinogradConv without images and block: the Tiling under the workspace limit."""
+    w = numpy_helper.from_array((RNG.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32), "w")
+    node = helper.make_node("WinogradConv", ["x", "w"], ["y"], domain="memplan", pads=[1, 1, 1, 1], activation="Relu")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
+    x = RNG.standard_normal((2, 16, 6, 6)).astype(np.float32)
+    got = run(model, x)[1]
+    model.graph.node[0].CopyFrom(helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]))
+    model.graph.node.append(helper.make_node("Relu", ["c"], ["y"]))
+    model.opset_import.pop()
+    np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_winograd_conv_of_another_kernel_is_refused_by_name():
+    node = helper.make_node("WinogradConv", ["x", "w"], ["y"], domain="memplan", strides=[2, 2])
+    w = numpy_helper.from_array(np.zeros((16, 16, 3, 3), np.float32), "w")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
+    with pytest.raises(ShapeError, match="3x3 kernel of stride and dilation 1"):
+        planner.compile(model, {"x": (1, 16, 8, 8)})

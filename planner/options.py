@@ -51,6 +51,7 @@ class CompileOptions:
     fuse_activation: bool = True
     fold_transpose: bool = True
     winograd: bool = True
+    batch_conv: bool = True
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:

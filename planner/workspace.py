@@ -11,15 +11,28 @@ from .ops import Info
 def layouts(graph, steps, limit):
     """{node name: workspace Layout} for the nodes of `steps` whose op needs scratch, each of at most
     `limit` bytes (see the op's `workspace` for the one exception)."""
-    tensors = graph.tensors
     asked = {}
     for node in steps:
-        ins = [Info(tensors[name].shape, tensors[name].dtype) if name else None for name in node.inputs]
-        outs = [(tensors[name].shape, tensors[name].dtype) if name else None for name in node.outputs]
-        layout = ops.of(node, graph.opsets).workspace(node, ins, outs, limit)
+        layout = ops.of(node, graph.opsets).workspace(node, *infos(graph, node), limit)
         if layout.nbytes > 0:
             asked[node.name] = layout
     return asked
+
+
+def infos(graph, node):
+    """(ins, outs) of a node as an op's `workspace` takes them: Infos, and (shape, dtype) pairs."""
+    tensors = graph.tensors
+    return ([Info(tensors[name].shape, tensors[name].dtype) if name else None for name in node.inputs],
+            [(tensors[name].shape, tensors[name].dtype) if name else None for name in node.outputs])
+
+
+def room(graph, config):
+    """Bytes of scratch any one step may take without growing the arena: where the plan pools all scratch in
+    one slot (workspace_mode "pool", one temp slot), the slot its largest request sizes; else 0. Passes
+    choosing a faster kernel that needs more scratch (planner/passes/winograd.py) stay within it."""
+    if config.workspace_mode != "pool" or config.temp_slots != 1:
+        return 0
+    return max((layout.nbytes for layout in layouts(graph, graph.nodes, config.workspace_limit).values()), default=0)
 
 
 def color_nodes(steps, ncolor, importance):

@@ -41,7 +41,8 @@ def overrides():
             ("", "Conv"): conv.conv(generic),
             ("com.microsoft", "FusedConv"): conv.conv(generic),
             ("", "MaxPool"): conv.pool(generic),
-            ("memplan", "WinogradConv"): winograd.winograd_conv(generic)}
+            ("memplan", "WinogradConv"): winograd.winograd_conv(generic),
+            ("memplan", "BatchedConv"): conv.batched(generic)}
 
 
 def limit_threads(n):

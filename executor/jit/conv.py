@@ -7,7 +7,7 @@ from functools import partial
 import numpy as np
 from numba import njit, prange
 
-from ..kernels import nn
+from ..kernels import batched_conv, nn
 from . import takes
 from .scalar import ACTIVATIONS, NO_BIAS, activate_row, f32
 from .threads import PARALLEL
@@ -134,6 +134,19 @@ def epilogue(y, bias, z, code, p0, p1):
 
 
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
+def write_back(output, y, bias, z, code, p0, p1):
+    """y (N, M, rows, OW) = activation(output + bias + z) for a BatchedConv's output (M, N, rows, OW)."""
+    n, m, rows = y.shape[0], y.shape[1], y.shape[2]
+    for job in prange(n * m):
+        i, o = job // m, job % m
+        b = bias[o] if bias.shape[0] else f32(0)
+        for r in range(rows):
+            row = y[i, o, r]
+            row[:] = output[o, i, r]
+            finish_row(row, b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
+
+
+@njit(parallel=PARALLEL, fastmath=True, cache=True)
 def max_pool(x, y, kernel, strides, pads, dilations):
     """y = the maximum over each window of x (N, C, H, W), row by row of the output."""
     n, c, height, width = x.shape
@@ -167,17 +180,42 @@ def pool(generic):
     return run
 
 
-def conv(generic):
-    """The Conv and FusedConv kernel for 2-D float32 images of C layout; `generic` for the rest."""
+def images(generic, body):
+    """A Conv-like kernel running `body(xp, step, ins, outs, ws, epilogue)` for 2-D float32 images of C layout
+    (`epilogue` from `epilogue_of`), `generic` for the rest."""
     def run(xp, step, ins, outs, ws):
         x, w, b, z = (list(ins) + [None] * 3)[:4]
         y = outs[0]
         if x.ndim != 4 or not takes(x, w, b, z, y) or not y.size:
             return generic(xp, step, ins, outs, ws)
-        epilogue_args = (NO_BIAS if b is None else b, NO_Z if z is None else z, *activation(step))
-        nn.convolve(xp, step, x, w, y, ws, partial(_finish, *epilogue_args), fill=_fill,
-                    by_channel=partial(_depthwise, epilogue_args))
+        body(xp, step, ins, outs, ws, epilogue_of(step, b, z))
     return run
+
+
+def conv(generic):
+    """The Conv and FusedConv kernel."""
+    def body(xp, step, ins, outs, ws, epilogue):
+        nn.convolve(xp, step, ins[0], ins[1], outs[0], ws, partial(_finish, *epilogue), fill=_fill,
+                    by_channel=partial(_depthwise, epilogue))
+    return images(generic, body)
+
+
+def batched(generic):
+    """The BatchedConv kernel: the columns by `im2col`, the output written back by `write_back`."""
+    def body(xp, step, ins, outs, ws, epilogue):
+        bias, z, code, p0, p1 = epilogue
+        y = outs[0]
+
+        def back(output, block, at):
+            write_back(output.reshape(y.shape[1], *block.shape[:1], *y.shape[2:]), block, bias,
+                       z[at] if z.size else z, code, p0, p1)
+        batched_conv.convolve(xp, step, ins, outs, ws, batched_conv.columns(xp, _fill), back)
+    return images(generic, body)
+
+
+def epilogue_of(step, b, z):
+    """(bias, Z, code, p0, p1) of a conv's epilogue, NO_BIAS and NO_Z for omitted ones."""
+    return (NO_BIAS if b is None else b, NO_Z if z is None else z, *activation(step))
 
 
 def activation(step):

@@ -2,13 +2,11 @@
 one pass over the images, each filter transformed in one pass over the weights, and each tile's 2x2 outputs
 transformed back with the bias, Z and the activation applied row by row while in cache. The walk over
 chunks and blocks, and the 16 GEMMs, are executor.kernels.winograd.convolve's."""
-import numpy as np
 from numba import njit, prange
 
 from ..kernels import winograd
-from . import takes
-from .conv import NO_Z, activation, finish_row
-from .scalar import NO_BIAS, f32
+from .conv import finish_row, images
+from .scalar import f32
 from .threads import PARALLEL
 
 
@@ -113,9 +111,8 @@ def outputs(p, y, bias, z, code, p0, p1, grid_rows, grid_cols):
 class Stages:
     """winograd.convolve's stages by the compiled passes."""
 
-    def __init__(self, step, ins):
-        _, _, b, z = [*ins, None, None][:4]
-        self.epilogue = (NO_BIAS if b is None else b, NO_Z if z is None else z, *activation(step))
+    def __init__(self, epilogue):
+        self.epilogue = epilogue
 
     def tiles(self, x, ws, grid, pads):
         tiles(x, ws["tiles"], pads[0], pads[1], *grid)
@@ -129,9 +126,7 @@ class Stages:
 
 
 def winograd_conv(generic):
-    """The WinogradConv kernel for float32 arrays of C layout; `generic` for the rest."""
-    def run(xp, step, ins, outs, ws):
-        if not takes(*ins, outs[0]):
-            return generic(xp, step, ins, outs, ws)
-        winograd.convolve(xp, step, ins, outs, ws, Stages(step, ins))
-    return run
+    """The WinogradConv kernel for 2-D float32 images of C layout; `generic` for the rest."""
+    def body(xp, step, ins, outs, ws, epilogue):
+        winograd.convolve(xp, step, ins, outs, ws, Stages(epilogue))
+    return images(generic, body)

@@ -126,6 +126,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     bias_activation,
     fused_conv,
     winograd,
+    batched_conv,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

@@ -19,6 +19,7 @@ from . import schema
 from .base import Layout
 from .fused_conv import FusedConv
 from .nn import window
+from ..errors import ShapeError
 
 PLANES = 16
 """Transformed positions of a 4x4 tile."""
@@ -77,7 +78,6 @@ class WinogradConv(FusedConv):
     defaults = {**FusedConv.defaults, "images": 0, "block": 0}
 
     def infer(self, node, ins):
-        from ..errors import ShapeError
         w = ins[1]
         if w.rank != 4 or w.shape[2:] != (3, 3) or self.attr(node, "group") != 1 or \
                 any(v != 1 for v in (*(self.attr(node, "strides") or ()), *(self.attr(node, "dilations") or ()))):

@@ -1,11 +1,10 @@
 """Compute the 3x3 convolutions of an inference plan by Winograd's F(2x2, 3x3) (memplan.WinogradConv, see
 planner/ops/winograd.py): a Conv or com.microsoft FusedConv of float32 with a 3x3 kernel, stride and
 dilation 1, one group and at least MIN_CHANNELS channels in and out. Its scratch (the Tiling's images and
-block, recorded as attributes) fits in the columns its im2col would take or, where the plan pools all scratch
-in one slot (workspace_mode "pool", num_temp 1), in that slot as the graph's largest request sizes it: the
-arena does not grow. 2.25x fewer multiply-adds: on the 2-core CPU box resnet50's 3x3 layers
-took half the time. Plans for a CUDA device keep their convolutions (the GPU's are the library's to choose);
-CompileOptions(winograd=False) keeps them everywhere."""
+block, recorded as attributes) fits in the columns its im2col would take or in the slot all scratch shares
+(planner.workspace.room): the arena does not grow. 2.25x fewer multiply-adds: on the 2-core CPU box
+resnet50's 3x3 layers took half the time. Plans for a CUDA device keep their convolutions (the GPU's are
+the library's to choose); CompileOptions(winograd=False) keeps them everywhere."""
 import math
 from dataclasses import replace
 
@@ -14,7 +13,7 @@ import numpy as np
 from .. import ops
 from ..ir import Node
 from ..ops.winograd import tiling
-from ..workspace import layouts
+from ..workspace import infos, room
 from .base import TYPED, Pass, Result
 
 MIN_CHANNELS = 16
@@ -34,7 +33,7 @@ def _rewrite(graph, node, limit, held):
             or any(v != 1 for v in (*(attrs.get("strides") or ()), *(attrs.get("dilations") or ()))) \
             or min(w.shape[:2]) < MIN_CHANNELS or not math.prod(y.shape):
         return None
-    columns = ops.of(node, graph.opsets).workspace(node, *_infos(graph, node), limit).nbytes
+    columns = ops.of(node, graph.opsets).workspace(node, *infos(graph, node), limit).nbytes
     found = tiling(x.shape[0], w.shape[1], w.shape[0], y.shape[2:], x.dtype, min(limit, max(columns, held)))
     if found is None:
         return None
@@ -43,21 +42,11 @@ def _rewrite(graph, node, limit, held):
                 "memplan")
 
 
-def _infos(graph, node):
-    """(ins, outs) of a node as an op's `workspace` takes them."""
-    tensors = graph.tensors
-    return ([ops.Info(tensors[n].shape, tensors[n].dtype) if n else None for n in node.inputs],
-            [(tensors[n].shape, tensors[n].dtype) if n else None for n in node.outputs])
-
-
 def _apply(graph, context):
     options, config = context.options, context.config
     if not options.winograd or options.training or options.device.startswith("cuda"):
         return Result(graph, False)
-    held = 0
-    if config.workspace_mode == "pool" and config.num_temp == 1:
-        held = max((layout.nbytes for layout in layouts(graph, graph.nodes, config.workspace_limit).values()),
-                   default=0)
+    held = room(graph, config)
     nodes = [_rewrite(graph, node, config.workspace_limit, held) or node for node in graph.nodes]
     changed = any(a is not b for a, b in zip(nodes, graph.nodes))
     return Result(replace(graph, nodes=tuple(nodes)) if changed else graph, changed)

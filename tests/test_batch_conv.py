@@ -1,0 +1,96 @@
+"""The batch_conv pass (memplan.BatchedConv): inference convolutions of small images are one GEMM over a chunk
+of images, and the results stay those of the per-image GEMMs and onnxruntime, with the NumPy kernels and the
+compiled ones, pointwise or not, with a residual and an activation, in whole batches and in chunks; the arena
+never grows; what it does not take (one image, large images, groups, training, a CUDA device) keeps its Conv."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import planner
+from planner.config import Config
+from planner.errors import ShapeError
+from test_winograd import JITS, onnxruntime, run
+
+RNG = np.random.default_rng(12)
+
+
+def conv_model(x_shape, w_shape, after=(), **attrs):
+    """x -> Conv(W, B) -> c -> `after` (reading "c", ending in "a") -> a 5x5 Conv of 64 channels -> y, whose
+    columns are the slot of scratch the BatchedConv needs."""
+    inits = {"w": RNG.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:])), "b": RNG.standard_normal(w_shape[0]),
+             "w5": RNG.standard_normal((64, w_shape[0], 5, 5)) / np.sqrt(25 * w_shape[0])}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), *after,
+             helper.make_node("Conv", ["a" if after else "c", "w5"], ["y"], pads=[2, 2, 2, 2])]
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+CASES = {  # x shape, w shape, Conv attributes
+    "pointwise": ((4, 32, 7, 7), (48, 32, 1, 1), {}),
+    "strided pointwise": ((3, 32, 14, 13), (40, 32, 1, 1), {"strides": [2, 2]}),
+    "3x3 stride 2": ((4, 16, 13, 14), (32, 16, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "3x3 same": ((2, 8, 6, 5), (24, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+}
+
+
+@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("case", CASES)
+def test_batched_conv_changes_no_result(case, jit):
+    x_shape, w_shape, attrs = CASES[case]
+    model, x = conv_model(x_shape, w_shape, **attrs), RNG.standard_normal(x_shape).astype(np.float32)
+    plan, got = run(model, x, jit, winograd=False)
+    plain, want = run(model, x, jit, winograd=False, batch_conv=False)
+    assert plan.steps[0].op == "BatchedConv" and plan.stats["batched_conv"] >= 1
+    assert plain.steps[0].op == "Conv" and plan.arena_bytes <= plain.arena_bytes
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("jit", JITS)
+def test_a_residual_and_activation_are_applied_on_the_way_back(jit):
+    after = [helper.make_node("Add", ["c", "x"], ["s"]), helper.make_node("Relu", ["s"], ["a"])]
+    model = conv_model((4, 32, 6, 6), (32, 32, 1, 1), after)
+    x = RNG.standard_normal((4, 32, 6, 6)).astype(np.float32)
+    plan, got = run(model, x, jit)
+    assert plan.steps[0].op == "BatchedConv" and plan.steps[0].attrs["activation"] == "Relu"
+    np.testing.assert_allclose(got, run(model, x, jit, batch_conv=False)[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("jit", JITS)
+def test_a_small_scratch_walks_chunks_of_images(jit):
+    model, x = conv_model((7, 32, 7, 7), (48, 32, 1, 1)), RNG.standard_normal((7, 32, 7, 7)).astype(np.float32)
+    config = Config(workspace_limit=60_000)
+    plan, got = run(model, x, jit, config=config)
+    assert plan.steps[0].op == "BatchedConv" and 2 <= plan.steps[0].attrs["images"] < 7
+    np.testing.assert_allclose(got, run(model, x, jit, config=config, batch_conv=False)[1], rtol=1e-5, atol=1e-5)
+
+
+def test_resnet50_batches_its_last_stage_in_the_same_arena():
+    plans = [planner.compile("zoo:resnet50", {"input": (4, 3, 224, 224)}, batch_conv=b) for b in (True, False)]
+    assert plans[0].stats["batched_conv"] == 7 and plans[1].stats["batched_conv"] == 0
+    assert plans[0].arena_bytes <= plans[1].arena_bytes
+
+
+@pytest.mark.parametrize("why, x_shape, w_shape, attrs, options", [
+    ("one image", (1, 32, 7, 7), (48, 32, 1, 1), {}, {}),
+    ("large images", (2, 16, 9, 9), (16, 16, 1, 1), {}, {}),
+    ("groups", (2, 32, 7, 7), (32, 16, 1, 1), {"group": 2}, {}),
+    ("training", (2, 32, 7, 7), (48, 32, 1, 1), {}, {"training": True, "loss": "mse"}),
+    ("a CUDA device", (2, 32, 7, 7), (48, 32, 1, 1), {}, {"device": "cuda:0"}),
+])
+def test_what_batch_conv_does_not_take_keeps_its_conv(why, x_shape, w_shape, attrs, options):
+    plan = planner.compile(conv_model(x_shape, w_shape, **attrs), {"x": x_shape}, **options)
+    assert plan.steps[0].op == "Conv" and plan.stats["batched_conv"] == 0
+
+
+def test_a_batched_conv_of_groups_is_refused_by_name():
+    node = helper.make_node("BatchedConv", ["x", "w"], ["y"], domain="memplan", group=2)
+    w = numpy_helper.from_array(np.zeros((16, 8, 1, 1), np.float32), "w")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
+    with pytest.raises(ShapeError, match="BatchedConv takes one group"):
+        planner.compile(model, {"x": (2, 16, 4, 4)})

@@ -27,11 +27,11 @@ def conv_model(x_shape, w_shape, after=(), **attrs):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-CASES = {  # x shape, w shape, Conv attributes
-    "pointwise": ((4, 32, 7, 7), (48, 32, 1, 1), {}),
-    "strided pointwise": ((3, 32, 14, 13), (40, 32, 1, 1), {"strides": [2, 2]}),
-    "3x3 stride 2": ((4, 16, 13, 14), (32, 16, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
-    "3x3 same": ((2, 8, 6, 5), (24, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+CASES = {  # x shape, w shape (2^19 weights or more: batch_conv.LARGE), Conv attributes
+    "pointwise": ((3, 1024, 7, 7), (512, 1024, 1, 1), {}),
+    "strided pointwise": ((2, 512, 13, 14), (1024, 512, 1, 1), {"strides": [2, 2]}),
+    "3x3 stride 2": ((2, 256, 13, 14), (256, 256, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "3x3 same": ((2, 256, 6, 5), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]}),
 }
 
 
@@ -51,8 +51,8 @@ def test_batched_conv_changes_no_result(case, jit):
 @pytest.mark.parametrize("jit", JITS)
 def test_a_residual_and_activation_are_applied_on_the_way_back(jit):
     after = [helper.make_node("Add", ["c", "x"], ["s"]), helper.make_node("Relu", ["s"], ["a"])]
-    model = conv_model((4, 32, 6, 6), (32, 32, 1, 1), after)
-    x = RNG.standard_normal((4, 32, 6, 6)).astype(np.float32)
+    model = conv_model((3, 1024, 6, 6), (1024, 1024, 1, 1), after)
+    x = RNG.standard_normal((3, 1024, 6, 6)).astype(np.float32)
     plan, got = run(model, x, jit)
     assert plan.steps[0].op == "BatchedConv" and plan.steps[0].attrs["activation"] == "Relu"
     np.testing.assert_allclose(got, run(model, x, jit, batch_conv=False)[1], rtol=1e-5, atol=1e-5)
@@ -61,8 +61,8 @@ def test_a_residual_and_activation_are_applied_on_the_way_back(jit):
 
 @pytest.mark.parametrize("jit", JITS)
 def test_a_small_scratch_walks_chunks_of_images(jit):
-    model, x = conv_model((7, 32, 7, 7), (48, 32, 1, 1)), RNG.standard_normal((7, 32, 7, 7)).astype(np.float32)
-    config = Config(workspace_limit=60_000)
+    model, x = conv_model((7, 1024, 7, 7), (512, 1024, 1, 1)), RNG.standard_normal((7, 1024, 7, 7)).astype(np.float32)
+    config = Config(workspace_limit=1_000_000)
     plan, got = run(model, x, jit, config=config)
     assert plan.steps[0].op == "BatchedConv" and 2 <= plan.steps[0].attrs["images"] < 7
     np.testing.assert_allclose(got, run(model, x, jit, config=config, batch_conv=False)[1], rtol=1e-5, atol=1e-5)
@@ -75,11 +75,12 @@ def test_resnet50_batches_its_last_stage_in_the_same_arena():
 
 
 @pytest.mark.parametrize("why, x_shape, w_shape, attrs, options", [
-    ("one image", (1, 32, 7, 7), (48, 32, 1, 1), {}, {}),
-    ("large images", (2, 16, 9, 9), (16, 16, 1, 1), {}, {}),
-    ("groups", (2, 32, 7, 7), (32, 16, 1, 1), {"group": 2}, {}),
-    ("training", (2, 32, 7, 7), (48, 32, 1, 1), {}, {"training": True, "loss": "mse"}),
-    ("a CUDA device", (2, 32, 7, 7), (48, 32, 1, 1), {}, {"device": "cuda:0"}),
+    ("one image", (1, 1024, 7, 7), (512, 1024, 1, 1), {}, {}),
+    ("large images", (2, 1024, 9, 9), (512, 1024, 1, 1), {}, {}),
+    ("few weights", (2, 160, 7, 7), (960, 160, 1, 1), {}, {}),
+    ("groups", (2, 1024, 7, 7), (1024, 512, 1, 1), {"group": 2}, {}),
+    ("training", (2, 1024, 7, 7), (512, 1024, 1, 1), {}, {"training": True, "loss": "mse"}),
+    ("a CUDA device", (2, 1024, 7, 7), (512, 1024, 1, 1), {}, {"device": "cuda:0"}),
 ])
 def test_what_batch_conv_does_not_take_keeps_its_conv(why, x_shape, w_shape, attrs, options):
     plan = planner.compile(conv_model(x_shape, w_shape, **attrs), {"x": x_shape}, **options)

@@ -6,9 +6,11 @@ writes. Running copies the feeds in, calls the kernels in order and copies the o
 import threading
 from collections.abc import Mapping
 from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import replace
 
 import numpy as np
 
+from planner import heap
 from planner.config import Config
 from planner.dtypes import from_onnx, is_float  # noqa: F401  (registers ml_dtypes' names with NumPy)
 from planner.errors import MemplanError
@@ -48,13 +50,19 @@ class Executor:
     `self.profile` (executor.profile.Profile); None otherwise. `threads` caps the host BLAS threads
     during a run (default: the BLAS library's own choice, one per core). `jit` chooses the compiled CPU
     kernels of executor.jit (numba) over the shared NumPy ones: None, where numba is installed and
-    MEMPLAN_JIT is not 0; True or False to say."""
+    MEMPLAN_JIT is not 0; True or False to say.
+
+    The params' and consts' values are copied into the arena and `self.plan` is the plan without them
+    (`data` empty): where nothing else holds the plan, the weights are not kept twice (planner.heap returns
+    the freed pages to the operating system, before the arena is filled and after)."""
 
     def __init__(self, plan, backend="auto", poison=False, config=None, profile=False, threads=None, jit=None):
-        self.plan, self.poison = plan, poison
         self.backend = backends.get(backend)
         self.backend.check_room(plan.arena_bytes, "the arena", config or Config.from_env())
         plan.check_values()
+        heap.trim()
+        values, plan = plan.data, replace(plan, data={})
+        self.plan, self.poison = plan, poison
         foreign = sorted({t.dtype for t in plan.tensors.values() if not self.backend.holds(np.dtype(t.dtype))})
         if foreign:
             raise MemplanError(f"backend {self.backend.NAME!r} cannot hold tensors of dtype {', '.join(foreign)}")
@@ -65,7 +73,9 @@ class Executor:
         if missing:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.arena = Arena(plan, self.backend.xp)
-        self.arena.load(plan.data)
+        self.arena.load(values)
+        del values
+        heap.trim()
         for t in plan.tensors.values():
             if t.kind == "state":
                 self.arena.view(t.name).fill(0)

@@ -43,6 +43,17 @@ def test_runs_repeat_and_outputs_are_copies():
     assert rel_l2(first["output"], expected["output"]) < 1e-5
 
 
+def test_the_executor_keeps_the_plan_without_its_values():
+    """The weights live in the arena; the Executor's plan does not hold them again, the caller's keeps its own."""
+    model, inputs, expected = reference("resnet18")
+    plan = planner.compile(model, input_shapes(model, BATCH))
+    ex = Executor(plan, backend="numpy")
+    assert plan.data and ex.plan.data == {} and ex.plan.steps == plan.steps
+    got = ex.run(inputs)
+    assert all(rel_l2(got[name], want) < 1e-5 for name, want in expected.items())
+    assert all(rel_l2(value, ex.arena.view(name)) == 0 for name, value in plan.data.items())
+
+
 def test_feeds_are_checked():
     model, inputs, _ = reference("mlp")
     ex = Executor(planner.compile(model, input_shapes(model, BATCH)), backend="numpy")

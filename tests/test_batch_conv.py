@@ -95,3 +95,20 @@ def test_a_batched_conv_of_groups_is_refused_by_name():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
     with pytest.raises(ShapeError, match="BatchedConv takes one group"):
         planner.compile(model, {"x": (2, 16, 4, 4)})
+
+
+@pytest.mark.parametrize("form", ["winograd", "batched"])
+def test_the_gpu_form_is_the_fused_conv_in_the_same_scratch(form, monkeypatch):
+    """CuPy runs WinogradConv and BatchedConv as the FusedConv they were (executor.kernels.nn.as_fused_conv),
+    its columns cut from their scratch: run here on NumPy, it gives the per-image im2col's results."""
+    from executor.backends import numpy_backend
+    from executor.kernels import KERNELS, nn
+    x_shape, w_shape, attrs = ((4, 32, 9, 9), (32, 32, 3, 3), {"pads": [1, 1, 1, 1]}) if form == "winograd" else \
+        ((3, 1024, 7, 7), (512, 1024, 1, 1), {})
+    model, x = conv_model(x_shape, w_shape, **attrs), RNG.standard_normal(x_shape).astype(np.float32)
+    want = run(model, x, winograd=False, batch_conv=False)[1]
+    table = {**KERNELS, ("memplan", "WinogradConv"): nn.as_fused_conv, ("memplan", "BatchedConv"): nn.as_fused_conv}
+    monkeypatch.setattr(numpy_backend, "table", lambda jit=None: table)
+    plan, got = run(model, x)
+    assert plan.steps[0].op == {"winograd": "WinogradConv", "batched": "BatchedConv"}[form]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -3,7 +3,7 @@ device memory while a plan runs: the `cuda` bodies of op entries, and the kernel
 import zlib
 from functools import lru_cache
 
-from ..kernels import loss
+from ..kernels import loss, nn
 from ..kernels.optim import in_place
 
 
@@ -47,7 +47,8 @@ def overrides(cupy):
 
     return {("", "LogSoftmax"): log_softmax, ("", "Trilu"): _trilu(cupy),
             **_label_losses(cupy, sum_exp), ("memplan", "Dropout"): _dropout(cupy),
-            **_optimizers(cupy)}
+            **_optimizers(cupy), ("memplan", "WinogradConv"): nn.as_fused_conv,
+            ("memplan", "BatchedConv"): nn.as_fused_conv}
 
 
 def _trilu(cupy):

@@ -138,6 +138,19 @@ def fused_conv(xp, step, ins, outs, ws):
     convolve(xp, step, x, w, outs[0], ws, epilogue(xp, step, b, z))
 
 
+def as_fused_conv(xp, step, ins, outs, ws):
+    """A memplan.WinogradConv or memplan.BatchedConv computed as the FusedConv it was made from (im2col, one
+    GEMM per image), its columns chunked into the largest slice of its scratch: the GPU's form of them, where
+    a GEMM into strided planes would allocate."""
+    x, w = ins[:2]
+    scratch = max(ws.values(), key=lambda a: a.nbytes)
+    chunks = ops.get("Conv").chunks(step, ins[:2], [(outs[0].shape, outs[0].dtype)], scratch.nbytes)
+    columns = {}
+    if chunks.nbytes:
+        columns["columns"] = scratch.reshape(-1).view(np.uint8)[:chunks.nbytes].reshape(chunks.images, chunks.rows, -1)
+    fused_conv(xp, step, ins, outs, columns)
+
+
 def epilogue(xp, step, b, z):
     """FusedConv's epilogue as `finish(block, at)` for the block Y[at]: the bias, Z[at], the activation."""
     activation = _ACTIVATIONS.get(step.attrs.get("activation") or "")

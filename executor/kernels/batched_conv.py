@@ -10,7 +10,7 @@ from .nn import conv_window, epilogue, fill_columns
 @kernel("BatchedConv", domain="memplan")
 def batched_conv(xp, step, ins, outs, ws):
     """Y = activation(conv(X, W) + B + Z), a GEMM per chunk of images."""
-    x, _, b, z = [*ins, None, None][:4]
+    _, _, b, z = [*ins, None, None][:4]
     finish = epilogue(xp, step, b, z)
 
     def write_back(output, y, at):

@@ -142,7 +142,6 @@ def as_fused_conv(xp, step, ins, outs, ws):
     """A memplan.WinogradConv or memplan.BatchedConv computed as the FusedConv it was made from (im2col, one
     GEMM per image), its columns chunked into the largest slice of its scratch: the GPU's form of them, where
     a GEMM into strided planes would allocate."""
-    x, w = ins[:2]
     scratch = max(ws.values(), key=lambda a: a.nbytes)
     chunks = ops.get("Conv").chunks(step, ins[:2], [(outs[0].shape, outs[0].dtype)], scratch.nbytes)
     columns = {}

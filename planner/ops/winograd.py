@@ -3,7 +3,7 @@ Gray, 2016), as cuDNN, oneDNN and NNPACK compute such convolutions: each 4x4 til
 filter are transformed (V = B^T d B, U = G g G^T), the 16 transformed positions are 16 GEMMs U[k] V[k] over
 the channels, and each tile's 2x2 outputs are A^T m A, then the bias, Z and the activation. 16 products per
 4 outputs instead of 36: 2.25x fewer multiply-adds than im2col's GEMM. planner/passes/winograd.py makes it
-from the convolutions where its scratch is no larger than the columns im2col would take.
+from the convolutions whose scratch fits in the columns im2col would take or in the slot all scratch shares.
 
 Scratch, in `Tiling.layout`: `tiles` (the gathered then transformed inputs) and `products` (the GEMMs'
 results, then the transformed outputs), 16 planes each of max(C, M) rows and one column per tile of a chunk

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 import planner
 from planner.config import Config
 from planner.errors import ShapeError
-from test_winograd import JITS, onnxruntime, run
+from test_winograd import JITS, memplan_model, onnxruntime, run
 
 RNG = np.random.default_rng(12)
 
@@ -88,11 +88,8 @@ def test_what_batch_conv_does_not_take_keeps_its_conv(why, x_shape, w_shape, att
 
 
 def test_a_batched_conv_of_groups_is_refused_by_name():
-    node = helper.make_node("BatchedConv", ["x", "w"], ["y"], domain="memplan", group=2)
-    w = numpy_helper.from_array(np.zeros((16, 8, 1, 1), np.float32), "w")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 4, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
+    model = memplan_model(helper.make_node("BatchedConv", ["x", "w"], ["y"], domain="memplan", group=2),
+                          (2, 16, 4, 4), np.zeros((16, 8, 1, 1)))
     with pytest.raises(ShapeError, match="BatchedConv takes one group"):
         planner.compile(model, {"x": (2, 16, 4, 4)})
 

@@ -32,6 +32,14 @@ def conv_model(x_shape, w_shape, after=(), bias=True, **attrs):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def memplan_model(node, x_shape, w):
+    """A model of one memplan conv `node` reading x of `x_shape` and the float32 initializer w."""
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(w, np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
+
+
 def run(model, x, jit=False, **options):
     plan = planner.compile(model, {"x": x.shape}, **options)
     return plan, Executor(plan, backend="numpy", jit=jit, poison=True).run({"x": x})["y"]
@@ -115,11 +123,8 @@ def test_what_winograd_does_not_take_keeps_its_conv(why, x_shape, w_shape, attrs
 
 def test_a_winograd_conv_read_from_a_file_chooses_its_own_tiling():
     """memplan.WinogradConv without images and block: the Tiling under the workspace limit."""
-    w = numpy_helper.from_array((RNG.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32), "w")
     node = helper.make_node("WinogradConv", ["x", "w"], ["y"], domain="memplan", pads=[1, 1, 1, 1], activation="Relu")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 6, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
+    model = memplan_model(node, (2, 16, 6, 6), RNG.standard_normal((16, 16, 3, 3)) * 0.2)
     x = RNG.standard_normal((2, 16, 6, 6)).astype(np.float32)
     got = run(model, x)[1]
     model.graph.node[0].CopyFrom(helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]))
@@ -129,10 +134,7 @@ def test_a_winograd_conv_read_from_a_file_chooses_its_own_tiling():
 
 
 def test_a_winograd_conv_of_another_kernel_is_refused_by_name():
-    node = helper.make_node("WinogradConv", ["x", "w"], ["y"], domain="memplan", strides=[2, 2])
-    w = numpy_helper.from_array(np.zeros((16, 16, 3, 3), np.float32), "w")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
+    model = memplan_model(helper.make_node("WinogradConv", ["x", "w"], ["y"], domain="memplan", strides=[2, 2]),
+                          (1, 16, 8, 8), np.zeros((16, 16, 3, 3)))
     with pytest.raises(ShapeError, match="3x3 kernel of stride and dilation 1"):
         planner.compile(model, {"x": (1, 16, 8, 8)})

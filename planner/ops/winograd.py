@@ -36,12 +36,11 @@ def plane_elements(elements, itemsize):
 
 
 class Tiling(NamedTuple):
-    """How the kernel walks a WinogradConv: `images` images per chunk, `block` output channels per GEMM,
-    the output's tile grid `(rows, cols)` of 2x2 tiles, and the scratch `layout`."""
+    """How the kernel walks a WinogradConv: `images` images per chunk, `block` output channels per GEMM, and
+    the scratch `layout`."""
 
     images: int
     block: int
-    grid: tuple
     layout: Layout
 
 
@@ -59,13 +58,13 @@ def tiling(batch, channels, filters, out_spatial, dtype, budget, images=0, block
 
     if images and block:
         images, block = min(images, batch), min(block, filters)
-        return Tiling(images, block, grid, layout(images, block))
+        return Tiling(images, block, layout(images, block))
     least = min(filters, 64)
     for images in range(batch, 0, -1):
         for block in (filters, *range(filters - filters % 16, least - 1, -16)):
             found = layout(images, block)
             if block >= least and found.nbytes <= budget:
-                return Tiling(images, block, grid, found)
+                return Tiling(images, block, found)
     return None
 
 

@@ -6,7 +6,7 @@ from typing import Callable, NamedTuple
 
 from ..config import Config
 from ..errors import PlanError
-from ..ir import Graph
+from ..ir import Graph, Node
 from ..options import CompileOptions
 
 TYPED = "typed"
@@ -81,4 +81,29 @@ def rewrite_pass(name, fused, inference_only=False):
             return Result(graph, False)
         graph, count = fused(graph)
         return Result(graph, bool(count))
+    return Pass(name, apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}))
+
+
+CONVS = {("", "Conv"), ("com.microsoft", "FusedConv")}
+"""The convolutions a `conv_pass` may replace."""
+
+
+def conv_pass(name, prepare):
+    """The Pass `name` replacing the convolutions (CONVS) of inference plans for the CPU (not for a CUDA
+    `device`; skipped where CompileOptions.<name> is False) by a faster memplan op that computes the same:
+    `prepare(graph, context)` gives `choose(node, x, w, y)` (the node and its X, W, Y Tensors), which returns
+    (memplan op, attributes to add) or None to keep the node. The new node keeps the node's inputs, outputs
+    and attributes (with FusedConv's `activation`, empty for a Conv)."""
+    def apply(graph, context):
+        options = context.options
+        if not getattr(options, name) or options.training or options.device.startswith("cuda"):
+            return Result(graph, False)
+        choose, nodes = prepare(graph, context), []
+        for node in graph.nodes:
+            found = (node.domain, node.op) in CONVS and \
+                choose(node, *(graph.tensors[t] for t in (*node.inputs[:2], node.outputs[0])))
+            nodes.append(Node(found[0], node.inputs, node.outputs, {"activation": "", **node.attrs, **found[1]},
+                              node.name, node.notes, "memplan") if found else node)
+        changed = any(a is not b for a, b in zip(nodes, graph.nodes))
+        return Result(replace(graph, nodes=tuple(nodes)) if changed else graph, changed)
     return Pass(name, apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}))

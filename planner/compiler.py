@@ -48,8 +48,8 @@ def compile(model, input_shapes=None, options=None, **keywords):
     `precision` ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", see planner.precision) plans in that
     type. The graph rewrites (planner/passes/) are on by default; False keeps the exported form:
     `fuse_attention`, `fuse_norm`, `fuse_activation`, `fold_transpose`, and for inference `fold_batchnorm`,
-    `fuse_conv`, and (not in plans for a CUDA `device`) `winograd` and `batch_conv`. plan.stats counts the
-    fused ops.
+    `fuse_conv`, and (not in plans for a CUDA `device`) `inverted_residual` (where the compiled CPU kernels
+    run), `winograd` and `batch_conv`. plan.stats counts the fused ops.
     """
     from frontends import read
     start = time.perf_counter()
@@ -75,6 +75,7 @@ def compile(model, input_shapes=None, options=None, **keywords):
                       fused_conv=sum(n.op == "FusedConv" and n.domain == "com.microsoft" for n in graph.nodes),
                       winograd=sum(n.op == "WinogradConv" and n.domain == "memplan" for n in graph.nodes),
                       batched_conv=sum(n.op == "BatchedConv" and n.domain == "memplan" for n in graph.nodes),
+                      inverted_residual=sum(n.op == "InvertedResidual" and n.domain == "memplan" for n in graph.nodes),
                       folded_transposes=sum(n.op == "Gemm" and n.name.endswith(FOLDED) for n in graph.nodes))
     if config.debug:
         unshared = sum(allocators.align(t.nbytes, ALIGNMENT) for t in plan.tensors.values())

@@ -52,6 +52,7 @@ class CompileOptions:
     fold_transpose: bool = True
     winograd: bool = True
     batch_conv: bool = True
+    inverted_residual: bool = True
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:

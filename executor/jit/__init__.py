@@ -35,14 +35,15 @@ def generic(xp, step, ins, outs, ws):
 
 def overrides():
     """{(domain, op): kernel} of the compiled kernels."""
-    from . import attention, conv, elementwise, winograd
+    from . import attention, conv, elementwise, inverted_residual, winograd
     return {("memplan", "BiasActivation"): elementwise.bias_activation(generic),
             ("memplan", "ScaledDotProductAttention"): attention.scaled_dot_product_attention(generic),
             ("", "Conv"): conv.conv(generic),
             ("com.microsoft", "FusedConv"): conv.conv(generic),
             ("", "MaxPool"): conv.pool(generic),
             ("memplan", "WinogradConv"): winograd.winograd_conv(generic),
-            ("memplan", "BatchedConv"): conv.batched(generic)}
+            ("memplan", "BatchedConv"): conv.batched(generic),
+            ("memplan", "InvertedResidual"): inverted_residual.inverted_residual(generic)}
 
 
 def limit_threads(n):

@@ -44,4 +44,4 @@ def cut(raw, shape, dtype):
     return raw.reshape(-1)[:math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
-from . import activation, nn, linalg, shape_ops, misc, optim, loss, winograd, batched_conv  # noqa: E402,F401
+from . import activation, nn, linalg, shape_ops, misc, optim, loss, winograd, batched_conv, inverted_residual  # noqa: E402,F401

@@ -165,6 +165,12 @@ _ACTIVATIONS = {  # in place on y, with the activation_params
 }
 
 
+def activate(xp, y, name, params=()):
+    """y = FusedConv's activation `name` of y, in place ("" or None: y as it is)."""
+    if name:
+        _ACTIVATIONS[name](xp, y, *(params or ()))
+
+
 def _finish(xp, b, y, at=(), z=None, activation=None, params=()):
     """The epilogue of a conv on the output block y = Y[at] (every channel of some images and rows): the
     bias, Z[at], the activation."""

@@ -127,6 +127,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     fused_conv,
     winograd,
     batched_conv,
+    inverted_residual,
 )
 
 __all__ = ["SCHEMAS", "REASONS", "register", "schema", "get", "of", "known", "check_supported", "node_flops", "Info", "Layout",

@@ -13,6 +13,15 @@ ACTIVATIONS = {"Relu": 0, "Sigmoid": 0, "Tanh": 0, "Clip": 2, "HardSigmoid": 2}
 (Clip: min, max; HardSigmoid: alpha, beta)."""
 
 
+def check_activation(activation, params):
+    """Raise a ShapeError unless `activation` ("" for none) is one of ACTIVATIONS with its count of `params`."""
+    if activation and activation not in ACTIVATIONS:
+        raise ShapeError(f"activation {activation!r} is not one memplan applies in place; it takes "
+                         f"{', '.join(ACTIVATIONS)}")
+    if activation and len(params or ()) != ACTIVATIONS[activation]:
+        raise ShapeError(f"{activation} takes {ACTIVATIONS[activation]} activation_params, got {len(params or ())}")
+
+
 @schema("FusedConv", domain="com.microsoft")
 class FusedConv(Conv):
     """Conv's inputs and attributes, and Z (optional, Y's shape); attributes `activation` and
@@ -26,12 +35,7 @@ class FusedConv(Conv):
         z = ins[3] if len(ins) > 3 else None
         if z is not None and (tuple(z.shape) != tuple(y_shape) or z.dtype != dtype):
             raise ShapeError(f"Z {tuple(z.shape)} {z.dtype} must have the output's shape and dtype {y_shape} {dtype}")
-        activation, params = self.attr(node, "activation"), self.attr(node, "activation_params") or []
-        if activation and activation not in ACTIVATIONS:
-            raise ShapeError(f"activation {activation!r} is not one memplan applies in place; it takes "
-                             f"{', '.join(ACTIVATIONS)}")
-        if activation and len(params) != ACTIVATIONS[activation]:
-            raise ShapeError(f"{activation} takes {ACTIVATIONS[activation]} activation_params, got {len(params)}")
+        check_activation(self.attr(node, "activation"), self.attr(node, "activation_params"))
         return [(y_shape, dtype)]
 
     def flops(self, node, ins, outs):

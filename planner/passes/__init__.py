@@ -20,6 +20,7 @@ from .simplify import simplify
 from .training_mode import training_mode
 from .winograd import winograd
 from .batch_conv import batch_conv
+from .inverted_residual import inverted_residual
 
 LOADING = [
     infer_shapes,       # concrete shapes and dtypes, constants folded
@@ -35,6 +36,7 @@ REWRITES = [
     fuse_activation,    # an activation's pieces and its bias Add as one op, backward keeping X alone
     fold_transpose,     # MatMul of a transposed matrix as a Gemm, no transposed copy
     precision,          # 16-bit floats, or autocast's policy, with the casts they need
+    inverted_residual,  # inference MobileNetV2 blocks as one op, their widened tensors never in the arena
     winograd,           # inference 3x3 convolutions by Winograd's F(2x2, 3x3), in the scratch the plan holds
     batch_conv,         # inference convolutions of small images as one GEMM over the batch
     prune,              # what no output needs dropped
@@ -53,6 +55,6 @@ TRAINING = [
 
 __all__ = ["Pass", "Result", "Context", "run", "LOADING", "REWRITES", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
            "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm", "fuse_conv", "fuse_attention",
-           "fuse_activation", "fuse_norm", "fold_transpose", "precision", "winograd", "batch_conv", "prune", "training_mode", "loss", "gradients",
+           "fuse_activation", "fuse_norm", "fold_transpose", "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss", "gradients",
            "optimizer",
            "recomputation"]

@@ -1,0 +1,172 @@
+"""memplan.InvertedResidual compiled, for float32: the jobs (executor.kernels.inverted_residual.jobs) shared
+among the plan's lanes, each lane a thread with its own scratch, its GEMMs single-threaded BLAS calls
+(numba's np.dot, SciPy's BLAS, held to one thread during the call: two lanes calling a two-thread BLAS ran
+2x slower). Channels-last between the GEMMs, so that the widened rows' bias and activation, the padding and
+the depthwise conv's nine taps are loops over the channels, as long for a 7x7 image as for a 112x112 one."""
+from functools import cache
+
+import numpy as np
+from numba import njit, prange
+
+from planner.ops.inverted_residual import job_size
+
+from ..kernels import inverted_residual as shared
+from . import takes
+from .conv import finish_row
+from .scalar import ACTIVATIONS, NO_BIAS, activate_row, f32
+from .threads import PARALLEL
+
+
+@njit(fastmath=True, cache=True)
+def _shift(row, bias, code, p0, p1):
+    """row = activation(row + bias) over channels, bias one value a channel or empty."""
+    if bias.shape[0]:
+        for k in range(row.shape[0]):
+            row[k] += bias[k]
+    activate_row(row, f32(0), code, p0, p1)
+
+
+@njit(fastmath=True, cache=True)
+def _widen(x, w1, columns, expanded, i0, count, t0, t1):
+    """The job's widened pixels (count * (t1 - t0) * W, E): its input pixels gathered, times W1^T."""
+    c, width = x.shape[1], x.shape[3]
+    plane = (t1 - t0) * width
+    cols = columns[:count * plane * c].reshape(c, count * plane)
+    for ch in range(c):
+        for k in range(count):
+            cols[ch, k * plane:(k + 1) * plane] = x[i0 + k, ch, t0:t1].reshape(plane)
+    wide = expanded[:count * plane * w1.shape[0]].reshape(count * plane, w1.shape[0])
+    np.dot(cols.T, w1.T, wide)
+    return wide
+
+
+@njit(fastmath=True, cache=True)
+def _pad(padded, wide, b1, code, params, x, k, i, top, t0, t1, widens):
+    """padded (rows, W + 2, E) = image k's widened rows from image row `top` on, their bias and activation
+    applied (image i of x where the block does not widen), zeros off the image."""
+    height, width = x.shape[2], x.shape[3]
+    plane = (t1 - t0) * width
+    for j in range(padded.shape[0]):
+        r = top + j
+        if r < 0 or r >= height:
+            padded[j] = 0
+            continue
+        padded[j, 0] = 0
+        padded[j, width + 1] = 0
+        for col in range(width if widens else 0):
+            dst, src = padded[j, col + 1], wide[k * plane + (r - t0) * width + col]
+            for ch in range(dst.shape[0]):
+                dst[ch] = src[ch] + b1[ch] if b1.shape[0] else src[ch]
+            activate_row(dst, f32(0), code, params[0], params[1])
+        if not widens:
+            row = padded[j, 1:width + 1]
+            for ch in range(row.shape[1]):
+                line = x[i, ch, r]
+                for col in range(width):
+                    row[col, ch] = line[col]
+
+
+@njit(fastmath=True, cache=True)
+def _depthwise(padded, taps, b2, code, params, out, stride, band, out_width):
+    """out (band * OW, E) = activation(the 3x3 depthwise conv of padded at `stride` + bias), channel by channel
+    in the innermost loop."""
+    for r in range(band):
+        for col in range(out_width):
+            d = out[r * out_width + col]
+            ra, ca = r * stride, col * stride
+            a0, a1, a2 = padded[ra, ca], padded[ra, ca + 1], padded[ra, ca + 2]
+            b0, b1, b2_ = padded[ra + 1, ca], padded[ra + 1, ca + 1], padded[ra + 1, ca + 2]
+            c0, c1, c2 = padded[ra + 2, ca], padded[ra + 2, ca + 1], padded[ra + 2, ca + 2]
+            for ch in range(d.shape[0]):
+                d[ch] = (taps[0, 0, ch] * a0[ch] + taps[0, 1, ch] * a1[ch] + taps[0, 2, ch] * a2[ch]
+                         + taps[1, 0, ch] * b0[ch] + taps[1, 1, ch] * b1[ch] + taps[1, 2, ch] * b2_[ch]
+                         + taps[2, 0, ch] * c0[ch] + taps[2, 1, ch] * c1[ch] + taps[2, 2, ch] * c2[ch])
+            _shift(d, b2, code, params[0], params[1])
+
+
+@njit(fastmath=True, cache=True)
+def _narrow(out, w3, b3, z, y, projected, i0, count, r0, band, code, params):
+    """Y's rows r0.. of images i0.. = activation(W3 out^T + bias + Z), `out` the job's depthwise outputs."""
+    filters, out_width = y.shape[1], y.shape[3]
+    outputs = band * out_width
+    narrow = projected[:filters * count * outputs].reshape(filters, count * outputs)
+    np.dot(w3, out.T, narrow)
+    for o in range(filters):
+        bias = b3[o] if b3.shape[0] else f32(0)
+        for k in range(count):
+            for r in range(band):
+                row = y[i0 + k, o, r0 + r]
+                row[:] = narrow[o, k * outputs + r * out_width:k * outputs + (r + 1) * out_width]
+                finish_row(row, bias, z[i0 + k, o, r0 + r] if z.shape[3] else z[0, 0, 0], code, params[0], params[1])
+
+
+@njit(parallel=PARALLEL, fastmath=True, cache=True)
+def block(x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, taps, columns, expanded, padded,
+          depthwise, projected):
+    """y = the InvertedResidual of x (executor.kernels.inverted_residual's arithmetic), w1 empty where the
+    block does not widen, codes[s] and params[s] stage s's activation; scratch per lane as the op's layout."""
+    n, height = x.shape[0], x.shape[2]
+    wide_channels, out_height, out_width = w2.shape[0], y.shape[2], y.shape[3]
+    lanes, widens = padded.shape[0], w1.shape[0] > 0
+    for ch in range(wide_channels):
+        for a in range(3):
+            for e in range(3):
+                taps[a, e, ch] = w2[ch, 0, a, e]
+    bands = (out_height + rows - 1) // rows
+    jobs = (n + images - 1) // images * bands
+    for lane in prange(lanes):
+        for job in range(lane * jobs // lanes, (lane + 1) * jobs // lanes):
+            i0, r0 = job // bands * images, job % bands * rows
+            count, band = min(n, i0 + images) - i0, min(out_height, r0 + rows) - r0
+            top = r0 * stride - 1
+            t0, t1 = max(0, top), min(height, (r0 + band - 1) * stride + 2)
+            wide = expanded[lane, :0].reshape(0, 1)
+            if widens:
+                wide = _widen(x, w1, columns[lane], expanded[lane], i0, count, t0, t1)
+            outputs = band * out_width
+            out = depthwise[lane].reshape(-1)[:count * outputs * wide_channels].reshape(count * outputs, wide_channels)
+            for k in range(count):
+                _pad(padded[lane, :(band - 1) * stride + 3], wide, b1, codes[0], params[0], x, k, i0 + k, top, t0, t1,
+                     widens)
+                _depthwise(padded[lane], taps, b2, codes[1], params[1], out[k * outputs:(k + 1) * outputs], stride,
+                           band, out_width)
+            _narrow(out, w3, b3, z, y, projected[lane], i0, count, r0, band, codes[2], params[2])
+
+
+NO_WEIGHTS = np.zeros((0, 0), np.float32)
+NO_Z = np.zeros((1, 1, 1, 0), np.float32)
+EMPTY = np.zeros((1, 0), np.float32)
+
+
+@cache
+def _one_thread():
+    """A context manager holding the BLAS libraries loaded (SciPy's among them, numba's np.dot) to one thread."""
+    import scipy.linalg  # noqa: F401  (loads the BLAS numba's np.dot calls, so the controller finds it)
+    from threadpoolctl import ThreadpoolController
+    controller = ThreadpoolController().select(user_api="blas")
+    return lambda: controller.limit(limits=1)
+
+
+def inverted_residual(generic):
+    """The InvertedResidual kernel for float32 arrays of C layout, `generic` for the rest."""
+    def run(xp, step, ins, outs, ws):
+        x, w1, b1, w2, b2, w3, b3, z = [*ins, *[None] * 8][:8]
+        y = outs[0]
+        if not takes(*ins, y):
+            return generic(xp, step, ins, outs, ws)
+        stages = shared.stages(step)
+        codes = np.array([ACTIVATIONS.index(name or "Identity") for name, _ in stages], np.int64)
+        params = np.array([(list(p or ()) + [0.0, 0.0])[:2] for _, p in stages], np.float32)
+        widens, stride = w1 is not None, step.attrs["strides"][0]
+        with _one_thread()():
+            block(x, w1.reshape(w1.shape[0], -1) if widens else NO_WEIGHTS, _bias(b1), w2, _bias(b2),
+                  w3.reshape(w3.shape[0], -1), _bias(b3), NO_Z if z is None else z, y, stride,
+                  *job_size(ws["padded"].shape, ws["depthwise"].shape, stride), codes, params,
+                  ws["taps"].reshape(3, 3, -1), ws["columns"] if widens else EMPTY,
+                  ws["expanded"] if widens else EMPTY, ws["padded"], ws["depthwise"], ws["projected"])
+    return run
+
+
+def _bias(b):
+    """A bias, or NO_BIAS for an omitted one."""
+    return NO_BIAS if b is None else b

@@ -81,6 +81,7 @@ def quality(names, batches, optimal_seconds):
     ratios, worse_than_greedy, worse_than_tool = [], [], []
     over_load = {b: [] for b in ("bestfit", "share", *BASELINES)}
     config = planner.Config(time_limit=optimal_seconds)
+    keep = {"inverted_residual": False}  # plan the exported graph, as onnx-tool does, with or without numba
     for name in names:
         for batch in batches:
             model = zoo.build(name)
@@ -88,9 +89,10 @@ def quality(names, batches, optimal_seconds):
             row = {}
             for strategy in STRATEGIES:
                 start = time.perf_counter()
-                row[strategy] = planner.compile(graph, strategy=strategy, config=config)
+                row[strategy] = planner.compile(graph, strategy=strategy, config=config, **keep)
                 row[strategy].stats["seconds"] = time.perf_counter() - start
-            row["share*"] = planner.compile(graph, strategy="share", config=replace(config, auto_search_match_range=True))
+            row["share*"] = planner.compile(graph, strategy="share", config=replace(config, auto_search_match_range=True),
+                                            **keep)
             best = row["bestfit"]
             arena, load = transient(best)
             others = {b: arena_of(a, best) for b, a in BASELINES.items()}

@@ -62,7 +62,8 @@ def _pad(padded, wide, b1, code, params, x, k, i, top, t0, t1, widens):
 def _depthwise(padded, taps, b2, code, params, out, stride, band, out_width):
     """out (band * OW, E) = activation(the 3x3 depthwise conv of padded at `stride` + bias), channel by channel
     in the innermost loop, which indexes padded, the taps and out directly: three arrays, few enough runtime
-    overlap checks for LLVM to vectorise it (a view per pixel and tap took 1.3 to 3.7x longer)."""
+    overlap checks for LLVM to vectorise it (with a view per pixel and tap, 32 to 144 channels took 1.4 to 4x
+    longer, 960 channels 14% less)."""
     e = out.shape[1]
     for r in range(band):
         ra = r * stride

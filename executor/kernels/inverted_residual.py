@@ -3,8 +3,7 @@ first lane's scratch: the job's input pixels channels-last, one GEMM widening th
 padded and its depthwise conv tap by tap over every channel at once, one GEMM narrowing the job's outputs,
 written back into Y with the bias, Z and the activation. The compiled kernel (executor/jit) runs the jobs on
 every core; this one is what CuPy and the NumPy backend without numba run."""
-from planner.ops.inverted_residual import STAGES
-from planner.ops.inverted_residual import job_size
+from planner.ops.inverted_residual import STAGES, job_size
 
 from . import kernel
 from .nn import activate
@@ -19,7 +18,7 @@ def jobs(step, ws, n, out_height):
 
 
 def stages(step):
-    """((activation, params) of each convolution, in order."""
+    """(activation, params) of each convolution, in order."""
     return [(step.attrs[f"{stage}activation"], step.attrs[f"{stage}activation_params"]) for stage in STAGES]
 
 

@@ -30,11 +30,11 @@ STAGES = ("expand_", "depthwise_", "")
 """The prefix of each convolution's `<prefix>activation` and `<prefix>activation_params` attributes, in order:
 the last is the project's, named as FusedConv names its own."""
 LANE_BYTES = 2 ** 21
-"""A lane's scratch at most, where one row of outputs fits: half of a core's L2 cache on the 2-core box (the
-GEMMs' packed panels take the rest); 2 and 4 MiB ran no faster on mobilenet_v2."""
+"""A lane's scratch at most, where one row of outputs fits: a core's L2 cache on the 2-core box; mobilenet_v2
+ran 4% slower with 1 MiB lanes, and no faster with 4 MiB."""
 PIXELS = 256
-"""Output pixels a job takes at least where whole images fit: narrower GEMMs ran at 75% or less of the speed
-of one core (a 960x160 GEMM of 49 columns: 103 GFLOP/s, of 196: 141)."""
+"""Output pixels a job aims at where whole images fit (as many images as make them, at most): narrower GEMMs
+ran at 75% or less of the speed of one core (a 960x160 GEMM of 49 columns: 103 GFLOP/s, of 196: 141)."""
 
 
 class Banding(NamedTuple):
@@ -139,6 +139,7 @@ class InvertedResidual(Schema):
 
     @staticmethod
     def _check_weights(x, w1, w2, w3, channels):
+        """Raise a ShapeError unless the weights are those of a block widening x's channels to `channels`."""
         expected = [("W2", w2, (channels, 1, 3, 3)), ("W3", w3, (w3.shape[0], channels, 1, 1))]
         if w1 is not None:
             expected.insert(0, ("W1", w1, (channels, x.shape[1], 1, 1)))

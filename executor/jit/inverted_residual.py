@@ -31,7 +31,7 @@ def _widen(x, w1, columns, expanded, i0, count, t0, t1):
 
 
 @njit(fastmath=True, cache=True)
-def _pad(padded, wide, b1, code, params, x, k, i, top, t0, t1, widens):
+def _pad(padded, wide, b1, code, p0, p1, x, k, i, top, t0, t1, widens):
     """padded (rows, W + 2, E) = image k's widened rows from image row `top` on, their bias and activation
     applied (image i of x where the block does not widen), zeros off the image."""
     height, width = x.shape[2], x.shape[3]
@@ -48,7 +48,7 @@ def _pad(padded, wide, b1, code, params, x, k, i, top, t0, t1, widens):
             for col in range(width):
                 for ch in range(padded.shape[2]):
                     padded[j, col + 1, ch] = wide[at + col, ch] + (b1[ch] if b1.shape[0] else f32(0))
-            activate_row(padded[j, 1:width + 1].reshape(-1), f32(0), code, params[0], params[1])
+            activate_row(padded[j, 1:width + 1].reshape(-1), f32(0), code, p0, p1)
         else:
             row = padded[j, 1:width + 1]
             for ch in range(row.shape[1]):
@@ -58,7 +58,7 @@ def _pad(padded, wide, b1, code, params, x, k, i, top, t0, t1, widens):
 
 
 @njit(fastmath=True, cache=True)
-def _depthwise(padded, taps, b2, code, params, out, stride, band, out_width):
+def _depthwise(padded, taps, b2, code, p0, p1, out, stride, band, out_width):
     """out (band * OW, E) = activation(the 3x3 depthwise conv of padded at `stride` + bias), channel by channel
     in the innermost loop, two pixels at once (an odd last one as a pair overlapping its neighbour), the taps
     loaded once for both: 10 to 30% faster than one at a time. The loop indexes padded, the taps and out
@@ -86,11 +86,11 @@ def _depthwise(padded, taps, b2, code, params, out, stride, band, out_width):
                                                           + t20 * padded[ra + 2, cb, ch]
                                                           + t21 * padded[ra + 2, cb + 1, ch]
                                                           + t22 * padded[ra + 2, cb + 2, ch])
-        activate_row(out[first:first + out_width].reshape(-1), f32(0), code, params[0], params[1])
+        activate_row(out[first:first + out_width].reshape(-1), f32(0), code, p0, p1)
 
 
 @njit(fastmath=True, cache=True)
-def _narrow(out, w3, b3, z, y, projected, i0, count, r0, band, code, params):
+def _narrow(out, w3, b3, z, y, projected, i0, count, r0, band, code, p0, p1):
     """Y's rows r0.. of images i0.. = activation(W3 out^T + bias + Z), `out` the job's depthwise outputs: the GEMM
     channels-last (out W3^T: 15 to 60% faster than W3 out^T on these shapes), transposed as Y's rows are written
     with Z, then the bias and activation."""
@@ -110,14 +110,15 @@ def _narrow(out, w3, b3, z, y, projected, i0, count, r0, band, code, params):
                 else:
                     for col in range(out_width):
                         row[col] = narrow[at + col, o]
-                activate_row(row, bias, code, params[0], params[1])
+                activate_row(row, bias, code, p0, p1)
 
 
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
 def block(x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, taps, columns, expanded, padded,
           depthwise, projected):
     """y = the InvertedResidual of x (executor.kernels.inverted_residual's arithmetic), w1 empty where the
-    block does not widen, codes[s] and params[s] stage s's activation; scratch per lane as the op's layout."""
+    block does not widen, codes[s] and params[2s], params[2s + 1] stage s's activation; scratch per lane as the
+    op's layout."""
     n, height = x.shape[0], x.shape[2]
     wide_channels, out_height, out_width = w2.shape[0], y.shape[2], y.shape[3]
     lanes, widens = padded.shape[0], w1.shape[0] > 0
@@ -139,11 +140,11 @@ def block(x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, 
             outputs = band * out_width
             out = depthwise[lane].reshape(-1)[:count * outputs * wide_channels].reshape(count * outputs, wide_channels)
             for k in range(count):
-                _pad(padded[lane, :(band - 1) * stride + 3], wide, b1, codes[0], params[0], x, k, i0 + k, top, t0, t1,
-                     widens)
-                _depthwise(padded[lane], taps, b2, codes[1], params[1], out[k * outputs:(k + 1) * outputs], stride,
-                           band, out_width)
-            _narrow(out, w3, b3, z, y, projected[lane], i0, count, r0, band, codes[2], params[2])
+                _pad(padded[lane, :(band - 1) * stride + 3], wide, b1, codes[0], params[0], params[1], x, k, i0 + k,
+                     top, t0, t1, widens)
+                _depthwise(padded[lane], taps, b2, codes[1], params[2], params[3], out[k * outputs:(k + 1) * outputs],
+                           stride, band, out_width)
+            _narrow(out, w3, b3, z, y, projected[lane], i0, count, r0, band, codes[2], params[4], params[5])
 
 
 NO_WEIGHTS = np.zeros((0, 0), np.float32)
@@ -168,8 +169,8 @@ def inverted_residual(generic):
         if not takes(*ins, y):
             return generic(xp, step, ins, outs, ws)
         stages = shared.stages(step)
-        codes = np.array([ACTIVATIONS.index(name or "Identity") for name, _ in stages], np.int64)
-        params = np.array([(list(p or ()) + [0.0, 0.0])[:2] for _, p in stages], np.float32)
+        codes = tuple(ACTIVATIONS.index(name or "Identity") for name, _ in stages)
+        params = tuple(f32(v) for _, p in stages for v in (*(p or ()), 0.0, 0.0)[:2])
         widens, stride = w1 is not None, step.attrs["strides"][0]
         with _one_thread()():
             block(x, w1.reshape(w1.shape[0], -1) if widens else NO_WEIGHTS, _bias(b1), w2, _bias(b2),

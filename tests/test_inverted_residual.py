@@ -220,3 +220,24 @@ def test_a_model_holding_the_op_runs_in_the_banding_its_plan_chose(jit):
         init.CopyFrom(numpy_helper.from_array(inits[{"w0": "w1", "w2": "w2", "w4": "w3"}[init.name]], init.name)
                       if init.name.startswith("w") else init)
     np.testing.assert_allclose(got, onnxruntime(reference, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["widen, stride 1, residual", "widen, stride 2", "no widening"])
+def test_a_fused_plan_runs_on_cupy_as_on_numpy_and_allocates_nothing(case):
+    """A plan made for any device holds InvertedResidual; the CuPy backend runs it by the shared kernel."""
+    from executor import backends
+    from planner.errors import MemplanError
+    from zoo_cases import assert_program_allocates_nothing
+    try:
+        cupy = backends.get("cupy").xp
+    except MemplanError:
+        pytest.skip("needs CuPy and a CUDA GPU")
+    shape, widened, filters, keywords = CASES[case]
+    model, x = block_model(shape, widened, filters, **keywords), RNG.standard_normal(shape).astype(np.float32)
+    plan = planner.compile(model, {"x": shape})
+    assert plan.steps[0].op == "InvertedResidual"
+    ex = Executor(plan, backend="cupy")
+    got = ex.run({"x": x})["y"].get()
+    np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-5)
+    assert_program_allocates_nothing(cupy, ex)

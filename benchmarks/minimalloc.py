@@ -33,8 +33,8 @@ def read_csv(path):
 
 
 def zoo_cases(batch=1):
-    """(name, sizes, starts, ends, alignment) of each zoo model's transient buffers as best fit plans them (the
-    exported graph: MobileNetV2's blocks not fused, with or without numba)."""
+    """(name, sizes, starts, ends, alignment) of each zoo model's transient buffers as best fit plans them
+    (MobileNetV2's blocks as exported, not fused: the instances stay those of the table)."""
     import planner
     from frontends import zoo
     from plan_quality import _image, buffers, shapes

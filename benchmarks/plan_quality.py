@@ -81,7 +81,7 @@ def quality(names, batches, optimal_seconds):
     ratios, worse_than_greedy, worse_than_tool = [], [], []
     over_load = {b: [] for b in ("bestfit", "share", *BASELINES)}
     config = planner.Config(time_limit=optimal_seconds)
-    keep = {"inverted_residual": False}  # plan the exported graph, as onnx-tool does, with or without numba
+    keep = {"inverted_residual": False}  # MobileNetV2's blocks as exported: the allocators meet onnx-tool's buffers
     for name in names:
         for batch in batches:
             model = zoo.build(name)

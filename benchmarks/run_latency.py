@@ -5,8 +5,7 @@
 
 cpu: resnet50, mobilenet_v2 and bert_base (sequence 128) on the NumPy backend against onnxruntime (CPU
 provider), with the threads each uses: median latency with numba's compiled kernels (executor/jit, when
-numba is installed) and with the NumPy kernels alone (the plan a machine without numba makes: no
-memplan.InvertedResidual, see planner/passes/inverted_residual.py), and how far a fresh process's peak RSS rises
+numba is installed) and with the NumPy kernels alone, and how far a fresh process's peak RSS rises
 while it plans (or loads) and runs the model. Run it on a quiet machine: a ratio taken beside other
 work is off by up to 1.5x.
 gpu: resnet50 and bert_base (sequence 128) on the CuPy backend against PyTorch eager (torchvision's
@@ -75,10 +74,8 @@ def cpu(batch, repeat, models):
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             model, feeds = zoo.build(name), cpu_feeds(name, batch)
-            shapes = {n: v.shape for n, v in feeds.items()}
-            plan = planner.compile(model, shapes)
-            ex = Executor(plan, backend="numpy")
-            plain = Executor(planner.compile(model, shapes, inverted_residual=False), backend="numpy", jit=False)
+            plan = planner.compile(model, {n: v.shape for n, v in feeds.items()})
+            ex, plain = Executor(plan, backend="numpy"), Executor(plan, backend="numpy", jit=False)
             session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             ours = median_seconds(lambda: ex.run(feeds), repeat)
             numpy_only = median_seconds(lambda: plain.run(feeds), repeat)

@@ -48,8 +48,8 @@ def compile(model, input_shapes=None, options=None, **keywords):
     `precision` ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", see planner.precision) plans in that
     type. The graph rewrites (planner/passes/) are on by default; False keeps the exported form:
     `fuse_attention`, `fuse_norm`, `fuse_activation`, `fold_transpose`, and for inference `fold_batchnorm`,
-    `fuse_conv`, and (not in plans for a CUDA `device`) `inverted_residual` (where the compiled CPU kernels
-    run), `winograd` and `batch_conv`. plan.stats counts the fused ops.
+    `fuse_conv`, and (not in plans for a CUDA `device`) `inverted_residual`, `winograd` and `batch_conv`.
+    plan.stats counts the fused ops.
     """
     from frontends import read
     start = time.perf_counter()

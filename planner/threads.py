@@ -14,12 +14,7 @@ def jit_wanted():
     return os.environ.get("MEMPLAN_JIT", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def compiled_kernels():
-    """Whether the executor's compiled kernels will run: numba installed and MEMPLAN_JIT not 0."""
-    return jit_wanted() and find_spec("numba") is not None
-
-
 def quiet_blas():
     """Set OPENBLAS_THREAD_TIMEOUT as the module says, where it is not set."""
-    if compiled_kernels():
+    if jit_wanted() and find_spec("numba") is not None:
         os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")

@@ -1,8 +1,7 @@
-"""The inverted_residual pass (memplan.InvertedResidual, MobileNetV2's block as one op): inference plans for the
-compiled CPU kernels fuse a 1x1 conv (or none), a 3x3 depthwise conv and a 1x1 conv, and the results stay
-those of the three convolutions and of onnxruntime, with the compiled kernel and with the NumPy one, over
-whole images, bands of rows and groups of images; the widened tensors leave the arena; what the pass does
-not take keeps its convolutions."""
+"""The inverted_residual pass (memplan.InvertedResidual, MobileNetV2's block as one op): inference plans fuse a
+1x1 conv (or none), a 3x3 depthwise conv and a 1x1 conv, and the results stay those of the three convolutions
+and of onnxruntime, with the compiled kernel and with the NumPy one, over whole images, bands of rows and
+groups of images; the widened tensors leave the arena; what the pass does not take keeps its convolutions."""
 from dataclasses import replace
 
 import numpy as np
@@ -17,8 +16,7 @@ from planner.errors import ShapeError
 from planner.ops.inverted_residual import LANE_BYTES, banding
 
 RNG = np.random.default_rng(5)
-needs_numba = pytest.mark.skipif(not compiled.available(), reason="the pass runs where numba is installed")
-pytestmark = needs_numba
+JITS = [False, pytest.param(True, marks=pytest.mark.skipif(not compiled.available(), reason="numba is not installed"))]
 
 
 def block_model(shape, widened, filters, stride=1, widen=True, residual=False, activation="Clip", bias=True):
@@ -84,7 +82,7 @@ CASES = {  # x shape, widened, filters, block_model's keywords: large enough tha
 }
 
 
-@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("jit", JITS)
 @pytest.mark.parametrize("case", CASES)
 def test_the_fused_block_changes_no_result(case, jit):
     shape, widened, filters, keywords = CASES[case]
@@ -97,7 +95,7 @@ def test_the_fused_block_changes_no_result(case, jit):
     np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("jit", JITS)
 @pytest.mark.parametrize("images, rows", [(1, 1), (1, 3), (2, 5), (3, 2)])
 def test_every_banding_gives_the_same_result(jit, images, rows):
     """Jobs of one row, of bands that do not divide the image, of groups of images that do not divide the
@@ -155,10 +153,14 @@ def test_what_the_pass_does_not_take_keeps_its_convolutions(why, keywords, optio
     assert plan.stats["inverted_residual"] == 0, why
 
 
-def test_without_the_compiled_kernels_the_convolutions_stay(monkeypatch):
+def test_the_plan_is_the_same_without_the_compiled_kernels(monkeypatch):
+    """Whether numba runs the block or NumPy does, the plan fuses it: its arena does not depend on the kernels."""
+    model, shapes = block_model((4, 8, 24, 24), 48, 8), {"x": (4, 8, 24, 24)}
+    plan = planner.compile(model, shapes)
     monkeypatch.setenv("MEMPLAN_JIT", "0")
-    plan = planner.compile(block_model((2, 8, 6, 6), 16, 8), {"x": (2, 8, 6, 6)})
-    assert plan.stats["inverted_residual"] == 0
+    plain = planner.compile(model, shapes)
+    assert plan.stats["inverted_residual"] == plain.stats["inverted_residual"] == 1
+    assert plan.arena_bytes == plain.arena_bytes
 
 
 def test_a_widened_tensor_read_elsewhere_stays_written():
@@ -198,7 +200,7 @@ def test_the_schema_refuses_what_the_kernels_do_not_compute(attrs, inputs, match
         ops.get("InvertedResidual", "memplan").infer(node, infos)
 
 
-@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("jit", JITS)
 def test_a_model_holding_the_op_runs_in_the_banding_its_plan_chose(jit):
     """A memplan.InvertedResidual read from a model, without images, rows or lanes: the schema chooses them
     for its scratch and the kernels read them off the scratch, as onnxruntime computes the three convs."""

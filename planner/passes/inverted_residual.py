@@ -58,8 +58,8 @@ def _block(graph, project):
 
 
 def _fused(graph, widen, depthwise, project, budget=None):
-    """(the InvertedResidual node of a block, bytes of the tensors it drops), its scratch within `budget` bytes
-    where given; None where none fits."""
+    """The InvertedResidual node of a block, its scratch within the larger of `budget` bytes (where given) and
+    the bytes of the tensors it drops; None where none fits."""
     def weights(node):
         return [*node.inputs[1:3], ""][:2] if node else ["", ""]
     z = project.inputs[3] if len(project.inputs) > 3 else ""

@@ -12,6 +12,7 @@ from planner.ops.inverted_residual import job_size
 
 from ..kernels import inverted_residual as shared
 from . import takes
+from .conv import NO_Z
 from .scalar import ACTIVATIONS, NO_BIAS, activate_row, f32
 from .threads import PARALLEL
 
@@ -148,7 +149,6 @@ def block(x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, 
 
 
 NO_WEIGHTS = np.zeros((0, 0), np.float32)
-NO_Z = np.zeros((1, 1, 1, 0), np.float32)
 EMPTY = np.zeros((1, 0), np.float32)
 
 

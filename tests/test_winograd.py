@@ -3,6 +3,7 @@ and the results stay those of im2col and onnxruntime, with the NumPy kernels and
 batches and in the chunks and blocks a small scratch forces; the arena never grows; what it does not take
 (training, a CUDA device, 16-bit, strides, groups, few channels) keeps its Conv."""
 import numpy as np
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -46,7 +47,6 @@ def run(model, x, jit=False, **options):
 
 
 def onnxruntime(model, x):
-    import onnxruntime as ort
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
@@ -70,6 +70,62 @@ def test_winograd_changes_no_result(case, jit):
     assert plain.steps[0].op == "Conv" and plan.arena_bytes <= plain.arena_bytes
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("case", CASES)
+def test_f4x4_computes_the_convolution(case, jit):
+    """A WinogradConv of tile 4 (F(4x4, 3x3)) with a bias, a residual Z and an activation, on images whose
+    sizes are no multiple of 4 and on every kind of padding, against onnxruntime's Conv + Add + Relu."""
+    x_shape, w_shape, attrs = CASES[case]
+    w, b = RNG.standard_normal(w_shape) / np.sqrt(9 * w_shape[1]), RNG.standard_normal(w_shape[0]).astype(np.float32)
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    conv = memplan_model(helper.make_node("Conv", ["x", "w"], ["y"], **attrs), x_shape, w)
+    conv.opset_import.pop()
+    z = RNG.standard_normal(onnxruntime(conv, x).shape).astype(np.float32)
+
+    def model(*nodes):
+        built = memplan_model(nodes[0], x_shape, w)
+        built.graph.node.extend(nodes[1:])
+        built.graph.initializer.append(numpy_helper.from_array(b, "b"))
+        built.graph.input.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, list(z.shape)))
+        return built
+    reference = model(helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+                      helper.make_node("Add", ["c", "z"], ["s"]), helper.make_node("Relu", ["s"], ["y"]))
+    reference.opset_import.pop()
+    winograd = model(helper.make_node("WinogradConv", ["x", "w", "b", "z"], ["y"], domain="memplan", tile=4,
+                                      activation="Relu", **attrs))
+    plan = planner.compile(winograd, {"x": x_shape, "z": z.shape})
+    got = Executor(plan, backend="numpy", jit=jit, poison=True).run({"x": x, "z": z})["y"]
+    want = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "z": z})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("jit", JITS)
+def test_large_outputs_take_f4x4(jit):
+    """Outputs of at least LARGE pixels a side take F(4x4, 3x3), with the results of im2col."""
+    x_shape, w_shape = (2, 16, 30, 29), (24, 16, 3, 3)
+    model, x = conv_model(x_shape, w_shape, pads=[1, 1, 1, 1]), RNG.standard_normal(x_shape).astype(np.float32)
+    plan, got = run(model, x, jit)
+    assert plan.steps[0].op == "WinogradConv" and plan.steps[0].attrs["tile"] == 4
+    np.testing.assert_allclose(got, run(model, x, jit, winograd=False, batch_conv=False)[1], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("tile", [2, 4])
+def test_given_chunks_of_images_and_blocks_of_channels(tile, jit):
+    """A WinogradConv's `images` and `block` attributes: the kernel walks chunks of 2 images and blocks of 16
+    output channels."""
+    x_shape, w = (5, 16, 9, 10), RNG.standard_normal((40, 16, 3, 3)) * 0.1
+    node = helper.make_node("WinogradConv", ["x", "w"], ["y"], domain="memplan", pads=[1, 1, 1, 1], tile=tile,
+                            images=2, block=16)
+    model, x = memplan_model(node, x_shape, w), RNG.standard_normal(x_shape).astype(np.float32)
+    got = run(model, x, jit)[1]
+    model.graph.node[0].CopyFrom(helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]))
+    model.opset_import.pop()
+    np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("jit", JITS)
@@ -97,7 +153,8 @@ def test_a_small_scratch_walks_chunks_of_images_and_blocks_of_channels(jit):
     plan, got = run(model, x, jit, config=config)
     step = plan.steps[0]
     assert step.op == "WinogradConv" and step.attrs["images"] < 5 and step.attrs["block"] < 80
-    np.testing.assert_allclose(got, run(model, x, jit, config=config, winograd=False, batch_conv=False)[1], rtol=1e-5, atol=2e-6)
+    want = run(model, x, jit, config=config, winograd=False, batch_conv=False)[1]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
 def test_the_arena_of_resnet50_does_not_grow():
@@ -133,8 +190,10 @@ def test_a_winograd_conv_read_from_a_file_chooses_its_own_tiling():
     np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-5)
 
 
-def test_a_winograd_conv_of_another_kernel_is_refused_by_name():
-    model = memplan_model(helper.make_node("WinogradConv", ["x", "w"], ["y"], domain="memplan", strides=[2, 2]),
+@pytest.mark.parametrize("attrs, message", [({"strides": [2, 2]}, "3x3 kernel of stride and dilation 1"),
+                                             ({"tile": 3}, r"F\(m x m, 3x3\) for m in \(2, 4\), got tile 3")])
+def test_a_winograd_conv_of_another_kernel_is_refused_by_name(attrs, message):
+    model = memplan_model(helper.make_node("WinogradConv", ["x", "w"], ["y"], domain="memplan", **attrs),
                           (1, 16, 8, 8), np.zeros((16, 16, 3, 3)))
-    with pytest.raises(ShapeError, match="3x3 kernel of stride and dilation 1"):
+    with pytest.raises(ShapeError, match=message):
         planner.compile(model, {"x": (1, 16, 8, 8)})

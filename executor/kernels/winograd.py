@@ -1,34 +1,41 @@
-"""memplan.WinogradConv (planner/ops/winograd.py) over NumPy or CuPy arrays. Per chunk of images: the 16
-inputs of each 4x4 tile gathered into `products` (zeros where a tile lies on padding), transformed into
+"""memplan.WinogradConv (planner/ops/winograd.py) over NumPy or CuPy arrays. Per chunk of images: the
+(m+2)^2 inputs of each tile gathered into `products` (zeros where a tile lies on padding), transformed into
 `tiles` by one GEMM with B^T (x) B^T; per block of output channels, the filters transformed into `weights`
-by one GEMM with G (x) G, and the 16 GEMMs of the block into `products`; the products transformed back into
-`tiles` by one GEMM with A^T (x) A^T and scattered into Y's 2x2 tiles; then FusedConv's epilogue."""
+by one GEMM with G (x) G, and the (m+2)^2 GEMMs of the block into `products`; the products transformed back
+into `tiles` by one GEMM with A^T (x) A^T and scattered into Y's m x m tiles; then FusedConv's epilogue."""
 from functools import cache
 
 import numpy as np
 
 from planner import ops
-from planner.ops.winograd import PLANES
 
 from . import kernel
 from .nn import epilogue, span
 
-BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
-G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
-AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]])
-"""F(2x2, 3x3)'s input, filter and output transforms: V = B^T d B, U = G g G^T, Y = A^T m A."""
+TRANSFORMS = {
+    2: ([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+        [[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]],
+        [[1, 1, 1, 0], [0, 1, -1, -1]]),
+    4: ([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+         [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
+        [[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+         [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
+        [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]),
+}
+"""F(m x m, 3x3)'s input, filter and output transforms by m: V = B^T d B, U = G g G^T, Y = A^T M A (the
+interpolation points 0, 1, -1 and for m = 4 also 2, -2, as Lavin & Gray's)."""
 
 
 @cache
-def transforms(xp, dtype):
-    """(B^T (x) B^T, G (x) G, A^T (x) A^T) of `dtype` on xp's device, made once per process: the 2-D
-    transforms of a flattened tile, (16, 16), (16, 9) and (4, 16)."""
-    return tuple(xp.asarray(np.kron(t, t), dtype=dtype) for t in (BT, G, AT))
+def transforms(xp, dtype, tile):
+    """(B^T (x) B^T, G (x) G, A^T (x) A^T) of F(tile x tile, 3x3) in `dtype` on xp's device, made once per
+    process: the 2-D transforms of a flattened tile, (P, P), (P, 9) and (tile^2, P) for P = (tile + 2)^2."""
+    return tuple(xp.asarray(np.kron(t, t), dtype=dtype) for t in map(np.array, TRANSFORMS[tile]))
 
 
 def planes(scratch, rows, cols):
-    """The front (rows, cols) of each of the 16 planes of a scratch slice, as one (16, rows, cols) view."""
-    return scratch[:, :rows * cols].reshape(PLANES, rows, cols)
+    """The front (rows, cols) of each plane of a scratch slice, as one (planes, rows, cols) view."""
+    return scratch[:, :rows * cols].reshape(scratch.shape[0], rows, cols)
 
 
 @kernel("WinogradConv", domain="memplan")
@@ -43,24 +50,24 @@ class Stages:
 
     def __init__(self, xp, step, ins):
         x, _, b, z = [*ins, None, None][:4]
-        self.xp, self.finish = xp, epilogue(xp, step, b, z)
-        self.to_tiles, self.to_weights, self.to_outputs = transforms(xp, x.dtype)
+        self.xp, self.finish, self.tile = xp, epilogue(xp, step, b, z), ops.of(step).attr(step, "tile")
+        self.to_tiles, self.to_weights, self.to_outputs = transforms(xp, x.dtype, self.tile)
 
     def tiles(self, x, ws, grid, pads):
-        """ws["tiles"]: the transformed 4x4 tiles of the images x, (16, C, tiles); `products` as scratch."""
+        """ws["tiles"]: the transformed tiles of the images x, (P, C, tiles); `products` as scratch."""
         c, cols = x.shape[1], x.shape[0] * grid[0] * grid[1]
-        gather(self.xp, x, planes(ws["products"], c, cols), grid, pads)
+        gather(self.xp, x, planes(ws["products"], c, cols), grid, pads, self.tile)
         self.xp.matmul(self.to_tiles, ws["products"][:, :c * cols], out=ws["tiles"][:, :c * cols])
 
     def weights(self, w, ws):
-        """ws["weights"]: the transformed filters w (block, C, 3, 3), (16, block, C)."""
+        """ws["weights"]: the transformed filters w (block, C, 3, 3), (P, block, C)."""
         self.xp.matmul(self.to_weights, w.reshape(-1, 9).T, out=ws["weights"][:, :w.shape[0] * w.shape[1]])
 
     def outputs(self, ws, y, grid, at):
-        """Y[at] = y from the products (16, M, tiles), the epilogue included; `tiles` as scratch."""
-        m, cols = y.shape[1], y.shape[0] * grid[0] * grid[1]
-        self.xp.matmul(self.to_outputs, ws["products"][:, :m * cols], out=ws["tiles"][:4, :m * cols])
-        scatter(self.xp, planes(ws["tiles"], m, cols)[:4], y, grid)
+        """Y[at] = y from the products (P, M, tiles), the epilogue included; `tiles` as scratch."""
+        m, cols, count = y.shape[1], y.shape[0] * grid[0] * grid[1], self.tile ** 2
+        self.xp.matmul(self.to_outputs, ws["products"][:, :m * cols], out=ws["tiles"][:count, :m * cols])
+        scatter(self.xp, planes(ws["tiles"][:count], m, cols), y, grid, self.tile)
         self.finish(y, at)
 
 
@@ -69,8 +76,8 @@ def convolve(xp, step, ins, outs, ws, stages):
     the outputs; the chunk and the block the largest the scratch holds."""
     x, w = ins[:2]
     y = outs[0]
-    (n, c), m = x.shape[:2], w.shape[0]
-    grid = tuple(-(-s // 2) for s in y.shape[2:])
+    (n, c), m, tile = x.shape[:2], w.shape[0], ops.of(step).attr(step, "tile")
+    grid = tuple(-(-s // tile) for s in y.shape[2:])
     per_image = grid[0] * grid[1]
     images = max(1, min(n, ws["tiles"].shape[1] // (max(c, m) * per_image)))
     block = max(1, min(m, ws["weights"].shape[1] // c))
@@ -83,19 +90,20 @@ def convolve(xp, step, ins, outs, ws, stages):
             m1 = min(m, m0 + block)
             stages.weights(w[m0:m1], ws)
             xp.matmul(planes(ws["weights"], m1 - m0, c), planes(ws["tiles"], c, cols),
-                      out=ws["products"][:, m0 * cols:m1 * cols].reshape(PLANES, m1 - m0, cols))
+                      out=ws["products"][:, m0 * cols:m1 * cols].reshape(-1, m1 - m0, cols))
         stages.outputs(ws, y[n0:n1], grid, (slice(n0, n1),))
 
 
-def gather(xp, x, tiles, grid, pads):
-    """tiles[4a + e] (C, images, tile rows, tile cols) = the input at offset (a, e) of each 4x4 tile, whose
-    top left lies at (2 row - pad, 2 col - pad); zeros where that is padding."""
+def gather(xp, x, tiles, grid, pads, tile):
+    """tiles[side a + e] (C, images, tile rows, tile cols) = the input at offset (a, e) of each input tile of
+    `side` = tile + 2, whose top left lies at (tile row - pad, tile col - pad); zeros where that is padding."""
     n, c, height, width = x.shape
-    for a in range(4):
-        rows = span(a - pads[0], 2, height, 0, grid[0])
-        for e in range(4):
-            plane = tiles[4 * a + e].reshape(c, n, *grid)
-            cols = span(e - pads[1], 2, width, 0, grid[1])
+    side = tile + 2
+    for a in range(side):
+        rows = span(a - pads[0], tile, height, 0, grid[0])
+        for e in range(side):
+            plane = tiles[side * a + e].reshape(c, n, *grid)
+            cols = span(e - pads[1], tile, width, 0, grid[1])
             if rows is None or cols is None:
                 plane.fill(0)
                 continue
@@ -106,12 +114,12 @@ def gather(xp, x, tiles, grid, pads):
             xp.copyto(plane[:, :, rows[0], cols[0]], x[:, :, rows[1], cols[1]].transpose(1, 0, 2, 3))
 
 
-def scatter(xp, outputs, y, grid):
-    """Y's 2x2 tiles from outputs[2a + e] (M, images, tile rows, tile cols), the last row and column of tiles
-    cut where Y's size is odd."""
+def scatter(xp, outputs, y, grid, tile):
+    """Y's tile x tile tiles from outputs[tile a + e] (M, images, tile rows, tile cols), the last row and
+    column of tiles cut where Y's size is no multiple of the tile."""
     n, m, height, width = y.shape
-    for a in range(2):
-        for e in range(2):
-            target = y[:, :, a::2, e::2]
-            source = outputs[2 * a + e].reshape(m, n, *grid)[:, :, :target.shape[2], :target.shape[3]]
+    for a in range(tile):
+        for e in range(tile):
+            target = y[:, :, a::tile, e::tile]
+            source = outputs[tile * a + e].reshape(m, n, *grid)[:, :, :target.shape[2], :target.shape[3]]
             xp.copyto(target, source.transpose(1, 0, 2, 3))

@@ -1,13 +1,16 @@
-"""memplan.WinogradConv: a 3x3, stride-1, ungrouped 2-D FusedConv computed by Winograd's F(2x2, 3x3) (Lavin &
-Gray, 2016), as cuDNN, oneDNN and NNPACK compute such convolutions: each 4x4 tile of the input and each 3x3
-filter are transformed (V = B^T d B, U = G g G^T), the 16 transformed positions are 16 GEMMs U[k] V[k] over
-the channels, and each tile's 2x2 outputs are A^T m A, then the bias, Z and the activation. 16 products per
-4 outputs instead of 36: 2.25x fewer multiply-adds than im2col's GEMM. planner/passes/winograd.py makes it
-from the convolutions whose scratch fits in the columns im2col would take or in the slot all scratch shares.
+"""memplan.WinogradConv: a 3x3, stride-1, ungrouped 2-D FusedConv computed by Winograd's F(m x m, 3x3) (Lavin &
+Gray, 2016), m (the `tile` attribute) 2 or 4, as cuDNN, oneDNN and NNPACK compute such convolutions: each
+(m+2)x(m+2) tile of the input and each 3x3 filter are transformed (V = B^T d B, U = G g G^T), the (m+2)^2
+transformed positions are as many GEMMs U[k] V[k] over the channels, and each tile's m x m outputs are
+A^T M A, then the bias, Z and the activation. F(2x2, 3x3) does 16 products per 4 outputs, F(4x4, 3x3) 36 per
+16, instead of im2col's 9 per output: 2.25x and 4x fewer multiply-adds (F(4x4)'s rounding error is about 6x
+im2col's, as oneDNN's). planner/passes/winograd.py makes it from the convolutions whose scratch fits in the
+columns im2col would take or in the slot all scratch shares.
 
 Scratch, in `Tiling.layout`: `tiles` (the gathered then transformed inputs) and `products` (the GEMMs'
-results, then the transformed outputs), 16 planes each of max(C, M) rows and one column per tile of a chunk
-of images; `weights`, 16 planes of the transformed filters of a block of output channels. Planes are padded
+results, then the transformed outputs), a plane per transformed position, each of max(C, M) rows and one
+column per tile of a chunk of images; `weights`, the planes of the transformed filters of a block of output
+channels. Planes are padded
 so that the 16 streams a transform reads or writes do not start at the same offset of a 4 KiB page (their
 loads and stores would alias: the input transform ran 2.3x slower); planes of a page or less are not."""
 import math
@@ -21,8 +24,8 @@ from .fused_conv import FusedConv
 from .nn import window
 from ..errors import ShapeError
 
-PLANES = 16
-"""Transformed positions of a 4x4 tile."""
+TILES = (2, 4)
+"""The output tiles m of the F(m x m, 3x3) the kernels compute."""
 PAGE, SKEW, ALIGN = 4096, 320, 64
 
 
@@ -35,6 +38,11 @@ def plane_elements(elements, itemsize):
     return nbytes // itemsize
 
 
+def planes(tile):
+    """Transformed positions of F(tile x tile, 3x3)'s input tile: (tile + 2)^2."""
+    return (tile + 2) ** 2
+
+
 class Tiling(NamedTuple):
     """How the kernel walks a WinogradConv: `images` images per chunk, `block` output channels per GEMM, and
     the scratch `layout`."""
@@ -44,17 +52,18 @@ class Tiling(NamedTuple):
     layout: Layout
 
 
-def tiling(batch, channels, filters, out_spatial, dtype, budget, images=0, block=0):
-    """The Tiling of `images` images a chunk and `block` output channels a GEMM where given (at most the
-    batch and the filters); else the one whose scratch fits `budget` bytes with the most images, then the
-    largest block (all filters, or a multiple of 16 and at least min(filters, 64)); None when none fits."""
-    grid = tuple(-(-s // 2) for s in out_spatial)
-    itemsize, tiles = np.dtype(dtype).itemsize, math.prod(grid)
+def tiling(batch, channels, filters, out_spatial, dtype, budget, images=0, block=0, tile=2):
+    """The Tiling of F(tile x tile, 3x3) of `images` images a chunk and `block` output channels a GEMM where
+    given (at most the batch and the filters); else the one whose scratch fits `budget` bytes with the most
+    images, then the largest block (all filters, or a multiple of 16 and at least min(filters, 64)); None
+    when none fits."""
+    grid = tuple(-(-s // tile) for s in out_spatial)
+    itemsize, tiles, count = np.dtype(dtype).itemsize, math.prod(grid), planes(tile)
 
     def layout(images, block):
         data = plane_elements(max(channels, filters) * tiles * images, itemsize)
-        return Layout.pack(("tiles", (PLANES, data), dtype), ("products", (PLANES, data), dtype),
-                           ("weights", (PLANES, plane_elements(block * channels, itemsize)), dtype), align=ALIGN)
+        return Layout.pack(("tiles", (count, data), dtype), ("products", (count, data), dtype),
+                           ("weights", (count, plane_elements(block * channels, itemsize)), dtype), align=ALIGN)
 
     if images and block:
         images, block = min(images, batch), min(block, filters)
@@ -70,11 +79,11 @@ def tiling(batch, channels, filters, out_spatial, dtype, budget, images=0, block
 
 @schema("WinogradConv", domain="memplan")
 class WinogradConv(FusedConv):
-    """FusedConv's inputs and attributes, for a 3x3 kernel of stride and dilation 1 in one group, and the
-    Tiling's `images` and `block` (0: chosen from the workspace limit); its FLOPs are the convolution's (the
-    model's arithmetic, whichever algorithm computes it)."""
+    """FusedConv's inputs and attributes, for a 3x3 kernel of stride and dilation 1 in one group, the output
+    `tile` m of F(m x m, 3x3), and the Tiling's `images` and `block` (0: chosen from the workspace limit); its
+    FLOPs are the convolution's (the model's arithmetic, whichever algorithm computes it)."""
 
-    defaults = {**FusedConv.defaults, "images": 0, "block": 0}
+    defaults = {**FusedConv.defaults, "images": 0, "block": 0, "tile": 2}
 
     def infer(self, node, ins):
         w = ins[1]
@@ -83,6 +92,9 @@ class WinogradConv(FusedConv):
             raise ShapeError(f"WinogradConv takes a 3x3 kernel of stride and dilation 1 in one group, got weights "
                              f"{w.shape}, group {self.attr(node, 'group')}, strides {self.attr(node, 'strides')}, "
                              f"dilations {self.attr(node, 'dilations')}")
+        if self.attr(node, "tile") not in TILES:
+            raise ShapeError(f"WinogradConv computes F(m x m, 3x3) for m in {TILES}, "
+                             f"got tile {self.attr(node, 'tile')}")
         return super().infer(node, ins)
 
     def workspace(self, node, ins, outs, limit):
@@ -94,11 +106,11 @@ class WinogradConv(FusedConv):
         or one image in one block where none is."""
         x, w = ins[0], ins[1]
         args = (x.shape[1], w.shape[0], outs[0][0][2:], x.dtype)
-        images, block = self.attr(node, "images"), self.attr(node, "block")
+        images, block, tile = self.attr(node, "images"), self.attr(node, "block"), self.attr(node, "tile")
         if images and block:
-            return tiling(x.shape[0], *args, None, images, block)
-        return tiling(x.shape[0], *args, super().workspace(node, ins[:2], outs, limit).nbytes) or \
-            tiling(1, *args, None, 1, w.shape[0])
+            return tiling(x.shape[0], *args, None, images, block, tile)
+        return tiling(x.shape[0], *args, super().workspace(node, ins[:2], outs, limit).nbytes, tile=tile) or \
+            tiling(1, *args, None, 1, w.shape[0], tile)
 
     def padding(self, node, x, y):
         """The rows and columns of zeros before the input (auto_pad resolved)."""

@@ -37,7 +37,7 @@ REWRITES = [
     fold_transpose,     # MatMul of a transposed matrix as a Gemm, no transposed copy
     precision,          # 16-bit floats, or autocast's policy, with the casts they need
     inverted_residual,  # inference MobileNetV2 blocks as one op, their widened tensors never in the arena
-    winograd,           # inference 3x3 convolutions by Winograd's F(2x2, 3x3), in the scratch the plan holds
+    winograd,           # inference 3x3 convolutions by Winograd's F(2x2) or F(4x4, 3x3), in the scratch the plan holds
     batch_conv,         # inference convolutions of small images as one GEMM over the batch
     prune,              # what no output needs dropped
 ]

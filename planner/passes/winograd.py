@@ -1,10 +1,11 @@
-"""Compute the 3x3 convolutions of an inference plan by Winograd's F(2x2, 3x3) (memplan.WinogradConv, see
-planner/ops/winograd.py): a Conv or com.microsoft FusedConv of float32 with a 3x3 kernel, stride and
-dilation 1, one group and at least MIN_CHANNELS channels in and out. Its scratch (the Tiling's images and
-block, recorded as attributes) fits in the columns its im2col would take or in the slot all scratch shares
-(planner.workspace.room): the arena does not grow. 2.25x fewer multiply-adds: on the 2-core CPU box
-resnet50's 3x3 stride-1 layers took 30 to 45% less time at batch 8 (the same at batch 1). Plans for a CUDA device keep their convolutions (the GPU's are
-the library's to choose); CompileOptions(winograd=False) keeps them everywhere."""
+"""Compute the 3x3 convolutions of an inference plan by Winograd's F(2x2, 3x3) or, on LARGE outputs,
+F(4x4, 3x3) (memplan.WinogradConv, see planner/ops/winograd.py): a Conv or com.microsoft FusedConv of
+float32 with a 3x3 kernel, stride and dilation 1, one group and at least MIN_CHANNELS channels in and out.
+Its scratch (the Tiling's images and block, recorded as attributes) fits in the columns its im2col would
+take or in the slot all scratch shares (planner.workspace.room): the arena does not grow. F(2x2) does 2.25x
+fewer multiply-adds than im2col: on the 2-core CPU box resnet50's 3x3 stride-1 layers took 30 to 45% less
+time at batch 8 (the same at batch 1); F(4x4) 4x fewer (see LARGE). Plans for a CUDA device keep their
+convolutions (the GPU's are the library's to choose); CompileOptions(winograd=False) keeps them everywhere."""
 import math
 
 import numpy as np
@@ -16,6 +17,10 @@ from .base import conv_pass
 
 MIN_CHANNELS = 16
 """Fewer channels make GEMMs too thin for the saved products to pay for the transforms."""
+LARGE = 28
+"""Outputs at least this many pixels high and wide take F(4x4, 3x3), smaller ones F(2x2, 3x3): on the 2-core
+CPU box, in resnet50 at batch 8, F(4x4) took its 56x56 layers 8% less time and its 28x28 ones 20% less,
+but its 14x14 ones 10% more (rows of 4 tiles leave its transforms' loops too short to pay)."""
 
 
 def _prepare(graph, context):
@@ -30,8 +35,10 @@ def _prepare(graph, context):
                 or any(v != 1 for v in (*(attrs.get("strides") or ()), *(attrs.get("dilations") or ()))):
             return None
         columns = ops.of(node, graph.opsets).workspace(node, *infos(graph, node), limit).nbytes
-        found = tiling(x.shape[0], w.shape[1], w.shape[0], y.shape[2:], x.dtype, min(limit, max(columns, held)))
-        return found and ("WinogradConv", {"images": found.images, "block": found.block})
+        tile = 4 if min(y.shape[2:]) >= LARGE else 2
+        found = tiling(x.shape[0], w.shape[1], w.shape[0], y.shape[2:], x.dtype, min(limit, max(columns, held)),
+                       tile=tile)
+        return found and ("WinogradConv", {"images": found.images, "block": found.block, "tile": tile})
     return choose
 
 

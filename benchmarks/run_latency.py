@@ -5,9 +5,9 @@
 
 cpu: resnet50, mobilenet_v2 and bert_base (sequence 128) on the NumPy backend against onnxruntime (CPU
 provider), with the threads each uses: median latency with numba's compiled kernels (executor/jit, when
-numba is installed) and with the NumPy kernels alone, and how far a fresh process's peak RSS rises
-while it plans (or loads) and runs the model. Run it on a quiet machine: a ratio taken beside other
-work is off by up to 1.5x.
+numba is installed) and with the NumPy kernels alone, the three run in turn in each round, and how far a
+fresh process's peak RSS rises while it plans (or loads) and runs the model. Run it on a quiet machine: a
+ratio taken beside other work is off by up to 1.5x.
 gpu: resnet50 and bert_base (sequence 128) on the CuPy backend against PyTorch eager (torchvision's
 resnet50, transformers' BertModel with the same sizes): median latency, and device memory: the
 arena against torch.cuda.max_memory_allocated().
@@ -16,6 +16,7 @@ import argparse
 import os
 import platform
 import time
+from functools import partial
 
 import planner  # first: it sets OpenBLAS's thread timeout, which OpenBLAS reads when NumPy loads it
 import numpy as np
@@ -42,6 +43,23 @@ def median_seconds(fn, repeat, sync=lambda: None):
         sync()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def paired_medians(fns, repeat, pause=0.3):
+    """The median seconds of each of `fns` over `repeat` rounds that call each once in turn, after a
+    warm-up of each: a slow spell of a shared machine falls on all of them alike. Each call begins after
+    `pause` seconds, so that the threads of the one before (OpenBLAS's, TBB's, onnxruntime's spin) are
+    asleep."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, seconds in zip(fns, times):
+            time.sleep(pause)
+            start = time.perf_counter()
+            fn()
+            seconds.append(time.perf_counter() - start)
+    return [float(np.median(seconds)) for seconds in times]
 
 
 CPU_MODELS = ("resnet50", "mobilenet_v2", "bert_base")
@@ -77,9 +95,8 @@ def cpu(batch, repeat, models):
             plan = planner.compile(model, {n: v.shape for n, v in feeds.items()})
             ex, plain = Executor(plan, backend="numpy"), Executor(plan, backend="numpy", jit=False)
             session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-            ours = median_seconds(lambda: ex.run(feeds), repeat)
-            numpy_only = median_seconds(lambda: plain.run(feeds), repeat)
-            theirs = median_seconds(lambda: session.run(None, feeds), repeat)
+            ours, numpy_only, theirs = paired_medians(
+                (partial(ex.run, feeds), partial(plain.run, feeds), partial(session.run, None, feeds)), repeat)
             del ex, plain, session
             path = f"{tmp}/{name}.onnx"
             onnx.save(model, path)
@@ -88,7 +105,7 @@ def cpu(batch, repeat, models):
                   f"{numpy_only * 1e3:>10.1f} {numpy_only / theirs:>5.2f}x {plan.arena_bytes / MiB:>10.1f} "
                   f"{rss['memplan'] / MiB:>16.1f} {rss['onnxruntime'] / MiB:>12.1f}")
     print(f"medians of {repeat} runs after a warm-up; RSS: how far a fresh process's peak RSS rises, from after "
-          f"it reads the model file, while it plans (or loads) the model and runs it 3 times")
+          f"it reads the model file and imports the engine, while it plans (or loads) the model and runs it 3 times")
 
 
 def _compiled_kernels():
@@ -102,9 +119,9 @@ def _compiled_kernels():
 
 
 def peak_rss(engine, path, name, batch, runs=3):
-    """Bytes a fresh process's peak RSS rises by, from after it reads the model at `path`, while it plans
-    (memplan) or loads (onnxruntime) the model and runs it `runs` times (Linux: VmHWM reset through
-    /proc/self/clear_refs)."""
+    """Bytes a fresh process's peak RSS rises by, from after it reads the model at `path` and imports the
+    engine's libraries (onnxruntime; memplan's with numba), while it plans (memplan) or loads (onnxruntime)
+    the model and runs it `runs` times (Linux: VmHWM reset through /proc/self/clear_refs)."""
     import multiprocessing
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
@@ -119,6 +136,8 @@ def _run_and_report(engine, path, name, batch, runs, queue):
     import onnxruntime as ort
     feeds = cpu_feeds(name, batch)
     model = onnx.load(path)
+    if engine == "memplan" and compiled.available() and compiled.wanted():
+        compiled.overrides()  # numba and the kernels' modules: the libraries memplan runs on, as onnxruntime's
     data = model.SerializeToString() if engine == "onnxruntime" else None
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")

@@ -1,6 +1,8 @@
 """ONNX (a file path or a ModelProto) -> Graph, with dims not bound yet."""
+import math
 import os
 import re
+from functools import partial
 
 import numpy as np
 import onnx
@@ -11,9 +13,15 @@ from planner import dtypes
 from planner.errors import ModelError
 from planner.ir import DEFAULT_OPSETS, Annotations, Graph, Node, Tensor, captured
 
+from planner.deferred import Deferred
+
 META = "memplan."
 """Prefix of the node metadata_props keys that carry the user's annotations (ir.HINTS)."""
 TORCH_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
+DEFERRED_TYPES = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64}
+DEFERRED_BYTES = 1 << 16
+"""Float initializers of this many bytes or more are read when needed (planner.deferred); smaller ones,
+and the rest, when the model is."""
 MIN_OPSET = 11
 MAX_OPSET = onnx.defs.onnx_opset_version()
 
@@ -173,21 +181,60 @@ def _dim(d):
 
 
 def _param(init, base_dir):
-    data = _array(init, base_dir)
+    """The param of an initializer: one of DEFERRED_TYPES of DEFERRED_BYTES or more as a Deferred (read when
+    needed), the others read now."""
+    dtype, shape = DEFERRED_TYPES.get(init.data_type), tuple(init.dims)
+    if dtype is not None and math.prod(shape) * np.dtype(dtype).itemsize >= DEFERRED_BYTES:
+        data = Deferred(_reader(init, base_dir, shape, np.dtype(dtype)), shape, dtype)
+    else:
+        data = _array(init, base_dir)
     return Tensor(init.name, data.shape, data.dtype, "param", data)
 
 
-def _array(tensor, base_dir):
-    if external_data_helper.uses_external_data(tensor):
-        _load_external(tensor, base_dir)
+def _reader(tensor, base_dir, shape, dtype):
+    """A function reading `tensor`'s values: from the TensorProto, or from its external data file, checked
+    now to hold them."""
+    if not external_data_helper.uses_external_data(tensor):
+        return partial(_decoded, tensor)
+    path, info = _external(tensor, base_dir)
+    nbytes = math.prod(shape) * dtype.itemsize
+    try:
+        offset, length = int(info.get("offset") or 0), int(info.get("length") or nbytes)
+        size = os.path.getsize(path)
+        if offset < 0:
+            raise ValueError("offset must be non-negative")
+        if offset > size:
+            raise ValueError(f"offset ({offset}) exceeds file size ({size})")
+        if offset + length > size:
+            raise ValueError(f"length ({length}) exceeds available data ({size - offset} bytes)")
+        if length != nbytes:
+            raise ValueError(f"it holds {length} bytes, where a {'x'.join(map(str, shape))} {dtype} takes {nbytes}")
+    except ValueError as e:
+        raise ModelError(f"initializer {tensor.name!r}: external data in {info.get('location')!r} cannot be read "
+                         f"({e})") from None
+    return partial(_read_file, path, offset, shape, dtype)
+
+
+def _read_file(path, offset, shape, dtype):
+    return np.fromfile(path, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+
+
+def _decoded(tensor):
     try:
         return numpy_helper.to_array(tensor)
     except (ValueError, TypeError) as e:
         raise ModelError(f"initializer {tensor.name!r} cannot be read ({e}); the file may be truncated") from None
 
 
-def _load_external(tensor, base_dir):
-    """Read a tensor's external data, refusing any location outside the model's directory."""
+def _array(tensor, base_dir):
+    if external_data_helper.uses_external_data(tensor):
+        _load_external(tensor, base_dir)
+    return _decoded(tensor)
+
+
+def _external(tensor, base_dir):
+    """The path of a tensor's external data file and its external_data entries, refusing any location
+    outside the model's directory."""
     info = {e.key: e.value for e in tensor.external_data}
     location = info.get("location", "")
     if base_dir is None:
@@ -202,10 +249,16 @@ def _load_external(tensor, base_dir):
                          "points outside the model's directory; refusing to read it")
     if not os.path.isfile(path):
         raise ModelError(f"initializer {tensor.name!r}: external data file {location!r} is missing")
+    return path, info
+
+
+def _load_external(tensor, base_dir):
+    """Read a tensor's external data into it (see _external)."""
+    path, info = _external(tensor, base_dir)
     try:
-        external_data_helper.load_external_data_for_tensor(tensor, root)
+        external_data_helper.load_external_data_for_tensor(tensor, os.path.dirname(path))
     except (ValueError, OSError) as e:
-        raise ModelError(f"initializer {tensor.name!r}: external data in {location!r} cannot be read "
+        raise ModelError(f"initializer {tensor.name!r}: external data in {info.get('location')!r} cannot be read "
                          f"({e.strerror if isinstance(e, OSError) else e})") from None
     tensor.data_location = TensorProto.DEFAULT
     del tensor.external_data[:]

@@ -28,7 +28,8 @@ KINDS = ("input", "param", "const", "state", "activation", "output")
 
 @dataclass(frozen=True, eq=False)
 class Tensor:
-    """A value in the graph. `shape` holds ints once bound, and may hold dim names (str) or None before."""
+    """A value in the graph. `shape` holds ints once bound, and may hold dim names (str) or None before.
+    `data`, a param's or const's values: an array, or a planner.deferred.Deferred read when needed."""
 
     name: str
     shape: tuple | None

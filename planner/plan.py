@@ -186,8 +186,9 @@ class Plan:
                 raise PlanError(f"{where}: holds a value for {name!r}, which is not a param or const of the plan")
             if value is None:
                 raise PlanError(f"{where}: {t.kind} {name!r} has no value")
-            if np.shape(value) != tuple(t.shape) or np.asarray(value).dtype != _dtype(t):
-                raise PlanError(f"{where}: {t.kind} {name!r} is {np.shape(value)} {np.asarray(value).dtype}, but "
+            dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
+            if np.shape(value) != tuple(t.shape) or dtype != _dtype(t):
+                raise PlanError(f"{where}: {t.kind} {name!r} is {np.shape(value)} {dtype}, but "
                                 f"the plan places it as {tuple(t.shape)} {t.dtype}")
         missing = [t for t in self.tensors.values() if t.kind in ("param", "const") and t.alias_of is None
                    and t.name not in self.data]

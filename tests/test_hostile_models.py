@@ -136,22 +136,28 @@ def test_a_data_dependent_index_out_of_range_names_the_step():
         run.run({"i": i64(0, 9, 1)})
 
 
-EXTERNAL = {  # external_data entries besides the location: the error each gets
-    "an offset past the end": ({"offset": "1000"}, r"offset \(1000\) exceeds file size \(64\)"),
-    "a length past the end": ({"length": "1000"}, r"length \(1000\) exceeds available data"),
+EXTERNAL = {  # external_data entries besides the location: the error each gets, for a 4x4 weight (read with the
+    # model) and a 128x128 one (read when needed, planner.deferred; its file checked with the model)
+    "an offset past the end": ({"offset": "100000"}, r"offset \(100000\) exceeds file size \({size}\)"),
+    "a length past the end": ({"length": "100000"}, r"length \(100000\) exceeds available data"),
     "a huge length": ({"length": str(2**62)}, r"length \(4611686018427387904\) exceeds available data"),
     "a non-numeric offset": ({"offset": "abc"}, r"invalid literal for int\(\)"),
     "a negative offset": ({"offset": "-4"}, r"offset must be non-negative"),
-    "a short length": ({"length": "8"}, r"cannot be read \(cannot reshape array of size 2 into shape \(4, ?4\)\)"),
+    "a short length": ({"length": "8"},
+                       {4: r"cannot be read \(cannot reshape array of size 2 into shape \(4, ?4\)\)",
+                        128: r"cannot be read \(it holds 8 bytes, where a 128x128 float32 takes 65536\)"}),
     "a NUL byte in the location": ({"location": "w\0.bin"}, r"location 'w\\x00.bin' holds a NUL byte"),
 }
 
 
+@pytest.mark.parametrize("side", [4, 128])
 @pytest.mark.parametrize("name", EXTERNAL)
-def test_bad_external_data_is_a_model_error(tmp_path, name):
+def test_bad_external_data_is_a_model_error(tmp_path, name, side):
     fields, pattern = EXTERNAL[name]
-    m = model([("MatMul", ["x", "w"], ["y"], {})], {"x": [2, 4]}, {"w": np.ones((4, 4), np.float32)})
-    (tmp_path / "w.bin").write_bytes(np.ones((4, 4), np.float32).tobytes())
+    pattern = pattern[side] if isinstance(pattern, dict) else pattern.format(size=side * side * 4)
+    weight = np.ones((side, side), np.float32)
+    m = model([("MatMul", ["x", "w"], ["y"], {})], {"x": [2, side]}, {"w": weight})
+    (tmp_path / "w.bin").write_bytes(weight.tobytes())
     w = m.graph.initializer[0]
     w.ClearField("raw_data")
     w.data_location = TensorProto.EXTERNAL

@@ -7,6 +7,7 @@ tensors (`<W>/folded_bn`), so Executor.set_parameters of the old names is refuse
 ignored. CompileOptions(fold_batchnorm=False) keeps the graph as it is."""
 import numpy as np
 
+from ..deferred import computed
 from ..ir import Node, Tensor
 from .base import rewrite_pass
 from .pattern import Op, constant, rewrite
@@ -36,7 +37,7 @@ class _Folder:
             return None
         scale, beta, mean, var = (v.astype(np.float64) for v in values)
         s = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
-        weight = self.new(f"{m.bindings['w']}/folded_bn", w * s.reshape(-1, *[1] * (w.ndim - 1)).astype(w.dtype))
+        weight = self.new(f"{m.bindings['w']}/folded_bn", computed(_scaled, w.shape, w.dtype, w, s))
         bias = self.new(f"{m.bindings['w']}/folded_bn_bias", ((b - mean) * s + beta).astype(w.dtype))
         self.count += 1
         return [Node("Conv", (m.bindings["x"], weight, bias), bn.outputs[:1], conv.attrs, conv.name, conv.notes)]
@@ -44,6 +45,11 @@ class _Folder:
     def new(self, name, value):
         self.fresh[name] = Tensor(name, value.shape, value.dtype, "const", value)
         return name
+
+
+def _scaled(w, s):
+    """W with each output channel's filter times s."""
+    return w * s.reshape(-1, *[1] * (w.ndim - 1)).astype(w.dtype)
 
 
 def folded(graph):

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import precision, shapes
 from ..dtypes import from_onnx, is_float, to_onnx
+from ..deferred import computed
 from ..errors import ModelError
 from ..ir import Node, Tensor
 from .base import TYPED, Pass, Result
@@ -44,7 +45,7 @@ def _low_everywhere(graph, low):
     casts = Casts(graph)
     for name, t in graph.tensors.items():
         if t.kind in ("param", "const") and is_float(t.dtype) and t.dtype != low:
-            casts.tensors[name] = replace(t, dtype=low, data=_saturated(t.data, low))
+            casts.tensors[name] = replace(t, dtype=low, data=computed(_saturated, t.data.shape, low, t.data, low))
             casts.dtype[name] = low
     inputs = {name: casts.to(name, low) for name in graph.inputs}
     for node in graph.nodes:

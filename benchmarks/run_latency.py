@@ -45,7 +45,7 @@ def median_seconds(fn, repeat, sync=lambda: None):
     return float(np.median(times))
 
 
-def paired_medians(fns, repeat, pause=0.3):
+def paired_medians(fns, repeat, pause=0.05):
     """The median seconds of each of `fns` over `repeat` rounds that call each once in turn, after a
     warm-up of each: a slow spell of a shared machine falls on all of them alike. Each call begins after
     `pause` seconds, so that the threads of the one before (OpenBLAS's, TBB's, onnxruntime's spin) are

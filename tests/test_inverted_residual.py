@@ -77,6 +77,8 @@ CASES = {  # x shape, widened, filters, block_model's keywords: large enough tha
     "widen, stride 2, odd": ((3, 6, 31, 31), 36, 10, {"stride": 2}),
     "no widening": ((8, 16, 32, 32), 16, 8, {"widen": False}),
     "no widening, stride 2, relu": ((8, 16, 33, 29), 16, 8, {"widen": False, "stride": 2, "activation": "Relu"}),
+    "no widening, residual": ((6, 12, 20, 17), 12, 12, {"widen": False, "residual": True}),
+    "no widening, one column, no bias": ((8, 16, 40, 1), 16, 8, {"widen": False, "bias": False}),
     "no activation, no bias": ((4, 8, 24, 24), 48, 8, {"activation": "", "bias": False}),
     "one image": ((1, 16, 56, 56), 96, 16, {"residual": True}),
 }
@@ -96,17 +98,19 @@ def test_the_fused_block_changes_no_result(case, jit):
 
 
 @pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("widen", [True, False])
 @pytest.mark.parametrize("images, rows", [(1, 1), (1, 3), (2, 5), (3, 2)])
-def test_every_banding_gives_the_same_result(jit, images, rows):
+def test_every_banding_gives_the_same_result(jit, images, rows, widen):
     """Jobs of one row, of bands that do not divide the image, of groups of images that do not divide the
     batch: each writes its part of Y, its halo rows read from the image or zero padding, reading no scratch
     it did not write (the scratch starts as NaN)."""
-    shape = (5, 8, 10, 9)
-    model, x = block_model(shape, 24, 8, stride=2), RNG.standard_normal(shape).astype(np.float32)
+    shape, widened = (5, 8, 10, 9), 24 if widen else 8
+    model, x = block_model(shape, widened, 8, stride=2, widen=widen), RNG.standard_normal(shape).astype(np.float32)
     plan = planner.compile(model, {"x": shape})
     step = plan.steps[0]
+    assert step.op == "InvertedResidual"
     y = np.empty(plan.tensors[step.outputs[0]].shape, np.float32)
-    found = banding(5, 8, 24, 8, shape[2:], y.shape[2:], 2, np.float32, True, 2, images, rows)
+    found = banding(5, 8, widened, 8, shape[2:], y.shape[2:], 2, np.float32, widen, 2, images, rows)
     step = replace(step, attrs={**step.attrs, "images": found.images, "rows": found.rows, "lanes": found.lanes})
     ins = [x if name == "x" else plan.data[name] if name else None for name in step.inputs]
     scratch = {s.name: np.full(s.shape, np.nan, np.float32) for s in found.layout.slices}

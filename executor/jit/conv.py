@@ -61,13 +61,33 @@ def _same_plane(src, out, w, o, pads, dilations):
 
 
 @njit(inline="always", fastmath=True)
-def _halving_tap(row, col, weight):
+def padded_tap(row, col, weight):
     """row[col] * weight, 0 off the row (padding)."""
     return row[col] * weight if 0 <= col < row.shape[0] else f32(0)
 
 
 @njit(inline="always", fastmath=True)
-def _halving_row(dst, r0, r1, r2, w, pad):
+def same_row(dst, r0, r1, r2, w):
+    """dst[k] = the 3x3 window of rows r0..r2 at columns k - 1.. times w, for a stride-1 conv padded by one
+    column each side: the nine taps in one pass over the row, each of its loads a slice's element from 0 on
+    (so the compiler vectorizes it), the two edge columns apart."""
+    width = dst.shape[0]
+    inner = max(0, width - 2)
+    mid, lo, at, hi = dst[1:1 + inner], slice(0, inner), slice(1, 1 + inner), slice(2, 2 + inner)
+    a0, a1, a2, b0, b1, b2, c0, c1, c2 = r0[lo], r0[at], r0[hi], r1[lo], r1[at], r1[hi], r2[lo], r2[at], r2[hi]
+    for k in range(inner):
+        mid[k] = (w[0, 0] * a0[k] + w[0, 1] * a1[k] + w[0, 2] * a2[k] + w[1, 0] * b0[k] + w[1, 1] * b1[k]
+                  + w[1, 2] * b2[k] + w[2, 0] * c0[k] + w[2, 1] * c1[k] + w[2, 2] * c2[k])
+    for k in (0, width - 1):
+        total = f32(0)
+        for e in range(3):
+            total += padded_tap(r0, k - 1 + e, w[0, e]) + padded_tap(r1, k - 1 + e, w[1, e]) \
+                + padded_tap(r2, k - 1 + e, w[2, e])
+        dst[k] = total
+
+
+@njit(inline="always", fastmath=True)
+def halving_row(dst, r0, r1, r2, w, pad):
     """dst[k] = the 3x3 window of rows r0..r2 at columns 2k - pad.. times w, for a stride-2 depthwise conv whose
     three input rows all lie on the image: its nine taps in one pass, with a stride the compiler sees (it loads
     two vectors and shuffles), where a pass per tap with the row's stride gathered (mid-sized layers ran 1.6 to
@@ -84,7 +104,7 @@ def _halving_row(dst, r0, r1, r2, w, pad):
         total = f32(0)
         for e in range(3):
             col = 2 * k - pad + e
-            total += _halving_tap(r0, col, w[0, e]) + _halving_tap(r1, col, w[1, e]) + _halving_tap(r2, col, w[2, e])
+            total += padded_tap(r0, col, w[0, e]) + padded_tap(r1, col, w[1, e]) + padded_tap(r2, col, w[2, e])
         dst[k] = total
 
 
@@ -93,7 +113,7 @@ def depthwise(x, w, bias, z, y, strides, pads, dilations, code, p0, p1):
     """y = activation(depthwise conv(x, w) + bias + z) for x (N, C, H, W), w (M, 1, kh, kw), y and z (N, M,
     OH, OW), output channel o reading input channel o // (M / C); pads are the leading ones. A plane whose
     rows align with its input's is `_same_plane`'s; a 3x3 stride-2 row whose input rows lie on the image is
-    `_halving_row`'s; others go tap by tap. Each output row is finished (bias, Z, activation) while in cache."""
+    `halving_row`'s; others go tap by tap. Each output row is finished (bias, Z, activation) while in cache."""
     n, c, height, width = x.shape
     m, kh, kw = y.shape[1], w.shape[2], w.shape[3]
     per, step = m // c, strides[1]
@@ -109,7 +129,7 @@ def depthwise(x, w, bias, z, y, strides, pads, dilations, code, p0, p1):
             dst = out[r]
             ih = r * strides[0] - pads[0]
             if halving and 0 <= ih and ih + 2 < height:
-                _halving_row(dst, src[ih], src[ih + 1], src[ih + 2], w[o, 0], pads[1])
+                halving_row(dst, src[ih], src[ih + 1], src[ih + 2], w[o, 0], pads[1])
             elif not aligned:
                 dst[:] = 0
                 for a in range(kh):

@@ -115,6 +115,20 @@ def _narrow(out, w3, b3, z, y, projected, i0, count, r0, band, code, p0, p1):
                 activate_row(row, bias, code, p0, p1)
 
 
+@njit(inline="always")
+def _jobs(n, out_height, images, rows):
+    """How many jobs of `images` images by `rows` output rows cover the output."""
+    return (n + images - 1) // images * ((out_height + rows - 1) // rows)
+
+
+@njit(inline="always")
+def _job(job, n, out_height, images, rows):
+    """(first image, first output row, images, rows) of job `job`, band by band of each group of images."""
+    bands = (out_height + rows - 1) // rows
+    i0, r0 = job // bands * images, job % bands * rows
+    return i0, r0, min(n, i0 + images) - i0, min(out_height, r0 + rows) - r0
+
+
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
 def block(x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, taps, columns, expanded, padded,
           depthwise, projected):
@@ -128,12 +142,10 @@ def block(x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, 
         for a in range(3):
             for e in range(3):
                 taps[a, e, ch] = w2[ch, 0, a, e]
-    bands = (out_height + rows - 1) // rows
-    jobs = (n + images - 1) // images * bands
+    jobs = _jobs(n, out_height, images, rows)
     for lane in prange(lanes):
         for job in range(lane * jobs // lanes, (lane + 1) * jobs // lanes):
-            i0, r0 = job // bands * images, job % bands * rows
-            count, band = min(n, i0 + images) - i0, min(out_height, r0 + rows) - r0
+            i0, r0, count, band = _job(job, n, out_height, images, rows)
             top = r0 * stride - 1
             t0, t1 = max(0, top), min(height, (r0 + band - 1) * stride + 2)
             wide = expanded[lane, :0].reshape(0, 1)
@@ -160,12 +172,10 @@ def separable(x, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, dept
     n, c, height, width = x.shape
     filters, out_height, out_width = y.shape[1], y.shape[2], y.shape[3]
     lanes, zero = depthwise.shape[0], np.zeros(width, np.float32)
-    bands = (out_height + rows - 1) // rows
-    jobs = (n + images - 1) // images * bands
+    jobs = _jobs(n, out_height, images, rows)
     for lane in prange(lanes):
         for job in range(lane * jobs // lanes, (lane + 1) * jobs // lanes):
-            i0, r0 = job // bands * images, job % bands * rows
-            count, band = min(n, i0 + images) - i0, min(out_height, r0 + rows) - r0
+            i0, r0, count, band = _job(job, n, out_height, images, rows)
             outputs = band * out_width
             out = depthwise[lane].reshape(-1)[:c * count * outputs].reshape(c, count * outputs)
             for ch in range(c):

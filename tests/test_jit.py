@@ -85,7 +85,10 @@ def test_fused_conv_epilogues_match(case, activation, params, z):
 POOLS = [dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
          dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0], ceil_mode=1),
          dict(kernel_shape=[3, 2], dilations=[2, 1], strides=[2, 1]),
-         dict(kernel_shape=[3, 3], auto_pad="SAME_UPPER", strides=[2, 2])]
+         dict(kernel_shape=[3, 3], auto_pad="SAME_UPPER", strides=[2, 2]),
+         dict(kernel_shape=[3, 3], strides=[2, 2]),
+         dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+         dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 0, 0, 1])]
 
 
 @pytest.mark.parametrize("attrs", POOLS)

@@ -200,12 +200,19 @@ def write_back(output, y, bias, z, code, p0, p1):
 
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
 def max_pool(x, y, kernel, strides, pads, dilations):
-    """y = the maximum over each window of x (N, C, H, W), row by row of the output."""
+    """y = the maximum over each window of x (N, C, H, W), row by row of the output: a 3x3 stride-2 row whose
+    input rows lie on the image in one pass (_halving_max_row), the others tap by tap."""
     n, c, height, width = x.shape
+    halving = kernel[0] == 3 and kernel[1] == 3 and strides[0] == 2 and strides[1] == 2 and dilations[0] == 1 \
+        and dilations[1] == 1
     for job in prange(n * c):
         src, out = x[job // c, job % c], y[job // c, job % c]
         for r in range(out.shape[0]):
             dst = out[r]
+            top = r * 2 - pads[0]
+            if halving and 0 <= top and top + 2 < height:
+                _halving_max_row(dst, src[top], src[top + 1], src[top + 2], pads[1])
+                continue
             dst[:] = -np.inf
             for a in range(kernel[0]):
                 ih = r * strides[0] - pads[0] + a * dilations[0]
@@ -219,6 +226,27 @@ def max_pool(x, y, kernel, strides, pads, dilations):
                         line = src[ih, lo * strides[1] + offset:(hi - 1) * strides[1] + offset + 1:strides[1]]
                         for k in range(hi - lo):
                             part[k] = max(part[k], line[k])
+
+
+@njit(inline="always", fastmath=True)
+def _halving_max_row(dst, r0, r1, r2, pad):
+    """dst[k] = the maximum of the 3x3 window of rows r0..r2 at columns 2k - pad.., in one pass with a stride
+    the compiler sees (as halving_row); the columns whose window reaches the padding apart."""
+    width, count = r0.shape[0], dst.shape[0]
+    lo, hi = min(count, (pad + 1) // 2), max(0, min(count, (width - 3 + pad) // 2 + 1))
+    for k in range(lo, hi):
+        b = 2 * k - pad
+        dst[k] = max(max(max(r0[b], r0[b + 1]), max(r0[b + 2], r1[b])), max(max(r1[b + 1], r1[b + 2]),
+                                                                             max(max(r2[b], r2[b + 1]), r2[b + 2])))
+    for k in range(count):
+        if lo <= k < hi:
+            continue
+        best = -np.inf
+        for e in range(3):
+            col = 2 * k - pad + e
+            if 0 <= col < width:
+                best = max(best, max(r0[col], max(r1[col], r2[col])))
+        dst[k] = best
 
 
 def pool(generic):

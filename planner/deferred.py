@@ -3,7 +3,9 @@ shape and dtype are known up front and whose values are read from the model (or 
 each time they are asked for, and not kept. Planning needs only the shapes; the rewrites that fold a
 weight read that one; the executor copies each into its arena in turn. So a model's weights are never held
 twice: `memplan report` of an export with external data reads none of them, and a run holds the arena and
-one weight in flight beside the model, not a second copy of every weight."""
+one weight in flight beside the model, not a second copy of every weight. So a ModelProto (or external data
+file) a plan was compiled from must not change while the plan is in use: an Executor made later reads the
+weights it holds then."""
 from functools import partial
 
 import numpy as np

@@ -10,10 +10,9 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto, checker, external_data_helper, helper, numpy_helper
 
 from planner import dtypes
+from planner.deferred import Deferred
 from planner.errors import ModelError
 from planner.ir import DEFAULT_OPSETS, Annotations, Graph, Node, Tensor, captured
-
-from planner.deferred import Deferred
 
 META = "memplan."
 """Prefix of the node metadata_props keys that carry the user's annotations (ir.HINTS)."""
@@ -254,9 +253,9 @@ def _external(tensor, base_dir):
 
 def _load_external(tensor, base_dir):
     """Read a tensor's external data into it (see _external)."""
-    path, info = _external(tensor, base_dir)
+    _, info = _external(tensor, base_dir)
     try:
-        external_data_helper.load_external_data_for_tensor(tensor, os.path.dirname(path))
+        external_data_helper.load_external_data_for_tensor(tensor, os.path.realpath(base_dir))
     except (ValueError, OSError) as e:
         raise ModelError(f"initializer {tensor.name!r}: external data in {info.get('location')!r} cannot be read "
                          f"({e.strerror if isinstance(e, OSError) else e})") from None

@@ -37,7 +37,8 @@ def onnxruntime(model, feeds):
 
 def test_planning_an_export_with_external_data_reads_none_of_its_weights(tmp_path, monkeypatch):
     model = chain()
-    onnx.save(copy.deepcopy(model), tmp_path / "chain.onnx", save_as_external_data=True, location="chain.bin",
+    (tmp_path / "data").mkdir()
+    onnx.save(copy.deepcopy(model), tmp_path / "chain.onnx", save_as_external_data=True, location="data/chain.bin",
               size_threshold=0)
     reads = []
     read = onnx_frontend._read_file

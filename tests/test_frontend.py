@@ -136,8 +136,10 @@ def _save_with_external_data(model_dir, location, data_path):
     return model_dir / "m.onnx"
 
 
-def test_external_data_is_loaded(tmp_path):
-    path = _save_with_external_data(tmp_path, "weights.bin", tmp_path / "weights.bin")
+@pytest.mark.parametrize("location", ["weights.bin", "data/weights.bin"])
+def test_external_data_is_loaded(tmp_path, location):
+    (tmp_path / "data").mkdir()
+    path = _save_with_external_data(tmp_path, location, tmp_path / location)
     g = planner.load(path, {"x": (2, 64)})
     np.testing.assert_array_equal(g.tensors["w"].data.ravel(), np.arange(4096, dtype=np.float32))
 

@@ -120,12 +120,14 @@ def _bt6(d0, d1, d2, d3, d4, d5):
 
 @njit(inline="always")
 def _g6(g0, g1, g2):
+    """F(4x4, 3x3)'s G of a filter's column of three."""
     sixth, outer, inner = f32(1 / 6), f32(1 / 24) * g0 + f32(1 / 6) * g2, f32(1 / 12) * g1
     return f32(0.25) * g0, -sixth * (g0 + g1 + g2), -sixth * (g0 - g1 + g2), outer + inner, outer - inner, g2
 
 
 @njit(inline="always")
 def _at6(m0, m1, m2, m3, m4, m5):
+    """F(4x4, 3x3)'s A^T of six products."""
     a, b, c, d = m1 + m2, m1 - m2, m3 + m4, m3 - m4
     return m0 + a + c, b + f32(2) * d, a + f32(4) * c, b + f32(8) * d + m5
 

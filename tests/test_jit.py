@@ -21,6 +21,8 @@ CONVS = {  # name: (x shape, w shape, group, attrs)
     "depthwise strided": ((3, 6, 12, 11), (6, 1, 3, 3), 6, dict(strides=[2, 2], pads=[1, 0, 1, 2])),
     "depthwise strided multiplier 2": ((2, 6, 13, 16), (12, 1, 3, 3), 6, dict(strides=[2, 2], pads=[0, 1, 2, 2])),
     "depthwise multiplier 3": ((2, 4, 7, 7), (12, 1, 3, 3), 4, dict(pads=[1, 1, 1, 1])),
+    "depthwise rows padded unevenly": ((2, 4, 9, 9), (4, 1, 3, 3), 4, dict(pads=[0, 1, 2, 1])),
+    "depthwise two columns": ((2, 4, 6, 2), (4, 1, 3, 3), 4, dict(pads=[1, 1, 1, 1])),
     "depthwise dilated 5x5": ((1, 5, 16, 16), (5, 1, 5, 5), 5, dict(dilations=[2, 2], pads=[4, 4, 4, 4])),
     "depthwise same_upper": ((2, 3, 10, 7), (3, 1, 4, 2), 3, dict(auto_pad="SAME_UPPER", strides=[2, 1])),
     "3x3": ((2, 5, 11, 10), (7, 5, 3, 3), 1, dict(pads=[1, 1, 1, 1])),

@@ -111,24 +111,30 @@ def halving_row(dst, r0, r1, r2, w, pad):
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
 def depthwise(x, w, bias, z, y, strides, pads, dilations, code, p0, p1):
     """y = activation(depthwise conv(x, w) + bias + z) for x (N, C, H, W), w (M, 1, kh, kw), y and z (N, M,
-    OH, OW), output channel o reading input channel o // (M / C); pads are the leading ones. A plane whose
-    rows align with its input's is `_same_plane`'s; a 3x3 stride-2 row whose input rows lie on the image is
+    OH, OW), output channel o reading input channel o // (M / C); pads are the leading ones. A 3x3 stride-1
+    row as wide as its input is `same_row`'s (rows off the image read as zeros); another plane whose rows
+    align with its input's is `_same_plane`'s; a 3x3 stride-2 row whose input rows lie on the image is
     `halving_row`'s; others go tap by tap. Each output row is finished (bias, Z, activation) while in cache."""
     n, c, height, width = x.shape
     m, kh, kw = y.shape[1], w.shape[2], w.shape[3]
     per, step = m // c, strides[1]
     aligned = strides[0] == 1 and step == 1 and y.shape[3] == width
-    halving = kh == 3 and kw == 3 and strides[0] == 2 and step == 2 and dilations[0] == 1 and dilations[1] == 1
+    small = kh == 3 and kw == 3 and dilations[0] == 1 and dilations[1] == 1
+    same, halving = small and aligned and pads[1] == 1, small and strides[0] == 2 and step == 2
+    zero = np.zeros(width, np.float32)
     for job in prange(n * m):
         i, o = job // m, job % m
         src, out = x[i, o // per], y[i, o]
         b = bias[o] if bias.shape[0] else f32(0)
-        if aligned:
+        if aligned and not same:
             _same_plane(src, out, w, o, pads, dilations)
         for r in range(out.shape[0]):
             dst = out[r]
             ih = r * strides[0] - pads[0]
-            if halving and 0 <= ih and ih + 2 < height:
+            if same:
+                same_row(dst, src[ih] if 0 <= ih < height else zero, src[ih + 1] if 0 <= ih + 1 < height else zero,
+                         src[ih + 2] if 0 <= ih + 2 < height else zero, w[o, 0])
+            elif halving and 0 <= ih and ih + 2 < height:
                 halving_row(dst, src[ih], src[ih + 1], src[ih + 2], w[o, 0], pads[1])
             elif not aligned:
                 dst[:] = 0

@@ -17,6 +17,7 @@ from .liveness import lifetimes
 from .options import SCHEDULES, STRATEGIES, CompileOptions
 from .plan import ALIGNMENT, Plan, PlannedTensor, Step
 from .passes.fold_transpose import SUFFIX as FOLDED
+from .passes.pretranspose import SUFFIX as PRETRANSPOSED
 from .schedule import schedule as make_schedule
 
 __all__ = ["compile", "plan_graph", "CompileOptions", "STRATEGIES", "SCHEDULES"]
@@ -48,7 +49,8 @@ def compile(model, input_shapes=None, options=None, **keywords):
     `precision` ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", see planner.precision) plans in that
     type. The graph rewrites (planner/passes/) are on by default; False keeps the exported form:
     `fuse_attention`, `fuse_norm`, `fuse_activation`, `fold_transpose`, and for inference `fold_batchnorm`,
-    `fuse_conv`, and (not in plans for a CUDA `device`) `inverted_residual`, `winograd` and `batch_conv`.
+    `fuse_conv`, `pretranspose`, and (not in plans for a CUDA `device`) `inverted_residual`, `winograd` and
+    `batch_conv`.
     plan.stats counts the fused ops.
     """
     from frontends import read
@@ -76,7 +78,8 @@ def compile(model, input_shapes=None, options=None, **keywords):
                       winograd=sum(n.op == "WinogradConv" and n.domain == "memplan" for n in graph.nodes),
                       batched_conv=sum(n.op == "BatchedConv" and n.domain == "memplan" for n in graph.nodes),
                       inverted_residual=sum(n.op == "InvertedResidual" and n.domain == "memplan" for n in graph.nodes),
-                      folded_transposes=sum(n.op == "Gemm" and n.name.endswith(FOLDED) for n in graph.nodes))
+                      folded_transposes=sum(n.op == "Gemm" and n.name.endswith(FOLDED) for n in graph.nodes),
+                      pretransposed=sum(n.op == "Gemm" and n.inputs[1].endswith(PRETRANSPOSED) for n in graph.nodes))
     if config.debug:
         unshared = sum(allocators.align(t.nbytes, ALIGNMENT) for t in plan.tensors.values())
         print(f"memplan: {options.strategy}, {plan.schedule} schedule: memory {unshared / 2**20:.2f} MiB -> "

@@ -50,6 +50,7 @@ class CompileOptions:
     fuse_norm: bool = True
     fuse_activation: bool = True
     fold_transpose: bool = True
+    pretranspose: bool = True
     winograd: bool = True
     batch_conv: bool = True
     inverted_residual: bool = True

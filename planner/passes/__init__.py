@@ -14,6 +14,7 @@ from .infer_shapes import infer_shapes
 from .loss import loss
 from .optimizer import optimizer
 from .precision import precision_pass as precision
+from .pretranspose import pretranspose
 from .prune import prune
 from .recomputation import recomputation
 from .simplify import simplify
@@ -35,6 +36,7 @@ REWRITES = [
     fuse_norm,          # residual add + (RMS) layer norm as one chunked op, its gradient keeping X alone
     fuse_activation,    # an activation's pieces and its bias Add as one op, backward keeping X alone
     fold_transpose,     # MatMul of a transposed matrix as a Gemm, no transposed copy
+    pretranspose,       # inference Gemm's constant B stored transposed, once
     precision,          # 16-bit floats, or autocast's policy, with the casts they need
     inverted_residual,  # inference MobileNetV2 blocks as one op, their widened tensors never in the arena
     winograd,           # inference 3x3 convolutions by Winograd's F(2x2) or F(4x4, 3x3), in the scratch the plan holds
@@ -55,6 +57,6 @@ TRAINING = [
 
 __all__ = ["Pass", "Result", "Context", "run", "LOADING", "REWRITES", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
            "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm", "fuse_conv", "fuse_attention",
-           "fuse_activation", "fuse_norm", "fold_transpose", "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss", "gradients",
+           "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose", "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss", "gradients",
            "optimizer",
            "recomputation"]

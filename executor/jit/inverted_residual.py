@@ -33,10 +33,9 @@ def _widen(x, w1, columns, expanded, i0, count, t0, t1):
 
 
 @njit(fastmath=True, cache=True)
-def _pad(padded, wide, b1, code, p0, p1, x, k, i, top, t0, t1, widens):
+def _pad(padded, wide, b1, code, p0, p1, k, top, t0, t1, height, width):
     """padded (rows, W + 2, E) = image k's widened rows from image row `top` on, their bias and activation
-    applied (image i of x where the block does not widen), zeros off the image."""
-    height, width = x.shape[2], x.shape[3]
+    applied, zeros off the image."""
     plane = (t1 - t0) * width
     for j in range(padded.shape[0]):
         r = top + j
@@ -45,18 +44,11 @@ def _pad(padded, wide, b1, code, p0, p1, x, k, i, top, t0, t1, widens):
             continue
         padded[j, 0] = 0
         padded[j, width + 1] = 0
-        if widens:
-            at = k * plane + (r - t0) * width
-            for col in range(width):
-                for ch in range(padded.shape[2]):
-                    padded[j, col + 1, ch] = wide[at + col, ch] + (b1[ch] if b1.shape[0] else f32(0))
-            activate_row(padded[j, 1:width + 1].reshape(-1), f32(0), code, p0, p1)
-        else:
-            row = padded[j, 1:width + 1]
-            for ch in range(row.shape[1]):
-                line = x[i, ch, r]
-                for col in range(width):
-                    row[col, ch] = line[col]
+        at = k * plane + (r - t0) * width
+        for col in range(width):
+            for ch in range(padded.shape[2]):
+                padded[j, col + 1, ch] = wide[at + col, ch] + (b1[ch] if b1.shape[0] else f32(0))
+        activate_row(padded[j, 1:width + 1].reshape(-1), f32(0), code, p0, p1)
 
 
 @njit(fastmath=True, cache=True)
@@ -132,12 +124,11 @@ def _job(job, n, out_height, images, rows):
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
 def block(x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, taps, columns, expanded, padded,
           depthwise, projected):
-    """y = the InvertedResidual of x (executor.kernels.inverted_residual's arithmetic), w1 empty where the
-    block does not widen, codes[s] and params[2s], params[2s + 1] stage s's activation; scratch per lane as the
-    op's layout."""
-    n, height = x.shape[0], x.shape[2]
+    """y = the InvertedResidual of x (executor.kernels.inverted_residual's arithmetic) for a block that widens,
+    codes[s] and params[2s], params[2s + 1] stage s's activation; scratch per lane as the op's layout."""
+    n, height, width = x.shape[0], x.shape[2], x.shape[3]
     wide_channels, out_height, out_width = w2.shape[0], y.shape[2], y.shape[3]
-    lanes, widens = padded.shape[0], w1.shape[0] > 0
+    lanes = padded.shape[0]
     for ch in range(wide_channels):
         for a in range(3):
             for e in range(3):
@@ -148,14 +139,12 @@ def block(x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, 
             i0, r0, count, band = _job(job, n, out_height, images, rows)
             top = r0 * stride - 1
             t0, t1 = max(0, top), min(height, (r0 + band - 1) * stride + 2)
-            wide = expanded[lane, :0].reshape(0, 1)
-            if widens:
-                wide = _widen(x, w1, columns[lane], expanded[lane], i0, count, t0, t1)
+            wide = _widen(x, w1, columns[lane], expanded[lane], i0, count, t0, t1)
             outputs = band * out_width
             out = depthwise[lane].reshape(-1)[:count * outputs * wide_channels].reshape(count * outputs, wide_channels)
             for k in range(count):
-                _pad(padded[lane, :(band - 1) * stride + 3], wide, b1, codes[0], params[0], params[1], x, k, i0 + k,
-                     top, t0, t1, widens)
+                _pad(padded[lane, :(band - 1) * stride + 3], wide, b1, codes[0], params[0], params[1], k, top, t0, t1,
+                     height, width)
                 _depthwise(padded[lane], taps, b2, codes[1], params[2], params[3], out[k * outputs:(k + 1) * outputs],
                            stride, band, out_width)
             _narrow(out, w3, b3, z, y, projected[lane], i0, count, r0, band, codes[2], params[4], params[5])
@@ -209,10 +198,6 @@ def separable(x, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, dept
                         activate_row(row, bias, codes[2], params[4], params[5])
 
 
-NO_WEIGHTS = np.zeros((0, 0), np.float32)
-EMPTY = np.zeros((1, 0), np.float32)
-
-
 @cache
 def _one_thread():
     """A context manager holding the BLAS libraries loaded (SciPy's among them, numba's np.dot) to one thread."""
@@ -232,17 +217,16 @@ def inverted_residual(generic):
         stages = shared.stages(step)
         codes = tuple(ACTIVATIONS.index(name or "Identity") for name, _ in stages)
         params = tuple(f32(v) for _, p in stages for v in (*(p or ()), 0.0, 0.0)[:2])
-        widens, stride = w1 is not None, step.attrs["strides"][0]
+        stride = step.attrs["strides"][0]
         with _one_thread()():
-            if not widens:
+            if w1 is None:
                 return separable(x, w2, _bias(b2), w3.reshape(w3.shape[0], -1), _bias(b3), NO_Z if z is None else z, y,
                                  stride, *job_size(ws["padded"].shape, ws["depthwise"].shape, stride), codes, params,
                                  ws["depthwise"], ws["projected"])
-            block(x, w1.reshape(w1.shape[0], -1) if widens else NO_WEIGHTS, _bias(b1), w2, _bias(b2),
-                  w3.reshape(w3.shape[0], -1), _bias(b3), NO_Z if z is None else z, y, stride,
-                  *job_size(ws["padded"].shape, ws["depthwise"].shape, stride), codes, params,
-                  ws["taps"].reshape(3, 3, -1), ws["columns"] if widens else EMPTY,
-                  ws["expanded"] if widens else EMPTY, ws["padded"], ws["depthwise"], ws["projected"])
+            block(x, w1.reshape(w1.shape[0], -1), _bias(b1), w2, _bias(b2), w3.reshape(w3.shape[0], -1), _bias(b3),
+                  NO_Z if z is None else z, y, stride, *job_size(ws["padded"].shape, ws["depthwise"].shape, stride),
+                  codes, params, ws["taps"].reshape(3, 3, -1), ws["columns"], ws["expanded"], ws["padded"],
+                  ws["depthwise"], ws["projected"])
     return run
 
 

@@ -1,7 +1,7 @@
 """Training-step memory: memplan's planned arena against PyTorch eager running the same graph.
 
     python benchmarks/train_memory.py [--batch 32] [--optimizer adam] [--models resnet50 bert_base]
-                                      [--seq 128] [--device cuda|cpu|none]
+                                      [--seq 128] [--device cuda|cpu|none] [--precision fp32|amp-fp16|amp-bf16]
 
 For each zoo model at full size, one training step (forward, loss, backward, optimizer update):
 resnet50 with cross_entropy on its logits, bert_base (sequence --seq) with mse on last_hidden_state.
@@ -47,20 +47,26 @@ def host_feeds(shapes, loss, output, rng):
     return feeds, rng.standard_normal(output, dtype=np.float32)
 
 
-def torch_step(model, shapes, loss, optimizer, feeds, target, device):
-    """One training step of to_torch's copy on `device` with torch.optim, as a function; and a function
-    giving the bytes alive between steps (params, buffers, optimizer state, feeds, target)."""
+def torch_step(model, shapes, loss, optimizer, feeds, target, device, precision="fp32"):
+    """One training step of to_torch's copy on `device` with torch.optim (under torch.autocast for an amp-*
+    precision, with a GradScaler for amp-fp16), as a function; and a function giving the bytes alive between
+    steps (params, buffers, optimizer state, feeds, target)."""
     import torch
     from frontends.torch_module import LOSSES, to_torch, torch_optimizer
     module = to_torch(model, shapes).to(device).train()
     opt = torch_optimizer(optimizer, list(module.graph_parameters().values()))
     feeds = {n: torch.as_tensor(v, device=device) for n, v in feeds.items()}
     target, output = torch.as_tensor(target, device=device), module.graph.outputs[0]
+    low = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(precision)
+    scaler = torch.amp.GradScaler(device, enabled=low is torch.float16)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        LOSSES[loss](module(**feeds)[output], target).backward()
-        opt.step()
+        with torch.autocast(device, dtype=low or torch.float32, enabled=low is not None):
+            out = module(**feeds)[output]
+        scaler.scale(LOSSES[loss](out.float(), target)).backward()
+        scaler.step(opt)
+        scaler.update()
 
     def resident():
         """Bytes of the tensors alive between steps, the gradients freed first (the profiler records no
@@ -72,10 +78,10 @@ def torch_step(model, shapes, loss, optimizer, feeds, target, device):
     return step, resident
 
 
-def torch_peak_bytes(*workload, device="cuda"):
+def torch_peak_bytes(*workload, device="cuda", precision="fp32"):
     """Peak bytes of PyTorch's live tensors over one training step, after a warm-up one."""
     import torch
-    step, resident = torch_step(*workload, device)
+    step, resident = torch_step(*workload, device, precision)
     step()
     if device == "cuda":
         torch.cuda.synchronize()
@@ -96,18 +102,18 @@ def torch_peak_bytes(*workload, device="cuda"):
     return before + peak
 
 
-def measure(name, batch, optimizer, seq, device):
+def measure(name, batch, optimizer, seq, device, precision):
     """The training plan of zoo model `name`, and PyTorch's peak bytes for the same step (None for "none")."""
     model, shapes, loss = zoo.build(name), input_shapes(name, batch, seq), LOSS_OF[name]
-    log(f"{name}: planning one training step ({optimizer}) at batch {batch}")
-    plan = planner.compile(model, shapes, training=True, loss=loss, optimizer=optimizer)
+    log(f"{name}: planning one training step ({optimizer}, {precision}) at batch {batch}")
+    plan = planner.compile(model, shapes, training=True, loss=loss, optimizer=optimizer, precision=precision)
     log(f"{name}: planned in {plan.stats['plan_seconds']:.1f}s, arena {plan.arena_bytes / MiB:,.1f} MiB")
     if device == "none":
         return plan, None
     log(f"{name}: PyTorch eager training steps on {device}")
     output = plan.tensors[model.graph.output[0].name].shape
     peak = torch_peak_bytes(model, shapes, loss, optimizer, *host_feeds(shapes, loss, output, np.random.default_rng(0)),
-                            device=device)
+                            device=device, precision=precision)
     log(f"{name}: PyTorch peak {peak / MiB:,.1f} MiB")
     return plan, peak
 
@@ -119,14 +125,18 @@ def main():
     parser.add_argument("--models", nargs="+", default=list(LOSS_OF), choices=list(LOSS_OF))
     parser.add_argument("--seq", type=int, default=128, help="bert_base's sequence length")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu", "none"])
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "amp-fp16", "amp-bf16"],
+                        help="amp-*: autocast's policy on both sides (torch.autocast, GradScaler for fp16)")
     args = parser.parse_args()
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             parser.error("PyTorch sees no CUDA device; --device cpu measures PyTorch on the CPU, none skips it")
-    results = {name: measure(name, args.batch, args.optimizer, args.seq, args.device) for name in args.models}
+    results = {name: measure(name, args.batch, args.optimizer, args.seq, args.device, args.precision)
+               for name in args.models}
 
-    print(f"training step, batch {args.batch}, {args.optimizer}, PyTorch eager on {args.device} (MiB)")
+    print(f"training step, batch {args.batch}, {args.optimizer}, {args.precision}, "
+          f"PyTorch eager on {args.device} (MiB)")
     print(f"{'model':<10} {'memplan arena':>14} {'LOAD':>10} {'torch peak':>11} {'ours/torch':>11}")
     for name, (plan, peak) in results.items():
         theirs = "-" if peak is None else f"{peak / MiB:,.1f}"

@@ -1,6 +1,6 @@
-"""Activation memory of a GPT-2 small training step: memplan's plans against PyTorch with SDPA attention, CPU.
+"""Activation memory of a GPT-2 small training step: memplan's plans against PyTorch with SDPA attention.
 
-    python benchmarks/transformer_memory.py [--seqs 512 1024 2048] [--explain 12] [--no-torch]
+    python benchmarks/transformer_memory.py [--seqs 512 1024 2048] [--explain 12] [--device cpu|cuda|none]
 
 The model: transformers' GPT2LMHeadModel from GPT2Config() defaults (n_positions raised to the longest
 sequence), attn_implementation="sdpa", random weights (seeded; the 1-D ones moved off their constant
@@ -12,7 +12,8 @@ Activation memory, one definition on both sides: the most bytes held at one mome
 everything that is not a parameter, a parameter's gradient or optimizer state: the forward values kept
 for backward, the logits and the loss's buffers, backward's gradients of activations (and the partial
 gradient of the tied embedding / LM-head weight before the two uses are summed), op scratch.
-- PyTorch: torch.profiler (profile_memory=True) records each CPU allocation and free, with its address,
+- PyTorch: torch.profiler (profile_memory=True) records each allocation and free on the step's device
+  (the CPU, or CUDA's caching allocator with --device cuda, where SDPA picks its fused GPU kernels), with its address,
   over forward + loss + backward (after a warm-up step, the gradients set to None). The peak of their
   running sum, leaving out the allocations that end the step as a parameter's .grad.
 - memplan: breakdown.peak over the io, saved and activations fields (the most bytes the planned step
@@ -26,6 +27,7 @@ made them and their size (and memplan's category). Progress goes to stderr.
 """
 import argparse
 import contextlib
+import copy
 import json
 import os
 import sys
@@ -70,12 +72,16 @@ def feeds(vocab, seq):
     return rng.integers(0, vocab, (1, seq)), rng.integers(0, vocab, (1, seq))
 
 
-def torch_activations(lm, seq, top):
-    """PyTorch's activation bytes over one step (see the module doc), and the `top` largest groups of the
-    allocations live at that peak (`grouped`) by the op that made them."""
+def torch_activations(lm, seq, top, device="cpu"):
+    """PyTorch's activation bytes over one step on `device` (see the module doc), and the `top` largest groups
+    of the allocations live at that peak (`grouped`) by the op that made them."""
     import torch
     from torch.nn.functional import cross_entropy
-    ids, labels = (torch.as_tensor(a) for a in feeds(lm.config.vocab_size, seq))
+    lm = copy.deepcopy(lm).to(device)
+    ids, labels = (torch.as_tensor(a, device=device) for a in feeds(lm.config.vocab_size, seq))
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
 
     def step():
         cross_entropy(lm(input_ids=ids, use_cache=False).logits.flatten(0, 1), labels.flatten()).backward()
@@ -86,14 +92,17 @@ def torch_activations(lm, seq, top):
     grads = []
     step()
     grads.clear()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
         step()
+        if device == "cuda":
+            torch.cuda.synchronize()
     kept = {g.untyped_storage().data_ptr() for g in grads}
     with tempfile.TemporaryDirectory() as folder:
         prof.export_chrome_trace(os.path.join(folder, "trace.json"))
         with open(os.path.join(folder, "trace.json")) as f:
             trace = json.load(f)["traceEvents"]
-    memory = sorted((e for e in trace if e.get("name") == "[memory]" and e["args"]["Device Type"] == 0),
+    kind = 1 if device == "cuda" else 0  # the profiler's device types: 0 the CPU, 1 CUDA
+    memory = sorted((e for e in trace if e.get("name") == "[memory]" and e["args"]["Device Type"] == kind),
                     key=lambda e: e["args"]["Ev Idx"])
     last = {}
     for k, e in enumerate(memory):
@@ -166,13 +175,13 @@ def memplan_activations(plan, top):
     return most + plan.breakdown["workspace"], largest
 
 
-def measure(seq, positions, top, with_torch):
+def measure(seq, positions, top, device):
     """{column: (bytes, the largest buffers at its peak)} for one sequence length."""
     lm = gpt2(positions)
     row = {}
-    if with_torch:
-        log(f"seq {seq}: PyTorch sdpa forward + loss + backward, profiled")
-        row["torch"] = torch_activations(lm, seq, top)
+    if device != "none":
+        log(f"seq {seq}: PyTorch sdpa forward + loss + backward on {device}, profiled")
+        row["torch"] = torch_activations(lm, seq, top, device)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "gpt2.onnx")
         log(f"seq {seq}: torch.onnx dynamo export")
@@ -195,11 +204,13 @@ def main():
     parser.add_argument("--seqs", nargs="+", type=int, default=[1024])
     parser.add_argument("--explain", type=int, default=0, metavar="N",
                         help="list the N largest groups of buffers live at each side's peak")
-    parser.add_argument("--no-torch", dest="torch", action="store_false", help="plan only")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "none"],
+                        help="where PyTorch's step runs (none: plan only)")
     args = parser.parse_args()
     positions = max(1024, *args.seqs)
-    rows = {seq: measure(seq, positions, args.explain, args.torch) for seq in args.seqs}
-    print("GPT-2 small training step, batch 1, activation memory (MiB; params, grads, optimizer state excluded)")
+    rows = {seq: measure(seq, positions, args.explain, args.device) for seq in args.seqs}
+    print("GPT-2 small training step, batch 1, activation memory (MiB; params, grads, optimizer state excluded); "
+          f"PyTorch on {args.device}")
     print(f"{'seq':>6} {'torch sdpa':>11} {'memplan export':>15} {'export/torch':>13} {'memplan zoo':>12} "
           f"{'zoo/torch':>10}")
     for seq, row in rows.items():

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 import planner
-from executor import Executor
+from zoo_cases import run_on
 
 
 class Output(torch.nn.Module):
@@ -21,9 +21,9 @@ class Output(torch.nn.Module):
         return getattr(self.model(**dict(zip(self.names, inputs)), **self.fixed), self.field)
 
 
-def runs_like_onnxruntime(module, path, dynamo, **inputs):
+def runs_like_onnxruntime(module, path, dynamo, backend="numpy", **inputs):
     """Export `module` on `inputs` by the dynamo or the TorchScript exporter, plan the file and run it on
-    NumPy with poison on; its output matches onnxruntime's (rtol 1e-4). Returns the plan."""
+    `backend` with poison on; its output matches onnxruntime's (rtol 1e-4). Returns the plan."""
     import onnxruntime as ort
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -31,7 +31,7 @@ def runs_like_onnxruntime(module, path, dynamo, **inputs):
                           output_names=["out"], dynamo=dynamo, **({} if dynamo else {"opset_version": 17}))
     feeds = {name: value.numpy() for name, value in inputs.items()}
     plan = planner.compile(str(path), {name: value.shape for name, value in feeds.items()})
-    got = Executor(plan, backend="numpy", poison=True).run(feeds)["out"]
+    got = run_on(backend, plan, feeds)["out"]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(got, session.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
     return plan

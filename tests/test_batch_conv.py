@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 import planner
 from planner.config import Config
 from planner.errors import ShapeError
-from test_winograd import JITS, memplan_model, onnxruntime, run
+from test_winograd import ENGINES, memplan_model, onnxruntime, run
 
 RNG = np.random.default_rng(12)
 
@@ -35,37 +35,37 @@ CASES = {  # x shape, w shape (2^19 weights or more: batch_conv.LARGE), Conv att
 }
 
 
-@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("case", CASES)
-def test_batched_conv_changes_no_result(case, jit):
+def test_batched_conv_changes_no_result(case, engine):
     x_shape, w_shape, attrs = CASES[case]
     model, x = conv_model(x_shape, w_shape, **attrs), RNG.standard_normal(x_shape).astype(np.float32)
-    plan, got = run(model, x, jit, winograd=False)
-    plain, want = run(model, x, jit, winograd=False, batch_conv=False)
+    plan, got = run(model, x, engine, winograd=False)
+    plain, want = run(model, x, engine, winograd=False, batch_conv=False)
     assert plan.steps[0].op == "BatchedConv" and plan.stats["batched_conv"] >= 1
     assert plain.steps[0].op == "Conv" and plan.arena_bytes <= plain.arena_bytes
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("jit", JITS)
-def test_a_residual_and_activation_are_applied_on_the_way_back(jit):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_residual_and_activation_are_applied_on_the_way_back(engine):
     after = [helper.make_node("Add", ["c", "x"], ["s"]), helper.make_node("Relu", ["s"], ["a"])]
     model = conv_model((3, 1024, 6, 6), (1024, 1024, 1, 1), after)
     x = RNG.standard_normal((3, 1024, 6, 6)).astype(np.float32)
-    plan, got = run(model, x, jit)
+    plan, got = run(model, x, engine)
     assert plan.steps[0].op == "BatchedConv" and plan.steps[0].attrs["activation"] == "Relu"
-    np.testing.assert_allclose(got, run(model, x, jit, batch_conv=False)[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, run(model, x, engine, batch_conv=False)[1], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("jit", JITS)
-def test_a_small_scratch_walks_chunks_of_images(jit):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_small_scratch_walks_chunks_of_images(engine):
     model, x = conv_model((7, 1024, 7, 7), (512, 1024, 1, 1)), RNG.standard_normal((7, 1024, 7, 7)).astype(np.float32)
     config = Config(workspace_limit=1_000_000)
-    plan, got = run(model, x, jit, config=config)
+    plan, got = run(model, x, engine, config=config)
     assert plan.steps[0].op == "BatchedConv" and 2 <= plan.steps[0].attrs["images"] < 7
-    np.testing.assert_allclose(got, run(model, x, jit, config=config, batch_conv=False)[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, run(model, x, engine, config=config, batch_conv=False)[1], rtol=1e-5, atol=1e-5)
 
 
 def test_resnet50_batches_its_last_stage_in_the_same_arena():

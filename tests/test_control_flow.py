@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto as T, helper, numpy_helper
 
 import planner
-from executor import Executor
+from zoo_cases import run_on
 
 F = T.FLOAT
 
@@ -24,10 +24,10 @@ def const(name, array):
     return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(array)))
 
 
-def runs_like_onnxruntime(m, feeds):
+def runs_like_onnxruntime(backend, m, feeds):
     """The plan's outputs (NumPy backend, poison on) equal onnxruntime's; returns the plan."""
     plan = planner.compile(m, {k: v.shape for k, v in feeds.items()})
-    got = Executor(plan, backend="numpy", poison=True).run(feeds)
+    got = run_on(backend, plan, feeds)
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     for out, w in zip(m.graph.output, want):
         np.testing.assert_allclose(got[out.name], w, rtol=1e-5, atol=1e-6, err_msg=out.name)
@@ -44,20 +44,20 @@ def branches(then_shape=(2, 3)):
     return dict(then_branch=then, else_branch=other)
 
 
-def test_if_with_a_known_condition_takes_one_branch():
+def test_if_with_a_known_condition_takes_one_branch(backend):
     nodes = [const("c", np.array(False)), helper.make_node("Relu", ["x"], ["outer"]),
              helper.make_node("If", ["c"], ["y"], **branches())]
     m = model(nodes, [value("x", F, [2, 3])], [value("y")])
-    plan = runs_like_onnxruntime(m, {"x": np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32)})
+    plan = runs_like_onnxruntime(backend, m, {"x": np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32)})
     assert {s.op for s in plan.steps} == {"Relu", "Add"}
 
 
 @pytest.mark.parametrize("flag", [True, False])
-def test_if_with_a_runtime_condition_runs_both_and_selects(flag):
+def test_if_with_a_runtime_condition_runs_both_and_selects(flag, backend):
     nodes = [helper.make_node("Relu", ["x"], ["outer"]), helper.make_node("If", ["c"], ["y"], **branches())]
     m = model(nodes, [value("x", F, [2, 3]), value("c", T.BOOL, [])], [value("y")])
     feeds = {"x": np.random.default_rng(1).normal(size=(2, 3)).astype(np.float32), "c": np.array(flag)}
-    plan = runs_like_onnxruntime(m, feeds)
+    plan = runs_like_onnxruntime(backend, m, feeds)
     assert "Select" in {s.op for s in plan.steps}
 
 
@@ -84,11 +84,11 @@ def loop_body(stop_at=None):
 
 
 @pytest.mark.parametrize("trips, stop_at", [(4, None), (10, 3)])
-def test_loop_unrolls_while_its_count_and_condition_are_known(trips, stop_at):
+def test_loop_unrolls_while_its_count_and_condition_are_known(trips, stop_at, backend):
     nodes = [const("m", np.int64(trips)), const("go", np.array(True)), const("start", np.zeros(3, np.float32)),
              helper.make_node("Loop", ["m", "go", "start"], ["total", "seen"], body=loop_body(stop_at))]
     m = model(nodes, [value("x", F, [5, 3])], [value("total"), value("seen")])
-    plan = runs_like_onnxruntime(m, {"x": np.random.default_rng(2).normal(size=(5, 3)).astype(np.float32)})
+    plan = runs_like_onnxruntime(backend, m, {"x": np.random.default_rng(2).normal(size=(5, 3)).astype(np.float32)})
     assert plan.tensors["seen"].shape == (min(trips, stop_at or trips), 3)
 
 
@@ -100,7 +100,7 @@ def test_loop_with_a_data_dependent_count_is_refused():
         planner.compile(m)
 
 
-def test_scan_runs_backwards_and_stacks_on_another_axis():
+def test_scan_runs_backwards_and_stacks_on_another_axis(backend):
     body = helper.make_graph([helper.make_node("Add", ["s", "row"], ["s2"]), helper.make_node("Mul", ["s2", "w"], ["out"])],
                              "body", [value("s", F, [4]), value("row", F, [4])], [value("s2", F, [4]), value("out", F, [4])])
     nodes = [helper.make_node("Exp", ["x"], ["w0"]), helper.make_node("ReduceMean", ["w0"], ["w"], keepdims=0),
@@ -108,12 +108,12 @@ def test_scan_runs_backwards_and_stacks_on_another_axis():
                               scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[-1])]
     m = model(nodes, [value("init", F, [4]), value("x", F, [4, 5])], [value("final"), value("stacked")])
     rng = np.random.default_rng(3)
-    plan = runs_like_onnxruntime(m, {"init": rng.normal(size=4).astype(np.float32),
+    plan = runs_like_onnxruntime(backend, m, {"init": rng.normal(size=4).astype(np.float32),
                                      "x": rng.normal(size=(4, 5)).astype(np.float32)})
     assert plan.tensors["stacked"].shape == (4, 5)
 
 
-def test_an_if_inside_a_loop_reads_names_of_both_scopes():
+def test_an_if_inside_a_loop_reads_names_of_both_scopes(backend):
     inner = dict(then_branch=helper.make_graph([helper.make_node("Mul", ["acc2", "scale"], ["r"])], "t", [], [value("r")]),
                  else_branch=helper.make_graph([helper.make_node("Neg", ["acc2"], ["r2"])], "e", [], [value("r2")]))
     body = loop_body()
@@ -126,7 +126,7 @@ def test_an_if_inside_a_loop_reads_names_of_both_scopes():
              helper.make_node("Loop", ["m", "go", "start"], ["total", "picks"], body=body)]
     m = model(nodes, [value("x", F, [5, 3]), value("x0", F, [3])], [value("total"), value("picks")])
     rng = np.random.default_rng(4)
-    runs_like_onnxruntime(m, {"x": rng.normal(size=(5, 3)).astype(np.float32), "x0": rng.normal(size=3).astype(np.float32)})
+    runs_like_onnxruntime(backend, m, {"x": rng.normal(size=(5, 3)).astype(np.float32), "x0": rng.normal(size=3).astype(np.float32)})
 
 
 def nonzero_model(source):
@@ -136,8 +136,8 @@ def nonzero_model(source):
     return model(nodes, [value("x", F, [2, 3])], [value("y")])
 
 
-def test_an_op_without_a_schema_folds_away_when_its_inputs_are_constants():
-    plan = runs_like_onnxruntime(nonzero_model("c"), {"x": np.ones((2, 3), np.float32)})
+def test_an_op_without_a_schema_folds_away_when_its_inputs_are_constants(backend):
+    plan = runs_like_onnxruntime(backend, nonzero_model("c"), {"x": np.ones((2, 3), np.float32)})
     assert [s.op for s in plan.steps] == ["Mul"]
 
 

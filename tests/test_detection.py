@@ -5,7 +5,7 @@ import pytest
 from onnx import TensorProto as T, helper, numpy_helper
 
 import planner
-from executor import Executor
+from zoo_cases import run_on
 
 
 def nms_model(read_by_gather=False, keep=5):
@@ -22,7 +22,7 @@ def nms_model(read_by_gather=False, keep=5):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_planned_at_its_bound_with_its_length_beside():
+def test_planned_at_its_bound_with_its_length_beside(backend):
     rng = np.random.default_rng(0)
     corner = rng.uniform(0, 10, (2, 50, 2)).astype(np.float32)
     feeds = {"boxes": np.concatenate([corner, corner + rng.uniform(1, 4, (2, 50, 2)).astype(np.float32)], -1),
@@ -30,7 +30,7 @@ def test_planned_at_its_bound_with_its_length_beside():
     m = nms_model()
     plan = planner.compile(m)
     assert plan.tensors["selected"].shape == (2 * 3 * 5, 3) and "selected.length" in plan.outputs
-    got = Executor(plan, backend="numpy", poison=True).run(feeds)
+    got = run_on(backend, plan, feeds)
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     n = int(got["selected.length"])
     assert n == len(want) and (got["selected"][n:] == -1).all()

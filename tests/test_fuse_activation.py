@@ -17,6 +17,7 @@ from planner.ops import Info
 from test_autodiff import numeric_gradient
 from test_fused_attention import cut
 from test_no_hidden_allocations import BOUND, allocations
+from zoo_cases import run_on
 
 RNG = np.random.default_rng(0)
 H = 8
@@ -90,18 +91,18 @@ def form_model(name, bias=True, values=None):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
 
 
-def outputs(m, **options):
+def outputs(m, backend="numpy", **options):
     x = RNG.standard_normal((2, 5, H)).astype(np.float32)
     plans = [planner.compile(m, {"input": x.shape}, fuse_activation=f, **options) for f in (True, False)]
-    return x, plans, [Executor(p, backend="numpy", poison=True).run({"input": x})["y"] for p in plans]
+    return x, plans, [run_on(backend, p, {"input": x})["y"] for p in plans]
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no bias"])
 @pytest.mark.parametrize("name", FORMS)
-def test_each_form_fuses_and_changes_no_result(name, bias):
+def test_each_form_fuses_and_changes_no_result(name, bias, backend):
     import onnxruntime as ort
     m = form_model(name, bias)
-    x, plans, (fused, plain) = outputs(m)
+    x, plans, (fused, plain) = outputs(m, backend)
     fuses = bias or name in PIECES
     assert plans[0].stats["fused_activation"] == fuses and plans[1].stats["fused_activation"] == 0
     if fuses:
@@ -212,7 +213,7 @@ ACTIVATIONS = [("Relu", {}), ("Sigmoid", {}), ("Tanh", {}), ("Gelu", {}), ("Gelu
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no bias"])
 @pytest.mark.parametrize("activation, attrs", ACTIVATIONS, ids=[f"{a}{attrs}" for a, attrs in ACTIVATIONS])
-def test_gradients_match_finite_differences(activation, attrs, bias):
+def test_gradients_match_finite_differences(activation, attrs, bias, backend):
     m = op_model(activation, bias, **attrs)
     x = RNG.standard_normal((3, 4))
     x[np.abs(x) < 0.05] = 0.5  # away from Relu's kink
@@ -220,7 +221,7 @@ def test_gradients_match_finite_differences(activation, attrs, bias):
     wrt = ["x", "bias"] if bias else ["x"]
     trained, grads = backward(graph, "y", wrt=wrt)
     assert [n.op for n in trained.nodes].count("BiasActivationGrad") == 1
-    got = Executor(planner.compile(trained, schedule="file"), backend="numpy", poison=True).run({"x": x})
+    got = run_on(backend, planner.compile(trained, schedule="file"), {"x": x})
     params = {i.name: numpy_helper.to_array(i).copy() for i in m.graph.initializer}
     for name in wrt:
         np.testing.assert_allclose(got[grads[name]], numeric_gradient(m, x, params, name, 1e-6), rtol=1e-5,
@@ -289,7 +290,7 @@ def test_flops():
 
 @pytest.mark.torch
 @pytest.mark.parametrize("kind", ["gpt2-dynamo", "bert-torchscript"])
-def test_transformers_exports_fuse_every_mlp_activation(kind, tmp_path):
+def test_transformers_exports_fuse_every_mlp_activation(kind, backend, tmp_path):
     """GPT-2's gelu_new as the dynamo exporter writes it, and BERT's erf Gelu as the TorchScript one
     (opset 17) does, each fuse in both layers; the plan still runs like onnxruntime, and like the unfused
     plan."""
@@ -308,14 +309,14 @@ def test_transformers_exports_fuse_every_mlp_activation(kind, tmp_path):
                                          num_attention_heads=4, max_position_embeddings=32)
         model = Output(transformers.BertModel(config), ["input_ids"], "last_hidden_state")
     path = tmp_path / "model.onnx"
-    plan = runs_like_onnxruntime(model, path, kind.endswith("dynamo"), input_ids=ids)
+    plan = runs_like_onnxruntime(model, path, kind.endswith("dynamo"), backend, input_ids=ids)
     assert plan.stats["fused_activation"] == 2
     assert not {"Tanh", "Erf"} & {s.op for s in plan.steps}
     if kind == "bert-torchscript":  # its Linear is a MatMul and a bias Add, which folds in
         assert all(len(s.inputs) == 2 for s in plan.steps if s.op == "BiasActivation")
     plain = planner.compile(str(path), {"input_ids": (2, 8)}, fuse_activation=False)
     feeds = {"input_ids": ids.numpy()}
-    got, want = (Executor(p, backend="numpy", poison=True).run(feeds)["out"] for p in (plan, plain))
+    got, want = (run_on(backend, p, feeds)["out"] for p in (plan, plain))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     trained = planner.compile(str(path), {"input_ids": (2, 8)}, training=True)
     assert sum(s.op == "BiasActivationGrad" for s in trained.steps) == 2

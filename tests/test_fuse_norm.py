@@ -14,7 +14,7 @@ from planner.ops import Info
 from test_autodiff import numeric_gradient
 from test_fused_attention import cut
 from test_no_hidden_allocations import BOUND, allocations
-from zoo_cases import input_shapes, reference, rel_l2, small_model
+from zoo_cases import input_shapes, reference, rel_l2, run_on, small_model
 
 RNG = np.random.default_rng(4)
 SMALL = Config.from_env(workspace_limit=100)
@@ -52,14 +52,14 @@ GRADIENT_CASES = [dict(plain=True), dict(plain=True, bias=False), dict(plain=Tru
 
 @pytest.mark.parametrize("case", GRADIENT_CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 @pytest.mark.parametrize("config", [None, SMALL], ids=["default chunks", "one-row chunks"])
-def test_gradients_match_finite_differences(case, config):
+def test_gradients_match_finite_differences(case, config, backend):
     """dX, dskip, dscale and dbias of LayerNormalization and of the fused op (with its Sum read too) against
     central differences, the gradient one memplan.LayerNormalizationGrad."""
     m, x = fused_model(**case)
     names = ["x", *(i.name for i in m.graph.initializer if i.name in ("w", "b", "s"))]
     trained, grads = backward(planner.load(m), "y", wrt=names)
     assert [n.op for n in trained.nodes].count("LayerNormalizationGrad") == 1
-    got = Executor(planner.compile(trained, schedule="file", config=config), backend="numpy", poison=True).run({"x": x})
+    got = run_on(backend, planner.compile(trained, schedule="file", config=config), {"x": x})
     params = {i.name: numpy_helper.to_array(i).copy() for i in m.graph.initializer}
     for name in names:
         np.testing.assert_allclose(got[grads[name]], numeric_gradient(m, x, params, name, 1e-6), rtol=1e-5,
@@ -193,11 +193,11 @@ def pieces_model(form, shared=False, eps=1e-5, two=2.0, axes=(-1,), dtype=np.flo
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), feeds
 
 
-def with_and_without(model, feeds, shapes=None, **options):
-    """(plan with the pass, its outputs, the outputs without it), each run with poison on."""
+def with_and_without(model, feeds, shapes=None, backend="numpy", **options):
+    """(plan with the pass, its outputs, the outputs without it), each run on `backend` with poison on."""
     shapes = shapes or {k: v.shape for k, v in feeds.items()}
     plans = [planner.compile(model, shapes, fuse_norm=f, **options) for f in (True, False)]
-    fused, plain = (Executor(p, backend="numpy", poison=True).run(feeds) for p in plans)
+    fused, plain = (run_on(backend, p, feeds) for p in plans)
     assert plans[1].stats["fused_norm"] == 0
     return plans[0], fused, plain
 
@@ -215,10 +215,10 @@ FORMS = ["rms_pow_reciprocal", "rms_mul_div", "rms_pow_one_over", "ln_pow_div", 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["sum unread", "sum read"])
 @pytest.mark.parametrize("form", FORMS)
-def test_each_form_fuses_with_its_residual_add_and_changes_no_result(form, shared):
+def test_each_form_fuses_with_its_residual_add_and_changes_no_result(form, shared, backend):
     pytest.importorskip("onnxruntime")
     model, feeds = pieces_model(form, shared)
-    plan, fused, plain = with_and_without(model, feeds)
+    plan, fused, plain = with_and_without(model, feeds, backend=backend)
     assert plan.stats["fused_norm"] == 1
     steps = [s for s in plan.steps if s.op == "AddLayerNormalization"]
     assert len(steps) == 1 and steps[0].inputs[:2] == ("x", "h") and (len(steps[0].outputs) == 2) == shared
@@ -242,9 +242,9 @@ def test_forms_that_are_no_norm_stay(form, change):
 
 
 @pytest.mark.parametrize("case", ["gpt2_small", "bert_base"])
-def test_zoo_models_fuse_and_change_no_result(case):
+def test_zoo_models_fuse_and_change_no_result(case, backend):
     model, inputs, want = reference(case, 2)
-    plan, fused, plain = with_and_without(model, inputs)
+    plan, fused, plain = with_and_without(model, inputs, backend=backend)
     assert plan.stats["fused_norm"] >= 4
     for name in want:
         assert rel_l2(fused[name], plain[name]) < 1e-5, name
@@ -252,7 +252,7 @@ def test_zoo_models_fuse_and_change_no_result(case):
 
 
 @pytest.mark.parametrize("case", ["gpt2_small", "bert_base"])
-def test_training_through_fused_norms_matches_the_exported_form(case):
+def test_training_through_fused_norms_matches_the_exported_form(case, backend):
     model = small_model(case)
     _, inputs, _ = reference(case, 2)
     losses = []
@@ -261,15 +261,15 @@ def test_training_through_fused_norms_matches_the_exported_form(case):
         assert (plan.stats["fused_norm"] > 0) == fuse
         targets = plan.tensors[plan.training["labels"]]
         feeds = {**inputs, targets.name: np.full(targets.shape, 0.1, np.dtype(targets.dtype))}
-        ex = Executor(plan, backend="numpy", poison=True)
+        ex = Executor(plan, backend=backend, poison=True)
         losses.append([ex.train_step(feeds) for _ in range(3)])
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
 
 
-def test_mixed_precision_computes_the_fused_op_in_float32():
+def test_mixed_precision_computes_the_fused_op_in_float32(backend):
     """Under amp-fp16 the fused op reads its residual in float32, as autocast's Add and layer_norm do."""
     model, inputs, _ = reference("gpt2_small", 2)
-    plan, fused, plain = with_and_without(model, inputs, precision="amp-fp16")
+    plan, fused, plain = with_and_without(model, inputs, backend=backend, precision="amp-fp16")
     steps = [s for s in plan.steps if s.op == "AddLayerNormalization"]
     assert steps and all(np.dtype(plan.tensors[i].dtype) == np.float32 for s in steps for i in s.inputs if i)
     for name in plain:

@@ -15,6 +15,7 @@ from planner.config import Config
 from planner.ops import Info
 from test_autodiff import numeric_gradient
 from test_no_hidden_allocations import BOUND, allocations
+from zoo_cases import run_on
 
 RNG = np.random.default_rng(19)
 SDPA = ops.get("ScaledDotProductAttention", "memplan")
@@ -55,11 +56,11 @@ def reference(q, k, v, bias=None, scale=0.0, causal=0):
     return y, np.where(dead[..., 0], -np.inf, lse)
 
 
-def run(feeds, config=None, **attrs):
-    """(Y, LSE) by memplan, poison on."""
+def run(feeds, config=None, backend="numpy", **attrs):
+    """(Y, LSE) by memplan on `backend`, poison on."""
     m = sdpa_model(*[(x.shape, x.dtype) for x in feeds], lse=True, **attrs)
     plan = planner.compile(m, config=config)
-    got = Executor(plan, backend="numpy", poison=True).run(dict(zip(["q", "k", "v", "bias"], feeds)))
+    got = run_on(backend, plan, dict(zip(["q", "k", "v", "bias"], feeds)))
     return got["y"], got["lse"], plan
 
 
@@ -70,9 +71,9 @@ def qkv(b=2, h=4, hkv=2, s=9, t=13, d=5, dv=3, dtype=np.float64):
 @pytest.mark.parametrize("config", [None, SMALL], ids=["default tiles", "small tiles"])
 @pytest.mark.parametrize("causal", [0, 1])
 @pytest.mark.parametrize("h, hkv, s, t", [(4, 4, 9, 9), (4, 2, 9, 13), (6, 2, 13, 9), (3, 1, 1, 17)])
-def test_matches_the_plain_formula(config, causal, h, hkv, s, t):
+def test_matches_the_plain_formula(config, causal, h, hkv, s, t, backend):
     feeds = qkv(h=h, hkv=hkv, s=s, t=t)
-    y, lse, plan = run(feeds, config, causal=causal)
+    y, lse, plan = run(feeds, config, backend, causal=causal)
     want_y, want_lse = reference(*feeds, causal=causal)
     np.testing.assert_allclose(y, want_y, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(lse, want_lse, rtol=1e-12, atol=1e-12)
@@ -83,7 +84,7 @@ def test_matches_the_plain_formula(config, causal, h, hkv, s, t):
 
 
 @pytest.mark.parametrize("config", [None, SMALL], ids=["default tiles", "small tiles"])
-def test_masks_with_infinities_and_fully_masked_rows(config):
+def test_masks_with_infinities_and_fully_masked_rows(config, backend):
     """A (1, H, S, T) bias with -inf, rows masked whole by it (zeros, LSE -inf, no NaN), a scale, and
     causal rows with no key (S > T)."""
     feeds = qkv(h=4, hkv=2, s=11, t=7)
@@ -91,7 +92,7 @@ def test_masks_with_infinities_and_fully_masked_rows(config):
     bias[RNG.random(bias.shape) < 0.3] = -np.inf
     bias[0, 1, 3] = bias[0, :, 8] = -np.inf
     for causal in (0, 1):
-        y, lse, _ = run([*feeds, bias], config, causal=causal, scale=0.625)
+        y, lse, _ = run([*feeds, bias], config, backend, causal=causal, scale=0.625)
         want_y, want_lse = reference(*feeds, bias, scale=0.625, causal=causal)
         assert not np.isnan(y).any() and not np.isnan(lse).any()
         assert (y[:, 1, 3] == 0).all() and np.isneginf(lse[:, :, 8]).all()
@@ -99,16 +100,16 @@ def test_masks_with_infinities_and_fully_masked_rows(config):
         np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(want_lse))
         np.testing.assert_allclose(lse, want_lse, rtol=1e-12, atol=1e-12)
     bias = RNG.standard_normal((11, 1))  # broadcast over keys, batch and heads
-    y, _, _ = run([*feeds, bias], config)
+    y, _, _ = run([*feeds, bias], config, backend)
     np.testing.assert_allclose(y, reference(*feeds, bias)[0], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("config", [None, SMALL], ids=["default tiles", "small tiles"])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
-def test_narrow_floats_accumulate_in_float32(config, dtype):
+def test_narrow_floats_accumulate_in_float32(config, dtype, backend):
     feeds = qkv(s=33, t=40, d=16, dv=8, dtype=dtype)
     bias = np.where(RNG.random((33, 40)) < 0.2, -np.inf, 0).astype(dtype)
-    y, lse, _ = run([*feeds, bias], config, causal=1)
+    y, lse, _ = run([*feeds, bias], config, backend, causal=1)
     assert y.dtype == dtype and lse.dtype == np.float32
     want_y, want_lse = reference(*feeds, bias, causal=1)
     tol = 2e-3 if dtype == np.float16 else 1e-5
@@ -138,13 +139,13 @@ def grad_model(lse, bias, causal):
 
 @pytest.mark.parametrize("lse, bias, causal", [(True, False, 0), (False, False, 1), (True, True, 1), (False, True, 0)])
 @pytest.mark.parametrize("config", [None, SMALL], ids=["default tiles", "small tiles"])
-def test_gradients_match_finite_differences(lse, bias, causal, config):
+def test_gradients_match_finite_differences(lse, bias, causal, config, backend):
     """dQ, dK and dV against central differences, with the saved LSE or recomputing it."""
     m, x = grad_model(lse, bias, causal)
     graph = planner.load(m)
     trained, grads = backward(graph, "y", wrt=["x", "k", "v"])
     assert any(n.op == "ScaledDotProductAttentionGrad" for n in trained.nodes)
-    got = Executor(planner.compile(trained, schedule="file", config=config), backend="numpy", poison=True).run({"x": x})
+    got = run_on(backend, planner.compile(trained, schedule="file", config=config), {"x": x})
     params = {i.name: numpy_helper.to_array(i).copy() for i in m.graph.initializer}
     for name in ("x", "k", "v"):
         assert not np.isnan(got[grads[name]]).any()

@@ -15,6 +15,7 @@ from planner.autodiff import backward
 from planner.ops import Info
 from test_fused_attention import SDPA, SMALL, cut, qkv
 from test_no_hidden_allocations import BOUND, allocations
+from zoo_cases import run_on
 
 RNG = np.random.default_rng(1919)
 GRAD = ops.get("ScaledDotProductAttentionGrad", "memplan")
@@ -43,11 +44,11 @@ def loss_model(bias_shape, causal, reads=("y", "lse"), dtype=TensorProto.DOUBLE,
     return m, {n: RNG.standard_normal(shape) for n, shape in shapes.items()}
 
 
-def gradient_check(m, feeds, wrt, config=None, eps=1e-6):
-    """The planned gradients of `loss` with respect to `wrt` against central differences of the planned
-    forward (each run with poison on); returns the training graph."""
+def gradient_check(m, feeds, wrt, config=None, backend="numpy", eps=1e-6):
+    """The planned gradients of `loss` with respect to `wrt`, run on `backend`, against central differences
+    of the planned forward on NumPy (each run with poison on); returns the training graph."""
     trained, grads = backward(planner.load(m), "loss", wrt=wrt)
-    got = Executor(planner.compile(trained, schedule="file", config=config), backend="numpy", poison=True).run(feeds)
+    got = run_on(backend, planner.compile(trained, schedule="file", config=config), feeds)
     forward = Executor(planner.compile(m, config=config), backend="numpy", poison=True)
     for name in wrt:
         numeric = np.zeros_like(feeds[name])
@@ -68,35 +69,35 @@ def grad_nodes(graph):
 @pytest.mark.parametrize("config", [None, SMALL], ids=["default tiles", "small tiles"])
 @pytest.mark.parametrize("causal", [0, 1])
 @pytest.mark.parametrize("bias_shape", [(1, 1, S, T), (B, 1, 1, T), (1, H, S, T), (B, H, S, T), (S, 1)])
-def test_bias_and_lse_gradients_match_finite_differences(bias_shape, causal, config):
+def test_bias_and_lse_gradients_match_finite_differences(bias_shape, causal, config, backend):
     """dBias in each broadcast shape (grouped-query heads, two per kv head) and dQ, dK, dV with LSE's
     gradient flowing too."""
     m, feeds = loss_model(bias_shape, causal)
     wrt = ["q", "k", "v", "bias"] if bias_shape == (B, H, S, T) else ["bias"]
-    trained = gradient_check(m, feeds, wrt, config)
+    trained = gradient_check(m, feeds, wrt, config, backend)
     [node] = grad_nodes(trained)
     assert len(node.inputs) == 8 and len(node.outputs) == 4
 
 
 @pytest.mark.parametrize("config", [None, SMALL], ids=["default tiles", "small tiles"])
-def test_lse_alone_has_a_gradient(config):
+def test_lse_alone_has_a_gradient(config, backend):
     """A loss that reads LSE only: the gradient op gets no Y nor dY, and dV is zero."""
     m, feeds = loss_model((1, H, S, T), 1, reads=("lse",))
-    trained = gradient_check(m, feeds, ["q", "k", "v", "bias"], config)
+    trained = gradient_check(m, feeds, ["q", "k", "v", "bias"], config, backend)
     [node] = grad_nodes(trained)
     assert node.inputs[4] == node.inputs[6] == ""
 
 
 @pytest.mark.parametrize("config", [None, SMALL], ids=["default tiles", "small tiles"])
-def test_masked_bias_gets_zero_where_it_hides_keys(config):
+def test_masked_bias_gets_zero_where_it_hides_keys(config, backend):
     """A bias with -inf entries and a row hidden whole: dBias is 0 there, finite elsewhere, as differences say."""
     m, feeds = loss_model((1, 1, S, T), 0, reads=("y",))
     feeds["bias"][RNG.random((1, 1, S, T)) < 0.3] = -np.inf
     feeds["bias"][0, 0, 2] = -np.inf
     trained, grads = backward(planner.load(m), "loss", wrt=["bias"])
-    got = Executor(planner.compile(trained, config=config), backend="numpy", poison=True).run(feeds)[grads["bias"]]
+    got = run_on(backend, planner.compile(trained, config=config), feeds)[grads["bias"]]
     assert (got[np.isneginf(feeds["bias"])] == 0).all() and np.isfinite(got).all()
-    gradient_check(m, feeds, ["bias"], config)
+    gradient_check(m, feeds, ["bias"], config, backend)
 
 
 def test_the_bias_gets_a_gradient_output_only_when_it_needs_one():

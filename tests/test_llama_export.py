@@ -24,7 +24,7 @@ import planner
 from executor import Executor
 from planner import cli
 from planner.report import report
-from zoo_cases import rel_l2
+from zoo_cases import rel_l2, run_on
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -152,13 +152,13 @@ def test_the_report_warns_when_more_initializers_train_than_the_export_lists(exp
     assert "warning" not in frozen.table()
 
 
-def test_three_sgd_steps_match_pytorch(exported):
+def test_three_sgd_steps_match_pytorch(exported, backend):
     module, path, found = exported
     rng = np.random.default_rng(2)
     ids = rng.integers(0, VOCAB, (BATCH, SEQ))
     labels = np.concatenate([ids[:, 1:], np.full((BATCH, 1), -100)], axis=1)
     labels[0, :3] = -100
-    ex = Executor(compiled(path, frozen=folded_buffers(path, found)), backend="numpy", poison=True)
+    ex = Executor(compiled(path, frozen=folded_buffers(path, found)), backend=backend, poison=True)
     ours = [ex.train_step({"input_ids": ids, "labels": labels}) for _ in range(STEPS)]
     module = copy.deepcopy(module)
     opt = torch_optimizer("sgd", list(module.parameters()), {"lr": LR})
@@ -180,7 +180,7 @@ def test_three_sgd_steps_match_pytorch(exported):
         assert rel_l2(trained[stored], value.T if transposed else value) < RTOL, name
 
 
-def test_the_default_sdpa_export_runs_like_onnxruntime(tmp_path):
+def test_the_default_sdpa_export_runs_like_onnxruntime(tmp_path, backend):
     """transformers' default attention, whose export masks with IsNaN and Where, planned and run with
     poison on against onnxruntime."""
     ort = pytest.importorskip("onnxruntime")
@@ -188,7 +188,7 @@ def test_the_default_sdpa_export_runs_like_onnxruntime(tmp_path):
     model = export(tiny_llama("sdpa"), ids, tmp_path / "sdpa.onnx")
     assert "IsNaN" in {n.op_type for n in model.graph.node}
     plan = planner.compile(str(tmp_path / "sdpa.onnx"), {"input_ids": (BATCH, SEQ)})
-    got = Executor(plan, backend="numpy", poison=True).run({"input_ids": ids.numpy()})["logits"]
+    got = run_on(backend, plan, {"input_ids": ids.numpy()})["logits"]
     session = ort.InferenceSession(str(tmp_path / "sdpa.onnx"), providers=["CPUExecutionProvider"])
     want = session.run(None, {"input_ids": ids.numpy()})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

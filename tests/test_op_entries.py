@@ -30,29 +30,29 @@ def _x(op):
 
 
 @pytest.mark.parametrize("op", UNARY)
-def test_unary_gradients_match_finite_differences(op):
-    check(weighted([(op, ["x"], ["a"], {})], [3, 4], {}, opset=20), _x(op))
+def test_unary_gradients_match_finite_differences(op, backend):
+    check(backend, weighted([(op, ["x"], ["a"], {})], [3, 4], {}, opset=20), _x(op))
 
 
 @pytest.mark.parametrize("op, attrs", [("Elu", dict(alpha=0.7)), ("Selu", {}), ("Celu", dict(alpha=1.3)),
                                        ("ThresholdedRelu", dict(alpha=0.2)), ("Shrink", dict(bias=0.1, lambd=0.3)),
                                        ("LeakyRelu", dict(alpha=-0.5)), ("HardSwish", {}),
                                        ("Gelu", dict(approximate="tanh"))])
-def test_piecewise_gradients_match_finite_differences(op, attrs):
+def test_piecewise_gradients_match_finite_differences(op, attrs, backend):
     x = p(3, 4)
     x[np.abs(x) < 0.05] = 0.5  # away from the kinks at 0 and at the thresholds
     x[np.abs(np.abs(x) - 0.3) < 0.05] = 0.8
-    check(weighted([(op, ["x"], ["a"], attrs)], [3, 4], {}, opset=28), x)  # 28: Celu of doubles
+    check(backend, weighted([(op, ["x"], ["a"], attrs)], [3, 4], {}, opset=28), x)  # 28: Celu of doubles
 
 
 @pytest.mark.parametrize("op", ["Sum", "Mean", "Max", "Min"])
-def test_variadic_gradients_broadcast(op):
+def test_variadic_gradients_broadcast(op, backend):
     m = weighted([(op, ["x", "u", "v"], ["a"], {})], [2, 3, 4], dict(u=p(3, 1), v=p(4)))
-    check(m, p(2, 3, 4))
+    check(backend, m, p(2, 3, 4))
 
 
-def test_prelu_trains_its_slope():
-    check(weighted([("PRelu", ["x", "slope"], ["a"], {})], [2, 3, 4], dict(slope=p(3, 1))), p(2, 3, 4))
+def test_prelu_trains_its_slope(backend):
+    check(backend, weighted([("PRelu", ["x", "slope"], ["a"], {})], [2, 3, 4], dict(slope=p(3, 1))), p(2, 3, 4))
 
 
 def _grad(nodes, x):
@@ -150,7 +150,7 @@ def cube():
     del ops.SCHEMAS["test.memplan", "Cube"]
 
 
-def test_an_op_is_one_entry(cube):
+def test_an_op_is_one_entry(cube, backend):
     """The entry alone makes the op plan, run, fold, differentiate, run in PyTorch and in the symbol API's op()."""
     m = model([("MatMul", ["x", "w"], ["h"], {}), ("Cube", ["h"], ["y"], {})], [2, 3], dict(w=p(3, 4)))
     m.graph.node[1].domain = "test.memplan"
@@ -161,7 +161,7 @@ def test_an_op_is_one_entry(cube):
     w = next(i for i in m.graph.initializer if i.name == "w")
     want = (x @ numpy_helper.to_array(w)) ** 3
     np.testing.assert_allclose(Executor(plan, backend="numpy").run({"x": x})["y"], want)
-    check(m, x)
+    check(backend, m, x)
     trained = planner.compile(m, training=True, loss="mse", optimizer="sgd")
     assert any(s.op == "Mul" and s.phase == "backward" for s in trained.steps)
     torch = pytest.importorskip("torch")
@@ -201,9 +201,9 @@ def test_ops_outside_onnx_declare_their_types():
 @pytest.mark.parametrize("op", ["ReduceMin", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum",
                                 "ReduceLogSumExp"])
 @pytest.mark.parametrize("keepdims", [0, 1])
-def test_reduction_gradients(op, keepdims):
+def test_reduction_gradients(op, keepdims, backend):
     x = np.abs(p(2, 3, 4)) + 0.5  # positive, away from |x|'s kink and log's pole
-    check(weighted([(op, ["x", "axes"], ["a"], dict(keepdims=keepdims))], [2, 3, 4],
+    check(backend, weighted([(op, ["x", "axes"], ["a"], dict(keepdims=keepdims))], [2, 3, 4],
                    dict(axes=np.array([0, 2], np.int64)), opset=18), x)
 
 
@@ -215,11 +215,11 @@ def test_reduction_gradients(op, keepdims):
     ("LpNormalization", {}, dict(axis=1, p=2), 22),
     ("LpNormalization", {}, dict(axis=-1, p=1), 22),
 ])
-def test_normalisation_gradients(op, inputs, attrs, opset):
+def test_normalisation_gradients(op, inputs, attrs, opset, backend):
     channels = 4 if op == "GroupNormalization" else 3
     params = {name: p(*shape) + 1.5 for name, shape in inputs.items()}
     m = weighted([(op, ["x", *params], ["a"], attrs)], [2, channels, 5], params, opset=opset)
-    check(m, p(2, channels, 5) + 0.5)
+    check(backend, m, p(2, channels, 5) + 0.5)
 
 
 def test_normalisations_refuse_bad_weights():
@@ -233,23 +233,23 @@ def test_normalisations_refuse_bad_weights():
 
 
 @pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
-def test_cumsum_gradients(exclusive, reverse):
+def test_cumsum_gradients(exclusive, reverse, backend):
     m = weighted([("CumSum", ["x", "axis"], ["a"], dict(exclusive=exclusive, reverse=reverse))], [3, 4],
                  dict(axis=np.array(1, np.int64)))
-    check(m, p(3, 4))
+    check(backend, m, p(3, 4))
 
 
-def test_argmax_in_a_trained_graph_passes_no_gradient():
+def test_argmax_in_a_trained_graph_passes_no_gradient(backend):
     """ArgMax's int64 indices select values (GatherElements) whose gradient flows to x; none to the indices."""
     m = weighted([("ArgMax", ["x"], ["i"], dict(axis=1)), ("GatherElements", ["x", "i"], ["a"], dict(axis=1))],
                  [3, 4], {})
-    check(m, p(3, 4))
+    check(backend, m, p(3, 4))
 
 
-def test_gathernd_gradient_and_bounds():
+def test_gathernd_gradient_and_bounds(backend):
     m = weighted([("GatherND", ["x", "idx"], ["a"], {})], [3, 4, 2],
                  dict(idx=np.array([[0, 1], [2, -1], [0, 1]], np.int64)))  # a repeated tuple accumulates
-    check(m, p(3, 4, 2))
+    check(backend, m, p(3, 4, 2))
     bad = model([("GatherND", ["x", "idx"], ["y"], {})], [3, 4], dict(idx=np.array([[0, 4]], np.int64)))
     plan = planner.compile(bad)
     with pytest.raises(RunError, match="index 4 is out of bounds for a dimension of size 4"):

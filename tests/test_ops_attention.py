@@ -9,6 +9,7 @@ import planner
 from executor import Executor
 from planner.autodiff import backward
 from test_autodiff import check, model, p, weighted
+from zoo_cases import run_on
 
 ort = pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(7)
@@ -34,13 +35,13 @@ def contrib(op, inputs, outputs, consts=None, opset=17, domain=MS, out=TensorPro
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
 
 
-def assert_matches_onnxruntime(m, feeds, rtol=1e-4, atol=1e-5, theirs=None):
-    """memplan's outputs (NumPy backend, poison on) against onnxruntime's, of `theirs` (model, feeds)
+def assert_matches_onnxruntime(backend, m, feeds, rtol=1e-4, atol=1e-5, theirs=None):
+    """memplan's outputs (on `backend`, poison on) against onnxruntime's, of `theirs` (model, feeds)
     where onnxruntime's CPU lacks the form `m` is in."""
     model, inputs = theirs or (m, feeds)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
-    got = Executor(planner.compile(m, {k: v.shape for k, v in feeds.items()}), backend="numpy", poison=True).run(feeds)
+    got = run_on(backend, planner.compile(m, {k: v.shape for k, v in feeds.items()}), feeds)
     for name, value in want.items():
         assert got[name].shape == value.shape and got[name].dtype == value.dtype, name
         np.testing.assert_allclose(got[name], value, rtol=rtol, atol=atol, err_msg=name)
@@ -49,21 +50,21 @@ def assert_matches_onnxruntime(m, feeds, rtol=1e-4, atol=1e-5, theirs=None):
 @pytest.mark.parametrize("op, extra, attrs", [
     ("Gelu", {}, {}), ("QuickGelu", {}, {}), ("QuickGelu", {}, dict(alpha=1.3)), ("FastGelu", {}, {}),
     ("FastGelu", dict(bias=(6,)), {}), ("BiasGelu", dict(bias=(6,)), {})])
-def test_contrib_activations_match_onnxruntime(op, extra, attrs):
+def test_contrib_activations_match_onnxruntime(op, extra, attrs, backend):
     feeds = dict(x=rand(2, 3, 6), **{k: rand(*s) for k, s in extra.items()})
-    assert_matches_onnxruntime(contrib(op, feeds, ["y"], **attrs), feeds)
+    assert_matches_onnxruntime(backend, contrib(op, feeds, ["y"], **attrs), feeds)
 
 
 @pytest.mark.parametrize("op, weights", [("SkipLayerNormalization", ("gamma", "beta", "bias")),
                                          ("SkipLayerNormalization", ("gamma",)),
                                          ("SkipSimplifiedLayerNormalization", ("gamma", "bias"))])
 @pytest.mark.parametrize("skip", [(2, 3, 8), (3, 8)])
-def test_skip_normalisations_match_onnxruntime(op, weights, skip):
+def test_skip_normalisations_match_onnxruntime(op, weights, skip, backend):
     all_weights = ("gamma", "beta", "bias") if op == "SkipLayerNormalization" else ("gamma", "bias")
     feeds = dict(x=rand(2, 3, 8), skip=rand(*skip), **{w: rand(8) if w in weights else None for w in all_weights})
     for outputs in (["y", "mean", "inv_std_var", "sum"], ["y", "", "", "sum"], ["y"]):
         m = contrib(op, feeds, outputs, epsilon=1e-5)
-        assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})
+        assert_matches_onnxruntime(backend, m, {k: v for k, v in feeds.items() if v is not None})
 
 
 @pytest.mark.parametrize("axis", [-1, 1])
@@ -94,12 +95,12 @@ def test_contrib_ops_check_their_types():
     ((2, 3, 16), (2, 3), dict(num_heads=2)), ((2, 3, 16), (1,), dict(num_heads=2, interleaved=1)),
     ((2, 2, 3, 8), (2, 3), {}), ((2, 3, 16), (2, 3), dict(num_heads=2, rotary_embedding_dim=4)),
     ((2, 2, 3, 8), (1,), dict(rotary_embedding_dim=4, num_heads=2, interleaved=1))])
-def test_contrib_rotary_embedding_matches_onnxruntime(shape, positions, attrs):
+def test_contrib_rotary_embedding_matches_onnxruntime(shape, positions, attrs, backend):
     half = attrs.get("rotary_embedding_dim", 8) // 2
     angles = rand(10, half)
     ids = np.array([2]) if positions == (1,) else RNG.integers(0, 10, positions)
     feeds = dict(x=rand(*shape), positions=ids.astype(np.int64), cos=np.cos(angles), sin=np.sin(angles))
-    assert_matches_onnxruntime(contrib("RotaryEmbedding", feeds, ["y"], **attrs), feeds)
+    assert_matches_onnxruntime(backend, contrib("RotaryEmbedding", feeds, ["y"], **attrs), feeds)
 
 
 def key_mask(kind, batch, seq, total):
@@ -112,7 +113,7 @@ def key_mask(kind, batch, seq, total):
 
 
 @pytest.mark.parametrize("form", ["3d", "bias", "qkv", "kv", "bnsh"])
-def test_multi_head_attention_forms_match_onnxruntime(form):
+def test_multi_head_attention_forms_match_onnxruntime(form, backend):
     b, s, length, n, h = 2, 3, 5, 2, 4
     feeds = dict(q=rand(b, s, n * h), k=rand(b, length, n * h), v=rand(b, length, n * 6))
     theirs = None
@@ -126,12 +127,12 @@ def test_multi_head_attention_forms_match_onnxruntime(form):
         unpacked = dict(q=parts[0], k=parts[1], v=parts[2]) if form == "qkv" else dict(q=feeds["q"], k=parts[0], v=parts[1])
         theirs = contrib("MultiHeadAttention", unpacked, ["y"], num_heads=n), unpacked
         feeds = dict(q=packed) if form == "qkv" else dict(q=feeds["q"], k=packed)
-    assert_matches_onnxruntime(contrib("MultiHeadAttention", feeds, ["y"], num_heads=n), feeds, theirs=theirs)
+    assert_matches_onnxruntime(backend, contrib("MultiHeadAttention", feeds, ["y"], num_heads=n), feeds, theirs=theirs)
 
 
 @pytest.mark.parametrize("mask", [None, "lengths", "2d", "3d"])
 @pytest.mark.parametrize("past, unidirectional", [(0, 0), (2, 1), (2, 0)])
-def test_multi_head_attention_masks_and_past_match_onnxruntime(mask, past, unidirectional):
+def test_multi_head_attention_masks_and_past_match_onnxruntime(mask, past, unidirectional, backend):
     b, s, n, h = 2, 3, 2, 4
     total = past + s
     feeds = dict(q=rand(b, s, n * h), k=rand(b, s, n * h), v=rand(b, s, n * h), bias=None,
@@ -139,12 +140,12 @@ def test_multi_head_attention_masks_and_past_match_onnxruntime(mask, past, unidi
                  past_key=rand(b, n, past, h) if past else None, past_value=rand(b, n, past, h) if past else None)
     outputs = ["y", "present_key", "present_value"] if past else ["y"]
     m = contrib("MultiHeadAttention", feeds, outputs, num_heads=n, unidirectional=unidirectional, scale=0.3)
-    assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})
+    assert_matches_onnxruntime(backend, m, {k: v for k, v in feeds.items() if v is not None})
 
 
 @pytest.mark.parametrize("mask", [None, "lengths", "2d", "3d"])
 @pytest.mark.parametrize("past, unidirectional, sizes", [(0, 0, None), (2, 1, None), (0, 1, [8, 8, 12])])
-def test_contrib_attention_matches_onnxruntime(mask, past, unidirectional, sizes):
+def test_contrib_attention_matches_onnxruntime(mask, past, unidirectional, sizes, backend):
     b, s, n, d_in = 2, 3, 2, 6
     sizes = sizes or [8, 8, 8]
     total = past + s
@@ -153,7 +154,7 @@ def test_contrib_attention_matches_onnxruntime(mask, past, unidirectional, sizes
                  attention_bias=None if past else rand(b, 1, s, total))
     attrs = dict(num_heads=n, unidirectional=unidirectional, **({"qkv_hidden_sizes": sizes} if sizes[2] != 8 else {}))
     m = contrib("Attention", feeds, ["y", "present"] if past else ["y"], **attrs)
-    assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})
+    assert_matches_onnxruntime(backend, m, {k: v for k, v in feeds.items() if v is not None})
 
 
 GQA_CASES = {  # name: (batch, new tokens, past cache, seqlens_k, total_sequence_length, attributes)
@@ -168,7 +169,7 @@ GQA_CASES = {  # name: (batch, new tokens, past cache, seqlens_k, total_sequence
 
 
 @pytest.mark.parametrize("case", GQA_CASES)
-def test_group_query_attention_matches_onnxruntime(case):
+def test_group_query_attention_matches_onnxruntime(case, backend):
     batch, seq, cache, seqlens, total, attrs = GQA_CASES[case]
     heads, kv_heads, size = 4, 2, 16
     query = rand(batch, seq, (heads + 2 * kv_heads) * size) if "packed" in case else rand(batch, seq, heads * size)
@@ -189,7 +190,7 @@ def test_group_query_attention_matches_onnxruntime(case):
         np.testing.assert_allclose(y[1, :2], want[1, :2], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(y[0], want[0], rtol=1e-4, atol=1e-5)
     else:
-        assert_matches_onnxruntime(m, got)
+        assert_matches_onnxruntime(backend, m, got)
 
 
 def test_group_query_attention_needs_its_lengths_when_planning():
@@ -207,20 +208,20 @@ def test_group_query_attention_needs_its_lengths_when_planning():
     ({}, dict(key=(2, 2, 2, 3), value=(2, 2, 2, 5), mask=(3, 4), past_key=(2, 2, 2, 3), past_value=(2, 2, 2, 5))),
     (dict(q_num_heads=2, kv_num_heads=1, is_causal=1), dict(key=(2, 4, 3), value=(2, 4, 3))),
 ])
-def test_attention_gradients_match_finite_differences(attrs, shapes):
+def test_attention_gradients_match_finite_differences(attrs, shapes, backend):
     x_shape = [2, 3, 6] if "q_num_heads" in attrs else [2, 2, 3, 3]
     params = {name: p(*shape) for name, shape in shapes.items()}
     names = ["x", "key", "value", "mask" if "mask" in params else "",
              *(n for n in ("past_key", "past_value") if n in params)]
-    check(weighted([("Attention", names, ["a"], attrs)], x_shape, params, opset=23), p(*x_shape))
+    check(backend, weighted([("Attention", names, ["a"], attrs)], x_shape, params, opset=23), p(*x_shape))
 
 
-def test_attention_gradient_through_a_fully_masked_row_is_finite():
+def test_attention_gradient_through_a_fully_masked_row_is_finite(backend):
     mask = np.ones((3, 4), bool)
     mask[1] = False
     m = weighted([("Attention", ["x", "key", "value", "mask"], ["a"], {})], [1, 1, 3, 2],
                  dict(key=p(1, 1, 4, 2), value=p(1, 1, 4, 2), mask=mask), opset=23)
-    check(m, p(1, 1, 3, 2))
+    check(backend, m, p(1, 1, 3, 2))
 
 
 @pytest.mark.parametrize("attrs, x_shape", [({}, [2, 2, 3, 4]), (dict(interleaved=1, rotary_embedding_dim=2), [2, 2, 3, 4]),
@@ -249,12 +250,12 @@ def test_rotary_embedding_gradient_is_the_inverse_rotation(attrs, x_shape):
 @pytest.mark.parametrize("op, params, attrs", [("Gelu", {}, {}), ("QuickGelu", {}, dict(alpha=1.3)),
                                                ("FastGelu", dict(bias=(4,)), {}), ("BiasGelu", dict(bias=(4,)), {}),
                                                ("SimplifiedLayerNormalization", dict(scale=(4,)), {})])
-def test_contrib_gradients_match_finite_differences(op, params, attrs):
+def test_contrib_gradients_match_finite_differences(op, params, attrs, backend):
     params = {name: p(*shape) for name, shape in params.items()}
     m = model([(op, ["x", *params], ["a"], attrs), ("Mul", ["a", "k"], ["y"], {})], [3, 4], {**params, "k": p(3, 4)})
     m.graph.node[0].domain = MS
     m.opset_import.append(helper.make_opsetid(MS, 1))
-    check(m, p(3, 4))
+    check(backend, m, p(3, 4))
 
 
 def test_multi_head_attention_trains():
@@ -270,7 +271,7 @@ def test_multi_head_attention_trains():
 
 
 @pytest.mark.parametrize("segments, positions, mask", [(True, False, True), (False, True, False), (True, True, True)])
-def test_embed_layer_normalization_matches_onnxruntime(segments, positions, mask):
+def test_embed_layer_normalization_matches_onnxruntime(segments, positions, mask, backend):
     b, s, hidden = 2, 5, 8
     holes = np.ones((b, s), np.int32)
     holes[0, 1], holes[1, 3:] = 0, 0  # counted, not the first zero's place
@@ -284,10 +285,10 @@ def test_embed_layer_normalization_matches_onnxruntime(segments, positions, mask
         for o in m.graph.output:
             if o.name == "mask_index":
                 o.type.tensor_type.elem_type = TensorProto.INT32
-        assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None})
+        assert_matches_onnxruntime(backend, m, {k: v for k, v in feeds.items() if v is not None})
 
 
-def test_bert_fused_by_onnxruntimes_optimizer(tmp_path):
+def test_bert_fused_by_onnxruntimes_optimizer(tmp_path, backend):
     """A tiny BERT exported by torch.onnx and fused by onnxruntime's transformer optimizer
     (EmbedLayerNormalization, Attention with a mask index, SkipLayerNormalization, BiasGelu) plans and
     runs like onnxruntime."""
@@ -320,7 +321,7 @@ def test_bert_fused_by_onnxruntimes_optimizer(tmp_path):
     counts = fused.get_fused_operator_statistics()
     assert counts["EmbedLayerNormalization"] == 1 and counts["Attention"] == 2 and counts["SkipLayerNormalization"] == 4
     feeds = {"ids": ids.numpy(), "mask": mask.numpy()}
-    assert_matches_onnxruntime(fused.model, feeds)
+    assert_matches_onnxruntime(backend, fused.model, feeds)
 
 
 @pytest.mark.parametrize("op, feeds, attrs, error", [
@@ -338,7 +339,7 @@ def test_contrib_attention_refusals(op, feeds, attrs, error):
         planner.load(contrib(op, arrays, ["y"], **attrs))
 
 
-def test_contrib_ops_in_float16_match_onnxruntime():
+def test_contrib_ops_in_float16_match_onnxruntime(backend):
     """Narrow floats are computed in float32 and rounded once, as onnxruntime's CPU kernels do."""
     h = np.float16
     rng = np.random.default_rng(16)  # its own data, whatever the tests before it drew
@@ -358,4 +359,4 @@ def test_contrib_ops_in_float16_match_onnxruntime():
     for op, feeds, outputs, consts, attrs in cases:
         feeds = {k: v if v is None or v.dtype.kind != "f" else v.astype(h) for k, v in feeds.items()}
         m = contrib(op, feeds, outputs, consts, out=TensorProto.FLOAT16, **attrs)
-        assert_matches_onnxruntime(m, {k: v for k, v in feeds.items() if v is not None}, rtol=1e-3, atol=1e-3)
+        assert_matches_onnxruntime(backend, m, {k: v for k, v in feeds.items() if v is not None}, rtol=1e-3, atol=1e-3)

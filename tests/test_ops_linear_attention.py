@@ -9,6 +9,7 @@ from onnx.reference import ReferenceEvaluator
 import planner
 from executor import Executor
 from planner.autodiff import backward
+from zoo_cases import run_on
 
 RNG = np.random.default_rng(15)
 
@@ -27,15 +28,15 @@ def one_node(op, inputs, outputs, **attrs):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 27)])
 
 
-def run(m, feeds):
+def run(m, feeds, backend="numpy"):
     feeds = {k: v for k, v in feeds.items() if v is not None}
     plan = planner.compile(m, {k: v.shape for k, v in feeds.items()}, schedule="file")
-    return Executor(plan, backend="numpy", poison=True).run(feeds)
+    return run_on(backend, plan, feeds)
 
 
-def matches_reference(m, feeds, rtol=1e-5, atol=1e-6):
+def matches_reference(m, feeds, rtol=1e-5, atol=1e-6, backend="numpy"):
     want = ReferenceEvaluator(m).run(None, {k: v for k, v in feeds.items() if v is not None})
-    got = run(m, feeds)
+    got = run(m, feeds, backend)
     for out, value in zip(m.graph.output, want):
         assert got[out.name].shape == value.shape and got[out.name].dtype == value.dtype, out.name
         np.testing.assert_allclose(got[out.name], value, rtol=rtol, atol=atol, err_msg=out.name)
@@ -108,30 +109,30 @@ def test_causal_conv_gradients_match_finite_differences(activation, bias, past, 
 @pytest.mark.parametrize("rule, shape", [("gated", dict(per_head=True, hq=6, hk=2, t=5, past=True)),
                                          ("delta", dict(hq=3, hk=3, dk=4, dv=1, b=3)),
                                          ("gated_delta", dict(hq=2, hk=2, beta_heads=1, t=1))])
-def test_linear_attention_forms_match_the_reference(rule, shape):
+def test_linear_attention_forms_match_the_reference(rule, shape, backend):
     inputs = attention_inputs(rule, **shape)
     m = one_node("LinearAttention", inputs, ["y", "state"], update_rule=rule, q_num_heads=shape["hq"],
                  kv_num_heads=shape["hk"])
-    matches_reference(m, inputs)
+    matches_reference(m, inputs, backend=backend)
 
 
 @pytest.mark.parametrize("activations, state", [(np.float16, np.float32), (np.float32, np.float16)])
-def test_the_state_may_have_another_float_type(activations, state):
+def test_the_state_may_have_another_float_type(activations, state, backend):
     """present_state keeps past_state's dtype, the output the query's."""
     inputs = attention_inputs("gated_delta", hq=2, hk=2, past=True)
     inputs = {k: v.astype(state if k == "past_state" else activations) for k, v in inputs.items()}
     m = one_node("LinearAttention", inputs, ["y", "state"], q_num_heads=2, kv_num_heads=2)
-    got = run(m, inputs)
+    got = run(m, inputs, backend)
     assert got["y"].dtype == activations and got["state"].dtype == state
-    matches_reference(m, inputs, rtol=2e-3, atol=2e-3)
+    matches_reference(m, inputs, rtol=2e-3, atol=2e-3, backend=backend)
 
 
-def test_a_prefill_continued_from_its_state_is_one_prefill():
+def test_a_prefill_continued_from_its_state_is_one_prefill(backend):
     """Two calls, the second reading the first's present_state, give what one call over both gives."""
     inputs = attention_inputs("gated_delta", t=4, hq=2, hk=2)
 
     def call(feeds):
-        return run(one_node("LinearAttention", feeds, ["y", "state"], q_num_heads=2, kv_num_heads=2), feeds)
+        return run(one_node("LinearAttention", feeds, ["y", "state"], q_num_heads=2, kv_num_heads=2), feeds, backend)
 
     whole = call(inputs)
     halves = [{k: None if v is None else v[:, s] for k, v in inputs.items()} for s in (slice(0, 2), slice(2, 4))]
@@ -141,14 +142,14 @@ def test_a_prefill_continued_from_its_state_is_one_prefill():
     np.testing.assert_allclose(second["state"], whole["state"], rtol=1e-5, atol=1e-6)
 
 
-def test_causal_conv_present_state_outlives_a_short_input():
+def test_causal_conv_present_state_outlives_a_short_input(backend):
     """With fewer steps than k - 1, present_state still holds k - 1 positions: past_state's tail first."""
     inputs = dict(input=rand(1, 2, 1), weight=rand(2, 1, 4), past_state=rand(1, 2, 3))
     m = one_node("CausalConvWithState", dict(input=inputs["input"], weight=inputs["weight"], bias=None,
                                              past_state=inputs["past_state"]), ["y", "state"])
-    got = run(m, inputs)
+    got = run(m, inputs, backend)
     np.testing.assert_array_equal(got["state"], np.concatenate([inputs["past_state"][:, :, 1:], inputs["input"]], 2))
-    matches_reference(m, inputs)
+    matches_reference(m, inputs, backend=backend)
 
 
 @pytest.mark.parametrize("op, inputs, attrs, message", [

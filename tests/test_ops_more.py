@@ -9,6 +9,7 @@ import planner
 from executor import Executor, RunError
 from planner.errors import ShapeError
 from test_autodiff import check, p, weighted
+from zoo_cases import run_on
 
 RNG = np.random.default_rng(0)
 
@@ -16,7 +17,7 @@ RNG = np.random.default_rng(0)
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 @pytest.mark.parametrize("ignore", [None, 1])
 @pytest.mark.parametrize("weights", [False, True])
-def test_nll_gradients(reduction, ignore, weights):
+def test_nll_gradients(reduction, ignore, weights, backend):
     """(N, C, d1) log-probabilities: the label's, weighted, at each position; an ignored label gets none.
     The class weights are a constant, as in PyTorch they get no gradient."""
     labels = np.array([[0, 1, 2], [1, 2, 1]], np.int64)
@@ -25,7 +26,7 @@ def test_nll_gradients(reduction, ignore, weights):
     nodes = [w, ("NegativeLogLikelihoodLoss", ["x", "labels", "w"], ["a"], attrs)] if weights else \
         [("NegativeLogLikelihoodLoss", ["x", "labels"], ["a"], attrs)]
     m = weighted(nodes, [2, 3, 3], dict(labels=labels))
-    check(m, p(2, 3, 3))
+    check(backend, m, p(2, 3, 3))
 
 
 def test_nll_refusals():
@@ -40,10 +41,10 @@ def test_nll_refusals():
 
 
 @pytest.mark.parametrize("alpha", [1.0, 1.702])
-def test_swiglu_gradients(alpha):
+def test_swiglu_gradients(alpha, backend):
     """Through the gate's Swish and the value, each a float64 input of the model (x, and a param)."""
     m = weighted([("SwiGLU", ["x", "v"], ["a"], dict(alpha=alpha))], [2, 5], dict(v=p(2, 5)), opset=28)
-    check(m, p(2, 5))
+    check(backend, m, p(2, 5))
 
 
 def test_swiglu_refuses_broadcasting():
@@ -64,12 +65,12 @@ def one_node(op, inputs, attrs, opset, inits=()):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def run_like_onnxruntime(op, inputs, attrs, opset, inits=(), rtol=1e-5, atol=1e-6):
+def run_like_onnxruntime(backend, op, inputs, attrs, opset, inits=(), rtol=1e-5, atol=1e-6):
     """The node planned and run with poison on, against onnxruntime's; memplan's output."""
     ort = pytest.importorskip("onnxruntime")
     model = one_node(op, inputs, attrs, opset, inits)
     plan = planner.compile(model, {n: v.shape for n, v in inputs})
-    got = Executor(plan, backend="numpy", poison=True).run(dict(inputs))["y"]
+    got = run_on(backend, plan, dict(inputs))["y"]
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(got, session.run(None, dict(inputs))[0], rtol=rtol, atol=atol)
     return got
@@ -80,10 +81,10 @@ ROIS = np.array([[0, 0, 0, 9, 7], [1, 2.4, 1.6, 5.5, 8.5], [0, 6, 6, 3, 2],  # a
 
 
 @pytest.mark.parametrize("pooled, scale", [((2, 2), 1.0), ((3, 4), 0.5), ((7, 5), 0.8), ((1, 1), 1.0)])
-def test_maxroipool_against_onnxruntime(pooled, scale):
+def test_maxroipool_against_onnxruntime(pooled, scale, backend):
     """Positive data: onnxruntime starts each bin's max at FLT_MIN, torchvision (and memplan) at -FLT_MAX."""
     x = RNG.uniform(0.1, 1, (2, 3, 9, 10)).astype(np.float32)
-    run_like_onnxruntime("MaxRoiPool", [("x", x), ("rois", ROIS)], dict(pooled_shape=list(pooled),
+    run_like_onnxruntime(backend, "MaxRoiPool", [("x", x), ("rois", ROIS)], dict(pooled_shape=list(pooled),
                                                                        spatial_scale=scale), 13)
 
 
@@ -187,14 +188,14 @@ def test_deformconv_float16_and_opset_19():
 
 
 @pytest.mark.parametrize("form", [{}, dict(mask=False, bias=False, groups=1, offset_group=1)])
-def test_deformconv_gradients(form):
+def test_deformconv_gradients(form, backend):
     """For X, W, the offsets, B and the mask, through the parts (GridSample's gradient)."""
     inputs, attrs = deform_inputs(n=1, c=2, m=2, spatial=(4, 5), kernel=(2, 2), strides=(1, 1), dilations=(1, 2),
                                   pads=(1, 0, 0, 1), dtype=np.float64, **form)
     x, *params = inputs
     names = ["x", *(k for k, _ in params)]
     m = weighted([("DeformConv", names, ["a"], attrs)], list(x[1].shape), {k: v for k, v in params if k}, opset=22)
-    check(m, x[1])
+    check(backend, m, x[1])
 
 
 def test_deformconv_refusals():

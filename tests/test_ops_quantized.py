@@ -9,6 +9,7 @@ from onnx.reference import ReferenceEvaluator
 import planner
 from executor import Executor
 from test_no_hidden_allocations import BOUND, allocations
+from zoo_cases import run_on
 
 ort = pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(0)
@@ -24,47 +25,47 @@ def model(op, inputs, consts, out_type, opset=21, **attrs):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def run_both(m, inputs):
+def run_both(backend, m, inputs):
     """(memplan's y, onnxruntime's y) on `inputs`, memplan with poison on."""
     plan = planner.compile(m, {k: v.shape for k, v in inputs.items()})
-    got = Executor(plan, backend="numpy", poison=True).run(inputs)["y"]
+    got = run_on(backend, plan, inputs)["y"]
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
     return got, want
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 @pytest.mark.parametrize("block_size", [0, 4, 3])
-def test_quantize_per_axis_and_blocked(dtype, block_size):
+def test_quantize_per_axis_and_blocked(dtype, block_size, backend):
     """Per axis 1 of (2, 10, 3), or in blocks of 4 (the last one short) or 3 along it."""
     x = RNG.normal(0, 4, (2, 10, 3)).astype(np.float32)
     shape = (10,) if not block_size else (2, -(-10 // block_size), 3)
     scale = RNG.uniform(0.02, 0.2, shape).astype(np.float32)
     zero = RNG.integers(-5, 5, shape).astype(dtype) + (128 if dtype == np.uint8 else 0)
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    got, want = run_both(model("QuantizeLinear", {"x": x}, {"s": scale, "z": zero}, elem, axis=1,
+    got, want = run_both(backend, model("QuantizeLinear", {"x": x}, {"s": scale, "z": zero}, elem, axis=1,
                                block_size=block_size), {"x": x})
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.uint16, np.int16])
-def test_quantize_saturates_and_rounds_half_to_even(dtype):
+def test_quantize_saturates_and_rounds_half_to_even(dtype, backend):
     x = np.array([-1e9, -7e4, -3e4, -2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3e4, 7e4, 1e9, np.inf, -np.inf], np.float32)
     consts = {"s": np.array(1, np.float32), "z": np.array(3, dtype)}
-    got, want = run_both(model("QuantizeLinear", {"x": x}, consts, helper.np_dtype_to_tensor_dtype(np.dtype(dtype))),
+    got, want = run_both(backend, model("QuantizeLinear", {"x": x}, consts, helper.np_dtype_to_tensor_dtype(np.dtype(dtype))),
                          {"x": x})
     np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 @pytest.mark.parametrize("block_size", [0, 2, 4])
-def test_dequantize_per_axis_and_blocked(dtype, block_size):
+def test_dequantize_per_axis_and_blocked(dtype, block_size, backend):
     """Per axis 0 of (6, 5), or in blocks of 2 or 4 (the last one short) along it."""
     x = RNG.integers(0, 100, (6, 5)).astype(dtype)
     shape = (6,) if not block_size else (-(-6 // block_size), 5)
     scale = RNG.uniform(0.02, 0.2, shape).astype(np.float32)
     zero = RNG.integers(0, 20, shape).astype(dtype)
-    got, want = run_both(model("DequantizeLinear", {"x": x}, {"s": scale, "z": zero}, TensorProto.FLOAT, axis=0,
+    got, want = run_both(backend, model("DequantizeLinear", {"x": x}, {"s": scale, "z": zero}, TensorProto.FLOAT, axis=0,
                                block_size=block_size), {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
@@ -112,19 +113,19 @@ def test_torch_forms_match(block_size):
 
 
 @pytest.mark.parametrize("a_type,b_type", [(np.uint8, np.int8), (np.int8, np.uint8), (np.uint8, np.uint8)])
-def test_matmul_integer_sums_exactly(a_type, b_type):
+def test_matmul_integer_sums_exactly(a_type, b_type, backend):
     """Long rows of extreme values: sums beyond float32's integers, exact in int32; B's zero point per column."""
     a = RNG.integers(np.iinfo(a_type).min, np.iinfo(a_type).max, (2, 3, 4096), endpoint=True).astype(a_type)
     b = RNG.integers(np.iinfo(b_type).min, np.iinfo(b_type).max, (4096, 5), endpoint=True).astype(b_type)
     zb = RNG.integers(0, 5, (5,)).astype(b_type)
-    got, want = run_both(model("MatMulInteger", {"a": a}, {"b": b, "za": np.array(3, a_type), "zb": zb},
+    got, want = run_both(backend, model("MatMulInteger", {"a": a}, {"b": b, "za": np.array(3, a_type), "zb": zb},
                                TensorProto.INT32, opset=13), {"a": a})
     np.testing.assert_array_equal(got, want)
     exact = (a.astype(np.int64) - 3) @ (b.astype(np.int64) - zb)
     np.testing.assert_array_equal(got, exact)
 
 
-def test_qlinear_matmul_per_column():
+def test_qlinear_matmul_per_column(backend):
     a = RNG.integers(0, 255, (3, 7, 16)).astype(np.uint8)
     b = RNG.integers(-128, 127, (16, 6)).astype(np.int8)
     consts = {"sa": np.array(0.05, np.float32), "za": np.array(120, np.uint8), "b": b,
@@ -133,19 +134,19 @@ def test_qlinear_matmul_per_column():
     m = model("QLinearMatMul", {"a": a}, {}, TensorProto.UINT8, opset=21)
     m.graph.node[0].input[:] = ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"]
     m.graph.initializer.extend(numpy_helper.from_array(v, n) for n, v in consts.items())
-    got, want = run_both(m, {"a": a})
+    got, want = run_both(backend, m, {"a": a})
     np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("attrs", [{"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [0, 1, 2, 1]},
                                    {"group": 2, "dilations": [2, 1]}, {"auto_pad": "SAME_UPPER"}])
-def test_conv_integer(attrs):
+def test_conv_integer(attrs, backend):
     """Padding holds x's zero point; w's zero point one value (onnxruntime's), or one per output channel
     (against ONNX's reference, onnxruntime having no such form)."""
     x = RNG.integers(0, 255, (2, 4, 9, 8)).astype(np.uint8)
     w = RNG.integers(0, 255, (6, 4 // attrs.get("group", 1), 3, 3)).astype(np.uint8)
     consts = {"w": w, "zx": np.array(131, np.uint8), "zw": np.array(127, np.uint8)}
-    got, want = run_both(model("ConvInteger", {"x": x}, consts, TensorProto.INT32, opset=13, **attrs), {"x": x})
+    got, want = run_both(backend, model("ConvInteger", {"x": x}, consts, TensorProto.INT32, opset=13, **attrs), {"x": x})
     np.testing.assert_array_equal(got, want)
     m = model("ConvInteger", {"x": x}, {**consts, "zw": RNG.integers(100, 150, 6).astype(np.uint8)},
               TensorProto.INT32, opset=13, **attrs)
@@ -153,7 +154,7 @@ def test_conv_integer(attrs):
     np.testing.assert_array_equal(got, ReferenceEvaluator(m).run(None, {"x": x})[0])
 
 
-def test_qlinear_conv_per_channel_with_bias():
+def test_qlinear_conv_per_channel_with_bias(backend):
     x = RNG.integers(0, 255, (2, 3, 7, 7)).astype(np.uint8)
     w = RNG.integers(-127, 127, (4, 3, 3, 3)).astype(np.int8)
     consts = {"sx": np.array(0.02, np.float32), "zx": np.array(128, np.uint8), "w": w,
@@ -162,7 +163,7 @@ def test_qlinear_conv_per_channel_with_bias():
               "bias": RNG.integers(-2000, 2000, 4).astype(np.int32)}
     m = model("QLinearConv", {"x": x}, consts, TensorProto.UINT8, opset=13, pads=[1, 1, 1, 1])
     m.graph.node[0].input[:] = ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy", "bias"]
-    got, want = run_both(m, {"x": x})
+    got, want = run_both(backend, m, {"x": x})
     assert np.abs(got.astype(int) - want).max() <= 1  # onnxruntime requantizes in float32, memplan in float64
     assert np.mean(got == want) > 0.99
 

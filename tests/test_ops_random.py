@@ -184,12 +184,12 @@ def test_rematerialisation_keeps_the_draws():
     assert [s.op for s in plan.steps].count("RandomNormalLike") == 4
 
 
-def test_gradients_through_seeded_draws():
+def test_gradients_through_seeded_draws(backend):
     """x * noise and x * Bernoulli(sigmoid(x)): the draws pass no gradient, and with a seed every run of
     the finite differences draws the same ones."""
-    check(weighted([("RandomNormalLike", ["x"], ["e"], dict(seed=2.0)), ("Mul", ["x", "e"], ["a"], {})], [3, 4], {}),
+    check(backend, weighted([("RandomNormalLike", ["x"], ["e"], dict(seed=2.0)), ("Mul", ["x", "e"], ["a"], {})], [3, 4], {}),
           p(3, 4))
-    check(weighted([("Sigmoid", ["x"], ["s"], {}), ("Bernoulli", ["s"], ["b"], dict(seed=5.0)),
+    check(backend, weighted([("Sigmoid", ["x"], ["s"], {}), ("Bernoulli", ["s"], ["b"], dict(seed=5.0)),
                     ("Mul", ["x", "b"], ["a"], {})], [3, 4], {}), p(3, 4))
 
 

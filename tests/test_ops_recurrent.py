@@ -9,6 +9,7 @@ import planner
 from executor import Executor, RunError
 from test_autodiff import check, p, weighted
 from test_no_hidden_allocations import allocations, assert_bounded
+from zoo_cases import run_on
 
 T, B, I, H = 3, 2, 2, 2
 
@@ -24,9 +25,9 @@ def recurrent_model(op, inputs, outputs, feeds, params, opset=22, **attrs):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def run(model, feeds):
+def run(backend, model, feeds):
     plan = planner.compile(model, {k: v.shape for k, v in feeds.items()})
-    return Executor(plan, backend="numpy", poison=True).run(feeds)
+    return run_on(backend, plan, feeds)
 
 
 def weights(op, hidden=H, inputs=I, directions=1, seed=0):
@@ -46,37 +47,37 @@ def unsqueezed(nodes):
             ("Concat", ["Y", "uh", "uc"], ["a"], dict(axis=0))]
 
 
-def test_lstm_gradient_matches_finite_differences():
+def test_lstm_gradient_matches_finite_differences(backend):
     """Bidirectional, with biases, initial states and peepholes: x, every weight and both states."""
     w = {k: v.astype(np.float64) for k, v in weights("LSTM", directions=2).items()}
     params = {**w, "h0": p(2, B, H), "c0": p(2, B, H), "zero": np.array([0], np.int64)}
     nodes = [("LSTM", ["x", "W", "R", "B", "", "h0", "c0", "P"], ["Y", "Y_h", "Y_c"],
               dict(hidden_size=H, direction="bidirectional"))]
-    check(weighted(unsqueezed(nodes), [T, B, I], params), p(T, B, I))
+    check(backend, weighted(unsqueezed(nodes), [T, B, I], params), p(T, B, I))
 
 
 @pytest.mark.parametrize("linear_before_reset", [0, 1])
-def test_gru_gradient_matches_finite_differences(linear_before_reset):
+def test_gru_gradient_matches_finite_differences(linear_before_reset, backend):
     """Reverse in time, batch first (layout 1), with biases and an initial state."""
     params = {**{k: v.astype(np.float64) for k, v in weights("GRU").items()}, "h0": p(B, 1, H)}
     nodes = [("GRU", ["x", "W", "R", "B", "", "h0"], ["Y"],
               dict(hidden_size=H, direction="reverse", layout=1, linear_before_reset=linear_before_reset))]
-    check(weighted(nodes, [B, T, I], params), p(B, T, I))
+    check(backend, weighted(nodes, [B, T, I], params), p(B, T, I))
 
 
-def test_rnn_gradient_through_clip_and_an_activation_with_parameters():
+def test_rnn_gradient_through_clip_and_an_activation_with_parameters(backend):
     params = {k: v.astype(np.float64) * 0.3 for k, v in weights("RNN").items()}
     nodes = [("RNN", ["x", "W", "R", "B"], ["Y", "Y_h"], dict(hidden_size=H, clip=50.0, activations=["Affine"],
                                                                activation_alpha=[0.7], activation_beta=[0.1])),
              ("Identity", ["Y_h"], ["a"], {})]
-    check(weighted(nodes, [T, B, I], params), p(T, B, I))
+    check(backend, weighted(nodes, [T, B, I], params), p(T, B, I))
 
 
-def test_no_gradient_with_sequence_lens():
+def test_no_gradient_with_sequence_lens(backend):
     params = {**{k: v.astype(np.float64) for k, v in weights("RNN").items()}, "lens": np.array([3, 2], np.int32)}
     m = weighted([("RNN", ["x", "W", "R", "B", "lens"], ["Y"], dict(hidden_size=H))], [T, B, I], params)
     with pytest.raises(planner.ModelError, match="no gradient with sequence_lens"):
-        check(m, p(T, B, I))
+        check(backend, m, p(T, B, I))
 
 
 def test_training_steps_through_an_lstm():
@@ -123,7 +124,7 @@ def torch_reference(op, w, x, lengths=None, bidirectional=False):
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("lengths", [None, [5, 2, 0, 4]])
-def test_like_pytorch(op, bidirectional, lengths):
+def test_like_pytorch(op, bidirectional, lengths, backend):
     """Y and Y_h as nn.LSTM's and nn.GRU's (a GRU of PyTorch resets after the recurrent product);
     sequence_lens as packed sequences: zeros after a sequence's end, Y_h its last step's."""
     d = 2 if bidirectional else 1
@@ -137,7 +138,7 @@ def test_like_pytorch(op, bidirectional, lengths):
     if op == "GRU":
         attrs["linear_before_reset"] = 1
     inputs = ["x", "W", "R", "B", "" if lengths is None else "lens"]
-    got = run(recurrent_model(op, inputs, ["Y", "Y_h"], feeds, w, **attrs), feeds)
+    got = run(backend, recurrent_model(op, inputs, ["Y", "Y_h"], feeds, w, **attrs), feeds)
     y, y_h = torch_reference(op, w, x, lengths, bidirectional)
     np.testing.assert_allclose(got["Y"], y, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["Y_h"], y_h, rtol=1e-5, atol=1e-6)
@@ -158,7 +159,7 @@ CUSTOM = {  # op: attributes exercising the activations, their parameters, clip 
 @pytest.mark.torch
 @pytest.mark.parametrize("op, attrs", [(op, a) for op, cases in CUSTOM.items() for a in cases])
 @pytest.mark.parametrize("lengths", [None, [4, 1, 0]])
-def test_kernel_like_its_pytorch_form(op, attrs, lengths):
+def test_kernel_like_its_pytorch_form(op, attrs, lengths, backend):
     """The kernel (in place) and the PyTorch form (functions of torch) of every activation, with
     initial states, peepholes, sequence_lens and both layouts, give the same Y, Y_h and Y_c."""
     pytest.importorskip("torch")
@@ -177,7 +178,7 @@ def test_kernel_like_its_pytorch_form(op, attrs, lengths):
         inputs, outputs = [*inputs, "c0", "P"], [*outputs, "Y_c"]
     model = recurrent_model(op, inputs, outputs, feeds, weights(op, hidden=6, inputs=5, directions=d), hidden_size=6,
                             **attrs)
-    got = run(model, feeds)
+    got = run(backend, model, feeds)
     want = to_torch(model, {k: v.shape for k, v in feeds.items()})(**feeds)
     for name in outputs:
         np.testing.assert_allclose(got[name], want[name].detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
@@ -222,8 +223,8 @@ def test_bad_attributes_are_named(attrs, message):
         planner.compile(model)
 
 
-def test_sequence_lens_past_the_sequence_is_a_run_error():
+def test_sequence_lens_past_the_sequence_is_a_run_error(backend):
     feeds = {"x": np.ones((T, B, I), np.float32), "lens": np.array([1, T + 1], np.int32)}
     model = recurrent_model("RNN", ["x", "W", "R", "", "lens"], ["Y"], feeds, weights("RNN"), hidden_size=H)
     with pytest.raises(RunError, match=r"sequence_lens \[1, 4\] must lie in \[0, 3\]"):
-        run(model, feeds)
+        run(backend, model, feeds)

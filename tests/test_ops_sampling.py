@@ -12,6 +12,7 @@ from executor import Executor, RunError
 from planner.config import Config
 from planner.errors import ShapeError
 from test_autodiff import check, p, weighted
+from zoo_cases import run_on
 
 RNG = np.random.default_rng(0)
 
@@ -26,13 +27,13 @@ def one_node(op, inputs, attrs, opset, inits=()):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def run_like_reference(op, inputs, attrs, opset, inits=(), limit=None, rtol=1e-5, atol=1e-6, reference=None):
+def run_like_reference(backend, op, inputs, attrs, opset, inits=(), limit=None, rtol=1e-5, atol=1e-6, reference=None):
     """The node planned (its workspace under `limit` bytes) and run with poison on, against the reference
     (of the `reference` model where given)."""
     model = one_node(op, inputs, attrs, opset, inits)
     config = Config(workspace_limit=limit) if limit else None
     plan = planner.compile(model, {n: v.shape for n, v in inputs}, config=config)
-    got = Executor(plan, backend="numpy", poison=True).run(dict(inputs))["y"]
+    got = run_on(backend, plan, dict(inputs))["y"]
     want = ReferenceEvaluator(reference or model).run(None, dict(inputs))[0]
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
     return plan
@@ -42,11 +43,11 @@ def run_like_reference(op, inputs, attrs, opset, inits=(), limit=None, rtol=1e-5
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align", [0, 1])
 @pytest.mark.parametrize("spatial, out", [((7,), (5,)), ((4, 5), (3, 6)), ((3, 4, 5), (2, 3, 2))])
-def test_gridsample_in_chunks(mode, padding, align, spatial, out):
+def test_gridsample_in_chunks(mode, padding, align, spatial, out, backend):
     """Points beyond the borders (the grid spans [-1.7, 1.7]), a workspace of a few points per chunk."""
     x = RNG.standard_normal((2, 3, *spatial)).astype(np.float32)
     grid = RNG.uniform(-1.7, 1.7, (2, *out, len(spatial))).astype(np.float32)
-    plan = run_like_reference("GridSample", [("x", x), ("grid", grid)],
+    plan = run_like_reference(backend, "GridSample", [("x", x), ("grid", grid)],
                               dict(mode=mode, padding_mode=padding, align_corners=align), 20, limit=2000)
     step = next(s for s in plan.steps if s.op == "GridSample")
     assert 0 < plan.tensors[step.workspace].nbytes <= 2000
@@ -80,10 +81,10 @@ def test_gridsample_before_opset_20_is_4d():
         planner.compile(one_node("GridSample", [("x", x), ("grid", grid)], {}, 16))
 
 
-def test_affine_grid_trains_theta_and_refuses_bad_sizes():
+def test_affine_grid_trains_theta_and_refuses_bad_sizes(backend):
     """AffineGrid is a MatMul of constant coordinates by theta: its gradient is MatMul's."""
     size = dict(size=np.array([2, 1, 3, 4], np.int64))
-    check(weighted([("AffineGrid", ["x", "size"], ["a"], dict(align_corners=1))], [2, 2, 3], size, opset=20),
+    check(backend, weighted([("AffineGrid", ["x", "size"], ["a"], dict(align_corners=1))], [2, 2, 3], size, opset=20),
           p(2, 2, 3))
     with pytest.raises(ShapeError, match=r"theta must be \(2, 2, 3\) for size \(2, 1, 3, 4\)"):
         planner.compile(one_node("AffineGrid", [("theta", np.zeros((2, 3, 4), np.float32))], {}, 20,
@@ -93,7 +94,7 @@ def test_affine_grid_trains_theta_and_refuses_bad_sizes():
 @pytest.mark.parametrize("mode", ["avg", "max"])
 @pytest.mark.parametrize("transform, ratio, opset", [("half_pixel", 0, 16), ("output_half_pixel", 2, 16),
                                                      (None, 0, 11)])
-def test_roialign_like_reference(mode, transform, ratio, opset):
+def test_roialign_like_reference(mode, transform, ratio, opset, backend):
     """Regions inside, across the border and outside the image, of every size (adaptive sampling counts
     differ per roi), a float64 image, channels in chunks of 2. Opset 10's form is opset 16's
     output_half_pixel, as the spec says (the reference takes it for half_pixel)."""
@@ -106,7 +107,7 @@ def test_roialign_like_reference(mode, transform, ratio, opset):
     inputs = [("x", x), ("rois", rois.astype(np.float64))]
     reference = None if transform else one_node("RoiAlign", inputs, {**attrs, "coordinate_transformation_mode":
                                                                      "output_half_pixel"}, 16, inits)
-    run_like_reference("RoiAlign", inputs, attrs, opset, inits, limit=2 * 6 * 8, rtol=1e-6, atol=1e-9,
+    run_like_reference(backend, "RoiAlign", inputs, attrs, opset, inits, limit=2 * 6 * 8, rtol=1e-6, atol=1e-9,
                        reference=reference)
 
 
@@ -121,29 +122,29 @@ def test_roialign_batch_index_out_of_range():
 @pytest.mark.parametrize("channels", [1, 2])
 @pytest.mark.parametrize("inverse, onesided", [(0, 0), (0, 1), (1, 0), (1, 1)])
 @pytest.mark.parametrize("length", [None, 5, 12])
-def test_dft_like_reference(channels, inverse, onesided, length):
+def test_dft_like_reference(channels, inverse, onesided, length, backend):
     """Along a middle axis, the signal truncated (5) or zero-padded (12) to dft_length, at opset 17 (axis
     an attribute) and 20 (an input)."""
     x = RNG.standard_normal((2, 8, 3, channels)).astype(np.float32)
     attrs = dict(inverse=inverse, onesided=onesided)
     sized = [("dft_length", np.array(length, np.int64)) if length else ("", None)]
-    run_like_reference("DFT", [("x", x)], {**attrs, "axis": 1}, 17, sized[:bool(length)], rtol=1e-5, atol=1e-5)
-    run_like_reference("DFT", [("x", x)], attrs, 20, [*sized, ("axis", np.array(-3, np.int64))], rtol=1e-5,
+    run_like_reference(backend, "DFT", [("x", x)], {**attrs, "axis": 1}, 17, sized[:bool(length)], rtol=1e-5, atol=1e-5)
+    run_like_reference(backend, "DFT", [("x", x)], attrs, 20, [*sized, ("axis", np.array(-3, np.int64))], rtol=1e-5,
                        atol=1e-5)
 
 
 @pytest.mark.parametrize("onesided", [0, 1])
-def test_stft_like_reference_and_trains(onesided):
+def test_stft_like_reference_and_trains(onesided, backend):
     signal = RNG.standard_normal((2, 20, 1)).astype(np.float32)
     inits = [("frame_step", np.array(3, np.int64)), ("window", np.hanning(6).astype(np.float32))]
-    run_like_reference("STFT", [("x", signal)], dict(onesided=onesided), 17, inits, rtol=1e-5, atol=1e-5)
+    run_like_reference(backend, "STFT", [("x", signal)], dict(onesided=onesided), 17, inits, rtol=1e-5, atol=1e-5)
     params = dict(step=np.array(3, np.int64), window=p(6))
-    check(weighted([("STFT", ["x", "step", "window"], ["a"], dict(onesided=onesided))], [1, 14, 2], params,
+    check(backend, weighted([("STFT", ["x", "step", "window"], ["a"], dict(onesided=onesided))], [1, 14, 2], params,
                    opset=17), p(1, 14, 2))
 
 
-def test_dft_trains():
-    check(weighted([("DFT", ["x", "n"], ["a"], dict(onesided=1, axis=1))], [2, 6, 1],
+def test_dft_trains(backend):
+    check(backend, weighted([("DFT", ["x", "n"], ["a"], dict(onesided=1, axis=1))], [2, 6, 1],
                    dict(n=np.array(5, np.int64)), opset=17), p(2, 6, 1))
 
 
@@ -179,23 +180,23 @@ def test_kernels_allocate_nothing_on_large_inputs(op, inputs, attrs, opset, init
 @pytest.mark.parametrize("align", [0, 1])
 @pytest.mark.parametrize("mode, spatial", [("linear", (4, 5)), ("linear", (3, 4, 3)), ("cubic", (4, 5)),
                                            ("nearest", (4, 5))])
-def test_gridsample_gradients(mode, padding, align, spatial):
+def test_gridsample_gradients(mode, padding, align, spatial, backend):
     """Sampling trains X and the grid (nearest: X only), in 2-D and 3-D, points inside and beyond the
     borders (reflected up to three times)."""
     far = 3.5 if padding == "reflection" else 1.3
     grid = RNG.uniform(-far, far, (2, *(3, 2, 2)[:len(spatial)], len(spatial)))
     attrs = dict(mode=mode, padding_mode=padding, align_corners=align)
-    check(weighted([("GridSample", ["x", "grid"], ["a"], attrs)], [2, 2, *spatial], dict(grid=grid), opset=20),
+    check(backend, weighted([("GridSample", ["x", "grid"], ["a"], attrs)], [2, 2, *spatial], dict(grid=grid), opset=20),
           p(2, 2, *spatial))
 
 
 @pytest.mark.parametrize("m", [1, 2, 4])
-def test_det_gradient_is_the_cofactors(m):
-    check(weighted([("Det", ["x"], ["a"], {})], [3, m, m], {}, opset=22), p(3, m, m))
+def test_det_gradient_is_the_cofactors(m, backend):
+    check(backend, weighted([("Det", ["x"], ["a"], {})], [3, m, m], {}, opset=22), p(3, m, m))
 
 
 @pytest.mark.parametrize("transform", ["half_pixel", "output_half_pixel"])
-def test_roialign_trains_x(transform):
+def test_roialign_trains_x(transform, backend):
     """Regions across the border and outside the image, each sample's corners added back. The rois
     (tenths, cast) are no float param: they get no gradient."""
     tenths = np.array([[5, 10, 40, 50], [-30, -20, 25, 10], [50, 40, 120, 110], [10, 10, 12, 11]], np.int64)
@@ -204,4 +205,4 @@ def test_roialign_trains_x(transform):
                  coordinate_transformation_mode=transform)
     nodes = [("Cast", ["tenths"], ["rois"], dict(to=TensorProto.DOUBLE)),
              ("RoiAlign", ["x", "rois", "batch"], ["a"], attrs)]
-    check(weighted(nodes, [2, 2, 6, 7], params, opset=16), p(2, 2, 6, 7))
+    check(backend, weighted(nodes, [2, 2, 6, 7], params, opset=16), p(2, 2, 6, 7))

@@ -9,39 +9,40 @@ from onnx import TensorProto, helper, numpy_helper
 import planner
 from executor import Executor, RunError
 from test_autodiff import check, model, p, weighted
+from zoo_cases import run_on
 
 
 @pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
 @pytest.mark.parametrize("axis", [0, 1])
-def test_cumprod_gradients_with_zeros(exclusive, reverse, axis):
+def test_cumprod_gradients_with_zeros(exclusive, reverse, axis, backend):
     x = p(3, 4)
     x[1, 1] = x[2, 0] = x[2, 3] = 0.0  # products through a zero (and two zeros in one row)
     m = weighted([("CumProd", ["x", "axis"], ["a"], dict(exclusive=exclusive, reverse=reverse))], [3, 4],
                  dict(axis=np.array(axis, np.int64)), opset=26)
-    check(m, x)
+    check(backend, m, x)
 
 
-def test_topk_gradient():
+def test_topk_gradient(backend):
     m = weighted([("TopK", ["x", "count"], ["v", "i"], dict(axis=1))], [3, 5], dict(count=np.array([2], np.int64)))
-    check(m, p(3, 5))
+    check(backend, m, p(3, 5))
 
 
 @pytest.mark.parametrize("reduction", ["none", "add"])
-def test_scatter_elements_gradients(reduction):
+def test_scatter_elements_gradients(reduction, backend):
     idx = np.array([[1, -1], [0, 2], [3, 3]], np.int64)  # repeats accumulate under add
     m = weighted([("ScatterElements", ["x", "idx", "u"], ["a"], dict(axis=1, reduction=reduction))], [3, 4],
                  dict(idx=idx if reduction == "add" else idx[:, :1], u=p(3, 2) if reduction == "add" else p(3, 1)),
                  opset=18)
-    check(m, p(3, 4))
+    check(backend, m, p(3, 4))
 
 
-def test_reverse_sequence_gradient():
+def test_reverse_sequence_gradient(backend):
     m = weighted([("ReverseSequence", ["x", "lens"], ["a"], dict(time_axis=1, batch_axis=0))], [3, 4],
                  dict(lens=np.array([4, 1, 2], np.int64)))
-    check(m, p(3, 4))
+    check(backend, m, p(3, 4))
 
 
-def one_node(op, inputs, consts=None, opset=18, outputs=("y",), **attrs):
+def one_node(backend, op, inputs, consts=None, opset=18, outputs=("y",), **attrs):
     """(plan's outputs, onnxruntime's) of one node on the given inputs (and constants)."""
     consts = consts or {}
     graph = helper.make_graph(
@@ -52,7 +53,7 @@ def one_node(op, inputs, consts=None, opset=18, outputs=("y",), **attrs):
         [numpy_helper.from_array(v, k) for k, v in consts.items()])
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     plan = planner.compile(m)
-    got = Executor(plan, backend="numpy", poison=True).run(inputs)
+    got = run_on(backend, plan, inputs)
     for o in m.graph.output:
         dtype = helper.np_dtype_to_tensor_dtype(np.dtype(plan.tensors[o.name].dtype))
         o.CopyFrom(helper.make_tensor_value_info(o.name, dtype, None))
@@ -60,61 +61,61 @@ def one_node(op, inputs, consts=None, opset=18, outputs=("y",), **attrs):
     return [got[o] for o in outputs], session.run(None, inputs)
 
 
-def assert_like_reference(*args, **kwargs):
-    got, want = one_node(*args, **kwargs)
+def assert_like_reference(backend, *args, **kwargs):
+    got, want = one_node(backend, *args, **kwargs)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
         np.testing.assert_array_equal(g, w)
 
 
 @pytest.mark.parametrize("largest", [0, 1])
-def test_topk_ties_with_the_sentinel_value_come_lowest_index_first(largest):
+def test_topk_ties_with_the_sentinel_value_come_lowest_index_first(largest, backend):
     """Values equal to the kernel's sentinel (-inf for the largest, +inf for the smallest) and all-equal
     rows: the picks still follow the indices, as ONNX says."""
     inf = np.inf if largest else -np.inf
     x = np.array([[[2, -inf], [-inf, 1], [-inf, -inf], [5, 5]],
                   [[-inf, 0], [3, -inf], [-inf, 7], [-inf, -inf]]], np.float32)
-    assert_like_reference("TopK", {"x": x}, {"k": np.array([4], np.int64)}, outputs=("v", "i"), axis=1,
+    assert_like_reference(backend, "TopK", {"x": x}, {"k": np.array([4], np.int64)}, outputs=("v", "i"), axis=1,
                           largest=largest)
 
 
-def test_topk_integers_at_their_extremes():
+def test_topk_integers_at_their_extremes(backend):
     x = np.array([[0, np.iinfo(np.int32).min, 3, np.iinfo(np.int32).min, 3]], np.int32)
-    assert_like_reference("TopK", {"x": x}, {"k": np.array([5], np.int64)}, outputs=("v", "i"))
-    assert_like_reference("TopK", {"x": x}, {"k": np.array([3], np.int64)}, outputs=("v", "i"), largest=0)
+    assert_like_reference(backend, "TopK", {"x": x}, {"k": np.array([5], np.int64)}, outputs=("v", "i"))
+    assert_like_reference(backend, "TopK", {"x": x}, {"k": np.array([3], np.int64)}, outputs=("v", "i"), largest=0)
 
 
-def test_hardmax_before_opset_13_marks_one_per_flattened_row():
+def test_hardmax_before_opset_13_marks_one_per_flattened_row(backend):
     x = np.array([[[1, 3], [3, 0]], [[0, 0], [0, 0]]], np.float32)
-    assert_like_reference("Hardmax", {"x": x}, opset=11)
-    assert_like_reference("Hardmax", {"x": x}, opset=11, axis=0)
-    assert_like_reference("Hardmax", {"x": x}, opset=13, axis=1)
+    assert_like_reference(backend, "Hardmax", {"x": x}, opset=11)
+    assert_like_reference(backend, "Hardmax", {"x": x}, opset=11, axis=0)
+    assert_like_reference(backend, "Hardmax", {"x": x}, opset=13, axis=1)
 
 
-def test_onehot_float_indices_and_a_middle_axis():
+def test_onehot_float_indices_and_a_middle_axis(backend):
     indices = np.array([[0.0, 2.9], [-1.0, 7.0]], np.float32)
-    assert_like_reference("OneHot", {"i": indices}, {"depth": np.array(3.0, np.float32),
+    assert_like_reference(backend, "OneHot", {"i": indices}, {"depth": np.array(3.0, np.float32),
                                                      "values": np.array([-1, 5], np.float32)}, axis=1, opset=11)
 
 
 @pytest.mark.parametrize("k", [-2, -1, 0, 2, 9])
-def test_eyelike_diagonals_of_a_wide_matrix(k):
-    assert_like_reference("EyeLike", {"x": np.zeros((3, 5), np.float32)}, k=k, dtype=TensorProto.INT32)
+def test_eyelike_diagonals_of_a_wide_matrix(k, backend):
+    assert_like_reference(backend, "EyeLike", {"x": np.zeros((3, 5), np.float32)}, k=k, dtype=TensorProto.INT32)
 
 
-def test_scatter_elements_reductions_on_a_middle_axis():
+def test_scatter_elements_reductions_on_a_middle_axis(backend):
     data = p(2, 3, 4)
     idx = np.array([[[0, 2, -1, 0]], [[1, 1, 1, -3]]], np.int64)
     for reduction in ("none", "add", "mul", "max", "min"):
-        got, want = one_node("ScatterElements", {"d": data}, {"i": idx, "u": p(2, 1, 4)}, axis=1,
+        got, want = one_node(backend, "ScatterElements", {"d": data}, {"i": idx, "u": p(2, 1, 4)}, axis=1,
                              reduction=reduction, opset=18)
         np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
 
 
-def test_tensor_scatter_wraps_around_in_circular_mode():
+def test_tensor_scatter_wraps_around_in_circular_mode(backend):
     cache, update = p(3, 2, 5, 2), p(3, 2, 3, 2)
     write = np.array([4, 0, 2], np.int64)
-    got, ort = one_node("TensorScatter", {"c": cache, "u": update, "w": write}, opset=24, mode="circular")
+    got, ort = one_node(backend, "TensorScatter", {"c": cache, "u": update, "w": write}, opset=24, mode="circular")
     want = cache.copy()
     for b, start in enumerate(write):
         for s in range(3):
@@ -178,12 +179,12 @@ def test_castlike_plans_as_cast_and_size_folds():
 
 
 @pytest.mark.parametrize("mode, write", [("linear", None), ("linear", [2, 0]), ("circular", [3, 1])])
-def test_tensor_scatter_gradients(mode, write):
+def test_tensor_scatter_gradients(mode, write, backend):
     consts = {"u": p(2, 3, 2, 2)}
     if write is not None:
         consts["w"] = np.array(write, np.int64)
     m = weighted([("TensorScatter", ["x", *consts], ["a"], dict(mode=mode, axis=2))], [2, 3, 4, 2], consts, opset=24)
-    check(m, p(2, 3, 4, 2))
+    check(backend, m, p(2, 3, 4, 2))
 
 
 @pytest.mark.parametrize("k", [-300, -1, 0, 5, 600])

@@ -7,23 +7,25 @@ import planner
 from executor import Executor
 from planner import precision
 from planner.dtypes import is_float
-from zoo_cases import CASES, input_shapes, reference, rel_l2, small_model
+from zoo_cases import CASES, input_shapes, reference, rel_l2, run_on, small_model
 
 TOLERANCE = {"fp16": 2e-2, "bf16": 6e-2, "amp-fp16": 2e-2, "amp-bf16": 6e-2}
 """Relative L2 error of the outputs against fp32 onnxruntime (the issue's targets)."""
 
 
-def plan_and_run(case, chosen, batch=2):
+def plan_and_run(case, chosen, batch=2, backend="numpy"):
     model, inputs, want = reference(case, batch)
     plan = planner.compile(model, {k: v.shape for k, v in inputs.items()}, precision=chosen)
-    return plan, Executor(plan, backend="numpy", poison=True).run(inputs), want
+    if backend == "cupy" and "bf16" in chosen:
+        pytest.xfail("issue 18: the CuPy kernels take no bfloat16 yet (CuPy has no such dtype)")
+    return plan, run_on(backend, plan, inputs), want
 
 
 @pytest.mark.parametrize("chosen", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_low_precision_halves_the_arena_and_keeps_the_outputs(case, chosen):
+def test_low_precision_halves_the_arena_and_keeps_the_outputs(case, chosen, backend):
     fp32 = planner.compile(small_model(case), input_shapes(small_model(case), 2))
-    plan, got, want = plan_and_run(case, chosen)
+    plan, got, want = plan_and_run(case, chosen, backend=backend)
     if case != "mlp":  # its 4 KiB arena is mostly the 256-byte alignment of each buffer
         assert plan.arena_bytes <= 0.55 * fp32.arena_bytes
     for name in want:
@@ -36,8 +38,8 @@ def test_low_precision_halves_the_arena_and_keeps_the_outputs(case, chosen):
 
 @pytest.mark.parametrize("chosen", ["amp-fp16", "amp-bf16"])
 @pytest.mark.parametrize("case", ["resnet18", "densenet121", "bert_base", "gpt2_small", "unet"])
-def test_autocast_runs_matrix_products_low_and_softmax_in_float32(case, chosen):
-    plan, got, want = plan_and_run(case, chosen)
+def test_autocast_runs_matrix_products_low_and_softmax_in_float32(case, chosen, backend):
+    plan, got, want = plan_and_run(case, chosen, backend=backend)
     low = precision.low_dtype(chosen)
     for name in want:
         assert rel_l2(got[name], want[name]) <= TOLERANCE[chosen], name
@@ -173,9 +175,9 @@ def test_recomputation_on_an_autocast_step_trains_bit_for_bit(remat):
     assert plan.arena_bytes < kept.arena_bytes
 
 
-def scaled_mlp(factor, optimizer="sgd"):
-    """The mlp's amp-fp16 training plan and an Executor, on inputs `factor` times a standard normal batch
-    (large ones make the scaled gradients overflow float16 until the scale has halved enough)."""
+def scaled_mlp(factor, optimizer="sgd", backend="numpy"):
+    """The mlp's amp-fp16 training plan and an Executor on `backend`, on inputs `factor` times a standard
+    normal batch (large ones make the scaled gradients overflow float16 until the scale has halved enough)."""
     model = small_model("mlp")
     shapes = input_shapes(model, 8)
     rng = np.random.default_rng(0)
@@ -183,26 +185,30 @@ def scaled_mlp(factor, optimizer="sgd"):
              "labels": rng.integers(0, 5, 8)}
     plan = planner.compile(model, shapes, training=True, optimizer=optimizer, optimizer_args={"lr": 1e-4},
                            precision="amp-fp16")
-    return model, shapes, feeds, plan, Executor(plan, backend="numpy", poison=True)
+    return model, shapes, feeds, plan, Executor(plan, backend=backend, poison=True)
 
 
 @pytest.mark.torch
-def test_amp_fp16_loss_scaling_follows_torch_grad_scaler():
+def test_amp_fp16_loss_scaling_follows_torch_grad_scaler(backend):
     """Overflowing steps are skipped and halve the scale, step for step as torch.amp.GradScaler on
-    torch.autocast("cpu", float16); the losses agree within 1e-3."""
+    torch.autocast(float16) on the same device (CPU for NumPy, CUDA for CuPy); the losses agree within 1e-3."""
     torch = pytest.importorskip("torch")
     from frontends.torch_module import to_torch
-    model, shapes, feeds, plan, ex = scaled_mlp(20.0)
+    device = "cuda" if backend == "cupy" else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a PyTorch with CUDA")
+    model, shapes, feeds, plan, ex = scaled_mlp(20.0, backend=backend)
     ours = [(ex.train_step(feeds), ex.loss_scale) for _ in range(10)]
-    module = to_torch(model, shapes).train()
+    module = to_torch(model, shapes).train().to(device)
     opt = torch.optim.SGD(list(module.graph_parameters().values()), lr=1e-4)
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = torch.amp.GradScaler(device)
+    labels = torch.as_tensor(feeds["labels"], device=device)
     theirs = []
     for _ in range(10):
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.float16):
+        with torch.autocast(device, dtype=torch.float16):
             logits = module(input=feeds["input"])["output"]
-        loss = torch.nn.functional.cross_entropy(logits.float(), torch.as_tensor(feeds["labels"]))
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()

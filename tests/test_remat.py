@@ -8,16 +8,16 @@ import planner
 from executor import Executor
 from planner import Config, PlanError, ops
 from planner.ir import Annotations
-from planner.remat import mirror, sublinear
+from planner.remat import sublinear
 from zoo_cases import feeds, input_shapes, small_model
 
 BATCH = 2
 DEEP = ("resnet_deep", "densenet121", "mobilenet_v2")
 
 
-def step_results(m, remat, steps=2, **kw):
+def step_results(m, remat, steps=2, backend="numpy", **kw):
     plan = planner.compile(m, input_shapes(m, BATCH), training=True, optimizer="adam", remat=remat, **kw)
-    ex = Executor(plan, backend="numpy", poison=True)
+    ex = Executor(plan, backend=backend, poison=True)
     data = {k: v for k, v in feeds(m, BATCH).items()}
     labels = plan.tensors[plan.training["labels"]]
     data[plan.training["labels"]] = np.random.default_rng(0).integers(0, 4, labels.shape)
@@ -26,10 +26,10 @@ def step_results(m, remat, steps=2, **kw):
 
 @pytest.mark.parametrize("remat", ["mirror", "sublinear"])
 @pytest.mark.parametrize("case", ["mlp", "lenet", "resnet18", "mobilenet_v2", "resnet_deep", "densenet121"])
-def test_remat_trains_exactly_like_keeping_everything(case, remat):
+def test_remat_trains_exactly_like_keeping_everything(case, remat, backend):
     m = small_model(case)
-    base, base_losses, base_params = step_results(m, None)
-    plan, losses, params = step_results(m, remat)
+    base, base_losses, base_params = step_results(m, None, backend=backend)
+    plan, losses, params = step_results(m, remat, backend=backend)
     assert losses == base_losses
     assert all(np.array_equal(params[k], base_params[k]) for k in params)
     recomputed = [t for t in plan.tensors.values() if t.role == "recomputed"]

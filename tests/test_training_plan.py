@@ -8,7 +8,7 @@ from onnx.reference import ReferenceEvaluator
 import planner
 from executor import Executor, FeedError
 from planner import MemplanError, Plan, cli
-from zoo_cases import assert_program_allocates_nothing, input_shapes, small_model
+from zoo_cases import assert_program_allocates_nothing, host, input_shapes, run_on, small_model
 
 BATCH = 4
 
@@ -50,12 +50,12 @@ def test_eager_updates_keep_fewer_gradients_than_after_backward():
     assert all(s.domain == "memplan" for s in after.steps[last_backward + 1:])
 
 
-def test_update_modes_train_alike():
+def test_update_modes_train_alike(backend):
     """Each param's update sees the same gradient whenever it runs: the same params, bit for bit."""
     results = []
     for mode in ("eager", "after_backward"):
         plan = compiled("resnet_deep", optimizer="adam", update=mode)
-        ex = Executor(plan, backend="numpy", poison=True)
+        ex = Executor(plan, backend=backend, poison=True)
         losses = [ex.train_step(data(plan, seed)) for seed in range(3)]
         results.append((losses, ex.parameters()))
     (losses_a, params_a), (losses_b, params_b) = results
@@ -63,9 +63,9 @@ def test_update_modes_train_alike():
     assert all(np.array_equal(params_a[k], params_b[k]) for k in params_a)
 
 
-def test_parameters_persist_across_steps_and_can_be_set():
+def test_parameters_persist_across_steps_and_can_be_set(backend):
     plan = compiled("mlp", optimizer="sgd", optimizer_args={"lr": 0.1})
-    ex = Executor(plan, backend="numpy", poison=True)
+    ex = Executor(plan, backend=backend, poison=True)
     start = ex.parameters()
     first = ex.train_step(data(plan))
     moved = ex.parameters()
@@ -87,9 +87,9 @@ def test_frozen_params_stay():
     assert all(np.array_equal(before[k], ex.arena.view(k)) for k in frozen)
 
 
-def test_loss_decreases_with_sgd_under_poison():
+def test_loss_decreases_with_sgd_under_poison(backend):
     plan = compiled("mlp", optimizer="sgd", optimizer_args={"lr": 0.2})
-    ex = Executor(plan, backend="numpy", poison=True)
+    ex = Executor(plan, backend=backend, poison=True)
     feeds = data(plan)
     losses = [ex.train_step(feeds) for _ in range(30)]
     assert losses[-1] < 0.5 * losses[0]
@@ -107,11 +107,11 @@ def batchnorm_model(momentum=0.8):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
 
 
-def test_batchnorm_trains_with_batch_statistics_and_updates_running_ones():
+def test_batchnorm_trains_with_batch_statistics_and_updates_running_ones(backend):
     m = batchnorm_model()
     plan = planner.compile(m, training=True, loss="mse", optimizer="sgd", optimizer_args={"lr": 0.0})
     x = np.random.default_rng(1).standard_normal((4, 3, 5), dtype=np.float32) * 3 + 1
-    ex = Executor(plan, backend="numpy", poison=True)
+    ex = Executor(plan, backend=backend, poison=True)
     loss = ex.train_step({"x": x, "targets": np.zeros_like(x)})
     training = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"],
                                 ["y", "running_mean", "running_var"], momentum=0.8, training_mode=1)
@@ -120,8 +120,8 @@ def test_batchnorm_trains_with_batch_statistics_and_updates_running_ones():
                            for n in ("running_mean", "running_var")])
     y, mean, var = ReferenceEvaluator(m).run(None, {"x": x})
     np.testing.assert_allclose(loss, np.mean(y ** 2), rtol=1e-5)
-    np.testing.assert_allclose(ex.arena.view("mean"), mean, rtol=1e-5)
-    np.testing.assert_allclose(ex.arena.view("var"), var, rtol=1e-5)
+    np.testing.assert_allclose(host(ex.arena.view("mean")), mean, rtol=1e-5)
+    np.testing.assert_allclose(host(ex.arena.view("var")), var, rtol=1e-5)
     assert set(plan.training["params"]) == {"scale", "bias"}
 
 
@@ -204,7 +204,7 @@ def test_gpu_train_step_matches_numpy_and_allocates_nothing(case, optimizer):
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_cross_entropy_gradient_matches_finite_differences(reduction, weighted):
+def test_cross_entropy_gradient_matches_finite_differences(reduction, weighted, backend):
     from planner.autodiff import backward
     rng = np.random.default_rng(3)
     scores, labels = rng.standard_normal((3, 4, 2)), np.array([[0, 3], [2, -1], [1, 1]])
@@ -217,7 +217,7 @@ def test_cross_entropy_gradient_matches_finite_differences(reduction, weighted):
                               [numpy_helper.from_array(v, k) for k, v in {"s": scores, **weights}.items()])
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     trained, grads = backward(planner.load(m), "y", ["s"])
-    got = Executor(planner.compile(trained, schedule="file"), backend="numpy", poison=True).run({"labels": labels})
+    got = run_on(backend, planner.compile(trained, schedule="file"), {"labels": labels})
     want = np.zeros_like(scores)
     for index in np.ndindex(scores.shape):
         values = []
@@ -242,18 +242,18 @@ def dropout_graph(ratio=0.3, size=4000):
     return training_mode(planner.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
 
 
-def test_training_dropout_draws_a_new_mask_each_step_and_keeps_it_for_backward():
+def test_training_dropout_draws_a_new_mask_each_step_and_keeps_it_for_backward(backend):
     from planner.autodiff import backward
     from planner.training import STEP
     graph = dropout_graph()
     assert [(n.domain, n.op) for n in graph.nodes] == [("memplan", "Dropout"), ("", "Mul")]
     trained, grads = backward(graph, "y", ["x"])
-    ex = Executor(planner.compile(trained, schedule="file", fetch=["d/mask"]), backend="numpy", poison=True)
+    ex = Executor(planner.compile(trained, schedule="file", fetch=["d/mask"]), backend=backend, poison=True)
     x = np.ones(4000)
 
     def run(step):
         out = ex.run({"x": x, STEP: np.array(step, np.float64)})
-        return {**out, "d/mask": ex.arena.view("d/mask").copy()}
+        return {k: host(v) for k, v in {**out, "d/mask": ex.arena.view("d/mask").copy()}.items()}
 
     one, two, again = run(1.0), run(2.0), run(1.0)
     assert abs(1 - one["d/mask"].mean() - 0.3) < 0.03
@@ -264,12 +264,12 @@ def test_training_dropout_draws_a_new_mask_each_step_and_keeps_it_for_backward()
     np.testing.assert_allclose(one["y"], one["d/mask"] * w / 0.7)
 
 
-def test_out_of_place_updates_cost_a_copy_of_the_params_and_train_alike():
+def test_out_of_place_updates_cost_a_copy_of_the_params_and_train_alike(backend):
     from planner import Config
     results = []
     for inplace in (True, False):
         plan = compiled("resnet_deep", optimizer="adam", config=Config(inplace_update=inplace))
-        ex = Executor(plan, backend="numpy", poison=True)
+        ex = Executor(plan, backend=backend, poison=True)
         results.append((plan, [ex.train_step(data(plan, seed)) for seed in range(2)], ex.parameters()))
     (inplace, losses_a, params_a), (copied, losses_b, params_b) = results
     assert losses_a == losses_b and all(np.array_equal(params_a[k], params_b[k]) for k in params_a)

@@ -82,10 +82,10 @@ CASES = [(t5, False), (qwen2, True), (mistral, True), (gpt2, True), (bert, False
 
 
 @pytest.mark.parametrize("build, dynamo", CASES, ids=[f"{b.__name__}-{'dynamo' if d else 'torchscript'}" for b, d in CASES])
-def test_export_runs_like_onnxruntime(build, dynamo, tmp_path):
+def test_export_runs_like_onnxruntime(build, dynamo, backend, tmp_path):
     if dynamo:
         pytest.importorskip("onnxscript")
     torch.manual_seed(0)
     model, inputs = build()
-    plan = runs_like_onnxruntime(model, tmp_path / "model.onnx", dynamo, **inputs)
+    plan = runs_like_onnxruntime(model, tmp_path / "model.onnx", dynamo, backend, **inputs)
     assert plan.stats["fused_attention"] > 0, "the attention fusion pass found no attention"

@@ -24,10 +24,10 @@ MODELS = {"resnet18": torchvision("resnet18"), "mobilenet_v3_small": torchvision
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_export_runs_like_onnxruntime(name, dynamo, tmp_path):
+def test_export_runs_like_onnxruntime(name, dynamo, backend, tmp_path):
     if dynamo:
         pytest.importorskip("onnxscript")
     torch.manual_seed(0)
     model = MODELS[name]()
     image = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
-    runs_like_onnxruntime(model, tmp_path / "model.onnx", dynamo, image=image)
+    runs_like_onnxruntime(model, tmp_path / "model.onnx", dynamo, backend, image=image)

@@ -8,13 +8,18 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import planner
-from executor import Executor
 from executor import jit as compiled
+from executor.backends import cupy_backend
 from planner.config import Config
 from planner.errors import ShapeError
+from zoo_cases import run_on
 
 RNG = np.random.default_rng(11)
-JITS = [False, pytest.param(True, marks=pytest.mark.skipif(not compiled.available(), reason="numba is not installed"))]
+ENGINES = ["numpy",
+           pytest.param("numba", marks=pytest.mark.skipif(not compiled.available(), reason="numba is not installed")),
+           pytest.param("cupy", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_backend.available(),
+                                                                            reason="needs CuPy and a CUDA GPU")])]
+"""Where the kernels run: NumPy's, the compiled ones (numba), CuPy's (the GPU form)."""
 
 
 def conv_model(x_shape, w_shape, after=(), bias=True, **attrs):
@@ -41,9 +46,14 @@ def memplan_model(node, x_shape, w):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
 
 
-def run(model, x, jit=False, **options):
+def run(model, x, engine="numpy", **options):
     plan = planner.compile(model, {"x": x.shape}, **options)
-    return plan, Executor(plan, backend="numpy", jit=jit, poison=True).run({"x": x})["y"]
+    return plan, execute(engine, plan, {"x": x})["y"]
+
+
+def execute(engine, plan, feeds):
+    """The plan's outputs, run once with poison on by `engine` (one of ENGINES)."""
+    return run_on("cupy" if engine == "cupy" else "numpy", plan, feeds, jit=engine == "numba")
 
 
 def onnxruntime(model, x):
@@ -59,22 +69,22 @@ CASES = {  # x shape, w shape, Conv attributes
 }
 
 
-@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("case", CASES)
-def test_winograd_changes_no_result(case, jit):
+def test_winograd_changes_no_result(case, engine):
     x_shape, w_shape, attrs = CASES[case]
     model, x = conv_model(x_shape, w_shape, **attrs), RNG.standard_normal(x_shape).astype(np.float32)
-    plan, got = run(model, x, jit)
-    plain, want = run(model, x, jit, winograd=False, batch_conv=False)
+    plan, got = run(model, x, engine)
+    plain, want = run(model, x, engine, winograd=False, batch_conv=False)
     assert plan.steps[0].op == "WinogradConv" and plan.stats["winograd"] == 1
     assert plain.steps[0].op == "Conv" and plan.arena_bytes <= plain.arena_bytes
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("case", CASES)
-def test_f4x4_computes_the_convolution(case, jit):
+def test_f4x4_computes_the_convolution(case, engine):
     """A WinogradConv of tile 4 (F(4x4, 3x3)) with a bias, a residual Z and an activation, on images whose
     sizes are no multiple of 4 and on every kind of padding, against onnxruntime's Conv + Add + Relu."""
     x_shape, w_shape, attrs = CASES[case]
@@ -96,64 +106,64 @@ def test_f4x4_computes_the_convolution(case, jit):
     winograd = model(helper.make_node("WinogradConv", ["x", "w", "b", "z"], ["y"], domain="memplan", tile=4,
                                       activation="Relu", **attrs))
     plan = planner.compile(winograd, {"x": x_shape, "z": z.shape})
-    got = Executor(plan, backend="numpy", jit=jit, poison=True).run({"x": x, "z": z})["y"]
+    got = execute(engine, plan, {"x": x, "z": z})["y"]
     want = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x, "z": z})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("jit", JITS)
-def test_large_outputs_take_f4x4(jit):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_large_outputs_take_f4x4(engine):
     """Outputs of at least LARGE pixels a side take F(4x4, 3x3), with the results of im2col."""
     x_shape, w_shape = (2, 16, 30, 29), (24, 16, 3, 3)
     model, x = conv_model(x_shape, w_shape, pads=[1, 1, 1, 1]), RNG.standard_normal(x_shape).astype(np.float32)
-    plan, got = run(model, x, jit)
+    plan, got = run(model, x, engine)
     assert plan.steps[0].op == "WinogradConv" and plan.steps[0].attrs["tile"] == 4
-    np.testing.assert_allclose(got, run(model, x, jit, winograd=False, batch_conv=False)[1], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, run(model, x, engine, winograd=False, batch_conv=False)[1], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("tile", [2, 4])
-def test_given_chunks_of_images_and_blocks_of_channels(tile, jit):
+def test_given_chunks_of_images_and_blocks_of_channels(tile, engine):
     """A WinogradConv's `images` and `block` attributes: the kernel walks chunks of 2 images and blocks of 16
     output channels."""
     x_shape, w = (5, 16, 9, 10), RNG.standard_normal((40, 16, 3, 3)) * 0.1
     node = helper.make_node("WinogradConv", ["x", "w"], ["y"], domain="memplan", pads=[1, 1, 1, 1], tile=tile,
                             images=2, block=16)
     model, x = memplan_model(node, x_shape, w), RNG.standard_normal(x_shape).astype(np.float32)
-    got = run(model, x, jit)[1]
+    got = run(model, x, engine)[1]
     model.graph.node[0].CopyFrom(helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]))
     model.opset_import.pop()
     np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("bias", [True, False])
-def test_the_fused_epilogue_of_a_residual_and_activation(jit, bias):
+def test_the_fused_epilogue_of_a_residual_and_activation(engine, bias):
     """Conv + Add(x) + Clip, as fuse_conv makes a FusedConv of them: bias, Z and activation in the epilogue."""
     after = [helper.make_node("Add", ["c", "x"], ["s"]), helper.make_node("Clip", ["s", "lo", "hi"], ["a"])]
     model = conv_model((2, 16, 6, 7), (16, 16, 3, 3), after, bias=bias, pads=[1, 1, 1, 1])
     model.graph.initializer.extend([numpy_helper.from_array(np.array(v, np.float32), k)
                                     for k, v in (("lo", -0.3), ("hi", 0.8))])
     x = RNG.standard_normal((2, 16, 6, 7)).astype(np.float32)
-    plan, got = run(model, x, jit)
+    plan, got = run(model, x, engine)
     assert plan.steps[0].op == "WinogradConv" and plan.steps[0].attrs["activation"] == "Clip"
-    np.testing.assert_allclose(got, run(model, x, jit, winograd=False, batch_conv=False)[1], rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(got, run(model, x, engine, winograd=False, batch_conv=False)[1], rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(got, onnxruntime(model, x), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("jit", JITS)
-def test_a_small_scratch_walks_chunks_of_images_and_blocks_of_channels(jit):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_small_scratch_walks_chunks_of_images_and_blocks_of_channels(engine):
     """Under a workspace limit a fraction of im2col's, the Tiling takes fewer images and output channels
     at a time."""
     x_shape, w_shape = (5, 16, 4, 4), (80, 16, 3, 3)
     model, x = conv_model(x_shape, w_shape, pads=[1, 1, 1, 1]), RNG.standard_normal(x_shape).astype(np.float32)
     config = Config(workspace_limit=150_000)
-    plan, got = run(model, x, jit, config=config)
+    plan, got = run(model, x, engine, config=config)
     step = plan.steps[0]
     assert step.op == "WinogradConv" and step.attrs["images"] < 5 and step.attrs["block"] < 80
-    want = run(model, x, jit, config=config, winograd=False, batch_conv=False)[1]
+    want = run(model, x, engine, config=config, winograd=False, batch_conv=False)[1]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 

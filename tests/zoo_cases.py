@@ -4,6 +4,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from executor import Executor
 from frontends import zoo
 
 SEQ = 16
@@ -66,6 +67,17 @@ def rel_l2(got, want):
     """||got - want|| / ||want||, in float64."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+
+
+def run_on(backend, plan, feeds, **options):
+    """Run `plan` once on `backend` ("numpy" or "cupy") with poison on; its outputs as NumPy arrays."""
+    outputs = Executor(plan, backend=backend, poison=True, **options).run(feeds)
+    return {name: host(value) for name, value in outputs.items()}
+
+
+def host(array):
+    """A NumPy array of a NumPy or CuPy array (CuPy's copy to the host)."""
+    return array if isinstance(array, np.ndarray) else array.get()
 
 
 def assert_program_allocates_nothing(cupy, ex):

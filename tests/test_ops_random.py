@@ -184,13 +184,13 @@ def test_rematerialisation_keeps_the_draws():
     assert [s.op for s in plan.steps].count("RandomNormalLike") == 4
 
 
-def test_gradients_through_seeded_draws(backend):
+def test_gradients_through_seeded_draws():
     """x * noise and x * Bernoulli(sigmoid(x)): the draws pass no gradient, and with a seed every run of
-    the finite differences draws the same ones."""
-    check(backend, weighted([("RandomNormalLike", ["x"], ["e"], dict(seed=2.0)), ("Mul", ["x", "e"], ["a"], {})], [3, 4], {}),
-          p(3, 4))
-    check(backend, weighted([("Sigmoid", ["x"], ["s"], {}), ("Bernoulli", ["s"], ["b"], dict(seed=5.0)),
-                    ("Mul", ["x", "b"], ["a"], {})], [3, 4], {}), p(3, 4))
+    the finite differences draws the same ones (on NumPy: CuPy's generator draws other numbers)."""
+    check("numpy", weighted([("RandomNormalLike", ["x"], ["e"], dict(seed=2.0)), ("Mul", ["x", "e"], ["a"], {})],
+                            [3, 4], {}), p(3, 4))
+    check("numpy", weighted([("Sigmoid", ["x"], ["s"], {}), ("Bernoulli", ["s"], ["b"], dict(seed=5.0)),
+                             ("Mul", ["x", "b"], ["a"], {})], [3, 4], {}), p(3, 4))
 
 
 @pytest.mark.parametrize("op, attrs, inputs", [

@@ -30,8 +30,13 @@ def test_remat_trains_exactly_like_keeping_everything(case, remat, backend):
     m = small_model(case)
     base, base_losses, base_params = step_results(m, None, backend=backend)
     plan, losses, params = step_results(m, remat, backend=backend)
-    assert losses == base_losses
-    assert all(np.array_equal(params[k], base_params[k]) for k in params)
+    if backend == "numpy":
+        assert losses == base_losses
+        assert all(np.array_equal(params[k], base_params[k]) for k in params)
+    else:  # cuBLAS may pick another GEMM kernel for a recomputed tensor at another offset in the arena
+        np.testing.assert_allclose(losses, base_losses, rtol=1e-5)
+        for k in params:
+            np.testing.assert_allclose(params[k], base_params[k], rtol=1e-4, atol=1e-6, err_msg=k)
     recomputed = [t for t in plan.tensors.values() if t.role == "recomputed"]
     assert plan.arena_bytes <= base.arena_bytes
     if remat == "mirror" or case in DEEP:  # the search may find that recomputing does not pay on small nets

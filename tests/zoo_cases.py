@@ -1,5 +1,6 @@
 """The zoo models at reduced sizes that the tests plan and run, with their input shapes, feeds and
 onnxruntime's outputs."""
+import traceback
 from functools import lru_cache
 
 import numpy as np
@@ -82,9 +83,11 @@ def host(array):
 
 def assert_program_allocates_nothing(cupy, ex):
     """Run every kernel of a CuPy executor's program once under an allocator that raises, naming the
-    step that allocated."""
+    step that allocated and the innermost lines of memplan's code it was in."""
     def refuse(size):
-        raise AssertionError(f"the executor allocated {size} bytes while running")
+        frames = [f for f in traceback.extract_stack() if "/executor/" in f.filename or "/planner/" in f.filename]
+        ours = [f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno} {f.line}" for f in frames]
+        raise AssertionError(f"the executor allocated {size} bytes while running, at {' <- '.join(ours[::-1][:3])}")
 
     with cupy.cuda.using_allocator(refuse):
         for bound in filter(None, ex.program):

@@ -20,6 +20,7 @@ from planner.ops.activation import sigmoid
 from planner.ops.nn import Chunks, window
 
 from . import cut, kernel
+from .strided_gemm import gemm_rows
 
 
 def _padded(items, n):
@@ -85,12 +86,15 @@ def _cupy(xp):
 
 def _matmul(xp, a, b, out):
     """out[i] = a @ b[i] for each image i. CuPy's batched matmul allocates a pointer array when an
-    operand is broadcast, so there each image is its own GEMM."""
+    operand is broadcast, so there each image is its own GEMM (a chunk of rows by `gemm_rows`)."""
     if not _cupy(xp):
         xp.matmul(a, b, out=out)
         return
     for i in range(out.shape[0]):
-        xp.matmul(a, b[i], out=out[i])
+        if out[i].flags.c_contiguous:
+            xp.matmul(a, b[i], out=out[i])
+        else:
+            gemm_rows(xp, a, b[i], out[i])
 
 
 def _add_bias(xp, y, b):
@@ -418,7 +422,7 @@ def batch_normalization(xp, step, ins, outs, ws):
 def _normalize(xp, x, y, scale, bias, mean, var, eps):
     """y = (x - mean) * scale / sqrt(var + eps) + bias, the statistics broadcasting per channel."""
     if _cupy(xp):
-        _cupy_normalize(xp)(x, scale, bias, mean, var, x.dtype.type(eps), y)
+        _cupy_normalize(xp)(x, scale, bias, mean, var, scale.dtype.type(eps), y)
         return
     factor = xp.sqrt(var + eps)
     xp.divide(scale, factor, out=factor)
@@ -429,9 +433,10 @@ def _normalize(xp, x, y, scale, bias, mean, var, eps):
 
 @cache
 def _cupy_normalize(cupy):
-    """The fused inference BatchNormalization kernel: one pass, nothing allocated."""
-    return cupy.ElementwiseKernel("T x, T s, T b, T m, T v, T eps", "T y",
-                                  "y = (x - m) * (s / sqrt(v + eps)) + b", "memplan_batch_norm")
+    """The fused inference BatchNormalization kernel: one pass, nothing allocated; in the statistics' type
+    (float32 statistics of a 16-bit input under autocast)."""
+    return cupy.ElementwiseKernel("T x, S s, S b, S m, S v, S eps", "T y",
+                                  "y = (T)(((S)x - m) * (s / sqrt(v + eps)) + b)", "memplan_batch_norm")
 
 
 def _running_statistics(xp, step, outs, mean, var, batch_mean, batch_var):

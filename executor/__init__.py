@@ -85,6 +85,7 @@ class Executor:
         self.profile = Profile(plan, self.backend.synchronize) if profile else None
         self.program = [self._bind(k, step) for k, step in enumerate(plan.steps)]
         self.gate = _gate(plan)
+        self.labels = _label_ranges(plan)
         self.updated = False
         self.dead = _dead_after(plan) if poison else {}
         self.busy = threading.Lock()
@@ -211,7 +212,10 @@ class Executor:
         missing = [n for n in expected if n not in feeds]
         if unknown or missing:
             raise FeedError(f"feeds must name exactly the inputs {expected}; missing {missing}, unknown {unknown}")
-        return {name: self._feed(name, feeds[name]) for name in expected}
+        checked = {name: self._feed(name, feeds[name]) for name in expected}
+        for name, (classes, ignore) in self.labels.items():
+            _check_labels(name, checked[name], classes, ignore)
+        return checked
 
     def _feed(self, name, value):
         """An array feed of exactly the planned shape and dtype, as it is; a list or number as the
@@ -235,6 +239,28 @@ class Executor:
         if dtype.kind in "iu" and not np.array_equal(cast, given):
             raise FeedError(f"{expected}, got {_type_name(value)} of values outside the range of {t.dtype}")
         return cast
+
+
+LABEL_LOSSES = ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyGrad")
+
+
+def _label_ranges(plan):
+    """{fed labels input: (classes, ignore_index)} of the loss steps that gather scores at labels."""
+    return {s.inputs[1]: (plan.tensors[s.inputs[0]].shape[1], s.attrs.get("ignore_index"))
+            for s in plan.steps if s.op in LABEL_LOSSES and s.inputs[1] in plan.inputs}
+
+
+def _check_labels(name, labels, classes, ignore):
+    """A FeedError for a host array of labels with one outside [0, classes) that is not the ignore_index
+    (the kernels would gather another class's score; on the GPU, another tensor's bytes)."""
+    if not isinstance(labels, np.ndarray):
+        return  # on the device already: reading it back would cost a synchronisation each run
+    bad = (labels < 0) | (labels >= classes)
+    if ignore is not None:
+        bad &= labels != ignore
+    if bad.any():
+        skipped = "" if ignore is None else f" or equal ignore_index {ignore}"
+        raise FeedError(f"labels {name!r} must lie in [0, {classes}){skipped}; got {labels[bad].flat[0]}")
 
 
 def _thread_limit(threads, jit):

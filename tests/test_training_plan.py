@@ -279,3 +279,18 @@ def test_out_of_place_updates_cost_a_copy_of_the_params_and_train_alike(backend)
     count = len(copied.training["params"])
     assert [(s.domain, s.op) for s in copied.steps[-count:]] == [("memplan", "Assign")] * count
     assert copied.arena_bytes >= inplace.arena_bytes  # here the copies live in backward, below the peak
+
+
+def test_labels_out_of_range_are_a_feed_error(backend):
+    """A label outside the classes (and not the ignore_index) is refused when fed: the kernels would gather
+    another class's score, on the GPU another tensor's bytes."""
+    plan = compiled("mlp", optimizer="sgd")
+    ex, feeds, name = Executor(plan, backend=backend), data(plan), plan.training["labels"]
+    ignore = next(s.attrs.get("ignore_index") for s in plan.steps if s.op == "SoftmaxCrossEntropyLoss")
+    for bad in (5, -3):
+        feeds[name][1] = bad
+        with pytest.raises(FeedError, match=rf"labels '{name}' must lie in \[0, 5\)(.*); got {bad}$"):
+            ex.train_step(feeds)
+    if ignore is not None:
+        feeds[name][1] = ignore
+        assert np.isfinite(ex.train_step(feeds))

@@ -93,6 +93,7 @@ def _label_losses(cupy, sum_exp):
         "raw T log_prob, I label, raw T w, int64 classes, int64 inner, int64 ignore, bool has_ignore, bool has_w",
         "T loss, T weight",
         "bool skip = has_ignore && label == ignore; long long c = skip ? 0 : (long long)label;"
+        " c = c < 0 ? 0 : (c >= classes ? classes - 1 : c);"  # a label out of range reads no memory past the scores
         " weight = skip ? (T)0 : (has_w ? w[c] : (T)1);"
         " loss = -log_prob[((i / inner) * classes + c) * inner + i % inner] * weight;", "memplan_take_log_prob")
 

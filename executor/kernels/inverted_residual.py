@@ -57,12 +57,13 @@ def inverted_residual(xp, step, ins, outs, ws):
         for k in range(count):
             padded.fill(0)
             padded[t0 - top:t1 - top, 1:width + 1] = source[k]
-            outputs[k].fill(0)
+            image = outputs[k]  # one view object for input and output: CuPy copies an input it sees overlap
+            image.fill(0)
             for a in range(3):
                 for e in range(3):
                     window = padded[a:a + stride * (band - 1) + 1:stride, e:e + stride * (out_width - 1) + 1:stride]
                     xp.multiply(window, taps[a, e], out=product)
-                    xp.add(outputs[k], product, out=outputs[k])
+                    xp.add(image, product, out=image)
         _finish(xp, outputs, b2, None, depthwise)
         projected = ws["projected"][0, :filters * outputs.size // widened].reshape(filters, -1)
         xp.matmul(w3.reshape(filters, widened), outputs.reshape(-1, widened).T, out=projected)

@@ -4,10 +4,10 @@ A sliding window is walked one kernel tap at a time, each tap a strided view of 
 with the output positions whose window it lands in (padding is the positions no tap reaches). Conv
 is im2col + GEMM and ConvTranspose GEMM + col2im, one group at a time, with the column buffer in the
 planned workspace and the batch walked in the chunks the plan sized it for (the shape of its
-`columns` slice, see `planner.ops.nn.Conv.workspace`). Kernels allocate nothing, with two exceptions:
-NumPy's inference BatchNormalization (two vectors of C values, cheaper than a pass per channel) and,
-on CuPy, a GEMM into a chunk of rows (when one image's columns exceed the workspace limit), whose
-output is not contiguous.
+`columns` slice, see `planner.ops.nn.Conv.workspace`). Kernels allocate nothing, with one exception:
+NumPy's inference BatchNormalization (two vectors of C values, cheaper than a pass per channel). On
+CuPy a GEMM into a chunk of rows (when one image's columns exceed the workspace limit) goes to cuBLAS
+with the row stride (`planner.ops.into.matmul`).
 """
 import math
 from functools import cache, partial
@@ -17,10 +17,10 @@ import numpy as np
 
 from planner import ops
 from planner.ops.activation import sigmoid
+from planner.ops.into import matmul
 from planner.ops.nn import Chunks, window
 
 from . import cut, kernel
-from .strided_gemm import gemm_rows
 
 
 def _padded(items, n):
@@ -86,15 +86,12 @@ def _cupy(xp):
 
 def _matmul(xp, a, b, out):
     """out[i] = a @ b[i] for each image i. CuPy's batched matmul allocates a pointer array when an
-    operand is broadcast, so there each image is its own GEMM (a chunk of rows by `gemm_rows`)."""
+    operand is broadcast, so there each image is its own GEMM (into a chunk of its rows in place)."""
     if not _cupy(xp):
         xp.matmul(a, b, out=out)
         return
     for i in range(out.shape[0]):
-        if out[i].flags.c_contiguous:
-            xp.matmul(a, b[i], out=out[i])
-        else:
-            gemm_rows(xp, a, b[i], out[i])
+        matmul(xp, a, b[i], out[i])
 
 
 def _add_bias(xp, y, b):

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import schema
 from .base import FLOATS, Layout, Schema, broadcast
+from .into import iota, matmul
 from ..errors import ShapeError
 
 TILE_Q, TILE_K = 128, 512
@@ -87,10 +88,8 @@ class Tiles:
         self.low = float(np.finfo(self.wide).min)
         if self.causal:  # diff[r, c] = c - r: a key c of a tile is hidden from row r when c - r > i0 + offset - j0
             diff, rows, cols = ws["diff"], ws["rows"], ws["cols"]
-            diff[0].fill(1)
-            xp.cumsum(diff[0], dtype=np.int32, out=cols)
-            diff[:, 0].fill(1)
-            xp.cumsum(diff[:, 0], dtype=np.int32, out=rows)
+            iota(xp, cols)
+            iota(xp, rows)
             xp.subtract(cols[None, :], rows[:, None], out=diff)
 
     def heads(self, hk):
@@ -116,7 +115,7 @@ class Tiles:
         [j0, j1) (loaded `k`, (m, D)), -inf where `causal` hides a key: (G, n, m) in the scratch."""
         xp = self.xp
         s = flat(self.ws, "s", (self.groups, i1 - i0, j1 - j0))
-        xp.matmul(q, k.T, out=s)
+        matmul(xp, q, k.T, s)
         xp.multiply(s, self.scale, out=s)
         if self.bias is not None:
             xp.add(s, self.bias[b, self.heads(hk), i0:i1, j0:j1], out=s)
@@ -231,7 +230,7 @@ class ScaledDotProductAttention(Schema):
                         alpha = at.online(s, m, m_new)
                         at.add_row_sums(total, s, alpha)
                         xp.multiply(acc, alpha, out=acc)
-                        xp.matmul(s, at.load("v", v[b, hk, j0:j1]), out=pv)
+                        matmul(xp, s, at.load("v", v[b, hk, j0:j1]), pv)
                         xp.add(acc, pv, out=acc)
                         m, m_new = m_new, m
                     if lse is not None:

@@ -6,6 +6,7 @@ import math
 from . import schema
 from .base import FLOATS, Schema
 from .fused_attention import Tiles, check_attributes, flat, sizes, tile_layout, tiles, visible
+from .into import matmul
 from ..errors import ShapeError
 
 
@@ -145,18 +146,18 @@ class ScaledDotProductAttentionGrad(Schema):
                 ds.fill(0)
             else:
                 dyt = at.load("dy", dy[b, at.heads(hk), i0:i1])
-                xp.matmul(p.reshape(g * n, m).T, dyt.reshape(g * n, at.dv), out=dv_part)
+                matmul(xp, p.reshape(g * n, m).T, dyt.reshape(g * n, at.dv), dv_part)
                 xp.add(dv_sum, dv_part, out=dv_sum)
-                xp.matmul(dyt, vt.T, out=ds)
+                matmul(xp, dyt, vt.T, ds)
             xp.subtract(ds, delta[:, i0:i1], out=ds)
             xp.multiply(ds, p, out=ds)
             if bias_sum is not None:
                 add_bias_grad(at, ds, bias_sum, b, hk, (i0, i1, j0, j1))
             xp.multiply(ds, at.scale, out=ds)
             dq_part = flat(ws, "dq", (g, n, d))
-            xp.matmul(ds, kt, out=dq_part)
+            matmul(xp, ds, kt, dq_part)
             xp.add(dq_sum[:, i0:i1], dq_part, out=dq_sum[:, i0:i1])
-            xp.matmul(ds.reshape(g * n, m).T, qt.reshape(g * n, d), out=dk_part)
+            matmul(xp, ds.reshape(g * n, m).T, qt.reshape(g * n, d), dk_part)
             xp.add(dk_sum, dk_part, out=dk_sum)
 
     @staticmethod

@@ -1,0 +1,65 @@
+"""Array operations written into a given output with nothing allocated, on NumPy and on CuPy, where CuPy's own
+form would make a temporary: a GEMM into a block of rows of a larger matrix (a chunk of an image's output rows,
+a tile of scores), whose rows cuBLAS reads by their stride; an index range without a scan's scratch."""
+from functools import cache
+
+import numpy as np
+
+
+def matmul(xp, a, b, out):
+    """out = a @ b. A stack of matrices `a` (contiguous) times one matrix `b` is one GEMM over the stacked
+    rows (CuPy's broadcasting matmul allocates a pointer array). On CuPy a 2-D float32/float64 product whose
+    operands have contiguous rows or columns (a transpose) and whose output has contiguous rows goes to
+    cuBLAS with the row strides as leading dimensions: CuPy's matmul computes a strided output into a
+    temporary and copies it."""
+    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous and out.flags.c_contiguous:
+        a, out = a.reshape(-1, a.shape[-1]), out.reshape(-1, out.shape[-1])
+    if xp is np or out.ndim != 2 or out.flags.c_contiguous and a.flags.c_contiguous and b.flags.c_contiguous:
+        xp.matmul(a, b, out=out)
+        return
+    from cupy_backends.cuda.libs import cublas
+    gemm = {np.dtype(np.float32): cublas.sgemm, np.dtype(np.float64): cublas.dgemm}.get(out.dtype)
+    left, right = _operand(cublas, a), _operand(cublas, b)
+    same = a.dtype == b.dtype == out.dtype
+    if gemm is None or left is None or right is None or out.strides[1] != out.itemsize or not same:
+        xp.matmul(a, b, out=out)
+        return
+    if not out.size:
+        return
+    (m, k), n = a.shape, b.shape[1]
+    one, zero = np.ones((), out.dtype), np.zeros((), out.dtype)
+    handle = xp.cuda.device.get_cublas_handle()
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    try:  # row-major out = a b is column-major out^T = b^T a^T
+        gemm(handle, right[0], left[0], n, m, k, one.ctypes.data, b.data.ptr, right[1], a.data.ptr, left[1],
+             zero.ctypes.data, out.data.ptr, max(out.strides[0] // out.itemsize, n, 1))
+    finally:
+        cublas.setPointerMode(handle, mode)
+
+
+def _operand(cublas, x):
+    """(cuBLAS op, leading dimension) of a row-major 2-D operand for the column-major product: N for one
+    with contiguous rows, T for one with contiguous columns (the transpose of such a matrix); None otherwise."""
+    size = x.itemsize
+    if x.ndim == 2 and x.strides[1] == size:
+        return cublas.CUBLAS_OP_N, max(x.strides[0] // size, x.shape[1], 1)
+    if x.ndim == 2 and x.strides[0] == size:
+        return cublas.CUBLAS_OP_T, max(x.strides[1] // size, x.shape[0], 1)
+    return None
+
+
+def iota(xp, out):
+    """out[i] = i for a 1-D integer `out` (NumPy: a running sum of ones; CuPy: one elementwise kernel, where
+    cumsum takes scratch)."""
+    if xp is np:
+        out.fill(1)
+        np.cumsum(out, out=out)
+        np.subtract(out, 1, out=out)
+        return
+    _iota(xp)(out)
+
+
+@cache
+def _iota(cupy):
+    return cupy.ElementwiseKernel("", "T y", "y = i", "memplan_iota")

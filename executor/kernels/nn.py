@@ -239,8 +239,9 @@ def _depthwise(xp, step, x, w, y, product):
         for tap, at, source in _taps(win, kernel_shape, y.shape[2:], x.shape[2:], (r0, r1)):
             where = (slice(None), slice(None), slice(None), *at)
             tap_weights = weights[(slice(None), slice(None), *tap)].reshape(c, per, *[1] * len(at))
+            block = out[where]  # one view object for input and output: CuPy copies an input it sees overlap
             xp.multiply(x[n0:n1][_at(source)][:, :, None], tap_weights, out=products[where])
-            xp.add(out[where], products[where], out=out[where])
+            xp.add(block, products[where], out=block)
 
 
 @kernel("ConvTranspose")

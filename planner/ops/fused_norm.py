@@ -117,7 +117,11 @@ class AddLayerNormalization(Schema):
             src = x2[r0:r1]
             if skip is not None:
                 held = yc if total is None else total.reshape(rows, cols)[r0:r1]
-                xp.add(src, skip.reshape(rows, cols)[r0:r1], out=held)
+                other = skip.reshape(rows, cols)[r0:r1]
+                # in place over x or skip: one view object for input and output (CuPy copies an input it
+                # sees overlap the output)
+                src, other = (held if xp.may_share_memory(v, held) else v for v in (src, other))
+                xp.add(src, other, out=held)
                 src = held
             w = scratch(ws, "x", yc.shape) if narrow else yc
             if w is not src:

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import schema
 from .base import FLOATS, Layout, take
+from .into import iota
 from .loss import CHUNK_BYTES, LabelLoss
 from ..errors import ShapeError
 
@@ -104,9 +105,7 @@ class SoftmaxCrossEntropyGrad(LabelLoss):
         index, term = ws["index"], ws["term"]
         classes, inner = shape[1], math.prod(shape[2:])
         xp.multiply(term, inner, out=term)
-        index.fill(1)
-        xp.cumsum(index, out=index)
-        xp.subtract(index, 1, out=index)
+        iota(xp, index)
         xp.add(index, term, out=index)
         if classes > 1:
             xp.subtract(index, term, out=term)

@@ -70,9 +70,10 @@ class SoftmaxCrossEntropyGrad(LabelLoss):
             xp.divide(f, r, out=r)
             xp.multiply(y, r, out=y)
             at = slice(start * inner, start * inner + y.shape[0] * inner)
-            take(xp, flat, index[at], 0, picked[at])
-            xp.subtract(picked[at], f.reshape(-1), out=picked[at])
-            xp.put(flat, index[at], picked[at], mode="wrap")
+            chosen = picked[at]  # one view object for input and output: CuPy copies an input it sees overlap
+            take(xp, flat, index[at], 0, chosen)
+            xp.subtract(chosen, f.reshape(-1), out=chosen)
+            xp.put(flat, index[at], chosen, mode="wrap")
 
     def factors(self, xp, step, labels, weights, dloss, ws):
         """Each position's factor into `factor` and its label, made safe, into `term`."""

@@ -443,6 +443,9 @@ def scatter_nd(xp, out, idx, updates, reduction):
     if xp is np:
         ufunc.at(out, where, updates)
     else:
+        if reduction in ("max", "min") and out.dtype == np.float64:  # measured on an H100, 2026-11-27
+            raise ShapeError(f"reduction {reduction!r} of float64 has no exact CuPy scatter "
+                             "(cupyx.scatter_max/min round to float32)")
         import cupyx
         scatter = {"add": cupyx.scatter_add, "max": cupyx.scatter_max, "min": cupyx.scatter_min}.get(reduction)
         if scatter is None:

@@ -62,4 +62,5 @@ def iota(xp, out):
 
 @cache
 def _iota(cupy):
+    """The CuPy kernel writing each element's index (compiled once per dtype by CuPy)."""
     return cupy.ElementwiseKernel("", "T y", "y = i", "memplan_iota")

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Mapping
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from planner.ir import op_name
 
 from . import backends, kernels
 from .arena import Arena
+from .collectives import group_for
 from .backends import numpy_backend
 from .profile import Profile
 
@@ -54,10 +56,15 @@ class Executor:
 
     The params' and consts' values are copied into the arena and `self.plan` is the plan without them
     (`data` empty): where nothing else holds the plan, the weights are not kept twice (planner.heap returns
-    the freed pages to the operating system, before the arena is filled and after)."""
+    the freed pages to the operating system, before the arena is filled and after).
 
-    def __init__(self, plan, backend="auto", poison=False, config=None, profile=False, threads=None, jit=None):
+    A data-parallel plan (planner.parallel) runs its collectives in `group` (executor.collectives): by
+    default torch.distributed's, where the caller initialized it."""
+
+    def __init__(self, plan, backend="auto", poison=False, config=None, profile=False, threads=None, jit=None,
+                 group=None):
         self.backend = backends.get(backend)
+        self.group = group_for(plan, group)
         self.backend.check_room(plan.arena_bytes, "the arena", config or Config.from_env())
         plan.check_values()
         heap.trim()
@@ -126,6 +133,8 @@ class Executor:
             ws = {c.name: self.arena.bytes(base + c.offset, c.nbytes).view(np.dtype(c.dtype)).reshape(c.shape)
                   for c in step.scratch}
         fn = kernels.find(self.kernels, step, self.backend.fuse)
+        if getattr(fn, "collective", False):
+            fn = partial(fn, group=self.group)
         if self.profile:
             fn = self.profile.timed(k, fn)
         return (fn, step, [views(i) if i else None for i in step.inputs],

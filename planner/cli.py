@@ -118,15 +118,20 @@ def training_options(args):
     from .losses import IGNORE_INDEX
     if not args.training:
         if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget or args.trainable \
-                or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX:
-            raise MemplanError("--loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, --class-axis and "
-                               "--ignore-index apply with --training")
+                or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX \
+                or args.dp is not None or args.zero is not None:
+            raise MemplanError("--loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, --class-axis, "
+                               "--ignore-index, --dp and --zero apply with --training")
         return {}
+    parallel = None
+    if args.dp is not None or args.zero is not None:
+        from .parallel import Parallel
+        parallel = Parallel(dp=args.dp or 1, zero=args.zero or 0)
     return {"training": True, "loss": args.loss or "cross_entropy", "optimizer": args.optimizer or "sgd",
             "optimizer_args": {} if args.lr is None else {"lr": args.lr}, "remat": args.remat,
             "memory_budget": None if args.budget is None else parse_bytes(args.budget),
             "trainable": tuple(args.trainable), "frozen": tuple(args.frozen), "class_axis": args.class_axis,
-            "ignore_index": args.ignore_index}
+            "ignore_index": args.ignore_index, "parallel": parallel}
 
 
 def report(args):
@@ -377,6 +382,10 @@ def _model_args(p, one_strategy):
                    help=f"labels equal to N count neither in the loss nor its mean (default {IGNORE_INDEX}; "
                         "none for none)")
     p.add_argument("--remat", choices=REMATS, default=None, help="recompute forward tensors in backward")
+    p.add_argument("--dp", type=count(1), default=None, metavar="N",
+                   help="with --training: plan one of N data-parallel ranks (its batch is --batch / --input)")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2), default=None,
+                   help="with --dp: ZeRO stage, 1 sharding the optimizer state, 2 the gradients too (default 0)")
     p.add_argument("--budget", default=None, metavar="SIZE",
                    help="with --training: the least recomputation whose arena fits SIZE (e.g. 2GiB)")
     p.add_argument("--workspace-mode", choices=("pool", "tensor"), default=None,

@@ -5,6 +5,7 @@ from . import precision
 from .config import Config
 from .errors import ModelError, PlanError
 from .losses import IGNORE_INDEX
+from .parallel import Parallel
 from .training import UPDATES, optimizer_arguments
 
 STRATEGIES = {  # name: (allocator, in-place allowed)
@@ -54,6 +55,7 @@ class CompileOptions:
     winograd: bool = True
     batch_conv: bool = True
     inverted_residual: bool = True
+    parallel: Parallel | None = None
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:
@@ -68,11 +70,13 @@ class CompileOptions:
         if not self.training:
             if (self.loss or self.optimizer or self.optimizer_args or self.loss_output or self.frozen or self.remat
                     or self.trainable or self.memory_budget is not None or self.class_axis is not None
-                    or self.ignore_index != IGNORE_INDEX):
+                    or self.ignore_index != IGNORE_INDEX or self.parallel is not None):
                 raise PlanError("loss, optimizer, optimizer_args, loss_output, frozen, trainable, class_axis, "
-                                "ignore_index, remat and memory_budget apply to training=True")
+                                "ignore_index, remat, memory_budget and parallel apply to training=True")
             return
         optimizer_arguments(self.optimizer or "sgd", self.optimizer_args or {})
+        if self.parallel is not None and not isinstance(self.parallel, Parallel):
+            raise PlanError(f"parallel must be a planner.Parallel, got {self.parallel!r}")
         if self.update not in UPDATES:
             raise ModelError(f"unknown update {self.update!r}; choose one of {', '.join(UPDATES)}")
 

@@ -56,6 +56,7 @@ class Report:
                        trained_values=sum(math.prod(first.tensors[n].shape) for n in first.training["params"]),
                        constants=first.training["constants"], criterion=first.training["criterion"],
                        exported_params=first.training.get("exported_params"),
+                       parallel=first.training.get("parallel"),
                        forward_flops=first.stats["forward_flops"], backward_flops=first.stats["backward_flops"],
                        update_modes={m: {"arena_bytes": p.arena_bytes, "breakdown": p.breakdown}
                                      for m, p in self.updates.items()})
@@ -264,6 +265,15 @@ def _params_line(d):
     return f"{line}; {len(d['constants'])} initializers stay constants: {', '.join(parts)}"
 
 
+def _parallel_line(d):
+    """Which rank's plan this is, under data parallelism (planner.parallel)."""
+    p = d.get("parallel")
+    if not p:
+        return []
+    return [f"one of {p['dp']} data-parallel ranks, ZeRO-{p['zero']} (its own share of the batch): the arena is one "
+            f"rank's; its collectives send {format_bytes(p['collective_bytes'])} a step"]
+
+
 def _export_line(d):
     """A warning when a torch.export signature lists another number of nn.Parameters than train: the
     exporter folds buffers (rotary tables, causal masks) into initializers that look like weights."""
@@ -294,7 +304,7 @@ def _count(n):
 
 def _training_lines(report, d):
     eager, after = d["update_modes"]["eager"], d["update_modes"]["after_backward"]
-    lines = [_params_line(d), *_export_line(d), _loss_line(d),
+    lines = [_params_line(d), *_export_line(d), *_parallel_line(d), _loss_line(d),
              f"params updated as each gradient completes: arena {format_bytes(eager['arena_bytes'])} (gradients "
              f"{format_bytes(eager['breakdown']['grads'])} at the fullest step); all gradients, then the step: "
              f"{format_bytes(after['arena_bytes'])} (gradients {format_bytes(after['breakdown']['grads'])}) (bestfit)",

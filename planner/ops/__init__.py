@@ -101,6 +101,7 @@ from . import (  # noqa: E402,F401  (registration, one family per line)
     reduce,
     misc,
     optim,
+    collectives,
     loss,
     control_flow,
     spatial,

@@ -13,6 +13,7 @@ from .gradients import gradients
 from .infer_shapes import infer_shapes
 from .loss import loss
 from .optimizer import optimizer
+from .data_parallel import data_parallel
 from .precision import precision_pass as precision
 from .pretranspose import pretranspose
 from .prune import prune
@@ -52,11 +53,12 @@ TRAINING = [
     loss,               # the scalar "loss", the labels input
     gradients,          # the backward pass
     optimizer,          # the param updates
+    data_parallel,      # one rank's step: gradients reduced over the ranks, ZeRO's shards
     recomputation,      # forward values recomputed in backward instead of kept
 ]
 
 __all__ = ["Pass", "Result", "Context", "run", "LOADING", "REWRITES", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
            "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm", "fuse_conv", "fuse_attention",
            "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose", "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss", "gradients",
-           "optimizer",
+           "optimizer", "data_parallel",
            "recomputation"]

@@ -1,0 +1,64 @@
+"""Process groups a data-parallel plan's collectives run in (planner.parallel): `rank`, `size`, and
+all_reduce (in place, sum), reduce_scatter (sum of `x` over ranks, this rank's shard into `y`) and
+all_gather (the ranks' shards `x` into `y`), on the backend's arrays.
+
+`Single` is one rank alone. `TorchDistributed` runs them through torch.distributed's default group, as
+`torchrun` or `init_process_group` set it up (gloo on the CPU; NCCL for CuPy arrays, passed by DLPack)."""
+import numpy as np
+
+
+class Single:
+    """A group of one rank: the collectives copy."""
+
+    rank, size = 0, 1
+
+    def all_reduce(self, x):
+        pass
+
+    def reduce_scatter(self, x, y):
+        y[...] = x[:y.size]
+
+    def all_gather(self, x, y):
+        y[:x.size] = x
+
+
+class TorchDistributed:
+    """torch.distributed's default process group, initialized by the caller."""
+
+    def __init__(self):
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized (torchrun, or init_process_group)")
+        self.dist, self.rank, self.size = dist, dist.get_rank(), dist.get_world_size()
+
+    @staticmethod
+    def _tensor(x):
+        """A torch tensor sharing `x`'s bytes."""
+        import torch
+        return torch.from_numpy(x) if isinstance(x, np.ndarray) else torch.from_dlpack(x)
+
+    def all_reduce(self, x):
+        self.dist.all_reduce(self._tensor(x))
+
+    def reduce_scatter(self, x, y):
+        self.dist.reduce_scatter_tensor(self._tensor(y), self._tensor(x))
+
+    def all_gather(self, x, y):
+        self.dist.all_gather_into_tensor(self._tensor(y), self._tensor(x))
+
+
+def group_for(plan, group):
+    """The group a plan runs in: `group` when given, else one rank alone for a plan of one rank, else
+    torch.distributed's when initialized; a group of another size than the plan's is an error."""
+    from planner.errors import MemplanError
+    world = (plan.training.get("parallel") or {}).get("dp", 1)
+    if group is None and world > 1:
+        try:
+            group = TorchDistributed()
+        except (ImportError, RuntimeError) as e:
+            raise MemplanError(f"the plan is one of {world} data-parallel ranks; run it in a process group of "
+                               f"{world} (torchrun, or torch.distributed.init_process_group): {e}") from None
+    group = group or Single()
+    if group.size != world:
+        raise MemplanError(f"the plan is one of {world} data-parallel ranks, the process group has {group.size}")
+    return group

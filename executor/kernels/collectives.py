@@ -1,0 +1,58 @@
+"""Collective kernels (memplan.AllReduce, ReduceScatter, AllGather, Shard; rules in
+planner/ops/collectives.py). A collective kernel takes one more argument, the executor's process group
+(executor/collectives.py), bound when the executor binds the step."""
+import numpy as np
+
+from . import kernel
+
+
+def collective(op):
+    """Register `fn(xp, step, ins, outs, ws, group)` as the kernel of memplan `op`, marked to take the group."""
+    def register(fn):
+        fn.collective = True
+        return kernel(op, domain="memplan")(fn)
+    return register
+
+
+def _mean(xp, step, y, group):
+    if step.attrs["mean"] and group.size > 1:
+        xp.multiply(y, y.dtype.type(1 / group.size), out=y)
+
+
+@collective("AllReduce")
+def all_reduce(xp, step, ins, outs, ws, group):
+    y = outs[0]
+    if y is not ins[0]:
+        xp.copyto(y, ins[0])
+    group.all_reduce(y)
+    _mean(xp, step, y, group)
+
+
+@collective("ReduceScatter")
+def reduce_scatter(xp, step, ins, outs, ws, group):
+    x, y = ins[0].reshape(-1), outs[0]
+    if "padded" in ws:
+        full = ws["padded"]
+        xp.copyto(full[:x.size], x)
+        full[x.size:] = 0
+        x = full
+    group.reduce_scatter(x, y)
+    _mean(xp, step, y, group)
+
+
+@collective("AllGather")
+def all_gather(xp, step, ins, outs, ws, group):
+    y = outs[0].reshape(-1)
+    if "padded" in ws:
+        group.all_gather(ins[0], ws["padded"])
+        xp.copyto(y, ws["padded"][:y.size])
+    else:
+        group.all_gather(ins[0], y)
+
+
+@collective("Shard")
+def shard(xp, step, ins, outs, ws, group):
+    x, y = ins[0].reshape(-1), outs[0]
+    piece = x[group.rank * y.size:(group.rank + 1) * y.size]
+    xp.copyto(y[:piece.size], piece)
+    y[piece.size:] = np.zeros((), y.dtype)

@@ -1,0 +1,94 @@
+"""Collectives as ops of a rank's plan (memplan's own, outside ONNX): the data-parallel gradient
+reduction and the shards of ZeRO (planner.parallel). Each rank runs the same plan; which shard is its
+own, and the other ranks, the executor's process group says when running. A tensor of n elements split
+over `world` ranks has shards of shard_size(n, world) elements, the last padded with zeros."""
+import math
+
+import numpy as np
+
+from . import schema
+from .base import FLOATS, Layout, Schema, same_as_input
+from ..errors import ShapeError
+from ..parallel import shard_size
+
+
+class _Collective(Schema):
+    """Over `world` ranks; `mean` divides a sum by world (the gradients of a mean loss)."""
+
+    types = (("T",), {"T": FLOATS})
+    defaults = {"world": 1, "mean": 1}
+    mirror = False
+
+    @staticmethod
+    def world(node):
+        world = node.attrs.get("world", 1)
+        if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+            raise ShapeError(f"world must be an int >= 1, got {world!r}")
+        return world
+
+    @staticmethod
+    def padded(elements, world, dtype):
+        """The Layout of a padded (world * shard) copy where `elements` do not split evenly; none where
+        they do (the tensor's own bytes serve)."""
+        whole = world * shard_size(elements, world)
+        return Layout.pack(("padded", (whole,), dtype)) if whole != elements else Layout()
+
+
+@schema("AllReduce", domain="memplan")
+class AllReduce(_Collective):
+    """Y = the sum over ranks of X (over world with `mean`), in X's bytes where planned in place."""
+
+    inplace = ((0, 0),)
+    infer = staticmethod(same_as_input)
+
+
+@schema("ReduceScatter", domain="memplan")
+class ReduceScatter(_Collective):
+    """Y (shard,) = this rank's shard of the sum over ranks of X flattened (over world with `mean`)."""
+
+    def infer(self, node, ins):
+        return [((shard_size(math.prod(ins[0].shape), self.world(node)),), ins[0].dtype)]
+
+    def workspace(self, node, ins, outs, limit):
+        return self.padded(math.prod(ins[0].shape), self.world(node), ins[0].dtype)
+
+
+@schema("AllGather", domain="memplan")
+class AllGather(_Collective):
+    """Y of `shape` = the ranks' shards X (shard,) one after the other, the padding cut off."""
+
+    defaults = {**_Collective.defaults, "shape": None}
+
+    def infer(self, node, ins):
+        shape = tuple(node.attrs.get("shape") or ())
+        if ins[0].rank != 1 or ins[0].shape[0] != shard_size(math.prod(shape), self.world(node)):
+            raise ShapeError(f"AllGather of shards {ins[0].shape} does not make shape {shape} over "
+                             f"{self.world(node)} ranks")
+        return [(shape, ins[0].dtype)]
+
+    def workspace(self, node, ins, outs, limit):
+        return self.padded(math.prod(outs[0][0]), self.world(node), ins[0].dtype)
+
+    def flops(self, node, ins, outs):
+        return 0
+
+
+@schema("Shard", domain="memplan")
+class Shard(_Collective):
+    """Y (shard,) = this rank's shard of X flattened, zero-padded: no communication."""
+
+    def infer(self, node, ins):
+        return [((shard_size(math.prod(ins[0].shape), self.world(node)),), ins[0].dtype)]
+
+    def flops(self, node, ins, outs):
+        return 0
+
+
+def communicated(node, ins):
+    """Bytes one rank sends in a collective step (0 for Shard): a ring's all-reduce sends about twice the
+    tensor, a reduce-scatter or all-gather about once."""
+    elements, itemsize = math.prod(ins[0].shape), np.dtype(ins[0].dtype).itemsize
+    world = node.attrs.get("world", 1)
+    share = (world - 1) / world
+    factor = {"AllReduce": 2 * share, "ReduceScatter": share, "AllGather": share * world}.get(node.op, 0)
+    return int(factor * elements * itemsize)

@@ -1,0 +1,40 @@
+"""Data-parallel training plans: what one of `dp` ranks holds when each trains on its share of the batch
+and the ranks combine their gradients with collectives (DeepSpeed's ZeRO stages, PyTorch's DDP and
+FSDP's SHARD_GRAD_OP).
+
+- zero 0 (DDP): every rank keeps the whole model state; each gradient is all-reduced (mean).
+- zero 1: the optimizer state is sharded: a rank keeps and updates 1/dp of each parameter's state and
+  elements, then all-gathers the updated parameter.
+- zero 2: the gradients too: each is reduce-scattered, so a rank holds only its shard of it once reduced.
+
+Every rank runs the same plan (the shards have one size, the last one padded); which shard is its own
+the rank reads from its process group when running. ZeRO-3 (parameters gathered per use), tensor and
+pipeline parallelism are not planned yet.
+"""
+import math
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+STAGES = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How a training step is spread: `dp` data-parallel ranks at ZeRO stage `zero` (0, 1 or 2)."""
+
+    dp: int = 1
+    zero: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.dp, bool) or not isinstance(self.dp, int) or self.dp < 1:
+            raise ConfigError(f"parallel dp must be an int >= 1, got {self.dp!r}")
+        if self.zero not in STAGES or isinstance(self.zero, bool):
+            raise ConfigError(f"parallel zero must be one of {', '.join(map(str, STAGES))} (ZeRO-3 is not planned "
+                              f"yet), got {self.zero!r}")
+
+
+def shard_size(elements, world):
+    """The elements of one rank's shard of a tensor of `elements` split over `world` ranks (the last
+    shard padded with zeros to it)."""
+    return math.ceil(elements / world)

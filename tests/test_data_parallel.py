@@ -1,0 +1,141 @@
+"""Data-parallel training plans (planner.parallel, planner/passes/data_parallel.py): one rank's step with its
+gradients reduced over the ranks (ZeRO 0), its optimizer state (ZeRO 1) and gradients (ZeRO 2) sharded; run
+in 2 and 4 CPU processes over torch.distributed's gloo, the ranks train as one process on the whole batch."""
+import json
+import math
+import socket
+
+import numpy as np
+import pytest
+
+import planner
+from executor import Executor
+from executor.collectives import Single
+from planner.errors import ConfigError, MemplanError, PlanError
+from planner.parallel import shard_size
+from zoo_cases import input_shapes, small_model
+
+BATCH, STEPS = 8, 3
+COLLECTIVES = ("AllReduce", "ReduceScatter", "AllGather", "Shard")
+
+
+def compiled(batch, parallel=None, optimizer="adam"):
+    m = small_model("mlp")
+    return planner.compile(m, input_shapes(m, batch), training=True, optimizer=optimizer, parallel=parallel)
+
+
+def batches(seed=0):
+    """STEPS whole batches of the mlp's inputs and labels."""
+    rng = np.random.default_rng(seed)
+    return [{"input": rng.standard_normal((BATCH, 32), dtype=np.float32), "labels": rng.integers(0, 5, BATCH)}
+            for _ in range(STEPS)]
+
+
+def rank_share(feeds, rank, world):
+    rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    return {name: value[rows] for name, value in feeds.items()}
+
+
+def test_each_stage_reduces_and_shards_as_it_says():
+    plain = compiled(BATCH // 2)
+    shapes = {name: tuple(plain.tensors[name].shape) for name in plain.training["params"]}
+    for zero in (0, 1, 2):
+        plan = compiled(BATCH // 2, planner.Parallel(dp=2, zero=zero))
+        ops = [s.op for s in plan.steps if s.op in COLLECTIVES]
+        expected = {0: {"AllReduce": 1}, 1: {"AllReduce": 1, "Shard": 2, "AllGather": 1},
+                    2: {"ReduceScatter": 1, "Shard": 1, "AllGather": 1}}[zero]
+        assert {op: ops.count(op) for op in set(ops)} == {op: n * len(shapes) for op, n in expected.items()}
+        states = {t.name: tuple(t.shape) for t in plan.tensors.values() if t.kind == "state"}
+        for name, shape in shapes.items():
+            for suffix in ("exp_avg", "exp_avg_sq"):
+                assert states[f"{name}/{suffix}"] == (shape if zero == 0 else (shard_size(math.prod(shape), 2),))
+        assert plan.training["parallel"]["dp"] == 2 and plan.training["parallel"]["collective_bytes"] > 0
+        if zero:
+            assert plan.breakdown["optimizer"] < plain.breakdown["optimizer"]
+
+
+def test_an_uneven_split_pads_the_last_shard_in_planned_scratch():
+    plan = compiled(BATCH // 2, planner.Parallel(dp=2, zero=2))
+    odd = [s for s in plan.steps if s.op in ("ReduceScatter", "AllGather") and s.workspace]
+    assert odd, "the 5-element bias of the last layer splits unevenly over 2 ranks"
+    assert all(c.name == "padded" and c.shape == (6,) for s in odd for c in s.scratch)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_one_rank_trains_exactly_as_the_plain_plan(zero):
+    """A plan of one rank in a group of one: the collectives copy, the shard is the whole parameter."""
+    plain = Executor(compiled(BATCH), backend="numpy")
+    alone = Executor(compiled(BATCH, planner.Parallel(dp=1, zero=zero)), backend="numpy", group=Single())
+    for feeds in batches():
+        assert alone.train_step(feeds) == plain.train_step(feeds)
+    for name, value in plain.parameters().items():
+        np.testing.assert_array_equal(alone.parameters()[name], value, err_msg=name)
+
+
+def test_bad_parallel_options_are_refused():
+    for kwargs, message in ((dict(dp=0), "dp must be an int >= 1"), (dict(dp=True), "dp must be an int"),
+                            (dict(zero=3), "ZeRO-3 is not planned yet")):
+        with pytest.raises(ConfigError, match=message):
+            planner.Parallel(**kwargs)
+    with pytest.raises(PlanError, match="parallel apply to training=True"):
+        planner.compile(small_model("mlp"), parallel=planner.Parallel(dp=2))
+    with pytest.raises(MemplanError, match="one of 2 data-parallel ranks"):
+        Executor(compiled(BATCH // 2, planner.Parallel(dp=2)), backend="numpy")
+    with pytest.raises(MemplanError, match="one of 2 data-parallel ranks, the process group has 1"):
+        Executor(compiled(BATCH // 2, planner.Parallel(dp=2)), backend="numpy", group=Single())
+
+
+def _rank(rank, world, zero, port, results):
+    """One rank of a gloo group: STEPS training steps on its share of each batch."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        plan = compiled(BATCH // world, planner.Parallel(dp=world, zero=zero))
+        ex = Executor(plan, backend="numpy", poison=True)
+        losses = [ex.train_step(rank_share(feeds, rank, world)) for feeds in batches()]
+        results.put((rank, losses, ex.parameters(), plan.arena_bytes, ex.arena.buffer.nbytes))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("world, zero", [(2, 0), (2, 1), (2, 2), (4, 2)])
+def test_ranks_train_as_one_process_on_the_whole_batch(world, zero):
+    """The ranks' mean loss and their parameters after STEPS adam steps are the single process's on
+    the whole batch (each rank's loss is its share's mean; the gradients are averaged)."""
+    mp = pytest.importorskip("torch.multiprocessing")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    workers = [context.Process(target=_rank, args=(rank, world, zero, port, results)) for rank in range(world)]
+    for w in workers:
+        w.start()
+    got = sorted(results.get(timeout=240) for _ in workers)
+    for w in workers:
+        w.join(timeout=60)
+        assert w.exitcode == 0
+    single = Executor(compiled(BATCH), backend="numpy")
+    losses = [single.train_step(feeds) for feeds in batches()]
+    np.testing.assert_allclose(np.mean([g[1] for g in got], axis=0), losses, rtol=1e-5)
+    for rank, _, params, planned, held in got:
+        assert held == planned, "the rank's arena is the bytes its plan says"
+        for name, value in single.parameters().items():
+            np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}: {name}")
+
+
+def test_the_report_plans_one_rank_from_the_command_line(capsys):
+    from planner import cli
+    args = ["report", "zoo:mlp", "--batch", "4", "--training", "--optimizer", "adam", "--strategy", "bestfit"]
+    assert cli.main([*args, "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert cli.main([*args, "--dp", "2", "--zero", "1", "--json"]) == 0
+    rank = json.loads(capsys.readouterr().out)
+    assert rank["parallel"]["dp"] == 2 and rank["parallel"]["zero"] == 1 and whole["parallel"] is None
+    optimizer = [r["update_modes"]["eager"]["breakdown"]["optimizer"] for r in (whole, rank)]
+    assert optimizer[1] < optimizer[0]
+    assert cli.main([*args, "--dp", "2", "--zero", "2"]) == 0
+    assert "one of 2 data-parallel ranks, ZeRO-2" in capsys.readouterr().out
+    assert cli.main(["report", "zoo:mlp", "--dp", "2"]) == 2
+    assert "--dp and --zero apply with --training" in capsys.readouterr().err

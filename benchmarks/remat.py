@@ -68,7 +68,7 @@ def main():
         print(f"{args.model}: largest training batch (momentum SGD) whose arena fits {args.max_batch:g} GiB")
         base = None
         for remat in (None, "mirror", "sublinear"):
-            batch = maxbatch.largest(lambda b: arena(model, args.model, b, remat) <= int(args.max_batch * 2**30))
+            batch, _ = maxbatch.largest(lambda b: arena(model, args.model, b, remat), int(args.max_batch * 2**30))
             base = base or batch
             print(f"{remat or 'none':<10} {batch:>6} {batch / base:>6.2f}x", flush=True)
         return

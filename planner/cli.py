@@ -24,6 +24,7 @@ EXAMPLES = """examples:
   memplan inspect model.onnx --input input:8x3x224x224
   memplan viz zoo:lenet --batch 8 --training -o timeline.svg --graph graph.svg
   memplan max-batch zoo:lenet --budget 64MiB --training --optimizer adam
+  memplan fit zoo:resnet50 --batch 8 --gpus 8 --memory 16GiB --optimizer adam
 """
 
 
@@ -227,18 +228,12 @@ def viz(args):
     return 0
 
 
-def max_batch(args):
-    """For each strategy (and with --training each recomputation), the largest batch whose arena fits --budget."""
+def batch_planner(args, training):
+    """compile_at(batch, **options): the command's model planned at another batch (the first dim of its
+    inputs), with the command's options and `training` ones under `options`."""
     from frontends import read
-    from . import maxbatch
     from .compiler import compile
     from .shapes import infer
-    if args.budget is None:
-        raise MemplanError("max-batch needs the memory to fit: --budget SIZE, e.g. --budget 16GiB")
-    check_output(args.output)
-    budget = parse_bytes(args.budget)
-    args.budget = None
-    training = training_options(args)
     config = config_of(args)
     raw = read(args.model)
     given = input_shapes(raw, args.input, None)
@@ -249,7 +244,19 @@ def max_batch(args):
         bind_batch(raw, shapes, batch)
         return compile(infer(raw, shapes), schedule=args.schedule, config=config,
                        **{**training, **precision_option(args), **options})
+    return compile_at
 
+
+def max_batch(args):
+    """For each strategy (and with --training each recomputation), the largest batch whose arena fits --budget."""
+    from . import maxbatch
+    if args.budget is None:
+        raise MemplanError("max-batch needs the memory to fit: --budget SIZE, e.g. --budget 16GiB")
+    check_output(args.output)
+    budget = parse_bytes(args.budget)
+    args.budget = None
+    training = training_options(args)
+    compile_at = batch_planner(args, training)
     rows = [(s, {"strategy": s}) for s in args.strategy]
     if training:
         rows += [(f"bestfit + {r}", {"remat": r}) for r in ("mirror", "sublinear")]
@@ -264,6 +271,31 @@ def max_batch(args):
     lines = [f"{args.model}: the largest batch whose {'training step' if training else 'plan'} fits "
              f"{format_bytes(budget)}", f"{'strategy':<22} {'max batch':>9} {'arena':>13}"]
     lines += [f"{r['strategy']:<22} {r['max_batch']:>9} {format_bytes(r['arena_bytes'] or 0):>13}" for r in rows]
+    emit(args, "\n".join(lines))
+    return 0
+
+
+def fit(args):
+    """The data-parallel layouts of --gpus devices of --memory each, with the largest per-rank batch each fits."""
+    from . import fit as layouts
+    if args.dp is not None or args.zero is not None:
+        raise MemplanError("fit chooses --dp and --zero itself: give --gpus N and --memory SIZE")
+    check_output(args.output)
+    memory, args.training = parse_bytes(args.memory), True
+    compile_at = batch_planner(args, training_options(args))
+    with Progress("memplan fit") as bar:
+        found = layouts.search(compile_at, args.gpus, memory, lambda label, b: bar.update(detail=f"{label}: batch {b}"))
+    rows = [{"layout": label, "batch_per_rank": batch, "global_batch": total,
+             "arena_bytes": plan.arena_bytes if plan else None} for label, batch, total, plan in found]
+    if args.json or args.csv:
+        doc = {"model": args.model, "gpus": args.gpus, "memory_bytes": memory, "rows": rows}
+        emit(args, json.dumps(doc, indent=1) if args.json else as_csv(rows))
+        return 0
+    lines = [f"{args.model} on {args.gpus} devices of {format_bytes(memory)}: the largest batch each layout's "
+             "training step fits, largest global batch first",
+             f"{'layout':<28} {'batch per rank':>14} {'global batch':>12} {'arena per rank':>15}"]
+    lines += [f"{r['layout']:<28} {r['batch_per_rank']:>14} {r['global_batch']:>12} "
+              f"{format_bytes(r['arena_bytes'] or 0):>15}" for r in rows]
     emit(args, "\n".join(lines))
     return 0
 
@@ -442,6 +474,11 @@ def build_parser():
     p = command("max-batch", "the largest batch each strategy fits in --budget", max_batch, one_strategy=False)
     p.add_argument("--strategy", choices=[s for s in STRATEGIES if s != "optimal"], nargs="+",
                    default=["naive", "inplace", "share", "bestfit"], help="strategies to search")
+    _output_args(p)
+    p = command("fit", "the largest global batch each data-parallel layout trains on --gpus devices of --memory",
+                fit)
+    p.add_argument("--gpus", type=count(1), required=True, help="how many devices")
+    p.add_argument("--memory", required=True, metavar="SIZE", help="the memory of each device, e.g. 80GiB")
     _output_args(p)
     p = command("run", "run the planned graph out of one arena and time it", run)
     p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default="auto")

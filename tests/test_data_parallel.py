@@ -139,3 +139,25 @@ def test_the_report_plans_one_rank_from_the_command_line(capsys):
     assert "one of 2 data-parallel ranks, ZeRO-2" in capsys.readouterr().out
     assert cli.main(["report", "zoo:mlp", "--dp", "2"]) == 2
     assert "--dp and --zero apply with --training" in capsys.readouterr().err
+
+
+def test_fit_finds_each_layouts_largest_batch(capsys):
+    """memplan fit: for each data-parallel layout of --gpus, the largest per-rank batch whose rank plan fits
+    --memory (one more does not), largest global batch first."""
+    from planner import cli
+    assert cli.main(["fit", "zoo:mlp", "--batch", "4", "--gpus", "2", "--memory", "8MiB", "--optimizer", "adam",
+                     "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = doc["rows"]
+    assert len(rows) == 6 and [r["global_batch"] for r in rows] == sorted((r["global_batch"] for r in rows),
+                                                                           reverse=True)
+    for row in rows:
+        zero, remat = int(row["layout"].split("ZeRO-")[1][0]), "sublinear" if "sublinear" in row["layout"] else None
+
+        def arena(batch):
+            return planner.compile("zoo:mlp", {"input": (batch, 784)}, training=True, optimizer="adam", remat=remat,
+                                   parallel=planner.Parallel(dp=2, zero=zero)).arena_bytes
+        assert row["global_batch"] == 2 * row["batch_per_rank"]
+        assert arena(row["batch_per_rank"]) == row["arena_bytes"] <= 8 << 20 < arena(row["batch_per_rank"] + 1)
+    assert cli.main(["fit", "zoo:mlp", "--gpus", "2", "--memory", "8MiB", "--dp", "2"]) == 2
+    assert "fit chooses --dp and --zero itself" in capsys.readouterr().err

@@ -6,6 +6,8 @@ all_gather (the ranks' shards `x` into `y`), on the backend's arrays.
 `torchrun` or `init_process_group` set it up (gloo on the CPU; NCCL for CuPy arrays, passed by DLPack)."""
 import numpy as np
 
+from planner.errors import MemplanError
+
 
 class Single:
     """A group of one rank: the collectives copy."""
@@ -50,7 +52,6 @@ class TorchDistributed:
 def group_for(plan, group):
     """The group a plan runs in: `group` when given, else one rank alone for a plan of one rank, else
     torch.distributed's when initialized; a group of another size than the plan's is an error."""
-    from planner.errors import MemplanError
     world = (plan.training.get("parallel") or {}).get("dp", 1)
     if group is None and world > 1:
         try:

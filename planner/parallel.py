@@ -38,3 +38,13 @@ def shard_size(elements, world):
     """The elements of one rank's shard of a tensor of `elements` split over `world` ranks (the last
     shard padded with zeros to it)."""
     return math.ceil(elements / world)
+
+
+def model_states(values, param_bytes, state_bytes, dp, zero):
+    """{"params", "gradients", "optimizer"}: the bytes of each that one of `dp` ranks holds at ZeRO stage
+    `zero` by the ZeRO paper's count (Rajbhandari et al. 2020; DeepSpeed's estimators): `values` trained
+    values of `param_bytes` each, gradients of the same type, `state_bytes` of optimizer state per value;
+    each sharded part is 1/dp of the whole (the paper's count, no padding)."""
+    whole = {"params": values * param_bytes, "gradients": values * param_bytes, "optimizer": values * state_bytes}
+    sharded = {0: (), 1: ("optimizer",), 2: ("optimizer", "gradients")}.get(zero, tuple(whole))
+    return {part: size / dp if part in sharded else size for part, size in whole.items()}

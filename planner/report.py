@@ -35,6 +35,7 @@ class Report:
     budget: int | None = None
     notes: list = field(default_factory=list)
     precisions: dict | None = None
+    unsharded: object = None
 
     @property
     def lower_bound(self):
@@ -56,7 +57,7 @@ class Report:
                        trained_values=sum(math.prod(first.tensors[n].shape) for n in first.training["params"]),
                        constants=first.training["constants"], criterion=first.training["criterion"],
                        exported_params=first.training.get("exported_params"),
-                       parallel=first.training.get("parallel"),
+                       parallel=_parallel(first, self.unsharded),
                        forward_flops=first.stats["forward_flops"], backward_flops=first.stats["backward_flops"],
                        update_modes={m: {"arena_bytes": p.arena_bytes, "breakdown": p.breakdown}
                                      for m, p in self.updates.items()})
@@ -154,8 +155,29 @@ def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None,
                          memory_budget)
     chosen = {name: compile(graph, schedule=schedule, config=config, **{**training, "precision": name})
               for name in precisions or ()}
+    unsharded = training.get("parallel") and compile(graph, schedule=schedule, config=config,
+                                                     **{**training, "parallel": None})
     return Report(graph, [(label, p) for label, p in rows if p is not None], modes, updates, remats, memory_budget,
-                  notes, chosen or None)
+                  notes, chosen or None, unsharded or None)
+
+
+def _parallel(plan, unsharded):
+    """A data-parallel rank's facts (planner.parallel), with the plain plan of the same batch beside them,
+    and its model states beside the ZeRO paper's count; None for a plan of one device."""
+    from .parallel import model_states
+    from .training import OPTIMIZERS
+    facts = plan.training.get("parallel")
+    if not facts:
+        return None
+    trained = [plan.tensors[n] for n in plan.training["params"]]
+    values = sum(math.prod(t.shape) for t in trained)
+    itemsize = max((t.nbytes // max(math.prod(t.shape), 1) for t in trained), default=4)
+    states = len(OPTIMIZERS[plan.training["optimizer"]][2])
+    ours = {"params": sum(t.nbytes for t in trained), "optimizer": plan.breakdown["optimizer"],
+            "gradients_at_peak": plan.breakdown["grads"]}
+    paper = model_states(values, itemsize, states * itemsize, facts["dp"], facts["zero"])
+    return {**facts, "unsharded": {"arena_bytes": unsharded.arena_bytes, "breakdown": unsharded.breakdown},
+            "model_states": {"plan": ours, "zero_paper": paper}}
 
 
 def _remats(plan, memory_budget):
@@ -266,12 +288,20 @@ def _params_line(d):
 
 
 def _parallel_line(d):
-    """Which rank's plan this is, under data parallelism (planner.parallel)."""
+    """Which rank's plan this is, under data parallelism (planner.parallel), beside the plain plan of its
+    batch, and its model states beside the ZeRO paper's count."""
     p = d.get("parallel")
     if not p:
         return []
+    ours, paper = p["model_states"]["plan"], p["model_states"]["zero_paper"]
+    bestfit = next(r["arena_bytes"] for r in d["rows"] if r["strategy"] == "bestfit")
     return [f"one of {p['dp']} data-parallel ranks, ZeRO-{p['zero']} (its own share of the batch): the arena is one "
-            f"rank's; its collectives send {format_bytes(p['collective_bytes'])} a step"]
+            f"rank's, bestfit {format_bytes(bestfit)} against {format_bytes(p['unsharded']['arena_bytes'])} "
+            f"for the same batch on one device; its collectives send {format_bytes(p['collective_bytes'])} a step",
+            f"model states of the rank: params {format_bytes(ours['params'])}, optimizer state "
+            f"{format_bytes(ours['optimizer'])}, gradients {format_bytes(ours['gradients_at_peak'])} at the fullest "
+            f"step; the ZeRO paper's count (DeepSpeed's estimators): {format_bytes(paper['params'])}, "
+            f"{format_bytes(paper['optimizer'])}, {format_bytes(paper['gradients'])} held throughout"]
 
 
 def _export_line(d):

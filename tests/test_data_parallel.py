@@ -135,6 +135,13 @@ def test_the_report_plans_one_rank_from_the_command_line(capsys):
     assert rank["parallel"]["dp"] == 2 and rank["parallel"]["zero"] == 1 and whole["parallel"] is None
     optimizer = [r["update_modes"]["eager"]["breakdown"]["optimizer"] for r in (whole, rank)]
     assert optimizer[1] < optimizer[0]
+    ours, paper = rank["parallel"]["model_states"]["plan"], rank["parallel"]["model_states"]["zero_paper"]
+    params = rank["trained_params"]
+    assert ours["params"] == paper["params"] == 4 * rank["trained_values"]
+    assert paper["optimizer"] == 8 * rank["trained_values"] / 2  # Adam's two states, sharded over 2 ranks
+    # each of the 2 states of each param: a shard padded by at most one element a rank, 256-byte aligned
+    assert paper["optimizer"] <= ours["optimizer"] <= paper["optimizer"] + 2 * params * (256 + 4 * 2)
+    assert rank["parallel"]["unsharded"]["arena_bytes"] == whole["rows"][-1]["arena_bytes"]
     assert cli.main([*args, "--dp", "2", "--zero", "2"]) == 0
     assert "one of 2 data-parallel ranks, ZeRO-2" in capsys.readouterr().out
     assert cli.main(["report", "zoo:mlp", "--dp", "2"]) == 2

@@ -19,7 +19,7 @@ from planner.ir import op_name
 
 from . import backends, kernels
 from .arena import Arena
-from .collectives import group_for
+from .collectives import group_for, shards
 from .backends import numpy_backend
 from .profile import Profile
 
@@ -80,7 +80,7 @@ class Executor:
         if missing:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.arena = Arena(plan, self.backend.xp)
-        self.arena.load(values)
+        self.arena.load(shards(plan, values, self.group))
         del values
         heap.trim()
         for t in plan.tensors.values():
@@ -196,7 +196,8 @@ class Executor:
         return scaler["init"] * 2.0 ** float(self.arena.view(scaler["exponent"]))
 
     def parameters(self):
-        """{name: host array} of the trained params (a copy of their current values in the arena)."""
+        """{name: host array} of the trained params (a copy of their current values in the arena; under
+        ZeRO-3, this rank's shard of each, planner.parallel)."""
         names = self.plan.training.get("params") or [t.name for t in self.plan.tensors.values() if t.kind == "param"]
         xp = self.backend.xp
         return {name: np.array(self.arena.view(name).get() if xp is not np else self.arena.view(name))

@@ -63,3 +63,19 @@ def group_for(plan, group):
     if group.size != world:
         raise MemplanError(f"the plan is one of {world} data-parallel ranks, the process group has {group.size}")
     return group
+
+
+def shards(plan, values, group):
+    """The values to load into a rank's arena: under ZeRO-3, this rank's shard of each sharded param's
+    whole value (flattened, the last shard zero-padded); the others as they are."""
+    sharded = set((plan.training.get("parallel") or {}).get("sharded", ()))
+    if not sharded:
+        return values
+    out = dict(values)
+    for name in sharded & set(values):
+        flat, size = np.asarray(values[name]).reshape(-1), plan.tensors[name].shape[0]
+        piece = np.zeros(size, flat.dtype)
+        own = flat[group.rank * size:(group.rank + 1) * size]
+        piece[:own.size] = own
+        out[name] = piece
+    return out

@@ -416,8 +416,9 @@ def _model_args(p, one_strategy):
     p.add_argument("--remat", choices=REMATS, default=None, help="recompute forward tensors in backward")
     p.add_argument("--dp", type=count(1), default=None, metavar="N",
                    help="with --training: plan one of N data-parallel ranks (its batch is --batch / --input)")
-    p.add_argument("--zero", type=int, choices=(0, 1, 2), default=None,
-                   help="with --dp: ZeRO stage, 1 sharding the optimizer state, 2 the gradients too (default 0)")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
+                   help="with --dp: ZeRO stage, 1 sharding the optimizer state, 2 the gradients too, 3 the params too "
+                        "(default 0)")
     p.add_argument("--budget", default=None, metavar="SIZE",
                    help="with --training: the least recomputation whose arena fits SIZE (e.g. 2GiB)")
     p.add_argument("--workspace-mode", choices=("pool", "tensor"), default=None,

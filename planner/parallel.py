@@ -6,22 +6,26 @@ FSDP's SHARD_GRAD_OP).
 - zero 1: the optimizer state is sharded: a rank keeps and updates 1/dp of each parameter's state and
   elements, then all-gathers the updated parameter.
 - zero 2: the gradients too: each is reduce-scattered, so a rank holds only its shard of it once reduced.
+- zero 3 (FSDP's FULL_SHARD, one unit per parameter): the parameters too: a rank keeps its shard of each,
+  all-gathers it before the forward pass reads it and again before the backward pass does.
 
 Every rank runs the same plan (the shards have one size, the last one padded); which shard is its own
-the rank reads from its process group when running. ZeRO-3 (parameters gathered per use), tensor and
-pipeline parallelism are not planned yet.
+the rank reads from its process group when running (under ZeRO-3 it cuts its shard of each parameter's
+value when the executor loads it). Tensor and pipeline parallelism are not planned yet.
 """
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import ConfigError
 
-STAGES = (0, 1, 2)
+STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
 class Parallel:
-    """How a training step is spread: `dp` data-parallel ranks at ZeRO stage `zero` (0, 1 or 2)."""
+    """How a training step is spread: `dp` data-parallel ranks at ZeRO stage `zero` (0 to 3)."""
 
     dp: int = 1
     zero: int = 0
@@ -30,8 +34,7 @@ class Parallel:
         if isinstance(self.dp, bool) or not isinstance(self.dp, int) or self.dp < 1:
             raise ConfigError(f"parallel dp must be an int >= 1, got {self.dp!r}")
         if self.zero not in STAGES or isinstance(self.zero, bool):
-            raise ConfigError(f"parallel zero must be one of {', '.join(map(str, STAGES))} (ZeRO-3 is not planned "
-                              f"yet), got {self.zero!r}")
+            raise ConfigError(f"parallel zero must be one of {', '.join(map(str, STAGES))}, got {self.zero!r}")
 
 
 def shard_size(elements, world):
@@ -48,3 +51,16 @@ def model_states(values, param_bytes, state_bytes, dp, zero):
     whole = {"params": values * param_bytes, "gradients": values * param_bytes, "optimizer": values * state_bytes}
     sharded = {0: (), 1: ("optimizer",), 2: ("optimizer", "gradients")}.get(zero, tuple(whole))
     return {part: size / dp if part in sharded else size for part, size in whole.items()}
+
+
+class Whole:
+    """The value of a ZeRO-3 param: typed as one rank's shard (`shape`, `dtype`, `size`, so that planning sees
+    the bytes the rank holds) while holding the whole value (`np.asarray` gives it), which each rank cuts its
+    own shard of when the executor loads it."""
+
+    def __init__(self, value, shard):
+        self.value, self.shape, self.dtype = value, tuple(shard), np.dtype(value.dtype)
+        self.size = math.prod(self.shape)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.value, dtype=dtype)

@@ -27,6 +27,7 @@ from . import dtypes  # noqa: F401  (registers ml_dtypes' names with NumPy)
 from .errors import PlanError
 from .ir import KINDS as GRAPH_KINDS
 from .ops.base import Slice
+from .parallel import Whole, shard_size
 
 ALIGNMENT = 256
 FORMAT = "memplan-plan/4"
@@ -180,6 +181,8 @@ class Plan:
     def check_values(self, where="Plan.data"):
         """Raise PlanError unless `data` holds a value of the planned shape and dtype for every param and
         const buffer, and nothing else (`where` names the values in the message); return self."""
+        parallel = (self.training or {}).get("parallel") or {}
+        sharded = set(parallel.get("sharded", ()))
         for name, value in self.data.items():
             t = self.tensors.get(name)
             if t is None or t.kind not in ("param", "const"):
@@ -187,7 +190,9 @@ class Plan:
             if value is None:
                 raise PlanError(f"{where}: {t.kind} {name!r} has no value")
             dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
-            if np.shape(value) != tuple(t.shape) or dtype != _dtype(t):
+            whole = value.value if isinstance(value, Whole) else value  # a ZeRO-3 param's value: the whole
+            shape = (shard_size(math.prod(np.shape(whole)), parallel["dp"]),) if name in sharded else np.shape(value)
+            if tuple(shape) != tuple(t.shape) or dtype != _dtype(t):
                 raise PlanError(f"{where}: {t.kind} {name!r} is {np.shape(value)} {dtype}, but "
                                 f"the plan places it as {tuple(t.shape)} {t.dtype}")
         missing = [t for t in self.tensors.values() if t.kind in ("param", "const") and t.alias_of is None

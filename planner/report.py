@@ -4,6 +4,8 @@ recomputation strategies."""
 import math
 from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
+
 from . import pools
 from .breakdown import by_dtype, fields
 from .config import Config
@@ -170,7 +172,8 @@ def _parallel(plan, unsharded):
     if not facts:
         return None
     trained = [plan.tensors[n] for n in plan.training["params"]]
-    values = sum(math.prod(t.shape) for t in trained)
+    wholes = [getattr(plan.data.get(t.name), "value", None) for t in trained]  # ZeRO-3's params: their wholes
+    values = sum(math.prod(np.shape(w) if w is not None else t.shape) for t, w in zip(trained, wholes))
     itemsize = max((t.nbytes // max(math.prod(t.shape), 1) for t in trained), default=4)
     states = len(OPTIMIZERS[plan.training["optimizer"]][2])
     ours = {"params": sum(t.nbytes for t in trained), "optimizer": plan.breakdown["optimizer"],

@@ -1,18 +1,23 @@
 """One rank's training step under data parallelism (planner.parallel): each optimizer node reads the
-gradient reduced over the ranks (AllReduce, or ReduceScatter to this rank's shard under ZeRO-2); under
-ZeRO-1/2 it updates only this rank's shard of its parameter, with optimizer state of one shard, and the
-updated shards are all-gathered over the parameter. Facts: "parallel" (dp, zero, collective bytes)."""
+gradient reduced over the ranks (AllReduce, or ReduceScatter to this rank's shard under ZeRO-2 and 3);
+under ZeRO-1 and 2 it updates only this rank's shard of its parameter, with optimizer state of one shard,
+and the updated shards are all-gathered over the parameter; under ZeRO-3 the rank keeps only its shard of
+each trained parameter, all-gathered before its first forward reader and again before its first backward
+reader, so that the whole parameter lives only while those read it (PyTorch FSDP, one unit per
+parameter). Facts: "parallel" (dp, zero, collective bytes, the sharded params)."""
 from dataclasses import replace
 
 from .. import ops, shapes
 from ..autodiff import Builder
 from ..errors import ConfigError
-from ..ir import Phase, Tensor
+from ..ir import Annotations, Node, Phase, Tensor
 from ..ops.collectives import communicated
-from ..parallel import shard_size
+from ..parallel import Whole, shard_size
 from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Result
 
 OPTIMIZER_OPS = {("memplan", "SGD"), ("memplan", "Adam")}
+GATHERED = (Phase.FORWARD, Phase.BACKWARD)
+"""The phases whose readers of a ZeRO-3 parameter read it all-gathered, each phase its own gather."""
 
 
 def _data_parallel(graph, context):
@@ -25,8 +30,20 @@ def _data_parallel(graph, context):
         raise ConfigError("data-parallel plans update params in place (MEGENGINE_INPLACE_UPDATE=1)")
     world, zero = parallel.dp, parallel.zero
     b = Builder(graph, prefix="parallel", phase=Phase.OPTIMIZER)
-    tensors, updates, nodes = dict(graph.tensors), dict((new, old) for new, old in graph.updates), []
-    for node in graph.nodes:
+    tensors, updates = dict(graph.tensors), dict((new, old) for new, old in graph.updates)
+    optimized = {n.inputs[len(ops.of(n).scalars)] for n in graph.nodes if (n.domain, n.op) in OPTIMIZER_OPS}
+    # ZeRO-3 shards the params of more elements than ranks; a smaller one stays whole on each (as ZeRO-1)
+    sharded = {p for p in optimized if graph.tensors[p].size > world} if zero == 3 else set()
+    gathers = _gathers(graph, sharded, world)
+    nodes = []
+    for k, node in enumerate(graph.nodes):
+        for phase, param in gathers.get(k, ()):
+            nodes.append(_gather(graph, param, phase, world))
+        if gathers and (node.domain, node.op) not in OPTIMIZER_OPS:
+            phase = node.notes.phase
+            names = {p: _gathered(p, phase) for p in sharded if p in node.inputs and phase in GATHERED}
+            nodes.append(replace(node, inputs=tuple(names.get(i, i) for i in node.inputs)) if names else node)
+            continue
         if (node.domain, node.op) not in OPTIMIZER_OPS:
             nodes.append(node)
             continue
@@ -42,25 +59,56 @@ def _data_parallel(graph, context):
             grad_shard = b.op("Shard", full, domain="memplan", world=world)
         else:
             grad_shard = b.op("ReduceScatter", grad, domain="memplan", world=world, mean=1)
-        param_shard = b.op("Shard", param, domain="memplan", world=world)
         p = graph.tensors[param]
         shard = (shard_size(p.size, world),)
+        param_shard = param if param in sharded else b.op("Shard", param, domain="memplan", world=world)
+        if param in sharded:  # the rank keeps its shard of the param
+            tensors[param] = Tensor(param, shard, p.dtype, "param", Whole(p.data, shard))
         for s in state:
             tensors[s] = Tensor(s, shard, tensors[s].dtype, "state")
         for out in node.outputs:  # now of one shard: typed again
             tensors[out] = Tensor(out, None, None, "activation")
-        updated = replace(node, inputs=(*node.inputs[:scalars], param_shard, grad_shard, *state))
-        nodes += [*b.nodes[start:], updated]
-        start = len(b.nodes)
-        gathered = b.op("AllGather", node.outputs[0], domain="memplan", world=world, mean=0, shape=list(p.shape))
-        nodes += b.nodes[start:]
-        del updates[node.outputs[0]]
-        updates[gathered] = param
+        nodes += [*b.nodes[start:], replace(node, inputs=(*node.inputs[:scalars], param_shard, grad_shard, *state))]
+        if param not in sharded:
+            start = len(b.nodes)
+            gathered = b.op("AllGather", node.outputs[0], domain="memplan", world=world, mean=0, shape=list(p.shape))
+            nodes += b.nodes[start:]
+            del updates[node.outputs[0]]
+            updates[gathered] = param
+    for _, (phase, param) in ((k, g) for k, pairs in gathers.items() for g in pairs):
+        tensors[_gathered(param, phase)] = Tensor(_gathered(param, phase), None, None, "activation")
     typed = shapes.retype(replace(graph, nodes=tuple(nodes), tensors={**tensors, **b.tensors},
                                   updates=tuple(updates.items())), graph)
     sent = sum(communicated(n, [typed.tensors[n.inputs[0]]]) for n in typed.nodes if n.domain == "memplan"
                and n.op in ("AllReduce", "ReduceScatter", "AllGather"))
-    return Result(typed, True, {"parallel": {"dp": world, "zero": zero, "collective_bytes": sent}})
+    facts = {"dp": world, "zero": zero, "collective_bytes": sent, "sharded": sorted(sharded)}
+    return Result(typed, True, {"parallel": facts})
+
+
+def _gathers(graph, params, world):
+    """{node index: [(phase, param)]}: where each ZeRO-3 param is all-gathered, before its first reader of
+    each phase in GATHERED, in the order that reader reads them (every rank must gather in one order)."""
+    first = {}
+    for k, node in enumerate(graph.nodes):
+        if node.notes.phase in GATHERED and (node.domain, node.op) not in OPTIMIZER_OPS:
+            for name in node.inputs:
+                if name in params:
+                    first.setdefault((node.notes.phase, name), k)
+    out = {}
+    for (phase, param), k in sorted(first.items(), key=lambda item: item[1]):
+        out.setdefault(k, []).append((phase, param))
+    return out
+
+
+def _gathered(param, phase):
+    return f"{param}/gathered/{phase.value}"
+
+
+def _gather(graph, param, phase, world):
+    """The AllGather node of `param`'s whole value for the readers of `phase`."""
+    return Node("AllGather", (param,), (_gathered(param, phase),), {"world": world, "mean": 0,
+                "shape": list(graph.tensors[param].shape)}, f"parallel/AllGather/{param}/{phase.value}",
+                Annotations(phase), "memplan")
 
 
 data_parallel = Pass("data_parallel", _data_parallel, needs=frozenset({TYPED, UPDATES}),

@@ -30,53 +30,21 @@ def _data_parallel(graph, context):
         raise ConfigError("data-parallel plans update params in place (MEGENGINE_INPLACE_UPDATE=1)")
     world, zero = parallel.dp, parallel.zero
     b = Builder(graph, prefix="parallel", phase=Phase.OPTIMIZER)
-    tensors, updates = dict(graph.tensors), dict((new, old) for new, old in graph.updates)
+    tensors, updates = dict(graph.tensors), dict(graph.updates)
     optimized = {n.inputs[len(ops.of(n).scalars)] for n in graph.nodes if (n.domain, n.op) in OPTIMIZER_OPS}
     # ZeRO-3 shards the params of more elements than ranks; a smaller one stays whole on each (as ZeRO-1)
     sharded = {p for p in optimized if graph.tensors[p].size > world} if zero == 3 else set()
-    gathers = _gathers(graph, sharded, world)
-    nodes = []
+    gathers, nodes = _gathers(graph, sharded), []
     for k, node in enumerate(graph.nodes):
         for phase, param in gathers.get(k, ()):
             nodes.append(_gather(graph, param, phase, world))
-        if gathers and (node.domain, node.op) not in OPTIMIZER_OPS:
-            phase = node.notes.phase
-            names = {p: _gathered(p, phase) for p in sharded if p in node.inputs and phase in GATHERED}
-            nodes.append(replace(node, inputs=tuple(names.get(i, i) for i in node.inputs)) if names else node)
-            continue
-        if (node.domain, node.op) not in OPTIMIZER_OPS:
-            nodes.append(node)
-            continue
-        start = len(b.nodes)
-        scalars = len(ops.of(node).scalars)
-        param, grad, *state = node.inputs[scalars:]
-        if zero == 0:
-            reduced = b.op("AllReduce", grad, domain="memplan", world=world, mean=1)
-            nodes += [*b.nodes[start:], replace(node, inputs=(*node.inputs[:scalars], param, reduced, *state))]
-            continue
-        if zero == 1:
-            full = b.op("AllReduce", grad, domain="memplan", world=world, mean=1)
-            grad_shard = b.op("Shard", full, domain="memplan", world=world)
+            tensors[_gathered(param, phase)] = Tensor(_gathered(param, phase), None, None, "activation")
+        if (node.domain, node.op) in OPTIMIZER_OPS:
+            nodes += _rank_update(b, graph, node, tensors, updates, world, zero, sharded)
         else:
-            grad_shard = b.op("ReduceScatter", grad, domain="memplan", world=world, mean=1)
-        p = graph.tensors[param]
-        shard = (shard_size(p.size, world),)
-        param_shard = param if param in sharded else b.op("Shard", param, domain="memplan", world=world)
-        if param in sharded:  # the rank keeps its shard of the param
-            tensors[param] = Tensor(param, shard, p.dtype, "param", Whole(p.data, shard))
-        for s in state:
-            tensors[s] = Tensor(s, shard, tensors[s].dtype, "state")
-        for out in node.outputs:  # now of one shard: typed again
-            tensors[out] = Tensor(out, None, None, "activation")
-        nodes += [*b.nodes[start:], replace(node, inputs=(*node.inputs[:scalars], param_shard, grad_shard, *state))]
-        if param not in sharded:
-            start = len(b.nodes)
-            gathered = b.op("AllGather", node.outputs[0], domain="memplan", world=world, mean=0, shape=list(p.shape))
-            nodes += b.nodes[start:]
-            del updates[node.outputs[0]]
-            updates[gathered] = param
-    for _, (phase, param) in ((k, g) for k, pairs in gathers.items() for g in pairs):
-        tensors[_gathered(param, phase)] = Tensor(_gathered(param, phase), None, None, "activation")
+            phase = node.notes.phase
+            gathered = {p: _gathered(p, phase) for p in sharded if p in node.inputs and phase in GATHERED}
+            nodes.append(replace(node, inputs=tuple(gathered.get(i, i) for i in node.inputs)) if gathered else node)
     typed = shapes.retype(replace(graph, nodes=tuple(nodes), tensors={**tensors, **b.tensors},
                                   updates=tuple(updates.items())), graph)
     sent = sum(communicated(n, [typed.tensors[n.inputs[0]]]) for n in typed.nodes if n.domain == "memplan"
@@ -85,7 +53,43 @@ def _data_parallel(graph, context):
     return Result(typed, True, {"parallel": facts})
 
 
-def _gathers(graph, params, world):
+def _rank_update(b, graph, node, tensors, updates, world, zero, sharded):
+    """The nodes of one rank's update of the param `node` (an optimizer node) updates: its gradient reduced
+    over the ranks, and from ZeRO-1 on the update of this rank's shard with state of one shard, gathered
+    back over the param unless the param is itself kept sharded (ZeRO-3). Retypes `tensors` and rewrites
+    `updates` (the graph's, as {new: old}) to match."""
+    start, scalars = len(b.nodes), len(ops.of(node).scalars)
+    param, grad, *state = node.inputs[scalars:]
+    if zero == 0:
+        reduced = b.op("AllReduce", grad, domain="memplan", world=world, mean=1)
+        return [*b.nodes[start:], replace(node, inputs=(*node.inputs[:scalars], param, reduced, *state))]
+    if zero == 1:
+        full = b.op("AllReduce", grad, domain="memplan", world=world, mean=1)
+        grad_shard = b.op("Shard", full, domain="memplan", world=world)
+    else:
+        grad_shard = b.op("ReduceScatter", grad, domain="memplan", world=world, mean=1)
+    p = graph.tensors[param]
+    shard = (shard_size(p.size, world),)
+    if param in sharded:  # the rank keeps its shard of the param
+        tensors[param] = Tensor(param, shard, p.dtype, "param", Whole(p.data, shard))
+        param_shard = param
+    else:
+        param_shard = b.op("Shard", param, domain="memplan", world=world)
+    for s in state:
+        tensors[s] = Tensor(s, shard, tensors[s].dtype, "state")
+    for out in node.outputs:  # now of one shard: typed again
+        tensors[out] = Tensor(out, None, None, "activation")
+    nodes = [*b.nodes[start:], replace(node, inputs=(*node.inputs[:scalars], param_shard, grad_shard, *state))]
+    if param not in sharded:
+        start = len(b.nodes)
+        gathered = b.op("AllGather", node.outputs[0], domain="memplan", world=world, mean=0, shape=list(p.shape))
+        nodes += b.nodes[start:]
+        del updates[node.outputs[0]]
+        updates[gathered] = param
+    return nodes
+
+
+def _gathers(graph, params):
     """{node index: [(phase, param)]}: where each ZeRO-3 param is all-gathered, before its first reader of
     each phase in GATHERED, in the order that reader reads them (every rank must gather in one order)."""
     first = {}

@@ -6,6 +6,7 @@ typed graph of inference or of a training step; planning it is one step per line
 """
 import sys
 import time
+from types import MappingProxyType
 
 from . import allocators, ops, passes, workspace
 from .breakdown import breakdown
@@ -60,6 +61,10 @@ def compile(model, input_shapes=None, options=None, **keywords):
     fetch = tuple(options.fetch)
 
     def score(graph, facts):
+        if options.parallel is not None:  # a candidate of recomputation, scored as the rank's plan it becomes
+            context = passes.Context(options, input_shapes, config, MappingProxyType(facts))
+            graph, found = passes.run([passes.data_parallel], graph, context, frozenset({passes.TYPED, passes.UPDATES}))
+            facts = {**facts, **found}
         return min(plan_graph(graph, options.strategy, order, config, fetch, facts).arena_bytes
                    for order in options.orders)
 

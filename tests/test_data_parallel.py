@@ -202,3 +202,20 @@ def test_every_process_plans_the_same_steps_whatever_its_hash_seed():
     runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
     assert runs[0] == runs[1]
+
+
+def test_recomputation_under_a_budget_plans_for_the_rank():
+    """remat="budget" scores its candidates as the rank's plans they become: a budget between the rank's
+    arena and the one-device arena is met with less recomputation than one device would need."""
+    m = small_model("resnet_deep")
+    shapes = input_shapes(m, 4)
+    options = dict(training=True, optimizer="adam")
+    one = planner.compile(m, shapes, **options)
+    rank = planner.compile(m, shapes, **options, parallel=planner.Parallel(dp=2, zero=3))
+    assert rank.arena_bytes < one.arena_bytes
+    budget = (rank.arena_bytes + one.arena_bytes) // 2
+    planned = planner.compile(m, shapes, **options, remat="budget", memory_budget=budget,
+                              parallel=planner.Parallel(dp=2, zero=3))
+    alone = planner.compile(m, shapes, **options, remat="budget", memory_budget=budget)
+    assert planned.arena_bytes <= budget and alone.arena_bytes <= budget
+    assert planned.stats["recompute_flops"] < alone.stats["recompute_flops"]

@@ -53,8 +53,9 @@ TRAINING = [
     loss,               # the scalar "loss", the labels input
     gradients,          # the backward pass
     optimizer,          # the param updates
-    data_parallel,      # one rank's step: gradients reduced over the ranks, ZeRO's shards
     recomputation,      # forward values recomputed in backward instead of kept
+    data_parallel,      # one rank's step: gradients reduced over the ranks, ZeRO's shards (after recomputation,
+                        # so that a recomputed op reads ZeRO-3's backward gather)
 ]
 
 __all__ = ["Pass", "Result", "Context", "run", "LOADING", "REWRITES", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",

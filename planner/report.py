@@ -174,7 +174,7 @@ def _parallel(plan, unsharded):
     trained = [plan.tensors[n] for n in plan.training["params"]]
     wholes = [getattr(plan.data.get(t.name), "value", None) for t in trained]  # ZeRO-3's params: their wholes
     values = sum(math.prod(np.shape(w) if w is not None else t.shape) for t, w in zip(trained, wholes))
-    itemsize = max((t.nbytes // max(math.prod(t.shape), 1) for t in trained), default=4)
+    itemsize = max((np.dtype(t.dtype).itemsize for t in trained), default=4)
     states = len(OPTIMIZERS[plan.training["optimizer"]][2])
     ours = {"params": sum(t.nbytes for t in trained), "optimizer": plan.breakdown["optimizer"],
             "gradients_at_peak": plan.breakdown["grads"]}

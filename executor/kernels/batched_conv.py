@@ -3,6 +3,8 @@ columns of every image (im2col, or the images themselves for a pointwise conv), 
 the output written back into Y by the epilogue."""
 import math
 
+from planner.ops.into import matmul
+
 from . import kernel
 from .nn import conv_window, epilogue, fill_columns
 
@@ -47,5 +49,5 @@ def convolve(xp, step, ins, outs, ws, gather, write_back):
         cols = ws["columns"][:, :width]
         gather(cols.reshape(x.shape[1], *kernel_shape, n1 - n0, *y.shape[2:]), x[n0:n1], step, w, y[n0:n1])
         output = ws["output"][:, :width]
-        xp.matmul(w.reshape(w.shape[0], -1), cols, out=output)
+        matmul(xp, w.reshape(w.shape[0], -1), cols, output)
         write_back(output, y[n0:n1], (slice(n0, n1),))

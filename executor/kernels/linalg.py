@@ -1,6 +1,8 @@
 """Matrix products: Gemm, MatMul and Einsum, written straight into their outputs."""
 import numpy as np
 
+from planner.ops import into
+
 from . import kernel
 
 
@@ -11,7 +13,7 @@ def gemm(xp, step, ins, outs, ws):
     a, b, c = [*ins, None][:3]
     y = outs[0]
     alpha, beta = step.attrs["alpha"], step.attrs["beta"]
-    xp.matmul(a.T if step.attrs["transA"] else a, b.T if step.attrs["transB"] else b, out=y)
+    into.matmul(xp, a.T if step.attrs["transA"] else a, b.T if step.attrs["transB"] else b, y)
     if c is None or beta == 0:
         if alpha != 1:
             xp.multiply(y, alpha, out=y)
@@ -31,9 +33,11 @@ def matmul(xp, step, ins, outs, ws):
     a, b = ins
     y = outs[0]
     if a.ndim > 2 and b.ndim <= 2:
-        xp.matmul(a.reshape(-1, a.shape[-1]), b, out=y.reshape(-1, *b.shape[1:]))
-    else:
+        a, y = a.reshape(-1, a.shape[-1]), y.reshape(-1, *b.shape[1:])
+    if a.ndim == 1 or b.ndim == 1:
         xp.matmul(a, b, out=y)
+    else:
+        into.matmul(xp, a, b, y)
 
 
 @kernel("Einsum")

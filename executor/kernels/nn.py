@@ -85,10 +85,11 @@ def _cupy(xp):
 
 
 def _matmul(xp, a, b, out):
-    """out[i] = a @ b[i] for each image i. CuPy's batched matmul allocates a pointer array when an
-    operand is broadcast, so there each image is its own GEMM (into a chunk of its rows in place)."""
+    """out[i] = a @ b[i] for each image i (on the host one strided-batch GEMM). CuPy's batched matmul allocates
+    a pointer array when an operand is broadcast, so there each image is its own GEMM (into a chunk of its rows
+    in place)."""
     if not _cupy(xp):
-        xp.matmul(a, b, out=out)
+        matmul(xp, a, b, out)
         return
     for i in range(out.shape[0]):
         matmul(xp, a, b[i], out[i])

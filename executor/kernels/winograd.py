@@ -8,6 +8,7 @@ from functools import cache
 import numpy as np
 
 from planner import ops
+from planner.ops.into import matmul
 
 from . import kernel
 from .nn import epilogue, span
@@ -57,16 +58,16 @@ class Stages:
         """ws["tiles"]: the transformed tiles of the images x, (P, C, tiles); `products` as scratch."""
         c, cols = x.shape[1], x.shape[0] * grid[0] * grid[1]
         gather(self.xp, x, planes(ws["products"], c, cols), grid, pads, self.tile)
-        self.xp.matmul(self.to_tiles, ws["products"][:, :c * cols], out=ws["tiles"][:, :c * cols])
+        matmul(self.xp, self.to_tiles, ws["products"][:, :c * cols], ws["tiles"][:, :c * cols])
 
     def weights(self, w, ws):
         """ws["weights"]: the transformed filters w (block, C, 3, 3), (P, block, C)."""
-        self.xp.matmul(self.to_weights, w.reshape(-1, 9).T, out=ws["weights"][:, :w.shape[0] * w.shape[1]])
+        matmul(self.xp, self.to_weights, w.reshape(-1, 9).T, ws["weights"][:, :w.shape[0] * w.shape[1]])
 
     def outputs(self, ws, y, grid, at):
         """Y[at] = y from the products (P, M, tiles), the epilogue included; `tiles` as scratch."""
         m, cols, count = y.shape[1], y.shape[0] * grid[0] * grid[1], self.tile ** 2
-        self.xp.matmul(self.to_outputs, ws["products"][:, :m * cols], out=ws["tiles"][:count, :m * cols])
+        matmul(self.xp, self.to_outputs, ws["products"][:, :m * cols], ws["tiles"][:count, :m * cols])
         scatter(self.xp, planes(ws["tiles"][:count], m, cols), y, grid, self.tile)
         self.finish(y, at)
 
@@ -89,8 +90,8 @@ def convolve(xp, step, ins, outs, ws, stages):
         for m0 in range(0, m, block):
             m1 = min(m, m0 + block)
             stages.weights(w[m0:m1], ws)
-            xp.matmul(planes(ws["weights"], m1 - m0, c), planes(ws["tiles"], c, cols),
-                      out=ws["products"][:, m0 * cols:m1 * cols].reshape(-1, m1 - m0, cols))
+            matmul(xp, planes(ws["weights"], m1 - m0, c), planes(ws["tiles"], c, cols),
+                   ws["products"][:, m0 * cols:m1 * cols].reshape(-1, m1 - m0, cols))
         stages.outputs(ws, y[n0:n1], grid, (slice(n0, n1),))
 
 

@@ -1,9 +1,12 @@
 """Array operations written into a given output with nothing allocated, on NumPy and on CuPy, where CuPy's own
 form would make a temporary: a GEMM into a block of rows of a larger matrix (a chunk of an image's output rows,
-a tile of scores), whose rows cuBLAS reads by their stride; an index range without a scan's scratch."""
+a tile of scores), whose rows cuBLAS reads by their stride; an index range without a scan's scratch. Host GEMMs
+go to MKL where it is installed (planner/ops/mkl.py)."""
 from functools import cache
 
 import numpy as np
+
+from . import mkl
 
 
 def matmul(xp, a, b, out):
@@ -11,10 +14,14 @@ def matmul(xp, a, b, out):
     rows (CuPy's broadcasting matmul allocates a pointer array). On CuPy a 2-D float32/float64 product whose
     operands have contiguous rows or columns (a transpose) and whose output has contiguous rows goes to
     cuBLAS with the row strides as leading dimensions: CuPy's matmul computes a strided output into a
-    temporary and copies it."""
+    temporary and copies it. On the host: MKL's GEMM where it takes the operands, else NumPy's matmul."""
     if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous and out.flags.c_contiguous:
         a, out = a.reshape(-1, a.shape[-1]), out.reshape(-1, out.shape[-1])
-    if xp is np or out.ndim != 2 or out.flags.c_contiguous and a.flags.c_contiguous and b.flags.c_contiguous:
+    if xp is np:
+        if not mkl.matmul(a, b, out):
+            np.matmul(a, b, out=out)
+        return
+    if out.ndim != 2 or out.flags.c_contiguous and a.flags.c_contiguous and b.flags.c_contiguous:
         xp.matmul(a, b, out=out)
         return
     from cupy_backends.cuda.libs import cublas

@@ -1,7 +1,7 @@
 """memplan.InvertedResidual compiled, for float32: the jobs (executor.kernels.inverted_residual.jobs) shared
 among the plan's lanes, each lane a thread with its own scratch, its GEMMs single-threaded BLAS calls
-(numba's np.dot, SciPy's BLAS, held to one thread during the call: two lanes calling a two-thread BLAS ran
-2x slower). A block that widens is `block`'s, channels-last between the GEMMs, so that the widened rows'
+(executor/jit/blas.py: MKL's, else numba's np.dot on SciPy's BLAS; held to one thread during the call: two lanes
+calling a two-thread BLAS ran 2x slower). A block that widens is `block`'s, channels-last between the GEMMs, so that the widened rows'
 bias and activation, the padding and the depthwise conv's nine taps are loops over the channels, as long
 for a 7x7 image as for a 112x112 one; one that does not is `separable`'s, on rows of planes."""
 from functools import cache
@@ -13,13 +13,14 @@ from planner.ops.inverted_residual import job_size
 
 from ..kernels import inverted_residual as shared
 from . import takes
+from .blas import dot, sgemm
 from .conv import NO_Z, halving_row, same_row
 from .scalar import ACTIVATIONS, NO_BIAS, activate_row, f32
 from .threads import PARALLEL
 
 
 @njit(fastmath=True, cache=True)
-def _widen(x, w1, columns, expanded, i0, count, t0, t1):
+def _widen(gemm, x, w1, columns, expanded, i0, count, t0, t1):
     """The job's widened pixels (count * (t1 - t0) * W, E): its input pixels gathered, times W1^T."""
     c, width = x.shape[1], x.shape[3]
     plane = (t1 - t0) * width
@@ -28,7 +29,7 @@ def _widen(x, w1, columns, expanded, i0, count, t0, t1):
         for k in range(count):
             cols[ch, k * plane:(k + 1) * plane] = x[i0 + k, ch, t0:t1].reshape(plane)
     wide = expanded[:count * plane * w1.shape[0]].reshape(count * plane, w1.shape[0])
-    np.dot(cols.T, w1.T, wide)
+    dot(gemm, cols.T, w1.T, wide)
     return wide
 
 
@@ -84,14 +85,14 @@ def _depthwise(padded, taps, b2, code, p0, p1, out, stride, band, out_width):
 
 
 @njit(fastmath=True, cache=True)
-def _narrow(out, w3, b3, z, y, projected, i0, count, r0, band, code, p0, p1):
+def _narrow(gemm, out, w3, b3, z, y, projected, i0, count, r0, band, code, p0, p1):
     """Y's rows r0.. of images i0.. = activation(W3 out^T + bias + Z), `out` the job's depthwise outputs: the GEMM
     channels-last (out W3^T: 15 to 60% faster than W3 out^T on these shapes), transposed as Y's rows are written
     with Z, then the bias and activation."""
     filters, out_width = y.shape[1], y.shape[3]
     outputs = band * out_width
     narrow = projected[:count * outputs * filters].reshape(count * outputs, filters)
-    np.dot(out, w3.T, narrow)
+    dot(gemm, out, w3.T, narrow)
     for o in range(filters):
         bias = b3[o] if b3.shape[0] else f32(0)
         for k in range(count):
@@ -122,7 +123,7 @@ def _job(job, n, out_height, images, rows):
 
 
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
-def block(x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, taps, columns, expanded, padded,
+def block(gemm, x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, taps, columns, expanded, padded,
           depthwise, projected):
     """y = the InvertedResidual of x (executor.kernels.inverted_residual's arithmetic) for a block that widens,
     codes[s] and params[2s], params[2s + 1] stage s's activation; scratch per lane as the op's layout."""
@@ -139,7 +140,7 @@ def block(x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, 
             i0, r0, count, band = _job(job, n, out_height, images, rows)
             top = r0 * stride - 1
             t0, t1 = max(0, top), min(height, (r0 + band - 1) * stride + 2)
-            wide = _widen(x, w1, columns[lane], expanded[lane], i0, count, t0, t1)
+            wide = _widen(gemm, x, w1, columns[lane], expanded[lane], i0, count, t0, t1)
             outputs = band * out_width
             out = depthwise[lane].reshape(-1)[:count * outputs * wide_channels].reshape(count * outputs, wide_channels)
             for k in range(count):
@@ -147,11 +148,11 @@ def block(x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, 
                      height, width)
                 _depthwise(padded[lane], taps, b2, codes[1], params[2], params[3], out[k * outputs:(k + 1) * outputs],
                            stride, band, out_width)
-            _narrow(out, w3, b3, z, y, projected[lane], i0, count, r0, band, codes[2], params[4], params[5])
+            _narrow(gemm, out, w3, b3, z, y, projected[lane], i0, count, r0, band, codes[2], params[4], params[5])
 
 
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
-def separable(x, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, depthwise, projected):
+def separable(gemm, x, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, depthwise, projected):
     """y = the InvertedResidual of x for a block that does not widen (a depthwise-separable conv), on rows of
     planes as X and Y are, with none of `block`'s transposes: per job, each channel's depthwise rows from X's
     rows (same_row, halving_row: the nine taps in one pass) into (C, outputs), one GEMM W3 times them, its rows
@@ -182,7 +183,7 @@ def separable(x, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, dept
                             halving_row(dst, above, src[top + 1], below, taps, 1)
                         activate_row(dst, bias, codes[1], params[2], params[3])
             narrow = projected[lane, :filters * count * outputs].reshape(filters, count * outputs)
-            np.dot(w3, out, narrow)
+            dot(gemm, w3, out, narrow)
             for o in range(filters):
                 bias = b3[o] if b3.shape[0] else f32(0)
                 for k in range(count):
@@ -200,8 +201,9 @@ def separable(x, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, dept
 
 @cache
 def _one_thread():
-    """A context manager holding the BLAS libraries loaded (SciPy's among them, numba's np.dot) to one thread."""
+    """A context manager holding the BLAS libraries the lanes call (MKL's, SciPy's) to one thread."""
     import scipy.linalg  # noqa: F401  (loads the BLAS numba's np.dot calls, so the controller finds it)
+    sgemm()  # loads MKL, where it is installed
     from threadpoolctl import ThreadpoolController
     controller = ThreadpoolController().select(user_api="blas")
     return lambda: controller.limit(limits=1)
@@ -220,10 +222,10 @@ def inverted_residual(generic):
         stride = step.attrs["strides"][0]
         with _one_thread()():
             if w1 is None:
-                return separable(x, w2, _bias(b2), w3.reshape(w3.shape[0], -1), _bias(b3), NO_Z if z is None else z, y,
+                return separable(sgemm(), x, w2, _bias(b2), w3.reshape(w3.shape[0], -1), _bias(b3), NO_Z if z is None else z, y,
                                  stride, *job_size(ws["padded"].shape, ws["depthwise"].shape, stride), codes, params,
                                  ws["depthwise"], ws["projected"])
-            block(x, w1.reshape(w1.shape[0], -1), _bias(b1), w2, _bias(b2), w3.reshape(w3.shape[0], -1), _bias(b3),
+            block(sgemm(), x, w1.reshape(w1.shape[0], -1), _bias(b1), w2, _bias(b2), w3.reshape(w3.shape[0], -1), _bias(b3),
                   NO_Z if z is None else z, y, stride, *job_size(ws["padded"].shape, ws["depthwise"].shape, stride),
                   codes, params, ws["taps"].reshape(3, 3, -1), ws["columns"], ws["expanded"], ws["padded"],
                   ws["depthwise"], ws["projected"])

@@ -1,9 +1,10 @@
 """memplan.InvertedResidual compiled, for float32: the jobs (executor.kernels.inverted_residual.jobs) shared
 among the plan's lanes, each lane a thread with its own scratch, its GEMMs single-threaded BLAS calls
-(executor/jit/blas.py: MKL's, else numba's np.dot on SciPy's BLAS; held to one thread during the call: two lanes
-calling a two-thread BLAS ran 2x slower). A block that widens is `block`'s, channels-last between the GEMMs, so that the widened rows'
-bias and activation, the padding and the depthwise conv's nine taps are loops over the channels, as long
-for a 7x7 image as for a 112x112 one; one that does not is `separable`'s, on rows of planes."""
+(executor/jit/blas.py: MKL's, else numba's np.dot on SciPy's BLAS; held to one thread during the call: two
+lanes calling a two-thread BLAS ran 2x slower). A block that widens is `block`'s, channels-last between the
+GEMMs, so that the widened rows' bias and activation, the padding and the depthwise conv's nine taps are loops
+over the channels, as long for a 7x7 image as for a 112x112 one; one that does not is `separable`'s, on rows of
+planes."""
 from functools import cache
 
 import numpy as np
@@ -220,15 +221,15 @@ def inverted_residual(generic):
         codes = tuple(ACTIVATIONS.index(name or "Identity") for name, _ in stages)
         params = tuple(f32(v) for _, p in stages for v in (*(p or ()), 0.0, 0.0)[:2])
         stride = step.attrs["strides"][0]
+        gemm, z = sgemm(), NO_Z if z is None else z
+        jobs = job_size(ws["padded"].shape, ws["depthwise"].shape, stride)
         with _one_thread()():
             if w1 is None:
-                return separable(sgemm(), x, w2, _bias(b2), w3.reshape(w3.shape[0], -1), _bias(b3), NO_Z if z is None else z, y,
-                                 stride, *job_size(ws["padded"].shape, ws["depthwise"].shape, stride), codes, params,
-                                 ws["depthwise"], ws["projected"])
-            block(sgemm(), x, w1.reshape(w1.shape[0], -1), _bias(b1), w2, _bias(b2), w3.reshape(w3.shape[0], -1), _bias(b3),
-                  NO_Z if z is None else z, y, stride, *job_size(ws["padded"].shape, ws["depthwise"].shape, stride),
-                  codes, params, ws["taps"].reshape(3, 3, -1), ws["columns"], ws["expanded"], ws["padded"],
-                  ws["depthwise"], ws["projected"])
+                return separable(gemm, x, w2, _bias(b2), w3.reshape(w3.shape[0], -1), _bias(b3), z, y, stride, *jobs,
+                                 codes, params, ws["depthwise"], ws["projected"])
+            block(gemm, x, w1.reshape(w1.shape[0], -1), _bias(b1), w2, _bias(b2), w3.reshape(w3.shape[0], -1),
+                  _bias(b3), z, y, stride, *jobs, codes, params, ws["taps"].reshape(3, 3, -1), ws["columns"],
+                  ws["expanded"], ws["padded"], ws["depthwise"], ws["projected"])
     return run
 
 

@@ -5,7 +5,8 @@
 
 cpu: resnet50, mobilenet_v2 and bert_base (sequence 128) on the NumPy backend against onnxruntime (CPU
 provider), with the threads each uses: median latency with numba's compiled kernels (executor/jit, when
-numba is installed) and with the NumPy kernels alone, the three run in turn in each round, and how far a
+numba is installed) and with the NumPy kernels alone (the GEMMs on MKL in both where it is installed,
+planner/ops/mkl.py), the three run in turn in each round, and how far a
 fresh process's peak RSS rises while it plans (or loads) and runs the model. Run it on a quiet machine: a
 ratio taken beside other work is off by up to 1.5x.
 gpu: resnet50 and bert_base (sequence 128) on the CuPy backend against PyTorch eager (torchvision's
@@ -25,6 +26,7 @@ import onnx
 from executor import Executor
 from executor import jit as compiled
 from frontends import zoo
+from planner.ops import mkl
 
 MiB = 2 ** 20
 SEQ = 128
@@ -80,7 +82,8 @@ def cpu(batch, repeat, models):
 
     import onnxruntime as ort
     from threadpoolctl import threadpool_info
-    blas = ", ".join(sorted({f"{p['internal_api']} {p['num_threads']} ({p.get('architecture', '?')} kernels)"
+    mkl.available()  # loads MKL where it is installed, so that threadpoolctl lists it
+    blas = ", ".join(sorted({f"{p['internal_api']} {p['num_threads']} ({_blas_detail(p)})"
                              for p in threadpool_info() if p["user_api"] == "blas"}))
     options = ort.SessionOptions()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}; "
@@ -106,6 +109,13 @@ def cpu(batch, repeat, models):
                   f"{rss['memplan'] / MiB:>16.1f} {rss['onnxruntime'] / MiB:>12.1f}")
     print(f"medians of {repeat} runs after a warm-up; RSS: how far a fresh process's peak RSS rises, from after "
           f"it reads the model file and imports the engine, while it plans (or loads) the model and runs it 3 times")
+
+
+def _blas_detail(library):
+    """What threadpoolctl says of a BLAS: OpenBLAS's kernels, MKL's threading layer."""
+    if library["internal_api"] == "mkl":
+        return f"{library.get('threading_layer', '?')} threads"
+    return f"{library.get('architecture', '?')} kernels"
 
 
 def _compiled_kernels():
@@ -138,6 +148,8 @@ def _run_and_report(engine, path, name, batch, runs, queue):
     model = onnx.load(path)
     if engine == "memplan" and compiled.available() and compiled.wanted():
         compiled.overrides()  # numba and the kernels' modules: the libraries memplan runs on, as onnxruntime's
+    if engine == "memplan":
+        mkl.available()  # MKL, where it is installed
     data = model.SerializeToString() if engine == "onnxruntime" else None
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")

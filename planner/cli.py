@@ -201,13 +201,20 @@ def run(args):
     peak = f"device bytes in use {format_bytes(device)}" if device is not None else \
         f"RSS grew {format_bytes(max(grown, 0))}"
     timed = sorted(times[1:])
-    engine = f"{ex.backend.NAME} with compiled kernels" if ex.jit else ex.backend.NAME
+    parts = [part for part, used in (("compiled kernels", ex.jit), ("MKL's GEMMs", _host_mkl(ex))) if used]
+    engine = ex.backend.NAME + (f" with {' and '.join(parts)}" if parts else "")
     print(f"{plan.strategy} on {engine}: median {1e3 * timed[len(timed) // 2]:.2f} ms over "
           f"{args.repeat} run{'s' if args.repeat > 1 else ''} after a warm-up; arena {format_bytes(plan.arena_bytes)}; "
           f"{peak}" + (f" ({format_bytes(device_before)} before the executor)" if device is not None else ""))
     if ex.profile:
         print(ex.profile.table(args.top))
     return 0
+
+
+def _host_mkl(ex):
+    """Whether the host GEMMs of `ex` run on MKL (planner/ops/mkl.py)."""
+    from .ops import mkl
+    return ex.backend.NAME == "numpy" and mkl.available()
 
 
 def viz(args):

@@ -7,6 +7,7 @@ import pytest
 
 import planner
 from planner import Plan, cli
+from planner.ops import mkl
 
 MLP = ["zoo:mlp", "--batch", "4"]
 
@@ -51,16 +52,18 @@ def test_user_errors_are_one_line(argv, message, capsys):
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
 
 
-def test_run_on_numpy(capsys):
+def test_run_on_numpy(capsys, monkeypatch):
+    monkeypatch.setattr(mkl, "available", lambda: False)
     assert cli.main(["run", *MLP, "--backend", "numpy", "--repeat", "2", "--no-jit"]) == 0
     out = capsys.readouterr().out
     assert "bestfit on numpy: median" in out and "arena" in out and "RSS grew" in out
 
 
-def test_run_says_when_the_compiled_kernels_run(capsys):
+def test_run_says_when_the_compiled_kernels_and_mkl_run(capsys):
     pytest.importorskip("numba")
     assert cli.main(["run", *MLP, "--backend", "numpy", "--repeat", "2"]) == 0
-    assert "bestfit on numpy with compiled kernels: median" in capsys.readouterr().out
+    engine = "compiled kernels and MKL's GEMMs" if mkl.available() else "compiled kernels"
+    assert f"bestfit on numpy with {engine}: median" in capsys.readouterr().out
 
 
 def test_run_profile_lists_time_per_op_type_and_the_slowest_steps(capsys):

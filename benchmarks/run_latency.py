@@ -1,6 +1,7 @@
 """Executor latency and memory beside the peers, measured side by side in one process.
 
     python benchmarks/run_latency.py cpu [--batch 8] [--repeat 10] [--models resnet50 mobilenet_v2 bert_base]
+                                         [--openblas]
     python benchmarks/run_latency.py gpu [--batches 1 32] [--repeat 20]
 
 cpu: resnet50, mobilenet_v2 and bert_base (sequence 128) on the NumPy backend against onnxruntime (CPU
@@ -75,9 +76,10 @@ def cpu_feeds(name, batch):
     return {"input": np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)}
 
 
-def cpu(batch, repeat, models):
+def cpu(batch, repeat, models, openblas=False):
     """Each model on the NumPy backend and on onnxruntime's CPU provider, one after the other in this
-    process, with the threads each uses; then the peak RSS rise of each in a fresh process."""
+    process, with the threads each uses; then the peak RSS rise of each in a fresh process. `openblas`
+    adds memplan's compiled kernels with MKL switched off (NumPy's OpenBLAS, numba's np.dot) to each round."""
     import tempfile
 
     import onnxruntime as ort
@@ -90,25 +92,35 @@ def cpu(batch, repeat, models):
           f"threads: memplan's BLAS {blas or 'none found'}, compiled kernels {_compiled_kernels()} "
           f"(NumPy's ufuncs: 1), onnxruntime intra-op "
           f"{options.intra_op_num_threads or 'default (one per physical core)'}")
+    openblas = openblas and mkl.available()
     print(f"{'model':<13} {'batch':>5} {'memplan ms':>11} {'ort ms':>8} {'ratio':>6} {'no-jit ms':>10} {'ratio':>6} "
-          f"{'arena MiB':>10} {'memplan RSS MiB':>16} {'ort RSS MiB':>12}")
+          + (f"{'openblas ms':>12} {'ratio':>6} " if openblas else "")
+          + f"{'arena MiB':>10} {'memplan RSS MiB':>16} {'ort RSS MiB':>12}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             model, feeds = zoo.build(name), cpu_feeds(name, batch)
             plan = planner.compile(model, {n: v.shape for n, v in feeds.items()})
             ex, plain = Executor(plan, backend="numpy"), Executor(plan, backend="numpy", jit=False)
             session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-            ours, numpy_only, theirs = paired_medians(
-                (partial(ex.run, feeds), partial(plain.run, feeds), partial(session.run, None, feeds)), repeat)
+            engines = [partial(ex.run, feeds), partial(plain.run, feeds), partial(session.run, None, feeds)]
+            ours, numpy_only, theirs, *off = paired_medians(
+                engines + [partial(_without_mkl, ex.run, feeds)] * openblas, repeat)
             del ex, plain, session
             path = f"{tmp}/{name}.onnx"
             onnx.save(model, path)
             rss = {engine: peak_rss(engine, path, name, batch) for engine in ("memplan", "onnxruntime")}
             print(f"{name:<13} {batch:>5} {ours * 1e3:>11.1f} {theirs * 1e3:>8.1f} {ours / theirs:>5.2f}x "
-                  f"{numpy_only * 1e3:>10.1f} {numpy_only / theirs:>5.2f}x {plan.arena_bytes / MiB:>10.1f} "
+                  f"{numpy_only * 1e3:>10.1f} {numpy_only / theirs:>5.2f}x "
+                  + "".join(f"{t * 1e3:>12.1f} {t / theirs:>5.2f}x " for t in off) + f"{plan.arena_bytes / MiB:>10.1f} "
                   f"{rss['memplan'] / MiB:>16.1f} {rss['onnxruntime'] / MiB:>12.1f}")
     print(f"medians of {repeat} runs after a warm-up; RSS: how far a fresh process's peak RSS rises, from after "
           f"it reads the model file and imports the engine, while it plans (or loads) the model and runs it 3 times")
+
+
+def _without_mkl(run, feeds):
+    """run(feeds) with MKL switched off: the GEMMs on NumPy's OpenBLAS and numba's np.dot."""
+    with mkl.switched_off():
+        run(feeds)
 
 
 def _blas_detail(library):
@@ -218,8 +230,9 @@ def main():
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--models", nargs="+", choices=CPU_MODELS, default=list(CPU_MODELS))
+    parser.add_argument("--openblas", action="store_true", help="cpu: also time memplan with MKL switched off")
     args = parser.parse_args()
-    cpu(args.batch, args.repeat, args.models) if args.device == "cpu" else gpu(args.batches, args.repeat)
+    cpu(args.batch, args.repeat, args.models, args.openblas) if args.device == "cpu" else gpu(args.batches, args.repeat)
 
 
 if __name__ == "__main__":

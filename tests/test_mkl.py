@@ -1,6 +1,6 @@
 """Host GEMMs on MKL (planner/ops/mkl.py): every layout it takes gives NumPy's product, every one it cannot
 read in place is declined with nothing written, MEMPLAN_MKL=0 turns it off, an Executor's `threads` cap reaches
-it, and a whole model computes the same on MKL as on NumPy's OpenBLAS."""
+it, and a whole model computes the same on MKL as with it switched off (NumPy's OpenBLAS, numba's np.dot)."""
 import itertools
 import os
 import subprocess
@@ -107,12 +107,18 @@ def test_executor_thread_cap_reaches_mkl():
     assert seen and set(seen) == {1}
 
 
-def test_a_model_computes_the_same_on_openblas(monkeypatch):
-    plan = planner.compile(zoo.build("resnet18", resolution=64, classes=10), {"input": (2, 3, 64, 64)})
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_a_model_computes_the_same_with_mkl_switched_off(name):
+    from executor.jit import blas
+    plan = planner.compile(zoo.build(name, resolution=64, classes=10), {"input": (2, 3, 64, 64)})
     feeds = {"input": np.random.default_rng(2).standard_normal((2, 3, 64, 64), dtype=np.float32)}
     executor = Executor(plan, backend="numpy")
     ours = {k: v.copy() for k, v in executor.run(feeds).items()}
-    monkeypatch.setattr(mkl, "matmul", lambda a, b, out: False)
-    theirs = executor.run(feeds)
+    on_mkl = blas.sgemm()
+    with mkl.switched_off():
+        assert not mkl.available() and not mkl.matmul(np.eye(2), np.eye(2), np.empty((2, 2)))
+        assert blas.sgemm() is not on_mkl  # the compiled kernels' GEMM: numba's np.dot
+        theirs = executor.run(feeds)
+    assert mkl.available() and blas.sgemm() is on_mkl
     for name, value in ours.items():
         np.testing.assert_allclose(value, theirs[name], rtol=1e-4, atol=1e-4)

@@ -34,11 +34,19 @@ def _numpy_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, 
         np.dot(carray(a, (k, m), np.float32).T, carray(b, (n, k), np.float32).T, out)
 
 
-@cache
 def sgemm():
-    """MKL's cblas_sgemm as a ctypes function where it loads, else `_numpy_sgemm`."""
-    lib = mkl.library()
-    return SGEMM(("cblas_sgemm", lib)) if lib is not None else SGEMM(_numpy_sgemm.address)
+    """MKL's cblas_sgemm as a ctypes function where it runs (planner.ops.mkl.available), else `_numpy_sgemm`."""
+    return _mkl_sgemm() if mkl.available() else _fallback()
+
+
+@cache
+def _mkl_sgemm():
+    return SGEMM(("cblas_sgemm", mkl.library()))
+
+
+@cache
+def _fallback():
+    return SGEMM(_numpy_sgemm.address)
 
 
 @njit(inline="always")

@@ -6,6 +6,7 @@ MEMPLAN_MKL=0, `matmul` declines and the caller runs NumPy's matmul. threadpoolc
 loaded, so an Executor's `threads` cap applies to it as to OpenBLAS."""
 import ctypes
 import os
+from contextlib import contextmanager
 from functools import cache
 from importlib import metadata
 
@@ -56,8 +57,22 @@ def library():
 
 
 def available():
-    """Whether `matmul` runs on MKL (loading it on the first call)."""
-    return library() is not None
+    """Whether `matmul` runs on MKL (loading it on the first call), unless `switched_off`."""
+    return not _switched[0] and library() is not None
+
+
+_switched = [False]
+
+
+@contextmanager
+def switched_off():
+    """Within it, `matmul` declines and `available()` is False: NumPy's OpenBLAS runs the GEMMs of the same plan,
+    for side-by-side timings (benchmarks/run_latency.py --openblas)."""
+    before, _switched[0] = _switched[0], True
+    try:
+        yield
+    finally:
+        _switched[0] = before
 
 
 _GEMMS = {np.dtype(np.float32): "cblas_sgemm_batch_strided", np.dtype(np.float64): "cblas_dgemm_batch_strided"}
@@ -109,7 +124,7 @@ def matmul(a, b, out):
     """out = a @ b on MKL for float32 or float64 NumPy arrays of one dtype: 2-D matrices, or stacks of
     matrices (a 2-D operand taken for each), read in place by their strides, `out` with contiguous rows.
     True when done; False (nothing written) where MKL is off or the operands are not such arrays."""
-    lib = library()
+    lib = None if _switched[0] else library()
     if lib is None or not all(isinstance(t, np.ndarray) for t in (a, b, out)) or out.dtype not in _GEMMS \
             or not a.dtype == b.dtype == out.dtype or min(a.ndim, b.ndim) < 2 or out.ndim != max(a.ndim, b.ndim):
         return False

@@ -112,12 +112,10 @@ def _stacked(x, batch):
         return x
     if x.shape[:-2] != batch:
         return None
-    view = x.view()
-    try:
-        view.shape = (-1, *x.shape[-2:])
-    except AttributeError:
+    dims = [(size, stride) for size, stride in zip(x.shape[:-2], x.strides[:-2]) if size != 1]
+    if any(outer != size * inner for (_, outer), (size, inner) in zip(dims, dims[1:])):
         return None
-    return view
+    return x.reshape(-1, *x.shape[-2:])  # a view: the batch dims step evenly
 
 
 def matmul(a, b, out):

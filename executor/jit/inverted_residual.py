@@ -10,6 +10,7 @@ from functools import cache
 import numpy as np
 from numba import njit, prange
 
+from planner.ops import mkl
 from planner.ops.inverted_residual import job_size
 
 from ..kernels import inverted_residual as shared
@@ -204,7 +205,7 @@ def separable(gemm, x, w2, b2, w3, b3, z, y, stride, images, rows, codes, params
 def _one_thread():
     """A context manager holding the BLAS libraries the lanes call (MKL's, SciPy's) to one thread."""
     import scipy.linalg  # noqa: F401  (loads the BLAS numba's np.dot calls, so the controller finds it)
-    sgemm()  # loads MKL, where it is installed
+    mkl.library()  # loads MKL where it is installed, so the controller finds it even when it is switched off now
     from threadpoolctl import ThreadpoolController
     controller = ThreadpoolController().select(user_api="blas")
     return lambda: controller.limit(limits=1)

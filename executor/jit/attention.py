@@ -1,13 +1,15 @@
 """memplan.ScaledDotProductAttention compiled for float32: the same walk over query and key tiles, in the same
 planned scratch, with the online softmax of a tile (scale, bias, causal mask, row maximum, exponentials, row
 sums) one compiled pass over its scores instead of a dozen NumPy calls per (image, head). The products
-Q K^T and P V are BLAS GEMMs (numba's np.dot), so the loop runs on one thread and the GEMMs on BLAS's."""
+Q K^T and P V are BLAS GEMMs (executor/jit/blas.py: MKL's, else numba's np.dot), so the loop runs on one
+thread and the GEMMs on BLAS's."""
 import math
 
 import numpy as np
 from numba import njit
 
 from . import takes
+from .blas import dot, sgemm
 from .scalar import exp_nonpositive, f32
 
 NO_BIAS, NO_LSE = np.zeros((1, 1, 1, 0), np.float32), np.zeros((1, 1, 0), np.float32)
@@ -15,7 +17,7 @@ NO_BIAS, NO_LSE = np.zeros((1, 1, 1, 0), np.float32), np.zeros((1, 1, 0), np.flo
 
 
 @njit(fastmath=True, cache=True)
-def attention(q, k, v, bias, y, lse, scale, causal, tq, tk, scores, acc, pv, top, sums):
+def attention(gemm, q, k, v, bias, y, lse, scale, causal, tq, tk, scores, acc, pv, top, sums):
     """y (B, H, S, Dv) = softmax(scale q k^T + bias, causal) v, query head h reading kv head h // (H / Hkv);
     lse (B, H, S) the rows' log-sum-exp (or NO_LSE); bias broadcast to (B, H, S, T) (or NO_BIAS).
     scores, acc, pv, top and sums are the planned scratch (flat float32), for tq by tk tiles."""
@@ -36,7 +38,7 @@ def attention(q, k, v, bias, y, lse, scale, causal, tq, tk, scores, acc, pv, top
                 for j0 in range(0, last, tk):
                     width = min(j0 + tk, t) - j0
                     tile = scores[:n * width].reshape(n, width)
-                    np.dot(q[b, h, i0:i0 + n], k[b, hk, j0:j0 + width].T, tile)
+                    dot(gemm, q[b, h, i0:i0 + n], k[b, hk, j0:j0 + width].T, tile)
                     for r in range(n):
                         row = tile[r]
                         hidden = i0 + r + offset - j0 if causal else width
@@ -62,7 +64,7 @@ def attention(q, k, v, bias, y, lse, scale, causal, tq, tk, scores, acc, pv, top
                         for c in range(dv):
                             out[r, c] *= alpha
                     product = pv[:n * dv].reshape(n, dv)
-                    np.dot(tile, v[b, hk, j0:j0 + width], product)
+                    dot(gemm, tile, v[b, hk, j0:j0 + width], product)
                     for r in range(n):
                         for c in range(dv):
                             out[r, c] += product[r, c]
@@ -83,6 +85,6 @@ def scaled_dot_product_attention(generic):
             return generic(xp, step, ins, outs, ws)
         scale = float(step.attrs.get("scale") or 0.0) or 1 / math.sqrt(max(q.shape[-1], 1))
         bias = NO_BIAS if bias is None else np.broadcast_to(bias, (*q.shape[:3], k.shape[2]))
-        attention(q, k, v, bias, y, NO_LSE if lse is None else lse, f32(scale), bool(step.attrs.get("causal")),
+        attention(sgemm(), q, k, v, bias, y, NO_LSE if lse is None else lse, f32(scale), bool(step.attrs.get("causal")),
                   ws["rows"].shape[0], ws["cols"].shape[0], ws["s"], ws["acc"], ws["pv"], ws["m"], ws["l"])
     return run

@@ -285,15 +285,17 @@ def max_batch(args):
 def fit(args):
     """The data-parallel layouts of --gpus devices of --memory each, with the largest per-rank batch each fits."""
     from . import fit as layouts
+    from .threads import cores
     if args.dp is not None or args.zero is not None:
         raise MemplanError("fit chooses --dp and --zero itself: give --gpus N and --memory SIZE")
     check_output(args.output)
     memory, args.training = parse_bytes(args.memory), True
     compile_at = batch_planner(args, training_options(args))
     with Progress("memplan fit") as bar:
-        found = layouts.search(compile_at, args.gpus, memory, lambda label, b: bar.update(detail=f"{label}: batch {b}"))
-    rows = [{"layout": label, "batch_per_rank": batch, "global_batch": total,
-             "arena_bytes": plan.arena_bytes if plan else None} for label, batch, total, plan in found]
+        found = layouts.search(compile_at, args.gpus, memory, lambda label, b: bar.update(detail=f"{label}: batch {b}"),
+                               args.workers or cores())
+    rows = [{"layout": label, "batch_per_rank": batch, "global_batch": total, "arena_bytes": arena}
+            for label, batch, total, arena in found]
     if args.json or args.csv:
         doc = {"model": args.model, "gpus": args.gpus, "memory_bytes": memory, "rows": rows}
         emit(args, json.dumps(doc, indent=1) if args.json else as_csv(rows))
@@ -487,6 +489,8 @@ def build_parser():
                 fit)
     p.add_argument("--gpus", type=count(1), required=True, help="how many devices")
     p.add_argument("--memory", required=True, metavar="SIZE", help="the memory of each device, e.g. 80GiB")
+    p.add_argument("--workers", type=count(1), default=None,
+                   help="processes sharing the search (default: one per core)")
     _output_args(p)
     p = command("run", "run the planned graph out of one arena and time it", run)
     p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default="auto")

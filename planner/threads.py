@@ -18,3 +18,8 @@ def quiet_blas():
     """Set OPENBLAS_THREAD_TIMEOUT as the module says, where it is not set."""
     if jit_wanted() and find_spec("numba") is not None:
         os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
+
+
+def cores():
+    """The cores this process may run on: the compiled kernels' threads, fit's worker processes."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

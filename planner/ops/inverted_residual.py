@@ -16,12 +16,12 @@ after another) and `projected` (P by the job's output pixels); `product` (one im
 one tap's products for the NumPy and CuPy kernel. The kernels read a job's images and rows off the shapes of
 `depthwise` and `padded` (`job_size`)."""
 import math
-import os
 from typing import NamedTuple
 
 import numpy as np
 
 from . import schema
+from .. import threads
 from .base import Layout, Schema, elements
 from .fused_conv import check_activation
 from ..errors import ShapeError
@@ -101,11 +101,6 @@ def job_size(padded, depthwise, stride):
     return depthwise[1], (padded[1] - 3) // stride + 1
 
 
-def cores():
-    """The cores this process may run on: the compiled kernels' threads."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 @schema("InvertedResidual", domain="memplan")
 class InvertedResidual(Schema):
     """Inputs X (N, C, H, W); W1 (E, C, 1, 1) and B1 (E), the widening conv's, or empty names where the block
@@ -161,7 +156,7 @@ class InvertedResidual(Schema):
         x, w1, w3 = ins[0], ins[1], ins[5]
         expanded = x.shape[1] if w1 is None else w1.shape[0]
         return banding(x.shape[0], x.shape[1], expanded, w3.shape[0], x.shape[2:], outs[0][0][2:],
-                       self.stride(node), x.dtype, w1 is not None, self.attr(node, "lanes") or cores(),
+                       self.stride(node), x.dtype, w1 is not None, self.attr(node, "lanes") or threads.cores(),
                        self.attr(node, "images"), self.attr(node, "rows"), budget)
 
     def workspace(self, node, ins, outs, limit):

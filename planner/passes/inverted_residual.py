@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import ops, shapes
 from ..ir import Node
-from ..ops.inverted_residual import STAGES, cores
+from ..ops.inverted_residual import STAGES
+from ..threads import cores
 from ..workspace import infos, room
 from .base import CONVS, TYPED, Pass, Result
 

@@ -1,0 +1,59 @@
+"""planner.fit.search in worker processes: the same rows as one process, each layout's progress reported, a
+worker's error raised in the caller, a worker that dies named."""
+import os
+
+import pytest
+
+import planner
+from planner import fit
+from planner.errors import InfeasibleBudgetError, MemplanError
+
+MEMORY = 8 << 20
+
+
+def compile_at(batch, **options):
+    return planner.compile("zoo:mlp", {"input": (batch, 784)}, training=True, optimizer="adam", **options)
+
+
+def test_workers_find_what_one_process_finds():
+    seen = []
+    alone = fit.search(compile_at, 2, MEMORY)
+    shared = fit.search(compile_at, 2, MEMORY, lambda label, batch: seen.append(label), workers=2)
+    assert shared == alone and len(alone) == 8
+    assert {label for label, _ in fit.candidates(2)} == set(seen)
+    assert all(arena <= MEMORY for _, batch, _, arena in alone if batch)
+
+
+def test_a_workers_error_is_raised_in_the_caller():
+    def refusing(batch, **options):
+        if options["parallel"].zero == 3:
+            raise MemplanError("no ZeRO-3 here")
+        return compile_at(batch, **options)
+    with pytest.raises(MemplanError, match="no ZeRO-3 here"):
+        fit.search(refusing, 2, MEMORY, workers=2)
+
+
+def test_a_worker_that_dies_is_named():
+    def dying(batch, **options):
+        if options["remat"]:
+            os._exit(3)
+        return compile_at(batch, **options)
+    with pytest.raises(MemplanError, match=r"a fit worker process died \(exit code 3\)"):
+        fit.search(dying, 2, MEMORY, workers=2)
+
+
+def test_a_layout_that_fits_no_batch_gets_zero():
+    def nothing_fits(batch, **options):
+        raise InfeasibleBudgetError(MEMORY, MEMORY + 1)
+    assert {row[1:] for row in fit.search(nothing_fits, 2, MEMORY, workers=2)} == {(0, 0, None)}
+
+
+def test_an_error_that_does_not_cross_processes_still_says_what_it_was():
+    class Odd(Exception):
+        def __init__(self, a, b):
+            super().__init__(f"{a} and {b}")
+
+    def odd(batch, **options):
+        raise Odd(1, 2)
+    with pytest.raises(MemplanError, match="Odd: 1 and 2"):
+        fit.search(odd, 2, MEMORY, workers=2)

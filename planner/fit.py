@@ -14,20 +14,21 @@ from .parallel import STAGES, Parallel
 REMATS = (None, "sublinear")
 
 
-def candidates(gpus):
-    """(label, compile options) of each layout of `gpus` data-parallel ranks, neighbours alike (each search
-    starts from the one before)."""
+def candidates(gpus, shard="flat"):
+    """(label, compile options) of each layout of `gpus` data-parallel ranks, their shards cut as `shard` says
+    (planner.parallel), neighbours alike (each search starts from the one before)."""
     return [(f"dp {gpus}, ZeRO-{zero}" + (f", {remat}" if remat else ""),
-             {"parallel": Parallel(dp=gpus, zero=zero), "remat": remat}) for remat in REMATS for zero in STAGES]
+             {"parallel": Parallel(dp=gpus, zero=zero, shard=shard), "remat": remat})
+            for remat in REMATS for zero in STAGES]
 
 
-def search(compile_at, gpus, memory, progress=None, workers=1):
+def search(compile_at, gpus, memory, progress=None, workers=1, shard="flat"):
     """[(label, per-rank batch, global batch, the rank's arena bytes or None)], the largest global batch first;
     `compile_at(batch, **options)` plans one rank at a per-rank batch, `progress(label, batch)` is told of each
     plan. With `workers` > 1 the layouts are dealt to that many forked processes (on Linux; one process
     elsewhere), every `workers`-th to each, so that each process's layouts are neighbours as in one search and
     the processes take about as long."""
-    layouts = candidates(gpus)
+    layouts = candidates(gpus, shard)
     workers = min(workers, len(layouts)) if "fork" in multiprocessing.get_all_start_methods() else 1
     chains = [layouts[k::workers] for k in range(workers)]
     found = {label: (batch, arena) for chain in _searched(compile_at, memory, chains, progress)

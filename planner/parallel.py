@@ -11,7 +11,10 @@ FSDP's SHARD_GRAD_OP).
 
 Every rank runs the same plan (the shards have one size, the last one padded); which shard is its own
 the rank reads from its process group when running (under ZeRO-3 it cuts its shard of each parameter's
-value when the executor loads it). Tensor and pipeline parallelism are not planned yet.
+value when the executor loads it). A shard is a run of the flattened tensor's elements: `shard="flat"`
+splits them evenly (DeepSpeed), `shard="dim0"` in whole rows of the first dim, as PyTorch's FSDP2
+(`fully_shard`) shards each parameter: ceil(rows / dp) rows a rank, the last ones padded. Tensor and
+pipeline parallelism are not planned yet.
 """
 import math
 from dataclasses import dataclass
@@ -21,26 +24,36 @@ import numpy as np
 from .errors import ConfigError
 
 STAGES = (0, 1, 2, 3)
+SHARDS = ("flat", "dim0")
 
 
 @dataclass(frozen=True)
 class Parallel:
-    """How a training step is spread: `dp` data-parallel ranks at ZeRO stage `zero` (0 to 3)."""
+    """How a training step is spread: `dp` data-parallel ranks at ZeRO stage `zero` (0 to 3), each tensor's
+    shards cut by `shard` ("flat" or "dim0", see the module)."""
 
     dp: int = 1
     zero: int = 0
+    shard: str = "flat"
 
     def __post_init__(self):
         if isinstance(self.dp, bool) or not isinstance(self.dp, int) or self.dp < 1:
             raise ConfigError(f"parallel dp must be an int >= 1, got {self.dp!r}")
         if self.zero not in STAGES or isinstance(self.zero, bool):
             raise ConfigError(f"parallel zero must be one of {', '.join(map(str, STAGES))}, got {self.zero!r}")
+        if self.shard not in SHARDS:
+            raise ConfigError(f"parallel shard must be one of {', '.join(SHARDS)}, got {self.shard!r}")
+
+    def unit(self, shape):
+        """The elements a shard of a tensor of `shape` is a whole number of: a row of the first dim under
+        shard="dim0", one element under "flat"."""
+        return max(1, math.prod(shape[1:])) if self.shard == "dim0" and len(shape) > 1 else 1
 
 
-def shard_size(elements, world):
-    """The elements of one rank's shard of a tensor of `elements` split over `world` ranks (the last
-    shard padded with zeros to it)."""
-    return math.ceil(elements / world)
+def shard_size(elements, world, unit=1):
+    """The elements of one rank's shard of a tensor of `elements` split over `world` ranks in whole `unit`s
+    (the last shards padded with zeros to it)."""
+    return math.ceil(math.ceil(elements / unit) / world) * unit
 
 
 def model_states(values, param_bytes, state_bytes, dp, zero):

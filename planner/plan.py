@@ -27,7 +27,7 @@ from . import dtypes  # noqa: F401  (registers ml_dtypes' names with NumPy)
 from .errors import PlanError
 from .ir import KINDS as GRAPH_KINDS
 from .ops.base import Slice
-from .parallel import Whole, shard_size
+from .parallel import Parallel, Whole, shard_size
 
 ALIGNMENT = 256
 FORMAT = "memplan-plan/4"
@@ -191,7 +191,7 @@ class Plan:
                 raise PlanError(f"{where}: {t.kind} {name!r} has no value")
             dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
             whole = value.value if isinstance(value, Whole) else value  # a ZeRO-3 param's value: the whole
-            shape = (shard_size(math.prod(np.shape(whole)), parallel["dp"]),) if name in sharded else np.shape(value)
+            shape = _shard_shape(parallel, np.shape(whole)) if name in sharded else np.shape(value)
             if tuple(shape) != tuple(t.shape) or dtype != _dtype(t):
                 raise PlanError(f"{where}: {t.kind} {name!r} is {np.shape(value)} {dtype}, but "
                                 f"the plan places it as {tuple(t.shape)} {t.dtype}")
@@ -329,6 +329,12 @@ def _digest(values):
         h.update(json.dumps([name, list(value.shape), value.dtype.name]).encode())
         h.update(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
     return h.hexdigest()
+
+
+def _shard_shape(facts, shape):
+    """The shape of one rank's shard of a ZeRO-3 param of `shape`, by the plan's "parallel" facts."""
+    rule = Parallel(facts["dp"], facts["zero"], facts.get("shard", "flat"))
+    return (shard_size(math.prod(shape), rule.dp, rule.unit(shape)),)
 
 
 def _dtype(t):

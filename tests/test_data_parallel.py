@@ -92,7 +92,8 @@ def test_one_rank_trains_exactly_as_the_plain_plan(zero):
 
 def test_bad_parallel_options_are_refused():
     for kwargs, message in ((dict(dp=0), "dp must be an int >= 1"), (dict(dp=True), "dp must be an int"),
-                            (dict(zero=4), "zero must be one of 0, 1, 2, 3")):
+                            (dict(zero=4), "zero must be one of 0, 1, 2, 3"),
+                            (dict(shard="rows"), "shard must be one of flat, dim0")):
         with pytest.raises(ConfigError, match=message):
             planner.Parallel(**kwargs)
     with pytest.raises(PlanError, match="parallel apply to training=True"):
@@ -103,12 +104,12 @@ def test_bad_parallel_options_are_refused():
         Executor(compiled(BATCH // 2, planner.Parallel(dp=2)), backend="numpy", group=Single())
 
 
-def _rank(rank, world, zero, port, results):
+def _rank(rank, world, zero, shard, port, results):
     """One rank of a gloo group: STEPS training steps on its share of each batch."""
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        plan = compiled(BATCH // world, planner.Parallel(dp=world, zero=zero))
+        plan = compiled(BATCH // world, planner.Parallel(dp=world, zero=zero, shard=shard))
         ex = Executor(plan, backend="numpy", poison=True)
         losses = [ex.train_step(rank_share(feeds, rank, world)) for feeds in batches()]
         results.put((rank, losses, ex.parameters(), plan.arena_bytes, ex.arena.buffer.nbytes))
@@ -117,8 +118,9 @@ def _rank(rank, world, zero, port, results):
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("world, zero", [(2, 0), (2, 1), (2, 2), (2, 3), (4, 2), (4, 3)])
-def test_ranks_train_as_one_process_on_the_whole_batch(world, zero):
+@pytest.mark.parametrize("world, zero, shard", [(2, 0, "flat"), (2, 1, "flat"), (2, 2, "flat"), (2, 3, "flat"),
+                                               (4, 2, "flat"), (4, 3, "flat"), (4, 3, "dim0")])
+def test_ranks_train_as_one_process_on_the_whole_batch(world, zero, shard):
     """The ranks' mean loss and their parameters after STEPS adam steps are the single process's on
     the whole batch (each rank's loss is its share's mean; the gradients are averaged)."""
     mp = pytest.importorskip("torch.multiprocessing")
@@ -127,7 +129,7 @@ def test_ranks_train_as_one_process_on_the_whole_batch(world, zero):
         port = s.getsockname()[1]
     context = mp.get_context("spawn")
     results = context.Queue()
-    workers = [context.Process(target=_rank, args=(rank, world, zero, port, results)) for rank in range(world)]
+    workers = [context.Process(target=_rank, args=(rank, world, zero, shard, port, results)) for rank in range(world)]
     for w in workers:
         w.start()
     got = sorted(results.get(timeout=240) for _ in workers)
@@ -167,7 +169,7 @@ def test_the_report_plans_one_rank_from_the_command_line(capsys):
     assert cli.main([*args, "--dp", "2", "--zero", "2"]) == 0
     assert "one of 2 data-parallel ranks, ZeRO-2" in capsys.readouterr().out
     assert cli.main(["report", "zoo:mlp", "--dp", "2"]) == 2
-    assert "--dp and --zero apply with --training" in capsys.readouterr().err
+    assert "--dp, --zero and --shard apply with --training" in capsys.readouterr().err
 
 
 def test_fit_finds_each_layouts_largest_batch(capsys):

@@ -1,7 +1,8 @@
 """Collectives as ops of a rank's plan (memplan's own, outside ONNX): the data-parallel gradient
 reduction and the shards of ZeRO (planner.parallel). Each rank runs the same plan; which shard is its
 own, and the other ranks, the executor's process group says when running. A tensor of n elements split
-over `world` ranks has shards of shard_size(n, world) elements, the last padded with zeros."""
+over `world` ranks in whole runs of `unit` elements (a row of its first dim under FSDP2's sharding, else one)
+has shards of shard_size(n, world, unit) elements, the last ones padded with zeros."""
 import math
 
 import numpy as np
@@ -13,10 +14,11 @@ from ..parallel import shard_size
 
 
 class _Collective(Schema):
-    """Over `world` ranks; `mean` divides a sum by world (the gradients of a mean loss)."""
+    """Over `world` ranks; `mean` divides a sum by world (the gradients of a mean loss); shards in whole
+    `unit`s of elements."""
 
     types = (("T",), {"T": FLOATS})
-    defaults = {"world": 1, "mean": 1}
+    defaults = {"world": 1, "mean": 1, "unit": 1}
     mirror = False
 
     @staticmethod
@@ -26,11 +28,17 @@ class _Collective(Schema):
             raise ShapeError(f"world must be an int >= 1, got {world!r}")
         return world
 
-    @staticmethod
-    def padded(elements, world, dtype):
+    def shard(self, node, elements):
+        """The elements of one rank's shard of a tensor of `elements`."""
+        unit = node.attrs.get("unit", 1)
+        if isinstance(unit, bool) or not isinstance(unit, int) or unit < 1 or elements % unit:
+            raise ShapeError(f"unit must be an int >= 1 that divides the {elements} elements, got {unit!r}")
+        return shard_size(elements, self.world(node), unit)
+
+    def padded(self, node, elements, dtype):
         """The Layout of a padded (world * shard) copy where `elements` do not split evenly; none where
         they do (the tensor's own bytes serve)."""
-        whole = world * shard_size(elements, world)
+        whole = self.world(node) * self.shard(node, elements)
         return Layout.pack(("padded", (whole,), dtype)) if whole != elements else Layout()
 
 
@@ -47,10 +55,10 @@ class ReduceScatter(_Collective):
     """Y (shard,) = this rank's shard of the sum over ranks of X flattened (over world with `mean`)."""
 
     def infer(self, node, ins):
-        return [((shard_size(math.prod(ins[0].shape), self.world(node)),), ins[0].dtype)]
+        return [((self.shard(node, math.prod(ins[0].shape)),), ins[0].dtype)]
 
     def workspace(self, node, ins, outs, limit):
-        return self.padded(math.prod(ins[0].shape), self.world(node), ins[0].dtype)
+        return self.padded(node, math.prod(ins[0].shape), ins[0].dtype)
 
 
 @schema("AllGather", domain="memplan")
@@ -61,13 +69,13 @@ class AllGather(_Collective):
 
     def infer(self, node, ins):
         shape = tuple(node.attrs.get("shape") or ())
-        if ins[0].rank != 1 or ins[0].shape[0] != shard_size(math.prod(shape), self.world(node)):
+        if ins[0].rank != 1 or ins[0].shape[0] != self.shard(node, math.prod(shape)):
             raise ShapeError(f"AllGather of shards {ins[0].shape} does not make shape {shape} over "
                              f"{self.world(node)} ranks")
         return [(shape, ins[0].dtype)]
 
     def workspace(self, node, ins, outs, limit):
-        return self.padded(math.prod(outs[0][0]), self.world(node), ins[0].dtype)
+        return self.padded(node, math.prod(outs[0][0]), ins[0].dtype)
 
     def flops(self, node, ins, outs):
         return 0
@@ -78,7 +86,7 @@ class Shard(_Collective):
     """Y (shard,) = this rank's shard of X flattened, zero-padded: no communication."""
 
     def infer(self, node, ins):
-        return [((shard_size(math.prod(ins[0].shape), self.world(node)),), ins[0].dtype)]
+        return [((self.shard(node, math.prod(ins[0].shape)),), ins[0].dtype)]
 
     def flops(self, node, ins, outs):
         return 0

@@ -4,7 +4,8 @@ under ZeRO-1 and 2 it updates only this rank's shard of its parameter, with opti
 and the updated shards are all-gathered over the parameter; under ZeRO-3 the rank keeps only its shard of
 each trained parameter, all-gathered before its first forward reader and again before its first backward
 reader, so that the whole parameter lives only while those read it (PyTorch FSDP, one unit per
-parameter). Facts: "parallel" (dp, zero, collective bytes, the sharded params)."""
+parameter). Shards are cut as the Parallel's `shard` says (evenly, or in rows as FSDP2's). Facts: "parallel"
+(dp, zero, shard, collective bytes, the sharded params)."""
 from dataclasses import replace
 
 from .. import ops, shapes
@@ -37,10 +38,10 @@ def _data_parallel(graph, context):
     gathers, nodes = _gathers(graph, sharded), []
     for k, node in enumerate(graph.nodes):
         for phase, param in gathers.get(k, ()):
-            nodes.append(_gather(graph, param, phase, world))
+            nodes.append(_gather(graph, param, phase, world, parallel.unit(graph.tensors[param].shape)))
             tensors[_gathered(param, phase)] = Tensor(_gathered(param, phase), None, None, "activation")
         if (node.domain, node.op) in OPTIMIZER_OPS:
-            nodes += _rank_update(b, graph, node, tensors, updates, world, zero, sharded)
+            nodes += _rank_update(b, graph, node, tensors, updates, parallel, sharded)
         else:
             phase = node.notes.phase
             gathered = {p: _gathered(p, phase) for p in sharded if p in node.inputs and phase in GATHERED}
@@ -49,32 +50,33 @@ def _data_parallel(graph, context):
                                   updates=tuple(updates.items())), graph)
     sent = sum(communicated(n, [typed.tensors[n.inputs[0]]]) for n in typed.nodes if n.domain == "memplan"
                and n.op in ("AllReduce", "ReduceScatter", "AllGather"))
-    facts = {"dp": world, "zero": zero, "collective_bytes": sent, "sharded": sorted(sharded)}
+    facts = {"dp": world, "zero": zero, "shard": parallel.shard, "collective_bytes": sent, "sharded": sorted(sharded)}
     return Result(typed, True, {"parallel": facts})
 
 
-def _rank_update(b, graph, node, tensors, updates, world, zero, sharded):
+def _rank_update(b, graph, node, tensors, updates, parallel, sharded):
     """The nodes of one rank's update of the param `node` (an optimizer node) updates: its gradient reduced
     over the ranks, and from ZeRO-1 on the update of this rank's shard with state of one shard, gathered
     back over the param unless the param is itself kept sharded (ZeRO-3). Retypes `tensors` and rewrites
     `updates` (the graph's, as {new: old}) to match."""
     start, scalars = len(b.nodes), len(ops.of(node).scalars)
     param, grad, *state = node.inputs[scalars:]
+    p, world, zero = graph.tensors[param], parallel.dp, parallel.zero
+    unit = parallel.unit(p.shape)
     if zero == 0:
         reduced = b.op("AllReduce", grad, domain="memplan", world=world, mean=1)
         return [*b.nodes[start:], replace(node, inputs=(*node.inputs[:scalars], param, reduced, *state))]
     if zero == 1:
         full = b.op("AllReduce", grad, domain="memplan", world=world, mean=1)
-        grad_shard = b.op("Shard", full, domain="memplan", world=world)
+        grad_shard = b.op("Shard", full, domain="memplan", world=world, unit=unit)
     else:
-        grad_shard = b.op("ReduceScatter", grad, domain="memplan", world=world, mean=1)
-    p = graph.tensors[param]
-    shard = (shard_size(p.size, world),)
+        grad_shard = b.op("ReduceScatter", grad, domain="memplan", world=world, mean=1, unit=unit)
+    shard = (shard_size(p.size, world, unit),)
     if param in sharded:  # the rank keeps its shard of the param
         tensors[param] = Tensor(param, shard, p.dtype, "param", Whole(p.data, shard))
         param_shard = param
     else:
-        param_shard = b.op("Shard", param, domain="memplan", world=world)
+        param_shard = b.op("Shard", param, domain="memplan", world=world, unit=unit)
     for s in state:
         tensors[s] = Tensor(s, shard, tensors[s].dtype, "state")
     for out in node.outputs:  # now of one shard: typed again
@@ -82,7 +84,8 @@ def _rank_update(b, graph, node, tensors, updates, world, zero, sharded):
     nodes = [*b.nodes[start:], replace(node, inputs=(*node.inputs[:scalars], param_shard, grad_shard, *state))]
     if param not in sharded:
         start = len(b.nodes)
-        gathered = b.op("AllGather", node.outputs[0], domain="memplan", world=world, mean=0, shape=list(p.shape))
+        gathered = b.op("AllGather", node.outputs[0], domain="memplan", world=world, mean=0, shape=list(p.shape),
+                        unit=unit)
         nodes += b.nodes[start:]
         del updates[node.outputs[0]]
         updates[gathered] = param
@@ -108,9 +111,9 @@ def _gathered(param, phase):
     return f"{param}/gathered/{phase.value}"
 
 
-def _gather(graph, param, phase, world):
+def _gather(graph, param, phase, world, unit):
     """The AllGather node of `param`'s whole value for the readers of `phase`."""
-    return Node("AllGather", (param,), (_gathered(param, phase),), {"world": world, "mean": 0,
+    return Node("AllGather", (param,), (_gathered(param, phase),), {"world": world, "mean": 0, "unit": unit,
                 "shape": list(graph.tensors[param].shape)}, f"parallel/AllGather/{param}/{phase.value}",
                 Annotations(phase), "memplan")
 

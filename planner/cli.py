@@ -120,14 +120,14 @@ def training_options(args):
     if not args.training:
         if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget or args.trainable \
                 or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX \
-                or args.dp is not None or args.zero is not None or args.shard != "flat":
+                or args.dp is not None or args.zero is not None or args.shard != "flat" or args.prefetch:
             raise MemplanError("--loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, --class-axis, "
-                               "--ignore-index, --dp, --zero and --shard apply with --training")
+                               "--ignore-index, --dp, --zero, --shard and --prefetch apply with --training")
         return {}
     parallel = None
     if args.dp is not None or args.zero is not None:
         from .parallel import Parallel
-        parallel = Parallel(dp=args.dp or 1, zero=args.zero or 0, shard=args.shard)
+        parallel = Parallel(dp=args.dp or 1, zero=args.zero or 0, shard=args.shard, prefetch=args.prefetch)
     return {"training": True, "loss": args.loss or "cross_entropy", "optimizer": args.optimizer or "sgd",
             "optimizer_args": {} if args.lr is None else {"lr": args.lr}, "remat": args.remat,
             "memory_budget": None if args.budget is None else parse_bytes(args.budget),
@@ -293,7 +293,7 @@ def fit(args):
     compile_at = batch_planner(args, training_options(args))
     with Progress("memplan fit") as bar:
         found = layouts.search(compile_at, args.gpus, memory, lambda label, b: bar.update(detail=f"{label}: batch {b}"),
-                               args.workers or cores(), args.shard)
+                               args.workers or cores(), shard=args.shard, prefetch=args.prefetch)
     rows = [{"layout": label, "batch_per_rank": batch, "global_batch": total, "arena_bytes": arena}
             for label, batch, total, arena in found]
     if args.json or args.csv:
@@ -430,6 +430,8 @@ def _model_args(p, one_strategy):
                         "(default 0)")
     p.add_argument("--shard", choices=("flat", "dim0"), default="flat",
                    help="with --dp: cut shards evenly (flat, DeepSpeed) or in rows of the first dim (dim0, FSDP2)")
+    p.add_argument("--prefetch", type=int, default=0, metavar="N",
+                   help="with --zero 3: all-gather each param N gathers ahead of its first reader (default 0)")
     p.add_argument("--budget", default=None, metavar="SIZE",
                    help="with --training: the least recomputation whose arena fits SIZE (e.g. 2GiB)")
     p.add_argument("--workspace-mode", choices=("pool", "tensor"), default=None,

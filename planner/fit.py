@@ -14,21 +14,21 @@ from .parallel import STAGES, Parallel
 REMATS = (None, "sublinear")
 
 
-def candidates(gpus, shard="flat"):
-    """(label, compile options) of each layout of `gpus` data-parallel ranks, their shards cut as `shard` says
-    (planner.parallel), neighbours alike (each search starts from the one before)."""
+def candidates(gpus, **rules):
+    """(label, compile options) of each layout of `gpus` data-parallel ranks, with Parallel's other `rules`
+    (shard, prefetch), neighbours alike (each search starts from the one before)."""
     return [(f"dp {gpus}, ZeRO-{zero}" + (f", {remat}" if remat else ""),
-             {"parallel": Parallel(dp=gpus, zero=zero, shard=shard), "remat": remat})
+             {"parallel": Parallel(dp=gpus, zero=zero, **rules), "remat": remat})
             for remat in REMATS for zero in STAGES]
 
 
-def search(compile_at, gpus, memory, progress=None, workers=1, shard="flat"):
+def search(compile_at, gpus, memory, progress=None, workers=1, **rules):
     """[(label, per-rank batch, global batch, the rank's arena bytes or None)], the largest global batch first;
     `compile_at(batch, **options)` plans one rank at a per-rank batch, `progress(label, batch)` is told of each
-    plan. With `workers` > 1 the layouts are dealt to that many forked processes (on Linux; one process
-    elsewhere), every `workers`-th to each, so that each process's layouts are neighbours as in one search and
-    the processes take about as long."""
-    layouts = candidates(gpus, shard)
+    plan; `rules` are Parallel's (shard, prefetch). With `workers` > 1 the layouts are dealt to that many forked
+    processes (on Linux; one process elsewhere), every `workers`-th to each, so that each process's layouts are
+    neighbours as in one search and the processes take about as long."""
+    layouts = candidates(gpus, **rules)
     workers = min(workers, len(layouts)) if "fork" in multiprocessing.get_all_start_methods() else 1
     chains = [layouts[k::workers] for k in range(workers)]
     found = {label: (batch, arena) for chain in _searched(compile_at, memory, chains, progress)

@@ -30,11 +30,14 @@ SHARDS = ("flat", "dim0")
 @dataclass(frozen=True)
 class Parallel:
     """How a training step is spread: `dp` data-parallel ranks at ZeRO stage `zero` (0 to 3), each tensor's
-    shards cut by `shard` ("flat" or "dim0", see the module)."""
+    shards cut by `shard` ("flat" or "dim0", see the module). Under ZeRO-3 each parameter's all-gather is
+    issued `prefetch` gathers ahead of its first reader in each pass (FSDP's prefetching: the gather overlaps
+    the compute before it, and its whole value lives that much longer); 0 gathers right before the reader."""
 
     dp: int = 1
     zero: int = 0
     shard: str = "flat"
+    prefetch: int = 0
 
     def __post_init__(self):
         if isinstance(self.dp, bool) or not isinstance(self.dp, int) or self.dp < 1:
@@ -43,6 +46,8 @@ class Parallel:
             raise ConfigError(f"parallel zero must be one of {', '.join(map(str, STAGES))}, got {self.zero!r}")
         if self.shard not in SHARDS:
             raise ConfigError(f"parallel shard must be one of {', '.join(SHARDS)}, got {self.shard!r}")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise ConfigError(f"parallel prefetch must be an int >= 0, got {self.prefetch!r}")
 
     def unit(self, shape):
         """The elements a shard of a tensor of `shape` is a whole number of: a row of the first dim under

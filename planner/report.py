@@ -298,8 +298,10 @@ def _parallel_line(d):
         return []
     ours, paper = p["model_states"]["plan"], p["model_states"]["zero_paper"]
     bestfit = next(r["arena_bytes"] for r in d["rows"] if r["strategy"] == "bestfit")
-    return [f"one of {p['dp']} data-parallel ranks, ZeRO-{p['zero']} (its own share of the batch): the arena is one "
-            f"rank's, bestfit {format_bytes(bestfit)} against {format_bytes(p['unsharded']['arena_bytes'])} "
+    rules = "".join([", shards in rows of the first dim (FSDP2's)" if p.get("shard") == "dim0" else "",
+                     f", gathers {p['prefetch']} ahead" if p.get("prefetch") else ""])
+    return [f"one of {p['dp']} data-parallel ranks, ZeRO-{p['zero']}{rules} (its own share of the batch): the arena "
+            f"is one rank's, bestfit {format_bytes(bestfit)} against {format_bytes(p['unsharded']['arena_bytes'])} "
             f"for the same batch on one device; its collectives send {format_bytes(p['collective_bytes'])} a step",
             f"model states of the rank: params {format_bytes(ours['params'])}, optimizer state "
             f"{format_bytes(ours['optimizer'])}, gradients {format_bytes(ours['gradients_at_peak'])} at the fullest "

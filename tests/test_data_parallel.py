@@ -72,6 +72,29 @@ def test_zero_3_keeps_a_shard_of_each_param_and_gathers_it_for_each_pass():
     assert plan.breakdown["params"] < plain.breakdown["params"]
 
 
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_zero_3_gathers_prefetch_params_ahead_of_their_readers(prefetch):
+    """Each pass's gathers come in the order their params are first read, param j's before the first reader
+    of param j - prefetch (right before its own with none); prefetching holds whole params longer."""
+    plan = compiled(BATCH // 2, planner.Parallel(dp=2, zero=3, prefetch=prefetch))
+    steps = plan.steps
+    for phase in ("", "backward"):
+        gathered = {s.outputs[0]: (k, s.inputs[0]) for k, s in enumerate(steps) if s.op == "AllGather"
+                    and s.phase == phase}
+        first = {}
+        for k, s in enumerate(steps):
+            for name in s.inputs:
+                if name in gathered and s.op != "AllGather":
+                    first.setdefault(gathered[name][1], k)
+        order = sorted(gathered.values())
+        assert [first[p] for _, p in order] == sorted(first.values()), "gathered in the order first read"
+        for j, (at, param) in enumerate(order):
+            target = first[order[max(0, j - prefetch)][1]]
+            assert at < target and all(s.op == "AllGather" for s in steps[at:target]), f"{param}: right before"
+    assert compiled(BATCH // 2, planner.Parallel(dp=2, zero=3, prefetch=3)).arena_bytes > \
+        compiled(BATCH // 2, planner.Parallel(dp=2, zero=3)).arena_bytes
+
+
 def test_an_uneven_split_pads_the_last_shard_in_planned_scratch():
     plan = compiled(BATCH // 2, planner.Parallel(dp=2, zero=2))
     odd = [s for s in plan.steps if s.op in ("ReduceScatter", "AllGather") and s.workspace]
@@ -93,7 +116,8 @@ def test_one_rank_trains_exactly_as_the_plain_plan(zero):
 def test_bad_parallel_options_are_refused():
     for kwargs, message in ((dict(dp=0), "dp must be an int >= 1"), (dict(dp=True), "dp must be an int"),
                             (dict(zero=4), "zero must be one of 0, 1, 2, 3"),
-                            (dict(shard="rows"), "shard must be one of flat, dim0")):
+                            (dict(shard="rows"), "shard must be one of flat, dim0"),
+                            (dict(prefetch=-1), "prefetch must be an int >= 0")):
         with pytest.raises(ConfigError, match=message):
             planner.Parallel(**kwargs)
     with pytest.raises(PlanError, match="parallel apply to training=True"):
@@ -104,12 +128,12 @@ def test_bad_parallel_options_are_refused():
         Executor(compiled(BATCH // 2, planner.Parallel(dp=2)), backend="numpy", group=Single())
 
 
-def _rank(rank, world, zero, shard, port, results):
+def _rank(rank, world, zero, options, port, results):
     """One rank of a gloo group: STEPS training steps on its share of each batch."""
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        plan = compiled(BATCH // world, planner.Parallel(dp=world, zero=zero, shard=shard))
+        plan = compiled(BATCH // world, planner.Parallel(dp=world, zero=zero, **options))
         ex = Executor(plan, backend="numpy", poison=True)
         losses = [ex.train_step(rank_share(feeds, rank, world)) for feeds in batches()]
         results.put((rank, losses, ex.parameters(), plan.arena_bytes, ex.arena.buffer.nbytes))
@@ -118,9 +142,9 @@ def _rank(rank, world, zero, shard, port, results):
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("world, zero, shard", [(2, 0, "flat"), (2, 1, "flat"), (2, 2, "flat"), (2, 3, "flat"),
-                                               (4, 2, "flat"), (4, 3, "flat"), (4, 3, "dim0")])
-def test_ranks_train_as_one_process_on_the_whole_batch(world, zero, shard):
+@pytest.mark.parametrize("world, zero, options", [(2, 0, {}), (2, 1, {}), (2, 2, {}), (2, 3, {}), (4, 2, {}),
+                                                 (4, 3, {}), (4, 3, {"shard": "dim0", "prefetch": 2})])
+def test_ranks_train_as_one_process_on_the_whole_batch(world, zero, options):
     """The ranks' mean loss and their parameters after STEPS adam steps are the single process's on
     the whole batch (each rank's loss is its share's mean; the gradients are averaged)."""
     mp = pytest.importorskip("torch.multiprocessing")
@@ -129,7 +153,7 @@ def test_ranks_train_as_one_process_on_the_whole_batch(world, zero, shard):
         port = s.getsockname()[1]
     context = mp.get_context("spawn")
     results = context.Queue()
-    workers = [context.Process(target=_rank, args=(rank, world, zero, shard, port, results)) for rank in range(world)]
+    workers = [context.Process(target=_rank, args=(rank, world, zero, options, port, results)) for rank in range(world)]
     for w in workers:
         w.start()
     got = sorted(results.get(timeout=240) for _ in workers)
@@ -169,7 +193,7 @@ def test_the_report_plans_one_rank_from_the_command_line(capsys):
     assert cli.main([*args, "--dp", "2", "--zero", "2"]) == 0
     assert "one of 2 data-parallel ranks, ZeRO-2" in capsys.readouterr().out
     assert cli.main(["report", "zoo:mlp", "--dp", "2"]) == 2
-    assert "--dp, --zero and --shard apply with --training" in capsys.readouterr().err
+    assert "--dp, --zero, --shard and --prefetch apply with --training" in capsys.readouterr().err
 
 
 def test_fit_finds_each_layouts_largest_batch(capsys):

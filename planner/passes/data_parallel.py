@@ -5,7 +5,7 @@ and the updated shards are all-gathered over the parameter; under ZeRO-3 the ran
 each trained parameter, all-gathered before its first forward reader and again before its first backward
 reader, so that the whole parameter lives only while those read it (PyTorch FSDP, one unit per
 parameter). Shards are cut as the Parallel's `shard` says (evenly, or in rows as FSDP2's). Facts: "parallel"
-(dp, zero, shard, collective bytes, the sharded params)."""
+(dp, zero, shard, prefetch, collective bytes, the sharded params)."""
 from dataclasses import replace
 
 from .. import ops, shapes
@@ -35,7 +35,7 @@ def _data_parallel(graph, context):
     optimized = {n.inputs[len(ops.of(n).scalars)] for n in graph.nodes if (n.domain, n.op) in OPTIMIZER_OPS}
     # ZeRO-3 shards the params of more elements than ranks; a smaller one stays whole on each (as ZeRO-1)
     sharded = {p for p in optimized if graph.tensors[p].size > world} if zero == 3 else set()
-    gathers, nodes = _gathers(graph, sharded), []
+    gathers, nodes = _gathers(graph, sharded, parallel.prefetch), []
     for k, node in enumerate(graph.nodes):
         for phase, param in gathers.get(k, ()):
             nodes.append(_gather(graph, param, phase, world, parallel.unit(graph.tensors[param].shape)))
@@ -50,7 +50,8 @@ def _data_parallel(graph, context):
                                   updates=tuple(updates.items())), graph)
     sent = sum(communicated(n, [typed.tensors[n.inputs[0]]]) for n in typed.nodes if n.domain == "memplan"
                and n.op in ("AllReduce", "ReduceScatter", "AllGather"))
-    facts = {"dp": world, "zero": zero, "shard": parallel.shard, "collective_bytes": sent, "sharded": sorted(sharded)}
+    facts = {"dp": world, "zero": zero, "shard": parallel.shard, "prefetch": parallel.prefetch,
+             "collective_bytes": sent, "sharded": sorted(sharded)}
     return Result(typed, True, {"parallel": facts})
 
 
@@ -92,9 +93,10 @@ def _rank_update(b, graph, node, tensors, updates, parallel, sharded):
     return nodes
 
 
-def _gathers(graph, params):
-    """{node index: [(phase, param)]}: where each ZeRO-3 param is all-gathered, before its first reader of
-    each phase in GATHERED, in the order that reader reads them (every rank must gather in one order)."""
+def _gathers(graph, params, prefetch):
+    """{node index: [(phase, param)]}: where each ZeRO-3 param is all-gathered in each phase of GATHERED,
+    in the order its first reader of the phase reads them (every rank must gather in one order): before the
+    first reader of the param `prefetch` places earlier in that order (the phase's first for the first ones)."""
     first = {}
     for k, node in enumerate(graph.nodes):
         if node.notes.phase in GATHERED and (node.domain, node.op) not in OPTIMIZER_OPS:
@@ -102,9 +104,11 @@ def _gathers(graph, params):
                 if name in params:
                     first.setdefault((node.notes.phase, name), k)
     out = {}
-    for (phase, param), k in sorted(first.items(), key=lambda item: item[1]):
-        out.setdefault(k, []).append((phase, param))
-    return out
+    for phase in GATHERED:
+        order = [(k, param) for (p, param), k in sorted(first.items(), key=lambda item: item[1]) if p is phase]
+        for j, (_, param) in enumerate(order):
+            out.setdefault(order[max(0, j - prefetch)][0], []).append((phase, param))
+    return dict(sorted(out.items()))
 
 
 def _gathered(param, phase):

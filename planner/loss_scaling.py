@@ -1,6 +1,8 @@
 """Dynamic loss scaling for float16 autocast training, as torch.amp.GradScaler does it, built of nodes:
 backward starts from the scale instead of 1 (the loss scaled), the gradients are unscaled, one check
-says whether all of them are finite, and the scale and its count of finite steps are updated in place.
+says whether all of them are finite (on the sum of their sums, `total`, which a data-parallel plan sums over
+the ranks so that all of them skip a step together), and the scale and its count of finite steps are updated
+in place.
 When a gradient overflowed, the executor skips that training step's optimizer steps (GradScaler's
 `step` skipping `optimizer.step()`) and the scale halves; after GROWTH_INTERVAL finite steps in a row
 it doubles.
@@ -44,7 +46,7 @@ def scaled_gradients(graph, loss, params):
                 EXPONENT), (b.op("Where", finite, b.op("Where", full, zero, grown), zero), GROWTH))
     outputs = tuple(o for o in graph.outputs if o != scale)
     graph = _appended(replace(graph, updates=(*graph.updates, *updates)), b, (*outputs, finite, *unscaled.values()))
-    facts = {"exponent": EXPONENT, "growth": GROWTH, "finite": finite, "init": SCALE_INIT,
+    facts = {"exponent": EXPONENT, "growth": GROWTH, "finite": finite, "total": total, "init": SCALE_INIT,
              "growth_factor": GROWTH_FACTOR, "backoff_factor": BACKOFF_FACTOR, "growth_interval": GROWTH_INTERVAL}
     return replace(graph, outputs=(*outputs, finite)), unscaled, facts
 

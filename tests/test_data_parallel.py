@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+from functools import partial
 
 import numpy as np
 import pytest
@@ -23,9 +24,10 @@ BATCH, STEPS = 8, 3
 COLLECTIVES = ("AllReduce", "ReduceScatter", "AllGather", "Shard")
 
 
-def compiled(batch, parallel=None, optimizer="adam"):
+def compiled(batch, parallel=None, optimizer="adam", precision="fp32"):
     m = small_model("mlp")
-    return planner.compile(m, input_shapes(m, batch), training=True, optimizer=optimizer, parallel=parallel)
+    return planner.compile(m, input_shapes(m, batch), training=True, optimizer=optimizer, parallel=parallel,
+                           precision=precision)
 
 
 def batches(seed=0):
@@ -128,7 +130,26 @@ def test_bad_parallel_options_are_refused():
         Executor(compiled(BATCH // 2, planner.Parallel(dp=2)), backend="numpy", group=Single())
 
 
-def _rank(rank, world, zero, options, port, results):
+def _spawned(target, world):
+    """The results `target(rank, port, results)` puts in each of `world` spawned processes of one gloo group
+    (torch.distributed), sorted by rank."""
+    mp = pytest.importorskip("torch.multiprocessing")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    workers = [context.Process(target=target, args=(rank, port, results)) for rank in range(world)]
+    for w in workers:
+        w.start()
+    got = sorted((results.get(timeout=240) for _ in workers), key=lambda result: result[0])
+    for w in workers:
+        w.join(timeout=60)
+        assert w.exitcode == 0
+    return got
+
+
+def _rank(rank, port, results, world, zero, options):
     """One rank of a gloo group: STEPS training steps on its share of each batch."""
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -147,19 +168,7 @@ def _rank(rank, world, zero, options, port, results):
 def test_ranks_train_as_one_process_on_the_whole_batch(world, zero, options):
     """The ranks' mean loss and their parameters after STEPS adam steps are the single process's on
     the whole batch (each rank's loss is its share's mean; the gradients are averaged)."""
-    mp = pytest.importorskip("torch.multiprocessing")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    workers = [context.Process(target=_rank, args=(rank, world, zero, options, port, results)) for rank in range(world)]
-    for w in workers:
-        w.start()
-    got = sorted(results.get(timeout=240) for _ in workers)
-    for w in workers:
-        w.join(timeout=60)
-        assert w.exitcode == 0
+    got = _spawned(partial(_rank, world=world, zero=zero, options=options), world)
     single = Executor(compiled(BATCH), backend="numpy")
     losses = [single.train_step(feeds) for feeds in batches()]
     np.testing.assert_allclose(np.mean([g[1] for g in got], axis=0), losses, rtol=1e-5)
@@ -171,6 +180,39 @@ def test_ranks_train_as_one_process_on_the_whole_batch(world, zero, options):
             ranks = [np.concatenate(ranks)[:value.size].reshape(value.shape)]
         for rank, param in enumerate(ranks):
             np.testing.assert_allclose(param, value, rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}: {name}")
+
+
+def _amp_rank(rank, port, results):
+    """One rank of an amp-fp16 ZeRO-2 pair: a step on its share, then one where rank 1's share overflows
+    float16 (inputs 1e4 times larger); the loss scale and params after each."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        ex = Executor(compiled(BATCH // 2, planner.Parallel(dp=2, zero=2), "sgd", "amp-fp16"), backend="numpy")
+        after = []
+        for step, feeds in enumerate(batches()[:2]):
+            share = rank_share(feeds, rank, 2)
+            if step == 1 and rank == 1:
+                share["input"] = share["input"] * 1e4
+            ex.train_step(share)
+            after.append((ex.loss_scale, ex.parameters()))
+        results.put((rank, after))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.torch
+def test_amp_fp16_ranks_skip_a_step_together_when_one_overflows():
+    """amp-fp16's finite check reads every rank's gradients (their sum all-reduced): when one rank's overflow,
+    every rank skips the update and halves its scale, as GradScaler does after DDP's all-reduce."""
+    got = dict(_spawned(_amp_rank, 2))
+    (scale0, first0), (scale1, second0) = got[0]
+    (_, first1), (scale2, second1) = got[1]
+    assert scale0 == 2.0 ** 16 and scale1 == scale2 == 2.0 ** 15
+    for name in first0:
+        np.testing.assert_array_equal(second0[name], first0[name], err_msg=f"rank 0 updated {name}")
+        np.testing.assert_array_equal(second1[name], first1[name], err_msg=f"rank 1 updated {name}")
+        np.testing.assert_array_equal(first0[name], first1[name])
 
 
 def test_the_report_plans_one_rank_from_the_command_line(capsys):

@@ -25,8 +25,6 @@ def _data_parallel(graph, context):
     parallel = context.options.parallel
     if parallel is None:
         return Result(graph, False)
-    if "scaler" in context.facts:
-        raise ConfigError("data-parallel plans with amp-fp16's loss scaling are not planned yet; use amp-bf16")
     if any(n.notes.assign for n in graph.nodes):
         raise ConfigError("data-parallel plans update params in place (MEGENGINE_INPLACE_UPDATE=1)")
     world, zero = parallel.dp, parallel.zero
@@ -36,7 +34,10 @@ def _data_parallel(graph, context):
     # ZeRO-3 shards the params of more elements than ranks; a smaller one stays whole on each (as ZeRO-1)
     sharded = {p for p in optimized if graph.tensors[p].size > world} if zero == 3 else set()
     gathers, nodes = _gathers(graph, sharded, parallel.prefetch), []
+    total = (context.facts.get("scaler") or {}).get("total")
     for k, node in enumerate(graph.nodes):
+        if total in node.inputs:  # amp-fp16's finite check: of every rank's gradients, so that all skip alike
+            node = replace(node, inputs=tuple(_summed(total) if i == total else i for i in node.inputs))
         for phase, param in gathers.get(k, ()):
             nodes.append(_gather(graph, param, phase, world, parallel.unit(graph.tensors[param].shape)))
             tensors[_gathered(param, phase)] = Tensor(_gathered(param, phase), None, None, "activation")
@@ -46,6 +47,10 @@ def _data_parallel(graph, context):
             phase = node.notes.phase
             gathered = {p: _gathered(p, phase) for p in sharded if p in node.inputs and phase in GATHERED}
             nodes.append(replace(node, inputs=tuple(gathered.get(i, i) for i in node.inputs)) if gathered else node)
+        if total in node.outputs:
+            nodes.append(Node("AllReduce", (total,), (_summed(total),), {"world": world, "mean": 0},
+                              f"parallel/AllReduce/{total}", Annotations(node.notes.phase), "memplan"))
+            tensors[_summed(total)] = Tensor(_summed(total), None, None, "activation")
     typed = shapes.retype(replace(graph, nodes=tuple(nodes), tensors={**tensors, **b.tensors},
                                   updates=tuple(updates.items())), graph)
     sent = sum(communicated(n, [typed.tensors[n.inputs[0]]]) for n in typed.nodes if n.domain == "memplan"
@@ -109,6 +114,10 @@ def _gathers(graph, params, prefetch):
         for j, (_, param) in enumerate(order):
             out.setdefault(order[max(0, j - prefetch)][0], []).append((phase, param))
     return dict(sorted(out.items()))
+
+
+def _summed(name):
+    return f"{name}/summed"
 
 
 def _gathered(param, phase):

@@ -5,7 +5,6 @@ on the whole batch."""
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from functools import partial
@@ -18,6 +17,7 @@ from executor import Executor
 from executor.collectives import Single
 from planner.errors import ConfigError, MemplanError, PlanError
 from planner.parallel import shard_size
+from gloo import spawned
 from zoo_cases import input_shapes, small_model
 
 BATCH, STEPS = 8, 3
@@ -130,25 +130,6 @@ def test_bad_parallel_options_are_refused():
         Executor(compiled(BATCH // 2, planner.Parallel(dp=2)), backend="numpy", group=Single())
 
 
-def _spawned(target, world):
-    """The results `target(rank, port, results)` puts in each of `world` spawned processes of one gloo group
-    (torch.distributed), sorted by rank."""
-    mp = pytest.importorskip("torch.multiprocessing")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    workers = [context.Process(target=target, args=(rank, port, results)) for rank in range(world)]
-    for w in workers:
-        w.start()
-    got = sorted((results.get(timeout=240) for _ in workers), key=lambda result: result[0])
-    for w in workers:
-        w.join(timeout=60)
-        assert w.exitcode == 0
-    return got
-
-
 def _rank(rank, port, results, world, zero, options):
     """One rank of a gloo group: STEPS training steps on its share of each batch."""
     import torch.distributed as dist
@@ -168,7 +149,7 @@ def _rank(rank, port, results, world, zero, options):
 def test_ranks_train_as_one_process_on_the_whole_batch(world, zero, options):
     """The ranks' mean loss and their parameters after STEPS adam steps are the single process's on
     the whole batch (each rank's loss is its share's mean; the gradients are averaged)."""
-    got = _spawned(partial(_rank, world=world, zero=zero, options=options), world)
+    got = spawned(partial(_rank, world=world, zero=zero, options=options), world)
     single = Executor(compiled(BATCH), backend="numpy")
     losses = [single.train_step(feeds) for feeds in batches()]
     np.testing.assert_allclose(np.mean([g[1] for g in got], axis=0), losses, rtol=1e-5)
@@ -205,7 +186,7 @@ def _amp_rank(rank, port, results):
 def test_amp_fp16_ranks_skip_a_step_together_when_one_overflows():
     """amp-fp16's finite check reads every rank's gradients (their sum all-reduced): when one rank's overflow,
     every rank skips the update and halves its scale, as GradScaler does after DDP's all-reduce."""
-    got = dict(_spawned(_amp_rank, 2))
+    got = dict(spawned(_amp_rank, 2))
     (scale0, first0), (scale1, second0) = got[0]
     (_, first1), (scale2, second1) = got[1]
     assert scale0 == 2.0 ** 16 and scale1 == scale2 == 2.0 ** 15

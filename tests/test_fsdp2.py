@@ -2,12 +2,11 @@
 FSDP2 itself: `fully_shard` on each Linear and the root, Adam, one step, in 2 CPU processes over gloo; each
 rank's bytes of parameters, gradients and optimizer state read from its tensors' local shards. The plan is
 every rank's, so it holds what the largest rank (the first, whose shards have the most rows) holds."""
-import socket
-
 import numpy as np
 import pytest
 
 import planner
+from gloo import spawned
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -50,23 +49,6 @@ def _fsdp2_rank(rank, port, results):
         dist.destroy_process_group()
 
 
-def fsdp2_ranks():
-    mp = pytest.importorskip("torch.multiprocessing")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    workers = [context.Process(target=_fsdp2_rank, args=(rank, port, results)) for rank in range(WORLD)]
-    for w in workers:
-        w.start()
-    got = dict(results.get(timeout=240) for _ in workers)
-    for w in workers:
-        w.join(timeout=60)
-        assert w.exitcode == 0
-    return [got[rank] for rank in range(WORLD)]
-
-
 def rank_plan(tmp_path, shard):
     path = tmp_path / "mlp.onnx"
     torch.onnx.export(model(), (torch.randn(BATCH // WORLD, IN),), str(path), input_names=["x"], dynamo=False)
@@ -85,7 +67,7 @@ def held(plan):
 
 
 def test_a_zero_3_rank_plan_holds_what_fsdp2s_largest_rank_holds(tmp_path):
-    ranks = fsdp2_ranks()
+    ranks = [result for _, result in spawned(_fsdp2_rank, WORLD)]
     assert ranks[0]["rows"] == [26, 26, 3, 3] and ranks[1]["rows"] == [25, 25, 2, 2]
     ours = held(rank_plan(tmp_path, "dim0"))
     assert ours == {part: ranks[0][part] for part in ours}

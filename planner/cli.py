@@ -125,6 +125,8 @@ def training_options(args):
                                "--ignore-index, --dp, --zero, --shard and --prefetch apply with --training")
         return {}
     parallel = None
+    if args.dp is None and args.zero is None and (args.shard != "flat" or args.prefetch) and args.command != "fit":
+        raise MemplanError("--shard and --prefetch say how the ranks of --dp N --zero Z shard: give those too")
     if args.dp is not None or args.zero is not None:
         from .parallel import Parallel
         parallel = Parallel(dp=args.dp or 1, zero=args.zero or 0, shard=args.shard, prefetch=args.prefetch)

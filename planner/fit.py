@@ -14,11 +14,13 @@ from .parallel import STAGES, Parallel
 REMATS = (None, "sublinear")
 
 
-def candidates(gpus, **rules):
-    """(label, compile options) of each layout of `gpus` data-parallel ranks, with Parallel's other `rules`
-    (shard, prefetch), neighbours alike (each search starts from the one before)."""
+def candidates(gpus, shard="flat", prefetch=0):
+    """(label, compile options) of each layout of `gpus` data-parallel ranks, neighbours alike (each search
+    starts from the one before); their shards cut by `shard` where they have shards, ZeRO-3's gathers
+    `prefetch` ahead (planner.parallel)."""
     return [(f"dp {gpus}, ZeRO-{zero}" + (f", {remat}" if remat else ""),
-             {"parallel": Parallel(dp=gpus, zero=zero, **rules), "remat": remat})
+             {"parallel": Parallel(dp=gpus, zero=zero, shard=shard if zero else "flat",
+                                   prefetch=prefetch if zero == 3 else 0), "remat": remat})
             for remat in REMATS for zero in STAGES]
 
 

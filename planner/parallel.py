@@ -48,6 +48,10 @@ class Parallel:
             raise ConfigError(f"parallel shard must be one of {', '.join(SHARDS)}, got {self.shard!r}")
         if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
             raise ConfigError(f"parallel prefetch must be an int >= 0, got {self.prefetch!r}")
+        if self.prefetch and self.zero != 3:
+            raise ConfigError(f"parallel prefetch applies to ZeRO-3, which gathers the params; zero is {self.zero}")
+        if self.shard != "flat" and self.zero == 0:
+            raise ConfigError("parallel shard applies from ZeRO-1 on; zero 0 shards nothing")
 
     def unit(self, shape):
         """The elements a shard of a tensor of `shape` is a whole number of: a row of the first dim under

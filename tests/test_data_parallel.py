@@ -119,7 +119,9 @@ def test_bad_parallel_options_are_refused():
     for kwargs, message in ((dict(dp=0), "dp must be an int >= 1"), (dict(dp=True), "dp must be an int"),
                             (dict(zero=4), "zero must be one of 0, 1, 2, 3"),
                             (dict(shard="rows"), "shard must be one of flat, dim0"),
-                            (dict(prefetch=-1), "prefetch must be an int >= 0")):
+                            (dict(prefetch=-1), "prefetch must be an int >= 0"),
+                            (dict(zero=2, prefetch=1), "prefetch applies to ZeRO-3"),
+                            (dict(dp=2, shard="dim0"), "shard applies from ZeRO-1 on")):
         with pytest.raises(ConfigError, match=message):
             planner.Parallel(**kwargs)
     with pytest.raises(PlanError, match="parallel apply to training=True"):
@@ -239,6 +241,8 @@ def test_fit_finds_each_layouts_largest_batch(capsys):
         assert arena(row["batch_per_rank"]) == row["arena_bytes"] <= 8 << 20 < arena(row["batch_per_rank"] + 1)
     assert cli.main(["fit", "zoo:mlp", "--gpus", "2", "--memory", "8MiB", "--dp", "2"]) == 2
     assert "fit chooses --dp and --zero itself" in capsys.readouterr().err
+    assert cli.main(["report", "zoo:mlp", "--training", "--shard", "dim0"]) == 2
+    assert "--shard and --prefetch say how the ranks of --dp N --zero Z shard" in capsys.readouterr().err
 
 
 def test_every_process_plans_the_same_steps_whatever_its_hash_seed():

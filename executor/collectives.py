@@ -73,9 +73,15 @@ def shards(plan, values, group):
         return values
     out = dict(values)
     for name in sharded & set(values):
-        flat, size = np.asarray(values[name]).reshape(-1), plan.tensors[name].shape[0]
-        piece = np.zeros(size, flat.dtype)
-        own = flat[group.rank * size:(group.rank + 1) * size]
-        piece[:own.size] = own
-        out[name] = piece
+        flat = np.asarray(values[name]).reshape(-1)
+        out[name] = cut(flat, group.rank, np.empty(plan.tensors[name].shape[0], flat.dtype))
     return out
+
+
+def cut(flat, rank, shard):
+    """`shard` = rank `rank`'s run of the flattened tensor `flat` (shard.size elements a rank), zeros past
+    its end; NumPy or CuPy arrays. Returns `shard`."""
+    own = flat[rank * shard.size:(rank + 1) * shard.size]
+    shard[:own.size] = own
+    shard[own.size:] = 0
+    return shard

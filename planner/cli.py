@@ -125,7 +125,7 @@ def training_options(args):
                                "--ignore-index, --dp, --zero, --shard and --prefetch apply with --training")
         return {}
     parallel = None
-    if args.dp is None and args.zero is None and (args.shard != "flat" or args.prefetch) and args.command != "fit":
+    if args.dp is None and args.zero is None and (args.shard != "flat" or args.prefetch):
         raise MemplanError("--shard and --prefetch say how the ranks of --dp N --zero Z shard: give those too")
     if args.dp is not None or args.zero is not None:
         from .parallel import Parallel
@@ -292,10 +292,12 @@ def fit(args):
         raise MemplanError("fit chooses --dp and --zero itself: give --gpus N and --memory SIZE")
     check_output(args.output)
     memory, args.training = parse_bytes(args.memory), True
+    rules = {"shard": args.shard, "prefetch": args.prefetch}  # each layout's, not one --dp's
+    args.shard, args.prefetch = "flat", 0
     compile_at = batch_planner(args, training_options(args))
     with Progress("memplan fit") as bar:
         found = layouts.search(compile_at, args.gpus, memory, lambda label, b: bar.update(detail=f"{label}: batch {b}"),
-                               args.workers or cores(), shard=args.shard, prefetch=args.prefetch)
+                               args.workers or cores(), **rules)
     rows = [{"layout": label, "batch_per_rank": batch, "global_batch": total, "arena_bytes": arena}
             for label, batch, total, arena in found]
     if args.json or args.csv:

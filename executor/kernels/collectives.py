@@ -1,8 +1,7 @@
 """Collective kernels (memplan.AllReduce, ReduceScatter, AllGather, Shard; rules in
 planner/ops/collectives.py). A collective kernel takes one more argument, the executor's process group
 (executor/collectives.py), bound when the executor binds the step."""
-import numpy as np
-
+from ..collectives import cut
 from . import kernel
 
 
@@ -52,7 +51,4 @@ def all_gather(xp, step, ins, outs, ws, group):
 
 @collective("Shard")
 def shard(xp, step, ins, outs, ws, group):
-    x, y = ins[0].reshape(-1), outs[0]
-    piece = x[group.rank * y.size:(group.rank + 1) * y.size]
-    xp.copyto(y[:piece.size], piece)
-    y[piece.size:] = np.zeros((), y.dtype)
+    cut(ins[0].reshape(-1), group.rank, outs[0])

@@ -81,6 +81,10 @@ CASES = {  # x shape, widened, filters, block_model's keywords: large enough tha
     "no widening, one column, no bias": ((8, 16, 40, 1), 16, 8, {"widen": False, "bias": False}),
     "no activation, no bias": ((4, 8, 24, 24), 48, 8, {"activation": "", "bias": False}),
     "one image": ((1, 16, 56, 56), 96, 16, {"residual": True}),
+    "three columns": ((4, 8, 9, 3), 48, 8, {"residual": True}),
+    "four columns": ((4, 8, 9, 4), 48, 8, {"residual": True}),
+    "four columns, stride 2": ((4, 8, 9, 4), 48, 12, {"stride": 2}),
+    "six columns, stride 2": ((4, 8, 10, 6), 48, 12, {"stride": 2}),
 }
 
 
@@ -136,7 +140,7 @@ def test_mobilenet_v2_fuses_every_block_and_its_arena_shrinks():
 def test_banding_fits_a_lane_splits_the_batch_and_caps_the_lanes():
     big = banding(8, 16, 96, 24, (112, 112), (56, 56), 2, np.float32, True, 2)
     assert big.images == 1 and big.rows < 56 and big.lanes == 2
-    per_lane = next(s for s in big.layout.slices if s.name == "padded").nbytes // 2
+    per_lane = next(s for s in big.layout.slices if s.name == "widened").nbytes // 2
     assert per_lane < LANE_BYTES
     small = banding(8, 160, 960, 160, (7, 7), (7, 7), 1, np.float32, True, 2)
     assert small.rows == 7 and 8 % small.images == 0 and (8 // small.images) % 2 == 0
@@ -219,7 +223,7 @@ def test_a_model_holding_the_op_runs_in_the_banding_its_plan_chose(jit):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
     x = RNG.standard_normal(shape).astype(np.float32)
     plan, got = run(model, x, jit)
-    assert plan.steps[0].attrs["rows"] == 0 and {s.name for s in plan.steps[0].scratch} >= {"padded", "depthwise"}
+    assert plan.steps[0].attrs["rows"] == 0 and {s.name for s in plan.steps[0].scratch} >= {"widened", "depthwise"}
     reference = chain_model(shape, [(weights["w1"], {}), "Relu", (weights["w2"], {"group": widened, "pads": [1] * 4,
                                     "strides": [2, 2]}), "Relu", (weights["w3"], {})], bias=False)
     for init in reference.graph.initializer:

@@ -4,17 +4,18 @@ narrowing E to P, each with its bias and activation, and Z (a residual) added be
 planner/passes/inverted_residual.py makes it from the three convolutions of an inference plan.
 
 The kernel walks the output in jobs of `images` images by `rows` output rows, the jobs shared among `lanes`
-threads. A job widens its input rows (one GEMM over its images), lays them out padded and channels-last,
-runs the depthwise conv every channel at once (a plane of 7x7 pixels vectorises as well as one of 112x112)
-and narrows the result with one GEMM into Y. The widened tensors, E/C times the input, are never written to
+threads. A job widens its input rows with one GEMM over its images, straight into the channels-last rows the
+depthwise conv reads (no padded copy: the conv's edge columns skip the padding), runs the depthwise conv
+every channel at once (a plane of 7x7 pixels vectorises as well as one of 112x112) and narrows the result
+with one GEMM into Y. The widened tensors, E/C times the input, are never written to
 the arena: each job's lives in its lane's scratch, sized to stay in a core's cache.
 
-Scratch (`Banding.layout`): `taps` (9, E), the depthwise weights channels-last; per lane `columns` (the
-job's input pixels by C) and `expanded` (those pixels by E) where the block widens, `padded` (one image's
-widened rows with their zero border, channels-last), `depthwise` (the job's output pixels by E, one image
-after another) and `projected` (P by the job's output pixels); `product` (one image's band of outputs by E),
-one tap's products for the NumPy and CuPy kernel. The kernels read a job's images and rows off the shapes of
-`depthwise` and `padded` (`job_size`)."""
+Scratch (`Banding.layout`): `taps` (9, E), the depthwise weights channels-last; per lane `columns` (C by the
+job's input pixels) where the block widens, `widened` (the job's input rows, each holding every image's
+pixels by E, rows off the image zero), `depthwise` (the job's output pixels by E,
+one image after another) and `projected` (P by the job's output pixels); `product` (one image's band of
+outputs by E), one tap's products for the NumPy and CuPy kernel. The kernels read a job's images and rows
+off the shape of `widened` (`job_size`)."""
 import math
 from typing import NamedTuple
 
@@ -61,8 +62,7 @@ def banding(batch, channels, expanded, filters, in_spatial, out_spatial, stride,
         pixels, outputs = images * held * width, images * rows * out_width
         return Layout.pack(("taps", (9, expanded), dtype),
                            ("columns", (lanes, pixels * channels), dtype) if widens else None,
-                           ("expanded", (lanes, pixels * expanded), dtype) if widens else None,
-                           ("padded", (lanes, (rows - 1) * stride + 3, width + 2, expanded), dtype),
+                           ("widened", (lanes, (rows - 1) * stride + 3, images, width, expanded), dtype),
                            ("depthwise", (lanes, images, rows * out_width * expanded), dtype),
                            ("projected", (lanes, filters * outputs), dtype),
                            ("product", (rows, out_width, expanded), dtype), align=64)
@@ -96,9 +96,9 @@ def banding(batch, channels, expanded, filters, in_spatial, out_spatial, stride,
         limit //= 2
 
 
-def job_size(padded, depthwise, stride):
-    """(images, rows) of each job, read off the shapes of the `padded` and `depthwise` scratch slices."""
-    return depthwise[1], (padded[1] - 3) // stride + 1
+def job_size(widened, stride):
+    """(images, rows) of each job, read off the shape of the `widened` scratch slice."""
+    return widened[2], (widened[1] - 3) // stride + 1
 
 
 @schema("InvertedResidual", domain="memplan")

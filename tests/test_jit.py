@@ -70,6 +70,32 @@ def test_convs_match_the_numpy_kernels_in_any_chunks(case, limit):
     np.testing.assert_allclose(fast["y"], plain["y"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mkl_on", [True, False])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_the_compiled_gemm_writes_columns_of_a_wider_matrix(mkl_on, transposed):
+    """blas.dot into a block of columns (a conv's rows of Y, `banded`): the rows lie ldc apart, the columns
+    around the block stay as they were, on MKL's GEMM and on numba's np.dot alike."""
+    from contextlib import nullcontext
+
+    from executor.jit import blas
+    from planner.ops import mkl
+
+    if mkl_on and not mkl.available():
+        pytest.skip("MKL is not installed (the memplan[cpu] extra)")
+
+    @numba.njit
+    def into_block(gemm, a, b, wide):
+        blas.dot(gemm, a, b, wide[:, 3:8])
+
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((6, 4), dtype=np.float32), rng.standard_normal((4, 5), dtype=np.float32)
+    wide = np.full((6, 11), np.nan, np.float32)
+    with nullcontext() if mkl_on else mkl.switched_off():
+        into_block(blas.sgemm(), np.asfortranarray(a) if transposed else a, b, wide)
+    np.testing.assert_allclose(wide[:, 3:8], a @ b, rtol=1e-5, atol=1e-5)
+    assert np.isnan(wide[:, :3]).all() and np.isnan(wide[:, 8:]).all()
+
+
 @pytest.mark.parametrize("activation,params", ACTIVATIONS)
 @pytest.mark.parametrize("case", ["depthwise strided", "3x3", "pointwise"])
 @pytest.mark.parametrize("z", [False, True])

@@ -5,10 +5,14 @@ pool row by row. The walk over chunks and groups, and the GEMMs, are executor.ke
 from functools import partial
 
 import numpy as np
+import numba
 from numba import njit, prange
+
+from planner.ops import mkl
 
 from ..kernels import batched_conv, nn
 from . import takes
+from .blas import dot, one_thread, sgemm
 from .scalar import ACTIVATIONS, NO_BIAS, activate_row, f32
 from .threads import PARALLEL
 
@@ -154,29 +158,64 @@ def depthwise(x, w, bias, z, y, strides, pads, dilations, code, p0, p1):
             finish_row(dst, b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
 
 
+@njit(inline="always")
+def _window_rows(image, cols, ch, a, first_row, strides, pads, dilations):
+    """cols[ch, a, e, r] for each kernel column e and row r = channel ch of `image` (C, H, W) under kernel row a
+    of the windows of output rows first_row on, zeros where they lie on padding."""
+    kw, rows, width = cols.shape[2], cols.shape[3], cols.shape[4]
+    height, source_width = image.shape[1], image.shape[2]
+    for e in range(kw):
+        offset = e * dilations[1] - pads[1]
+        lo, hi = _span(offset, strides[1], source_width, width)
+        for r in range(rows):
+            dst = cols[ch, a, e, r]
+            ih = (first_row + r) * strides[0] - pads[0] + a * dilations[0]
+            if ih < 0 or ih >= height or lo >= hi:
+                dst[:] = 0
+                continue
+            dst[:lo] = 0
+            dst[hi:] = 0
+            line = image[ch, ih, lo * strides[1] + offset:(hi - 1) * strides[1] + offset + 1:strides[1]]
+            target = dst[lo:hi]
+            for k in range(hi - lo):
+                target[k] = line[k]
+
+
 @njit(parallel=PARALLEL, cache=True)
 def im2col(x, cols, first_row, strides, pads, dilations):
     """cols (N, C, kh, kw, rows, OW) = the windows of x (N, C, H, W) over output rows first_row on, zeros
     where they lie on padding."""
-    n, c, kh, kw, rows, width = cols.shape
-    height, source_width = x.shape[2], x.shape[3]
+    n, c, kh = cols.shape[:3]
     for job in prange(n * c * kh):
         i, ch, a = job // (c * kh), (job // kh) % c, job % kh
-        for e in range(kw):
-            offset = e * dilations[1] - pads[1]
-            lo, hi = _span(offset, strides[1], source_width, width)
-            for r in range(rows):
-                dst = cols[i, ch, a, e, r]
-                ih = (first_row + r) * strides[0] - pads[0] + a * dilations[0]
-                if ih < 0 or ih >= height or lo >= hi:
-                    dst[:] = 0
-                    continue
-                dst[:lo] = 0
-                dst[hi:] = 0
-                line = x[i, ch, ih, lo * strides[1] + offset:(hi - 1) * strides[1] + offset + 1:strides[1]]
-                target = dst[lo:hi]
-                for k in range(hi - lo):
-                    target[k] = line[k]
+        _window_rows(x[i], cols[i], ch, a, first_row, strides, pads, dilations)
+
+
+@njit(parallel=PARALLEL, fastmath=True, cache=True)
+def banded(gemm, x, w, bias, z, y, columns, rows, strides, pads, dilations, code, p0, p1):
+    """y = activation(conv(x, w) + bias + z) for a conv of one group, in jobs of one image by `rows` output rows
+    shared among the lanes (columns' rows, one per thread): a job's im2col into its lane's columns, one
+    single-threaded GEMM into Y's rows and their epilogue while they are in cache. One pass over X and Y,
+    where im2col, the GEMM and the epilogue each over a whole chunk pass over memory three times."""
+    n, c, kh, kw = x.shape[0], x.shape[1], w.shape[2], w.shape[3]
+    filters, out_height, out_width = y.shape[1], y.shape[2], y.shape[3]
+    lanes, bands, weights = columns.shape[0], (out_height + rows - 1) // rows, w.reshape(filters, -1)
+    jobs = n * bands
+    for lane in prange(lanes):
+        for job in range(lane * jobs // lanes, (lane + 1) * jobs // lanes):
+            i, r0 = job // bands, job % bands * rows
+            band = min(rows, out_height - r0)
+            cols = columns[lane, :c * kh * kw * band * out_width].reshape(c, kh, kw, band, out_width)
+            for ch in range(c):
+                for a in range(kh):
+                    _window_rows(x[i], cols, ch, a, r0, strides, pads, dilations)
+            plane = y[i].reshape(filters, out_height * out_width)
+            dot(gemm, weights, cols.reshape(c * kh * kw, band * out_width),
+                plane[:, r0 * out_width:(r0 + band) * out_width])
+            for o in range(filters):
+                b = bias[o] if bias.shape[0] else f32(0)
+                for r in range(r0, r0 + band):
+                    finish_row(y[i, o, r], b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
 
 
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
@@ -279,11 +318,35 @@ def images(generic, body):
 
 
 def conv(generic):
-    """The Conv and FusedConv kernel."""
+    """The Conv and FusedConv kernel: `_banded`'s where it applies, else nn.convolve's walk with these
+    kernels."""
     def body(xp, step, ins, outs, ws, epilogue):
-        nn.convolve(xp, step, ins[0], ins[1], outs[0], ws, partial(_finish, *epilogue), fill=_fill,
-                    by_channel=partial(_depthwise, epilogue))
+        if not _banded(step, ins[0], ins[1], outs[0], ws, epilogue):
+            nn.convolve(xp, step, ins[0], ins[1], outs[0], ws, partial(_finish, *epilogue), fill=_fill,
+                        by_channel=partial(_depthwise, epilogue))
     return images(generic, body)
+
+
+BAND_BYTES = 1 << 17
+"""A lane's columns in `banded` at most, so that they and the job's rows of Y stay in the core's cache."""
+
+
+def _banded(step, x, w, y, ws, epilogue):
+    """Run a conv of one group by `banded`, its lanes' columns cut from the planned ones (at least one output
+    row's each), where MKL runs (numba's np.dot writes Y's rows one by one); whether it ran."""
+    if step.attrs.get("group", 1) != 1 or "columns" not in ws or not mkl.available():
+        return False
+    row, floats = w[0].size * y.shape[3], ws["columns"].nbytes // 4
+    lanes = min(numba.get_num_threads(), x.shape[0] * y.shape[2], floats // row)
+    if lanes < 1:
+        return False
+    rows = max(1, min(BAND_BYTES // 4 // row, floats // lanes // row))
+    columns = ws["columns"].reshape(-1).view(np.float32)[:lanes * (floats // lanes)].reshape(lanes, -1)
+    win = nn.conv_window(step, x, w, y)
+    bias, z, code, p0, p1 = epilogue
+    with one_thread()():
+        banded(sgemm(), x, w, bias, z, y, columns, rows, win.strides, win.begin, win.dilations, code, p0, p1)
+    return True
 
 
 def batched(generic):

@@ -5,17 +5,15 @@ lanes calling a two-thread BLAS ran 2x slower). A block that widens is `block`'s
 GEMMs, so that the widened rows' bias and activation and the depthwise conv's nine taps are loops
 over the channels, as long for a 7x7 image as for a 112x112 one; one that does not is `separable`'s, on rows of
 planes."""
-from functools import cache
 
 import numpy as np
 from numba import njit, prange
 
-from planner.ops import mkl
 from planner.ops.inverted_residual import job_size
 
 from ..kernels import inverted_residual as shared
 from . import takes
-from .blas import dot, sgemm
+from .blas import dot, one_thread, sgemm
 from .conv import NO_Z, halving_row, same_row
 from .scalar import ACTIVATIONS, NO_BIAS, activate_row, f32
 from .threads import PARALLEL
@@ -258,16 +256,6 @@ def separable(gemm, x, w2, b2, w3, b3, z, y, stride, images, rows, codes, params
                         activate_row(row, bias, codes[2], params[4], params[5])
 
 
-@cache
-def _one_thread():
-    """A context manager holding the BLAS libraries the lanes call (MKL's, SciPy's) to one thread."""
-    import scipy.linalg  # noqa: F401  (loads the BLAS numba's np.dot calls, so the controller finds it)
-    mkl.library()  # loads MKL where it is installed, so the controller finds it even when it is switched off now
-    from threadpoolctl import ThreadpoolController
-    controller = ThreadpoolController().select(user_api="blas")
-    return lambda: controller.limit(limits=1)
-
-
 def inverted_residual(generic):
     """The InvertedResidual kernel for float32 arrays of C layout, `generic` for the rest."""
     def run(xp, step, ins, outs, ws):
@@ -281,7 +269,7 @@ def inverted_residual(generic):
         stride = step.attrs["strides"][0]
         gemm, z = sgemm(), NO_Z if z is None else z
         jobs = job_size(ws["widened"].shape, stride)
-        with _one_thread()():
+        with one_thread()():
             if w1 is None:
                 return separable(gemm, x, w2, _bias(b2), w3.reshape(w3.shape[0], -1), _bias(b3), z, y, stride, *jobs,
                                  codes, params, ws["depthwise"], ws["projected"])

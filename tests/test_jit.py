@@ -72,9 +72,10 @@ def test_convs_match_the_numpy_kernels_in_any_chunks(case, limit):
 
 @pytest.mark.parametrize("mkl_on", [True, False])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_the_compiled_gemm_writes_columns_of_a_wider_matrix(mkl_on, transposed):
-    """blas.dot into a block of columns (a conv's rows of Y, `banded`): the rows lie ldc apart, the columns
-    around the block stay as they were, on MKL's GEMM and on numba's np.dot alike."""
+def test_the_compiled_gemm_takes_blocks_of_wider_matrices(mkl_on, transposed):
+    """blas.dot with an operand and the output each a block of columns of a wider matrix (a 1x1 conv's
+    pixels, `pointwise`): their rows lie a leading dimension apart, the columns around the output's block
+    stay as they were, on MKL's GEMM and on numba's np.dot alike."""
     from contextlib import nullcontext
 
     from executor.jit import blas
@@ -84,15 +85,15 @@ def test_the_compiled_gemm_writes_columns_of_a_wider_matrix(mkl_on, transposed):
         pytest.skip("MKL is not installed (the memplan[cpu] extra)")
 
     @numba.njit
-    def into_block(gemm, a, b, wide):
-        blas.dot(gemm, a, b, wide[:, 3:8])
+    def into_block(gemm, a, b_wide, wide):
+        blas.dot(gemm, a, b_wide[:, 1:6], wide[:, 3:8])
 
     rng = np.random.default_rng(4)
-    a, b = rng.standard_normal((6, 4), dtype=np.float32), rng.standard_normal((4, 5), dtype=np.float32)
+    a, b_wide = rng.standard_normal((6, 4), dtype=np.float32), rng.standard_normal((4, 9), dtype=np.float32)
     wide = np.full((6, 11), np.nan, np.float32)
     with nullcontext() if mkl_on else mkl.switched_off():
-        into_block(blas.sgemm(), np.asfortranarray(a) if transposed else a, b, wide)
-    np.testing.assert_allclose(wide[:, 3:8], a @ b, rtol=1e-5, atol=1e-5)
+        into_block(blas.sgemm(), np.asfortranarray(a) if transposed else a, b_wide, wide)
+    np.testing.assert_allclose(wide[:, 3:8], a @ b_wide[:, 1:6], rtol=1e-5, atol=1e-5)
     assert np.isnan(wide[:, :3]).all() and np.isnan(wide[:, 8:]).all()
 
 

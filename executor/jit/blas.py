@@ -19,35 +19,40 @@ ROW_MAJOR, NO_TRANS, TRANS = mkl.ROW_MAJOR, mkl.NO_TRANS, mkl.TRANS
 _i, _f, _p = types.intc, types.float32, types.voidptr
 
 
-@njit(inline="always", fastmath=True)
-def _dot_into(a, b, c, ldc):
-    """The m rows of n at c, ldc apart, = a @ b. np.dot writes only contiguous outputs, so rows lying apart
-    (columns of a wider matrix, which `dot` passes only to MKL's GEMM) are summed here, slowly but right."""
-    m, n = a.shape[0], b.shape[1]
-    if ldc <= n or m <= 1:
-        np.dot(a, b, carray(c, (m, n), np.float32))
-        return
-    rows = carray(c, ((m - 1) * ldc + n,), np.float32)
+@njit(fastmath=True)
+def _strided(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc):
+    """cblas_sgemm's product, element by element, for operands or an output whose rows lie apart (blocks of
+    wider matrices, which `dot` passes only to MKL's GEMM where the kernels run it): slowly, but right."""
+    left = carray(a, ((m - 1) * lda + k if trans_a == NO_TRANS else (k - 1) * lda + m,), np.float32)
+    right = carray(b, ((k - 1) * ldb + n if trans_b == NO_TRANS else (n - 1) * ldb + k,), np.float32)
+    out = carray(c, ((m - 1) * ldc + n,), np.float32)
     for i in range(m):
-        row = rows[i * ldc:i * ldc + n]
-        row[:] = 0
-        for p in range(a.shape[1]):
-            for j in range(n):
-                row[j] += a[i, p] * b[p, j]
+        for j in range(n):
+            total = np.float32(0)
+            for p in range(k):
+                total += (left[i * lda + p] if trans_a == NO_TRANS else left[p * lda + i]) * \
+                    (right[p * ldb + j] if trans_b == NO_TRANS else right[j * ldb + p])
+            out[i * ldc + j] = total
 
 
 @cfunc(types.void(_i, _i, _i, _i, _i, _i, _f, _p, _i, _p, _i, _f, _p, _i), cache=True)
 def _numpy_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
-    """cblas_sgemm by numba's np.dot for what `dot` passes (row-major, alpha 1, beta 0, operands whose leading
-    dimension is their width): the GEMM where MKL is not installed."""
+    """cblas_sgemm by numba's np.dot for what `dot` passes (row-major, alpha 1, beta 0): the GEMM where MKL is
+    not installed."""
+    if m == 0 or n == 0:
+        return
+    if lda != (k if trans_a == NO_TRANS else m) or ldb != (n if trans_b == NO_TRANS else k) or ldc != n:
+        _strided(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc)
+        return
+    out = carray(c, (m, n), np.float32)
     if trans_a == NO_TRANS and trans_b == NO_TRANS:  # one call per layout: np.dot of arrays of mixed layouts copies
-        _dot_into(carray(a, (m, k), np.float32), carray(b, (k, n), np.float32), c, ldc)
+        np.dot(carray(a, (m, k), np.float32), carray(b, (k, n), np.float32), out)
     elif trans_a == NO_TRANS:
-        _dot_into(carray(a, (m, k), np.float32), carray(b, (n, k), np.float32).T, c, ldc)
+        np.dot(carray(a, (m, k), np.float32), carray(b, (n, k), np.float32).T, out)
     elif trans_b == NO_TRANS:
-        _dot_into(carray(a, (k, m), np.float32).T, carray(b, (k, n), np.float32), c, ldc)
+        np.dot(carray(a, (k, m), np.float32).T, carray(b, (k, n), np.float32), out)
     else:
-        _dot_into(carray(a, (k, m), np.float32).T, carray(b, (n, k), np.float32).T, c, ldc)
+        np.dot(carray(a, (k, m), np.float32).T, carray(b, (n, k), np.float32).T, out)
 
 
 def sgemm():
@@ -67,16 +72,21 @@ def _fallback():
 
 @njit(inline="always")
 def _layout(x):
-    """(transpose flag, leading dimension) of a C- or F-contiguous 2-D float32 array."""
+    """(transpose flag, leading dimension) of a 2-D float32 array whose rows or columns are contiguous."""
     if x.flags.c_contiguous:
         return NO_TRANS, max(1, x.shape[1])
-    return TRANS, max(1, x.shape[0])
+    if x.flags.f_contiguous:
+        return TRANS, max(1, x.shape[0])
+    if x.strides[1] == 4:
+        return NO_TRANS, x.strides[0] // 4
+    return TRANS, x.strides[1] // 4
 
 
 @njit(inline="always")
 def dot(gemm, a, b, out):
-    """out = a @ b by `gemm` (an `sgemm()`) for 2-D float32 arrays, a and b each C- or F-contiguous (a
-    transpose), out's rows contiguous (C-contiguous, or columns of a wider matrix: its row stride is ldc)."""
+    """out = a @ b by `gemm` (an `sgemm()`) for 2-D float32 arrays whose rows or columns are contiguous (a
+    transpose): whole matrices, or blocks of columns of wider ones (their row strides the leading dimensions).
+    out's rows are contiguous."""
     (m, k), n = a.shape, b.shape[1]
     trans_a, lda = _layout(a)
     trans_b, ldb = _layout(b)

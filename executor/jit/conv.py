@@ -232,6 +232,25 @@ def banded(gemm, x, w, bias, z, y, columns, rows, strides, pads, dilations, code
 
 
 @njit(parallel=PARALLEL, fastmath=True, cache=True)
+def pointwise(gemm, x, w, bias, z, y, lanes, pixels, code, p0, p1):
+    """y = activation(w x + bias + z) for a 1x1 stride-1 conv of one group, x (N, C, P) and y, z (N, M, P), in
+    jobs of one image by `pixels` columns shared among `lanes` threads: one single-threaded GEMM into those
+    columns of Y's rows and their epilogue while they are in cache, where a pass over the whole of Y after the
+    GEMMs took 30 to 40% of resnet50's residual convs."""
+    n, filters, size = y.shape[0], y.shape[1], y.shape[2]
+    bands = (size + pixels - 1) // pixels
+    jobs = n * bands
+    for lane in prange(lanes):
+        for job in range(lane * jobs // lanes, (lane + 1) * jobs // lanes):
+            i, q0 = job // bands, job % bands * pixels
+            q1 = min(size, q0 + pixels)
+            dot(gemm, w, x[i, :, q0:q1], y[i, :, q0:q1])
+            for o in range(filters):
+                finish_row(y[i, o, q0:q1], bias[o] if bias.shape[0] else f32(0),
+                           z[i, o, q0:q1] if z.shape[2] else z[0, 0, :0], code, p0, p1)
+
+
+@njit(parallel=PARALLEL, fastmath=True, cache=True)
 def epilogue(y, bias, z, code, p0, p1):
     """y = activation(y + bias + z) for a block y (N, M, rows, OW) of the output, z the same block of Z or
     empty, bias one value per channel or none."""
@@ -347,10 +366,23 @@ BAND_BYTES = 1 << 21
 
 
 def _banded(step, x, w, y, ws, epilogue):
-    """Run a conv of one group by `banded`, its lanes' columns cut from the planned ones (at least one output
-    row's each), where MKL runs (numba's np.dot writes Y's rows one by one); whether it ran."""
-    if step.attrs.get("group", 1) != 1 or "columns" not in ws or not mkl.available():
+    """Run a conv of one group by `banded` (its lanes' columns cut from the planned ones, at least one output
+    row's each) or, without columns, a 1x1 one by `pointwise`, where MKL runs (numba's np.dot would take
+    the blocks of Y's rows element by element); whether it ran."""
+    if step.attrs.get("group", 1) != 1 or not mkl.available():
         return False
+    bias, z, code, p0, p1 = epilogue
+    if "columns" not in ws:
+        if w.shape[2:] != (1, 1) or x.shape[2:] != y.shape[2:]:
+            return False
+        n, filters, channels = y.shape[0], y.shape[1], x.shape[1]
+        size = y.shape[2] * y.shape[3]
+        bands = -(-size * (filters + channels) * 4 // BAND_BYTES)
+        flat_z = z.reshape(n, filters, size) if z.size else z.reshape(1, 1, 0)
+        with one_thread()():
+            pointwise(sgemm(), x.reshape(n, channels, size), w.reshape(filters, channels), bias, flat_z,
+                      y.reshape(n, filters, size), numba.get_num_threads(), -(-size // max(1, bands)), code, p0, p1)
+        return True
     row, floats = w[0].size * y.shape[3], ws["columns"].nbytes // 4
     lanes = min(numba.get_num_threads(), x.shape[0] * y.shape[2], floats // row)
     if lanes < 1:
@@ -358,7 +390,6 @@ def _banded(step, x, w, y, ws, epilogue):
     rows = max(1, min(BAND_BYTES // 4 // row, floats // lanes // row))
     columns = ws["columns"].reshape(-1).view(np.float32)[:lanes * (floats // lanes)].reshape(lanes, -1)
     win = nn.conv_window(step, x, w, y)
-    bias, z, code, p0, p1 = epilogue
     with one_thread()():
         banded(sgemm(), x, w, bias, z, y, columns, rows, win.strides, win.begin, win.dilations, code, p0, p1)
     return True

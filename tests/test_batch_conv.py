@@ -9,9 +9,22 @@ from onnx import TensorProto, helper, numpy_helper
 import planner
 from planner.config import Config
 from planner.errors import ShapeError
-from test_winograd import ENGINES, memplan_model, onnxruntime, run
+from test_winograd import ENGINES, memplan_model, onnxruntime
+from test_winograd import run as run_on_engine
 
 RNG = np.random.default_rng(12)
+ENGINES = [*ENGINES, pytest.param("numba, MKL off", marks=ENGINES[1].marks)]
+"""ENGINES and the compiled kernels with MKL switched off: where MKL runs, they compute a BatchedConv as the
+conv it was made from, in lanes; without it, by its own columns and write-back."""
+
+
+def run(model, x, engine="numpy", **options):
+    """test_winograd.run, "numba, MKL off" the compiled kernels with planner.ops.mkl switched off."""
+    from contextlib import nullcontext
+
+    from planner.ops import mkl
+    with mkl.switched_off() if engine == "numba, MKL off" else nullcontext():
+        return run_on_engine(model, x, "numba" if engine.startswith("numba") else engine, **options)
 
 
 def conv_model(x_shape, w_shape, after=(), **attrs):

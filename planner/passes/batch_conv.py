@@ -3,7 +3,9 @@
 group, of at most SMALL output pixels an image and LARGE weights or more, in a batch of two or more, where
 the scratch of two images or more fits in the slot all scratch shares (planner.workspace.room), so that the
 arena does not grow. Runs after the winograd pass, which takes the 3x3 stride-1 ones. Plans for a CUDA
-device keep their convolutions; CompileOptions(batch_conv=False) keeps them everywhere."""
+device keep their convolutions; CompileOptions(batch_conv=False) keeps them everywhere. Where MKL runs, the
+compiled kernels compute a BatchedConv as the conv it was made from, in lanes (executor/jit/conv.py), which
+runs the GEMM per image as fast; the plan stays the same whichever kernels run it."""
 import math
 
 import numpy as np

@@ -73,8 +73,9 @@ class Stages:
 
 
 def convolve(xp, step, ins, outs, ws, stages):
-    """Per chunk of images: the tiles, then per block of output channels its weights and its 16 GEMMs, then
-    the outputs; the chunk and the block the largest the scratch holds."""
+    """Per chunk of images: the tiles, then per block of output channels its weights (once for all chunks
+    where one block holds every filter) and its GEMMs, then the outputs; the chunk and the block the largest
+    the scratch holds."""
     x, w = ins[:2]
     y = outs[0]
     (n, c), m, tile = x.shape[:2], w.shape[0], ops.of(step).attr(step, "tile")
@@ -83,13 +84,16 @@ def convolve(xp, step, ins, outs, ws, stages):
     images = max(1, min(n, ws["tiles"].shape[1] // (max(c, m) * per_image)))
     block = max(1, min(m, ws["weights"].shape[1] // c))
     pads = ops.of(step).padding(step, x, y)
+    if block >= m:  # one block: its weights transformed once for every chunk
+        stages.weights(w, ws)
     for n0 in range(0, n, images):
         n1 = min(n, n0 + images)
         cols = (n1 - n0) * per_image
         stages.tiles(x[n0:n1], ws, grid, pads)
         for m0 in range(0, m, block):
             m1 = min(m, m0 + block)
-            stages.weights(w[m0:m1], ws)
+            if block < m:
+                stages.weights(w[m0:m1], ws)
             matmul(xp, planes(ws["weights"], m1 - m0, c), planes(ws["tiles"], c, cols),
                    ws["products"][:, m0 * cols:m1 * cols].reshape(-1, m1 - m0, cols))
         stages.outputs(ws, y[n0:n1], grid, (slice(n0, n1),))

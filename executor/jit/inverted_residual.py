@@ -118,7 +118,7 @@ def _depthwise(rows, k, width, taps, b2, code, p0, p1, out, stride, band, out_wi
     """out (band * OW, E) = activation(the 3x3 depthwise conv, padded by one, at `stride` + bias) of image k of
     `rows` (held rows, images * W, E), channel by channel in the innermost loop, several output columns at
     once sharing their loads (four at stride 1, the padding read as zeros at the edges; two at stride 2, its
-    edge columns one by one; the last group overlapping its neighbour): 1.2 to 1.6x the speed of pairs of
+    edge columns one by one; the last group overlapping its neighbour): 1.1 to 1.6x the speed of pairs of
     pixels loading their own, whose loop spilled its 28 pointers to the stack."""
     left = k * width
     for r in range(band):

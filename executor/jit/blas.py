@@ -21,8 +21,8 @@ _i, _f, _p = types.intc, types.float32, types.voidptr
 
 @njit(fastmath=True)
 def _strided(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc):
-    """cblas_sgemm's product, element by element, for operands or an output whose rows lie apart (blocks of
-    wider matrices, which `dot` passes only to MKL's GEMM where the kernels run it): slowly, but right."""
+    """cblas_sgemm's product element by element, for operands or an output whose rows lie apart (blocks of
+    wider matrices, which the kernels pass only where MKL runs): slow, but right."""
     left = carray(a, ((m - 1) * lda + k if trans_a == NO_TRANS else (k - 1) * lda + m,), np.float32)
     right = carray(b, ((k - 1) * ldb + n if trans_b == NO_TRANS else (n - 1) * ldb + k,), np.float32)
     out = carray(c, ((m - 1) * ldc + n,), np.float32)

@@ -1,7 +1,9 @@
-"""Conv, FusedConv and MaxPool compiled, for 2-D float32 images: a depthwise conv in one pass over its output
-(bias, Z and the activation applied row by row while the row is in cache), im2col in one pass over the
-columns (padding written as zeros on the way), the epilogue of the GEMM's blocks in one pass, and the max
-pool row by row. The walk over chunks and groups, and the GEMMs, are executor.kernels.nn.convolve's."""
+"""Conv, FusedConv, BatchedConv and MaxPool compiled, for 2-D float32 images. Where MKL runs, a conv of one
+group goes in lanes, one thread each (`banded`, `pointwise`): a job's im2col, one single-threaded GEMM into
+Y's rows and their epilogue while in cache. Elsewhere the walk over chunks and groups, and the GEMMs, are
+executor.kernels.nn.convolve's, with a depthwise conv in one pass over its output (bias, Z and the activation
+applied row by row while the row is in cache), im2col in one pass over the columns (padding written as zeros
+on the way) and the epilogue of the GEMM's blocks in one pass. The max pool goes row by row."""
 from functools import partial
 
 import numpy as np
@@ -350,10 +352,10 @@ def images(generic, body):
 
 
 def conv(generic):
-    """The Conv and FusedConv kernel: `_banded`'s where it applies, else nn.convolve's walk with these
+    """The Conv and FusedConv kernel: `_in_lanes`'s where it applies, else nn.convolve's walk with these
     kernels."""
     def body(xp, step, ins, outs, ws, epilogue):
-        if not _banded(step, ins[0], ins[1], outs[0], ws, epilogue):
+        if not _in_lanes(step, ins[0], ins[1], outs[0], ws, epilogue):
             nn.convolve(xp, step, ins[0], ins[1], outs[0], ws, partial(_finish, *epilogue), fill=_fill,
                         by_channel=partial(_depthwise, epilogue))
     return images(generic, body)
@@ -365,7 +367,7 @@ BAND_BYTES = 1 << 21
 0.77x the time of the whole-chunk walk, mobilenet_v2's first conv 0.75x, the rest the same."""
 
 
-def _banded(step, x, w, y, ws, epilogue):
+def _in_lanes(step, x, w, y, ws, epilogue):
     """Run a conv of one group by `banded` (its lanes' columns cut from the planned ones, at least one output
     row's each) or, without columns, a 1x1 one by `pointwise`, where MKL runs (numba's np.dot would take
     the blocks of Y's rows element by element); whether it ran."""
@@ -396,13 +398,13 @@ def _banded(step, x, w, y, ws, epilogue):
 
 
 def batched(generic):
-    """The BatchedConv kernel: where MKL runs, the conv it was made from in lanes (`_banded`, its columns cut
+    """The BatchedConv kernel: where MKL runs, the conv it was made from in lanes (`_in_lanes`, its columns cut
     from the op's scratch; a 1x1 one needs none), which took 0.8 to 0.97x the time of resnet50's 7x7 stage
     batched; else the columns by `im2col` and the output written back by `write_back`."""
     def body(xp, step, ins, outs, ws, epilogue):
         x, w, y = ins[0], ins[1], outs[0]
-        pointwise = w.shape[2:] == (1, 1) and x.shape[2:] == y.shape[2:]
-        if _banded(step, x, w, y, {} if pointwise else {"columns": ws["columns"]}, epilogue):
+        one_by_one = w.shape[2:] == (1, 1) and x.shape[2:] == y.shape[2:]
+        if _in_lanes(step, x, w, y, {} if one_by_one else {"columns": ws["columns"]}, epilogue):
             return
         bias, z, code, p0, p1 = epilogue
 

@@ -2,9 +2,9 @@
 among the plan's lanes, each lane a thread with its own scratch, its GEMMs single-threaded BLAS calls
 (executor/jit/blas.py: MKL's, else numba's np.dot on SciPy's BLAS; held to one thread during the call: two
 lanes calling a two-thread BLAS ran 2x slower). A block that widens is `block`'s, channels-last between the
-GEMMs, so that the widened rows' bias and activation and the depthwise conv's nine taps are loops
-over the channels, as long for a 7x7 image as for a 112x112 one; one that does not is `separable`'s, on rows of
-planes."""
+GEMMs, so that the widened rows' bias and activation and the depthwise conv's nine taps are loops over the
+channels, as long for a 7x7 image as for a 112x112 one; one that does not is `separable`'s, on rows of planes.
+"""
 
 import numpy as np
 from numba import njit, prange

@@ -120,16 +120,19 @@ def training_options(args):
     if not args.training:
         if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget or args.trainable \
                 or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX \
-                or args.dp is not None or args.zero is not None or args.shard != "flat" or args.prefetch:
+                or args.dp is not None or args.zero is not None or args.shard != "flat" or args.prefetch \
+                or args.bucket:
             raise MemplanError("--loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, --class-axis, "
-                               "--ignore-index, --dp, --zero, --shard and --prefetch apply with --training")
+                               "--ignore-index, --dp, --zero, --shard, --prefetch and --bucket apply with --training")
         return {}
     parallel = None
-    if args.dp is None and args.zero is None and (args.shard != "flat" or args.prefetch):
-        raise MemplanError("--shard and --prefetch say how the ranks of --dp N --zero Z shard: give those too")
+    if args.dp is None and args.zero is None and (args.shard != "flat" or args.prefetch or args.bucket):
+        raise MemplanError("--shard, --prefetch and --bucket say how the ranks of --dp N --zero Z shard and reduce: "
+                           "give those too")
     if args.dp is not None or args.zero is not None:
         from .parallel import Parallel
-        parallel = Parallel(dp=args.dp or 1, zero=args.zero or 0, shard=args.shard, prefetch=args.prefetch)
+        parallel = Parallel(dp=args.dp or 1, zero=args.zero or 0, shard=args.shard, prefetch=args.prefetch,
+                            bucket_bytes=parse_bytes(args.bucket) if args.bucket else 0)
     return {"training": True, "loss": args.loss or "cross_entropy", "optimizer": args.optimizer or "sgd",
             "optimizer_args": {} if args.lr is None else {"lr": args.lr}, "remat": args.remat,
             "memory_budget": None if args.budget is None else parse_bytes(args.budget),
@@ -292,8 +295,9 @@ def fit(args):
         raise MemplanError("fit chooses --dp and --zero itself: give --gpus N and --memory SIZE")
     check_output(args.output)
     memory, args.training = parse_bytes(args.memory), True
-    rules = {"shard": args.shard, "prefetch": args.prefetch}  # each layout's, not one --dp's
-    args.shard, args.prefetch = "flat", 0
+    rules = {"shard": args.shard, "prefetch": args.prefetch,  # each layout's, not one --dp's
+             "bucket_bytes": parse_bytes(args.bucket) if args.bucket else 0}
+    args.shard, args.prefetch, args.bucket = "flat", 0, None
     compile_at = batch_planner(args, training_options(args))
     with Progress("memplan fit") as bar:
         found = layouts.search(compile_at, args.gpus, memory, lambda label, b: bar.update(detail=f"{label}: batch {b}"),
@@ -436,6 +440,9 @@ def _model_args(p, one_strategy):
                    help="with --dp: cut shards evenly (flat, DeepSpeed) or in rows of the first dim (dim0, FSDP2)")
     p.add_argument("--prefetch", type=int, default=0, metavar="N",
                    help="with --zero 3: all-gather each param N gathers ahead of its first reader (default 0)")
+    p.add_argument("--bucket", default=None, metavar="SIZE",
+                   help="with --dp at ZeRO-0 or 1: all-reduce the gradients in buckets of SIZE (e.g. 25MiB, PyTorch "
+                        "DDP's bucket_cap_mb; default each gradient alone)")
     p.add_argument("--budget", default=None, metavar="SIZE",
                    help="with --training: the least recomputation whose arena fits SIZE (e.g. 2GiB)")
     p.add_argument("--workspace-mode", choices=("pool", "tensor"), default=None,

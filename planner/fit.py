@@ -14,22 +14,23 @@ from .parallel import STAGES, Parallel
 REMATS = (None, "sublinear")
 
 
-def candidates(gpus, shard="flat", prefetch=0):
+def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0):
     """(label, compile options) of each layout of `gpus` data-parallel ranks, neighbours alike (each search
     starts from the one before); their shards cut by `shard` where they have shards, ZeRO-3's gathers
-    `prefetch` ahead (planner.parallel)."""
+    `prefetch` ahead, ZeRO-0 and 1's gradients all-reduced in buckets of `bucket_bytes` (planner.parallel)."""
     return [(f"dp {gpus}, ZeRO-{zero}" + (f", {remat}" if remat else ""),
              {"parallel": Parallel(dp=gpus, zero=zero, shard=shard if zero else "flat",
-                                   prefetch=prefetch if zero == 3 else 0), "remat": remat})
+                                   prefetch=prefetch if zero == 3 else 0, bucket_bytes=bucket_bytes if zero < 2 else 0),
+              "remat": remat})
             for remat in REMATS for zero in STAGES]
 
 
 def search(compile_at, gpus, memory, progress=None, workers=1, **rules):
     """[(label, per-rank batch, global batch, the rank's arena bytes or None)], the largest global batch first;
     `compile_at(batch, **options)` plans one rank at a per-rank batch, `progress(label, batch)` is told of each
-    plan; `rules` are Parallel's (shard, prefetch). With `workers` > 1 the layouts are dealt to that many forked
-    processes (on Linux; one process elsewhere), every `workers`-th to each, so that each process's layouts are
-    neighbours as in one search and the processes take about as long."""
+    plan; `rules` are Parallel's (shard, prefetch, bucket_bytes). With `workers` > 1 the layouts are dealt to
+    that many forked processes (on Linux; one process elsewhere), every `workers`-th to each, so that each
+    process's layouts are neighbours as in one search and the processes take about as long."""
     layouts = candidates(gpus, **rules)
     workers = min(workers, len(layouts)) if "fork" in multiprocessing.get_all_start_methods() else 1
     chains = [layouts[k::workers] for k in range(workers)]

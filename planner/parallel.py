@@ -13,8 +13,9 @@ Every rank runs the same plan (the shards have one size, the last one padded); w
 the rank reads from its process group when running (under ZeRO-3 it cuts its shard of each parameter's
 value when the executor loads it). A shard is a run of the flattened tensor's elements: `shard="flat"`
 splits them evenly (DeepSpeed), `shard="dim0"` in whole rows of the first dim, as PyTorch's FSDP2
-(`fully_shard`) shards each parameter: ceil(rows / dp) rows a rank, the last ones padded. Tensor and
-pipeline parallelism are not planned yet.
+(`fully_shard`) shards each parameter: ceil(rows / dp) rows a rank, the last ones padded. Gradients are
+all-reduced one by one or in buckets (ZeRO-0 and 1); ZeRO-2's bucketed reduce-scatter, tensor and pipeline
+parallelism are not planned yet.
 """
 import math
 from dataclasses import dataclass
@@ -32,12 +33,17 @@ class Parallel:
     """How a training step is spread: `dp` data-parallel ranks at ZeRO stage `zero` (0 to 3), each tensor's
     shards cut by `shard` ("flat" or "dim0", see the module). Under ZeRO-3 each parameter's all-gather is
     issued `prefetch` gathers ahead of its first reader in each pass (FSDP's prefetching: the gather overlaps
-    the compute before it, and its whole value lives that much longer); 0 gathers right before the reader."""
+    the compute before it, and its whole value lives that much longer); 0 gathers right before the reader.
+    Under ZeRO-0 and 1, `bucket_bytes` packs the gradients, in the order the backward pass makes them, into
+    buckets of at least that many bytes (the last one smaller), each all-reduced as one flat tensor once its
+    last gradient is made (PyTorch DDP's bucket_cap_mb, DeepSpeed's allreduce_bucket_size); 0 reduces each
+    gradient alone."""
 
     dp: int = 1
     zero: int = 0
     shard: str = "flat"
     prefetch: int = 0
+    bucket_bytes: int = 0
 
     def __post_init__(self):
         if isinstance(self.dp, bool) or not isinstance(self.dp, int) or self.dp < 1:
@@ -52,6 +58,11 @@ class Parallel:
             raise ConfigError(f"parallel prefetch applies to ZeRO-3, which gathers the params; zero is {self.zero}")
         if self.shard != "flat" and self.zero == 0:
             raise ConfigError("parallel shard applies from ZeRO-1 on; zero 0 shards nothing")
+        if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0:
+            raise ConfigError(f"parallel bucket_bytes must be an int >= 0, got {self.bucket_bytes!r}")
+        if self.bucket_bytes and self.zero > 1:
+            raise ConfigError(f"parallel bucket_bytes applies to ZeRO-0 and 1, whose gradients are all-reduced; "
+                              f"ZeRO-{self.zero}'s reduce-scattered buckets are not planned yet")
 
     def unit(self, shape):
         """The elements a shard of a tensor of `shape` is a whole number of: a row of the first dim under

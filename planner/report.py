@@ -299,7 +299,9 @@ def _parallel_line(d):
     ours, paper = p["model_states"]["plan"], p["model_states"]["zero_paper"]
     bestfit = next(r["arena_bytes"] for r in d["rows"] if r["strategy"] == "bestfit")
     rules = "".join([", shards in rows of the first dim (FSDP2's)" if p.get("shard") == "dim0" else "",
-                     f", gathers {p['prefetch']} ahead" if p.get("prefetch") else ""])
+                     f", gathers {p['prefetch']} ahead" if p.get("prefetch") else "",
+                     f", gradients all-reduced in {p['buckets']} bucket{'s' * (p['buckets'] > 1)} of "
+                     f"{format_bytes(p['bucket_bytes'])}" if p.get("buckets") else ""])
     return [f"one of {p['dp']} data-parallel ranks, ZeRO-{p['zero']}{rules} (its own share of the batch): the arena "
             f"is one rank's, bestfit {format_bytes(bestfit)} against {format_bytes(p['unsharded']['arena_bytes'])} "
             f"for the same batch on one device; its collectives send {format_bytes(p['collective_bytes'])} a step",

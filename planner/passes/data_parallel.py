@@ -1,11 +1,12 @@
 """One rank's training step under data parallelism (planner.parallel): each optimizer node reads the
-gradient reduced over the ranks (AllReduce, or ReduceScatter to this rank's shard under ZeRO-2 and 3);
+gradient reduced over the ranks (AllReduce, alone or in a bucket of gradients flattened into one tensor, or
+ReduceScatter to this rank's shard under ZeRO-2 and 3);
 under ZeRO-1 and 2 it updates only this rank's shard of its parameter, with optimizer state of one shard,
 and the updated shards are all-gathered over the parameter; under ZeRO-3 the rank keeps only its shard of
 each trained parameter, all-gathered before its first forward reader and again before its first backward
 reader, so that the whole parameter lives only while those read it (PyTorch FSDP, one unit per
 parameter). Shards are cut as the Parallel's `shard` says (evenly, or in rows as FSDP2's). Facts: "parallel"
-(dp, zero, shard, prefetch, collective bytes, the sharded params)."""
+(dp, zero, shard, prefetch, bucket bytes and buckets, collective bytes, the sharded params)."""
 from dataclasses import replace
 
 from .. import ops, shapes
@@ -30,11 +31,18 @@ def _data_parallel(graph, context):
     world, zero = parallel.dp, parallel.zero
     b = Builder(graph, prefix="parallel", phase=Phase.OPTIMIZER)
     tensors, updates = dict(graph.tensors), dict(graph.updates)
-    optimized = {n.inputs[len(ops.of(n).scalars)] for n in graph.nodes if (n.domain, n.op) in OPTIMIZER_OPS}
+    optimizers = [n for n in graph.nodes if (n.domain, n.op) in OPTIMIZER_OPS]
+    optimized = {n.inputs[len(ops.of(n).scalars)] for n in optimizers}
     # ZeRO-3 shards the params of more elements than ranks; a smaller one stays whole on each (as ZeRO-1)
     sharded = {p for p in optimized if graph.tensors[p].size > world} if zero == 3 else set()
     gathers, nodes = _gathers(graph, sharded, parallel.prefetch), []
     total = (context.facts.get("scaler") or {}).get("total")
+    buckets = _buckets(graph, [_grad(n) for n in optimizers], parallel.bucket_bytes)
+    bucket_of = {g: j for j, (_, bucket) in enumerate(buckets) for g in bucket}
+    reduced, waiting = {}, {j: [] for j in range(len(buckets))}
+    for last, bucket in buckets:
+        if last < 0:
+            nodes += _reduce_bucket(b, graph, bucket, world, reduced)
     for k, node in enumerate(graph.nodes):
         if total in node.inputs:  # amp-fp16's finite check: of every rank's gradients, so that all skip alike
             node = replace(node, inputs=tuple(_summed(total) if i == total else i for i in node.inputs))
@@ -42,7 +50,10 @@ def _data_parallel(graph, context):
             nodes.append(_gather(graph, param, phase, world, parallel.unit(graph.tensors[param].shape)))
             tensors[_gathered(param, phase)] = Tensor(_gathered(param, phase), None, None, "activation")
         if (node.domain, node.op) in OPTIMIZER_OPS:
-            nodes += _rank_update(b, graph, node, tensors, updates, parallel, sharded)
+            if _grad(node) in bucket_of and _grad(node) not in reduced:  # it updates once its bucket is reduced
+                waiting[bucket_of[_grad(node)]].append(node)
+            else:
+                nodes += _rank_update(b, graph, node, tensors, updates, parallel, sharded, reduced.get(_grad(node)))
         else:
             phase = node.notes.phase
             gathered = {p: _gathered(p, phase) for p in sharded if p in node.inputs and phase in GATHERED}
@@ -51,29 +62,40 @@ def _data_parallel(graph, context):
             nodes.append(Node("AllReduce", (total,), (_summed(total),), {"world": world, "mean": 0},
                               f"parallel/AllReduce/{total}", Annotations(node.notes.phase), "memplan"))
             tensors[_summed(total)] = Tensor(_summed(total), None, None, "activation")
+        for j, (last, bucket) in enumerate(buckets):
+            if last == k:
+                nodes += _reduce_bucket(b, graph, bucket, world, reduced)
+                for update in waiting.pop(j):
+                    nodes += _rank_update(b, graph, update, tensors, updates, parallel, sharded, reduced[_grad(update)])
     typed = shapes.retype(replace(graph, nodes=tuple(nodes), tensors={**tensors, **b.tensors},
                                   updates=tuple(updates.items())), graph)
     sent = sum(communicated(n, [typed.tensors[n.inputs[0]]]) for n in typed.nodes if n.domain == "memplan"
                and n.op in ("AllReduce", "ReduceScatter", "AllGather"))
     facts = {"dp": world, "zero": zero, "shard": parallel.shard, "prefetch": parallel.prefetch,
-             "collective_bytes": sent, "sharded": sorted(sharded)}
+             "bucket_bytes": parallel.bucket_bytes, "buckets": len(buckets), "collective_bytes": sent,
+             "sharded": sorted(sharded)}
     return Result(typed, True, {"parallel": facts})
 
 
-def _rank_update(b, graph, node, tensors, updates, parallel, sharded):
+def _grad(node):
+    """The gradient an optimizer node reads."""
+    return node.inputs[len(ops.of(node).scalars) + 1]
+
+
+def _rank_update(b, graph, node, tensors, updates, parallel, sharded, reduced=None):
     """The nodes of one rank's update of the param `node` (an optimizer node) updates: its gradient reduced
-    over the ranks, and from ZeRO-1 on the update of this rank's shard with state of one shard, gathered
-    back over the param unless the param is itself kept sharded (ZeRO-3). Retypes `tensors` and rewrites
-    `updates` (the graph's, as {new: old}) to match."""
+    over the ranks (`reduced` where its bucket's all-reduce made it), and from ZeRO-1 on the update of this
+    rank's shard with state of one shard, gathered back over the param unless the param is itself kept
+    sharded (ZeRO-3). Retypes `tensors` and rewrites `updates` (the graph's, as {new: old}) to match."""
     start, scalars = len(b.nodes), len(ops.of(node).scalars)
     param, grad, *state = node.inputs[scalars:]
     p, world, zero = graph.tensors[param], parallel.dp, parallel.zero
     unit = parallel.unit(p.shape)
     if zero == 0:
-        reduced = b.op("AllReduce", grad, domain="memplan", world=world, mean=1)
+        reduced = reduced or b.op("AllReduce", grad, domain="memplan", world=world, mean=1)
         return [*b.nodes[start:], replace(node, inputs=(*node.inputs[:scalars], param, reduced, *state))]
     if zero == 1:
-        full = b.op("AllReduce", grad, domain="memplan", world=world, mean=1)
+        full = reduced or b.op("AllReduce", grad, domain="memplan", world=world, mean=1)
         grad_shard = b.op("Shard", full, domain="memplan", world=world, unit=unit)
     else:
         grad_shard = b.op("ReduceScatter", grad, domain="memplan", world=world, mean=1, unit=unit)
@@ -96,6 +118,36 @@ def _rank_update(b, graph, node, tensors, updates, parallel, sharded):
         del updates[node.outputs[0]]
         updates[gathered] = param
     return nodes
+
+
+def _buckets(graph, grads, limit):
+    """[(index of the node making its last gradient, the gradients)] of each bucket of two gradients or more:
+    `grads` in the order the graph makes them, those of one dtype packed until a bucket holds `limit` bytes
+    (none where `limit` is 0). A gradient the graph does not make (a constant) is ready at index -1."""
+    made = {out: k for k, node in enumerate(graph.nodes) for out in node.outputs}
+    open_, found = {}, []
+    for grad in sorted(grads, key=lambda g: made.get(g, -1)) if limit else ():
+        t = graph.tensors[grad]
+        held = open_.setdefault(t.dtype, [[], 0])
+        held[0].append(grad)
+        held[1] += t.nbytes
+        if held[1] >= limit:
+            found.append(open_.pop(t.dtype)[0])
+    found += [held for held, _ in open_.values()]
+    return sorted(((max(made.get(g, -1) for g in bucket), bucket) for bucket in found if len(bucket) > 1),
+                  key=lambda item: item[0])
+
+
+def _reduce_bucket(b, graph, bucket, world, reduced):
+    """The nodes reducing a bucket of gradients: flattened into one tensor, all-reduced (mean) and split back
+    into `reduced` ({gradient: reduced gradient})."""
+    start = len(b.nodes)
+    flat = b.op("Concat", *(b.op("Reshape", g, shape=[-1]) for g in bucket), axis=0)
+    summed = b.op("AllReduce", flat, domain="memplan", world=world, mean=1)
+    pieces = b.op("Split", summed, outputs=len(bucket), axis=0, split=[graph.tensors[g].size for g in bucket])
+    for grad, piece in zip(bucket, pieces):
+        reduced[grad] = b.op("Reshape", piece, shape=list(graph.tensors[grad].shape))
+    return b.nodes[start:]
 
 
 def _gathers(graph, params, prefetch):

@@ -441,8 +441,8 @@ def _model_args(p, one_strategy):
     p.add_argument("--prefetch", type=int, default=0, metavar="N",
                    help="with --zero 3: all-gather each param N gathers ahead of its first reader (default 0)")
     p.add_argument("--bucket", default=None, metavar="SIZE",
-                   help="with --dp at ZeRO-0 or 1: all-reduce the gradients in buckets of SIZE (e.g. 25MiB, PyTorch "
-                        "DDP's bucket_cap_mb; default each gradient alone)")
+                   help="with --dp: reduce the gradients in buckets of SIZE (e.g. 25MiB, PyTorch DDP's bucket_cap_mb; "
+                        "default each gradient alone)")
     p.add_argument("--budget", default=None, metavar="SIZE",
                    help="with --training: the least recomputation whose arena fits SIZE (e.g. 2GiB)")
     p.add_argument("--workspace-mode", choices=("pool", "tensor"), default=None,

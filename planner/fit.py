@@ -17,10 +17,10 @@ REMATS = (None, "sublinear")
 def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0):
     """(label, compile options) of each layout of `gpus` data-parallel ranks, neighbours alike (each search
     starts from the one before); their shards cut by `shard` where they have shards, ZeRO-3's gathers
-    `prefetch` ahead, ZeRO-0 and 1's gradients all-reduced in buckets of `bucket_bytes` (planner.parallel)."""
+    `prefetch` ahead, their gradients reduced in buckets of `bucket_bytes` (planner.parallel)."""
     return [(f"dp {gpus}, ZeRO-{zero}" + (f", {remat}" if remat else ""),
              {"parallel": Parallel(dp=gpus, zero=zero, shard=shard if zero else "flat",
-                                   prefetch=prefetch if zero == 3 else 0, bucket_bytes=bucket_bytes if zero < 2 else 0),
+                                   prefetch=prefetch if zero == 3 else 0, bucket_bytes=bucket_bytes),
               "remat": remat})
             for remat in REMATS for zero in STAGES]
 

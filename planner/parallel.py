@@ -14,8 +14,7 @@ the rank reads from its process group when running (under ZeRO-3 it cuts its sha
 value when the executor loads it). A shard is a run of the flattened tensor's elements: `shard="flat"`
 splits them evenly (DeepSpeed), `shard="dim0"` in whole rows of the first dim, as PyTorch's FSDP2
 (`fully_shard`) shards each parameter: ceil(rows / dp) rows a rank, the last ones padded. Gradients are
-all-reduced one by one or in buckets (ZeRO-0 and 1); ZeRO-2's bucketed reduce-scatter, tensor and pipeline
-parallelism are not planned yet.
+reduced one by one or in buckets. Tensor and pipeline parallelism are not planned yet.
 """
 import math
 from dataclasses import dataclass
@@ -34,10 +33,11 @@ class Parallel:
     shards cut by `shard` ("flat" or "dim0", see the module). Under ZeRO-3 each parameter's all-gather is
     issued `prefetch` gathers ahead of its first reader in each pass (FSDP's prefetching: the gather overlaps
     the compute before it, and its whole value lives that much longer); 0 gathers right before the reader.
-    Under ZeRO-0 and 1, `bucket_bytes` packs the gradients, in the order the backward pass makes them, into
-    buckets of at least that many bytes (the last one smaller), each all-reduced as one flat tensor once its
-    last gradient is made (PyTorch DDP's bucket_cap_mb, DeepSpeed's allreduce_bucket_size); 0 reduces each
-    gradient alone."""
+    `bucket_bytes` packs the gradients, in the order the backward pass makes them, into buckets of at least
+    that many bytes (the last one smaller), each reduced as one tensor once its last gradient is made:
+    all-reduced under ZeRO-0 and 1 (PyTorch DDP's bucket_cap_mb, DeepSpeed's allreduce_bucket_size),
+    reduce-scattered under 2 and 3 in FSDP2's layout (each gradient's shards side by side, one row a rank;
+    DeepSpeed's reduce_bucket_size); 0 reduces each gradient alone."""
 
     dp: int = 1
     zero: int = 0
@@ -60,9 +60,6 @@ class Parallel:
             raise ConfigError("parallel shard applies from ZeRO-1 on; zero 0 shards nothing")
         if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0:
             raise ConfigError(f"parallel bucket_bytes must be an int >= 0, got {self.bucket_bytes!r}")
-        if self.bucket_bytes and self.zero > 1:
-            raise ConfigError(f"parallel bucket_bytes applies to ZeRO-0 and 1, whose gradients are all-reduced; "
-                              f"ZeRO-{self.zero}'s reduce-scattered buckets are not planned yet")
 
     def unit(self, shape):
         """The elements a shard of a tensor of `shape` is a whole number of: a row of the first dim under

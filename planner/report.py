@@ -300,7 +300,7 @@ def _parallel_line(d):
     bestfit = next(r["arena_bytes"] for r in d["rows"] if r["strategy"] == "bestfit")
     rules = "".join([", shards in rows of the first dim (FSDP2's)" if p.get("shard") == "dim0" else "",
                      f", gathers {p['prefetch']} ahead" if p.get("prefetch") else "",
-                     f", gradients all-reduced in {p['buckets']} bucket{'s' * (p['buckets'] > 1)} of "
+                     f", gradients reduced in {p['buckets']} bucket{'s' * (p['buckets'] > 1)} of "
                      f"{format_bytes(p['bucket_bytes'])}" if p.get("buckets") else ""])
     return [f"one of {p['dp']} data-parallel ranks, ZeRO-{p['zero']}{rules} (its own share of the batch): the arena "
             f"is one rank's, bestfit {format_bytes(bestfit)} against {format_bytes(p['unsharded']['arena_bytes'])} "

@@ -1,6 +1,6 @@
 """One rank's training step under data parallelism (planner.parallel): each optimizer node reads the
-gradient reduced over the ranks (AllReduce, alone or in a bucket of gradients flattened into one tensor, or
-ReduceScatter to this rank's shard under ZeRO-2 and 3);
+gradient reduced over the ranks (AllReduce, or ReduceScatter to this rank's shard under ZeRO-2 and 3; alone,
+or in a bucket of gradients laid out as one tensor);
 under ZeRO-1 and 2 it updates only this rank's shard of its parameter, with optimizer state of one shard,
 and the updated shards are all-gathered over the parameter; under ZeRO-3 the rank keeps only its shard of
 each trained parameter, all-gathered before its first forward reader and again before its first backward
@@ -42,7 +42,7 @@ def _data_parallel(graph, context):
     reduced, waiting = {}, {j: [] for j in range(len(buckets))}
     for last, bucket in buckets:
         if last < 0:
-            nodes += _reduce_bucket(b, graph, bucket, world, reduced)
+            nodes += _reduce_bucket(b, graph, bucket, parallel, reduced)
     for k, node in enumerate(graph.nodes):
         if total in node.inputs:  # amp-fp16's finite check: of every rank's gradients, so that all skip alike
             node = replace(node, inputs=tuple(_summed(total) if i == total else i for i in node.inputs))
@@ -64,7 +64,7 @@ def _data_parallel(graph, context):
             tensors[_summed(total)] = Tensor(_summed(total), None, None, "activation")
         for j, (last, bucket) in enumerate(buckets):
             if last == k:
-                nodes += _reduce_bucket(b, graph, bucket, world, reduced)
+                nodes += _reduce_bucket(b, graph, bucket, parallel, reduced)
                 for update in waiting.pop(j):
                     nodes += _rank_update(b, graph, update, tensors, updates, parallel, sharded, reduced[_grad(update)])
     typed = shapes.retype(replace(graph, nodes=tuple(nodes), tensors={**tensors, **b.tensors},
@@ -84,7 +84,8 @@ def _grad(node):
 
 def _rank_update(b, graph, node, tensors, updates, parallel, sharded, reduced=None):
     """The nodes of one rank's update of the param `node` (an optimizer node) updates: its gradient reduced
-    over the ranks (`reduced` where its bucket's all-reduce made it), and from ZeRO-1 on the update of this
+    over the ranks (`reduced` where its bucket's reduction made it: the whole gradient under ZeRO-0 and 1,
+    this rank's shard under 2 and 3), and from ZeRO-1 on the update of this
     rank's shard with state of one shard, gathered back over the param unless the param is itself kept
     sharded (ZeRO-3). Retypes `tensors` and rewrites `updates` (the graph's, as {new: old}) to match."""
     start, scalars = len(b.nodes), len(ops.of(node).scalars)
@@ -98,7 +99,7 @@ def _rank_update(b, graph, node, tensors, updates, parallel, sharded, reduced=No
         full = reduced or b.op("AllReduce", grad, domain="memplan", world=world, mean=1)
         grad_shard = b.op("Shard", full, domain="memplan", world=world, unit=unit)
     else:
-        grad_shard = b.op("ReduceScatter", grad, domain="memplan", world=world, mean=1, unit=unit)
+        grad_shard = reduced or b.op("ReduceScatter", grad, domain="memplan", world=world, mean=1, unit=unit)
     shard = (shard_size(p.size, world, unit),)
     if param in sharded:  # the rank keeps its shard of the param
         tensors[param] = Tensor(param, shard, p.dtype, "param", Whole(p.data, shard))
@@ -138,15 +139,29 @@ def _buckets(graph, grads, limit):
                   key=lambda item: item[0])
 
 
-def _reduce_bucket(b, graph, bucket, world, reduced):
-    """The nodes reducing a bucket of gradients: flattened into one tensor, all-reduced (mean) and split back
-    into `reduced` ({gradient: reduced gradient})."""
-    start = len(b.nodes)
-    flat = b.op("Concat", *(b.op("Reshape", g, shape=[-1]) for g in bucket), axis=0)
-    summed = b.op("AllReduce", flat, domain="memplan", world=world, mean=1)
-    pieces = b.op("Split", summed, outputs=len(bucket), axis=0, split=[graph.tensors[g].size for g in bucket])
-    for grad, piece in zip(bucket, pieces):
-        reduced[grad] = b.op("Reshape", piece, shape=list(graph.tensors[grad].shape))
+def _reduce_bucket(b, graph, bucket, parallel, reduced):
+    """The nodes reducing a bucket of gradients into `reduced` ({gradient: what the update reads}). Under
+    ZeRO-0 and 1: flattened into one tensor, all-reduced (mean) and split back into whole gradients. Under
+    ZeRO-2 and 3 (FSDP2's layout): each flattened, padded to whole shards and laid out as (world, shard),
+    side by side into one (world, sum of shards) tensor, whose reduce-scatter (mean) gives this rank its row:
+    its shard of every gradient, split apart."""
+    start, world = len(b.nodes), parallel.dp
+    flat = [b.op("Reshape", g, shape=[-1]) for g in bucket]
+    if parallel.zero < 2:
+        summed = b.op("AllReduce", b.op("Concat", *flat, axis=0), domain="memplan", world=world, mean=1)
+        pieces = b.op("Split", summed, outputs=len(bucket), axis=0, split=[graph.tensors[g].size for g in bucket])
+        for grad, piece in zip(bucket, pieces):
+            reduced[grad] = b.op("Reshape", piece, shape=list(graph.tensors[grad].shape))
+        return b.nodes[start:]
+    shards, rows = [], []
+    for grad, line in zip(bucket, flat):
+        t = graph.tensors[grad]
+        shards.append(shard_size(t.size, world, parallel.unit(t.shape)))
+        if shards[-1] * world != t.size:
+            line = b.op("Pad", line, pads=[0, shards[-1] * world - t.size])
+        rows.append(b.op("Reshape", line, shape=[world, shards[-1]]))
+    mine = b.op("ReduceScatter", b.op("Concat", *rows, axis=1), domain="memplan", world=world, mean=1)
+    reduced.update(zip(bucket, b.op("Split", mine, outputs=len(bucket), axis=0, split=shards)))
     return b.nodes[start:]
 
 

@@ -20,11 +20,11 @@ from .threads import PARALLEL
 
 
 @njit(fastmath=True, cache=True)
-def _widen(gemm, x, w1, b1, code, p0, p1, columns, rows, i0, top, t0, t1):
-    """rows (held rows, images, W, E) = activation(the job's input pixels times W1^T + bias), zero off the image:
-    the pixels gathered row by row, each row's images side by side, so that one GEMM writes every image row
-    the depthwise conv reads where it reads it."""
-    count, width, wide = rows.shape[1], rows.shape[2], rows.shape[3]
+def _widen(gemm, x, w1, b1, code, p0, p1, columns, rows, i0, count, top, t0, t1):
+    """rows (held rows, count images * W, E) = activation(the job's input pixels times W1^T + bias), zero off
+    the image: the pixels gathered row by row, each row's images side by side, so that one GEMM writes every
+    image row the depthwise conv reads where it reads it."""
+    width, wide = x.shape[3], rows.shape[2]
     line = count * width
     cols = columns[:x.shape[1] * (t1 - t0) * line].reshape(x.shape[1], (t1 - t0) * line)
     for ch in range(x.shape[1]):
@@ -198,13 +198,13 @@ def block(gemm, x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, pa
             top, held = r0 * stride - 1, (band - 1) * stride + 3
             t0, t1 = max(0, top), min(height, (r0 + band - 1) * stride + 2)
             wide = widened[lane].reshape(-1)[:held * count * width * wide_channels].reshape(
-                held, count, width, wide_channels)
-            _widen(gemm, x, w1, b1, codes[0], params[0], params[1], columns[lane], wide, i0, top, t0, t1)
+                held, count * width, wide_channels)
+            _widen(gemm, x, w1, b1, codes[0], params[0], params[1], columns[lane], wide, i0, count, top, t0, t1)
             outputs = band * out_width
             out = depthwise[lane].reshape(-1)[:count * outputs * wide_channels].reshape(count * outputs, wide_channels)
             for k in range(count):
-                _depthwise(wide.reshape(held, count * width, wide_channels), k, width, taps, b2, codes[1], params[2],
-                           params[3], out[k * outputs:(k + 1) * outputs], stride, band, out_width)
+                _depthwise(wide, k, width, taps, b2, codes[1], params[2], params[3], out[k * outputs:(k + 1) * outputs],
+                           stride, band, out_width)
             _narrow(gemm, out, w3, b3, z, y, projected[lane], i0, count, r0, band, codes[2], params[4], params[5])
 
 

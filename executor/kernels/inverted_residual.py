@@ -2,8 +2,8 @@
 first lane's scratch: the job's input pixels channels-last, one GEMM widening them into the rows the depthwise
 conv reads, its rows off the image zero, the depthwise conv of each image tap by tap over every channel at once
 (each tap over the output columns whose source column lies in the image), one GEMM narrowing the job's
-outputs, written back into Y with the bias, Z and the activation. The compiled kernel (executor/jit) runs the jobs on
-every core; this one is what CuPy and the NumPy backend without numba run."""
+outputs, written back into Y with the bias, Z and the activation. The compiled kernel (executor/jit) runs the
+jobs on every core; this one is what CuPy and the NumPy backend without numba run."""
 from planner.ops.inverted_residual import STAGES, job_size
 
 from . import kernel

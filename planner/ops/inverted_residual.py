@@ -7,15 +7,15 @@ The kernel walks the output in jobs of `images` images by `rows` output rows, th
 threads. A job widens its input rows with one GEMM over its images, straight into the channels-last rows the
 depthwise conv reads (no padded copy: the conv's edge columns skip the padding), runs the depthwise conv
 every channel at once (a plane of 7x7 pixels vectorises as well as one of 112x112) and narrows the result
-with one GEMM into Y. The widened tensors, E/C times the input, are never written to
-the arena: each job's lives in its lane's scratch, sized to stay in a core's cache.
+with one GEMM into Y. The widened tensors, E/C times the input, are never written to the arena: each job's
+lives in its lane's scratch, sized to stay in a core's cache.
 
 Scratch (`Banding.layout`): `taps` (9, E), the depthwise weights channels-last; per lane `columns` (C by the
 job's input pixels) where the block widens, `widened` (the job's input rows, each holding every image's
-pixels by E, rows off the image zero), `depthwise` (the job's output pixels by E,
-one image after another) and `projected` (P by the job's output pixels); `product` (one image's band of
-outputs by E), one tap's products for the NumPy and CuPy kernel. The kernels read a job's images and rows
-off the shape of `widened` (`job_size`)."""
+pixels by E, rows off the image zero), `depthwise` (the job's output pixels by E, one image after another)
+and `projected` (P by the job's output pixels); `product` (one image's band of outputs by E), one tap's
+products for the NumPy and CuPy kernel. The kernels read a job's images and rows off the shape of `widened`
+(`job_size`)."""
 import math
 from typing import NamedTuple
 

@@ -19,7 +19,7 @@ from planner.ir import op_name
 
 from . import backends, kernels
 from .arena import Arena
-from .collectives import group_for, shards
+from .collectives import groups_for, shards
 from .backends import numpy_backend
 from .profile import Profile
 
@@ -58,13 +58,13 @@ class Executor:
     (`data` empty): where nothing else holds the plan, the weights are not kept twice (planner.heap returns
     the freed pages to the operating system, before the arena is filled and after).
 
-    A data-parallel plan (planner.parallel) runs its collectives in `group` (executor.collectives): by
-    default torch.distributed's, where the caller initialized it."""
+    A parallel plan (planner.parallel) runs its collectives in `group` (executor.collectives), which holds
+    all of the step's ranks: by default torch.distributed's, where the caller initialized it."""
 
     def __init__(self, plan, backend="auto", poison=False, config=None, profile=False, threads=None, jit=None,
                  group=None):
         self.backend = backends.get(backend)
-        self.group = group_for(plan, group)
+        self.groups = groups_for(plan, group)
         self.backend.check_room(plan.arena_bytes, "the arena", config or Config.from_env())
         plan.check_values()
         heap.trim()
@@ -80,7 +80,7 @@ class Executor:
         if missing:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.arena = Arena(plan, self.backend.xp)
-        self.arena.load(shards(plan, values, self.group))
+        self.arena.load(shards(plan, values, self.groups))
         del values
         heap.trim()
         for t in plan.tensors.values():
@@ -134,7 +134,7 @@ class Executor:
                   for c in step.scratch}
         fn = kernels.find(self.kernels, step, self.backend.fuse)
         if getattr(fn, "collective", False):
-            fn = partial(fn, group=self.group)
+            fn = partial(fn, group=self.groups[step.attrs.get("group", "dp")])
         if self.profile:
             fn = self.profile.timed(k, fn)
         return (fn, step, [views(i) if i else None for i in step.inputs],

@@ -1,12 +1,15 @@
-"""Process groups a data-parallel plan's collectives run in (planner.parallel): `rank`, `size`, and
+"""Process groups a parallel plan's collectives run in (planner.parallel): `rank`, `size`, and
 all_reduce (in place, sum), reduce_scatter (sum of `x` over ranks, this rank's shard into `y`) and
-all_gather (the ranks' shards `x` into `y`), on the backend's arrays.
+all_gather (the ranks' shards `x` into `y`), on the backend's arrays; `subgroup(partition)` is this rank's
+group among a partition of the group's ranks.
 
-`Single` is one rank alone. `TorchDistributed` runs them through torch.distributed's default group, as
-`torchrun` or `init_process_group` set it up (gloo on the CPU; NCCL for CuPy arrays, passed by DLPack)."""
+`Single` is one rank alone. `TorchDistributed` runs them through torch.distributed's default group (or a
+group made from it), as `torchrun` or `init_process_group` set it up (gloo on the CPU; NCCL for CuPy arrays,
+passed by DLPack)."""
 import numpy as np
 
 from planner.errors import MemplanError
+from planner.parallel import piece
 
 
 class Single:
@@ -23,15 +26,30 @@ class Single:
     def all_gather(self, x, y):
         y[:x.size] = x
 
+    def subgroup(self, partition):
+        return self
+
 
 class TorchDistributed:
-    """torch.distributed's default process group, initialized by the caller."""
+    """torch.distributed's default process group, initialized by the caller, or the group `handle` made
+    from it."""
 
-    def __init__(self):
+    def __init__(self, handle=None):
         import torch.distributed as dist
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized (torchrun, or init_process_group)")
-        self.dist, self.rank, self.size = dist, dist.get_rank(), dist.get_world_size()
+        self.dist, self.handle = dist, handle
+        self.rank, self.size = dist.get_rank(handle), dist.get_world_size(handle)
+
+    def subgroup(self, partition):
+        """This rank's group among `partition` (lists of the default group's ranks): every list is made a
+        group on every rank, in one order, as torch.distributed.new_group requires."""
+        mine = self
+        for ranks in partition:
+            handle = self.dist.new_group(ranks)
+            if self.dist.get_rank() in ranks:
+                mine = TorchDistributed(handle)
+        return mine
 
     @staticmethod
     def _tensor(x):
@@ -40,41 +58,61 @@ class TorchDistributed:
         return torch.from_numpy(x) if isinstance(x, np.ndarray) else torch.from_dlpack(x)
 
     def all_reduce(self, x):
-        self.dist.all_reduce(self._tensor(x))
+        self.dist.all_reduce(self._tensor(x), group=self.handle)
 
     def reduce_scatter(self, x, y):
-        self.dist.reduce_scatter_tensor(self._tensor(y), self._tensor(x))
+        self.dist.reduce_scatter_tensor(self._tensor(y), self._tensor(x), group=self.handle)
 
     def all_gather(self, x, y):
-        self.dist.all_gather_into_tensor(self._tensor(y), self._tensor(x))
+        self.dist.all_gather_into_tensor(self._tensor(y), self._tensor(x), group=self.handle)
 
 
-def group_for(plan, group):
-    """The group a plan runs in: `group` when given, else one rank alone for a plan of one rank, else
-    torch.distributed's when initialized; a group of another size than the plan's is an error."""
-    world = (plan.training.get("parallel") or {}).get("dp", 1)
+def layout(plan):
+    """(dp, tp): the data- and tensor-parallel ranks of the step `plan` is one rank of."""
+    facts = plan.training.get("parallel") or {}
+    return facts.get("dp", 1), (plan.training.get("tensor_parallel") or {}).get("tp", 1)
+
+
+def groups_for(plan, group):
+    """{"world", "dp", "tp"}: the groups a plan's collectives run in. "world" is `group` when given, else
+    one rank alone for a plan of one rank, else torch.distributed's when initialized; a group of another
+    size than the plan's ranks is an error. "dp" and "tp" are this rank's subgroups of it (planner.parallel
+    numbers the ranks: dp rank * tp + tp rank)."""
+    dp, tp = layout(plan)
+    world, what = dp * tp, _ranks(dp, tp)
     if group is None and world > 1:
         try:
             group = TorchDistributed()
         except (ImportError, RuntimeError) as e:
-            raise MemplanError(f"the plan is one of {world} data-parallel ranks; run it in a process group of "
-                               f"{world} (torchrun, or torch.distributed.init_process_group): {e}") from None
+            raise MemplanError(f"the plan is one of {what}; run it in a process group of {world} (torchrun, or "
+                               f"torch.distributed.init_process_group): {e}") from None
     group = group or Single()
     if group.size != world:
-        raise MemplanError(f"the plan is one of {world} data-parallel ranks, the process group has {group.size}")
-    return group
+        raise MemplanError(f"the plan is one of {what}, the process group has {group.size}")
+    if dp == 1 or tp == 1:
+        return {"world": group, "dp": group, "tp": group}
+    return {"world": group, "tp": group.subgroup([[d * tp + t for t in range(tp)] for d in range(dp)]),
+            "dp": group.subgroup([[d * tp + t for d in range(dp)] for t in range(tp)])}
 
 
-def shards(plan, values, group):
-    """The values to load into a rank's arena: under ZeRO-3, this rank's shard of each sharded param's
-    whole value (flattened, the last shard zero-padded); the others as they are."""
+def _ranks(dp, tp):
+    parts = [f"{dp} data-parallel" if dp > 1 else "", f"{tp} tensor-parallel" if tp > 1 else ""]
+    return " x ".join(p for p in parts if p) + " ranks"
+
+
+def shards(plan, values, groups):
+    """The values to load into a rank's arena: this rank's piece of each param tensor parallelism splits,
+    and under ZeRO-3 its shard of each sharded param (flattened, the last shard zero-padded); the others
+    as they are."""
+    split = (plan.training.get("tensor_parallel") or {}).get("split", {})
     sharded = set((plan.training.get("parallel") or {}).get("sharded", ()))
-    if not sharded:
-        return values
     out = dict(values)
+    for name, (dim, blocks) in split.items():
+        if name in values:
+            out[name] = piece(np.asarray(values[name]), dim, blocks, groups["tp"].rank, groups["tp"].size)
     for name in sharded & set(values):
-        flat = np.asarray(values[name]).reshape(-1)
-        out[name] = cut(flat, group.rank, np.empty(plan.tensors[name].shape[0], flat.dtype))
+        flat = np.asarray(out[name]).reshape(-1)
+        out[name] = cut(flat, groups["dp"].rank, np.empty(plan.tensors[name].shape[0], flat.dtype))
     return out
 
 

@@ -121,18 +121,19 @@ def training_options(args):
         if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget or args.trainable \
                 or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX \
                 or args.dp is not None or args.zero is not None or args.shard != "flat" or args.prefetch \
-                or args.bucket:
+                or args.bucket or args.tp is not None:
             raise MemplanError("--loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, --class-axis, "
-                               "--ignore-index, --dp, --zero, --shard, --prefetch and --bucket apply with --training")
+                               "--ignore-index, --dp, --zero, --tp, --shard, --prefetch and --bucket apply with "
+                               "--training")
         return {}
     parallel = None
     if args.dp is None and args.zero is None and (args.shard != "flat" or args.prefetch or args.bucket):
         raise MemplanError("--shard, --prefetch and --bucket say how the ranks of --dp N --zero Z shard and reduce: "
                            "give those too")
-    if args.dp is not None or args.zero is not None:
+    if args.dp is not None or args.zero is not None or args.tp is not None:
         from .parallel import Parallel
-        parallel = Parallel(dp=args.dp or 1, zero=args.zero or 0, shard=args.shard, prefetch=args.prefetch,
-                            bucket_bytes=parse_bytes(args.bucket) if args.bucket else 0)
+        parallel = Parallel(dp=args.dp or 1, zero=args.zero or 0, tp=args.tp or 1, shard=args.shard,
+                            prefetch=args.prefetch, bucket_bytes=parse_bytes(args.bucket) if args.bucket else 0)
     return {"training": True, "loss": args.loss or "cross_entropy", "optimizer": args.optimizer or "sgd",
             "optimizer_args": {} if args.lr is None else {"lr": args.lr}, "remat": args.remat,
             "memory_budget": None if args.budget is None else parse_bytes(args.budget),
@@ -288,11 +289,12 @@ def max_batch(args):
 
 
 def fit(args):
-    """The data-parallel layouts of --gpus devices of --memory each, with the largest per-rank batch each fits."""
+    """The data- and tensor-parallel layouts of --gpus devices of --memory each, with the largest per-rank batch
+    each fits."""
     from . import fit as layouts
     from .threads import cores
-    if args.dp is not None or args.zero is not None:
-        raise MemplanError("fit chooses --dp and --zero itself: give --gpus N and --memory SIZE")
+    if args.dp is not None or args.zero is not None or args.tp is not None:
+        raise MemplanError("fit chooses --dp, --tp and --zero itself: give --gpus N and --memory SIZE")
     check_output(args.output)
     memory, args.training = parse_bytes(args.memory), True
     rules = {"shard": args.shard, "prefetch": args.prefetch,  # each layout's, not one --dp's
@@ -300,12 +302,13 @@ def fit(args):
     args.shard, args.prefetch, args.bucket = "flat", 0, None
     compile_at = batch_planner(args, training_options(args))
     with Progress("memplan fit") as bar:
+        tps, notes = layouts.tensor_parallel_sizes(compile_at, args.gpus)
         found = layouts.search(compile_at, args.gpus, memory, lambda label, b: bar.update(detail=f"{label}: batch {b}"),
-                               args.workers or cores(), **rules)
+                               args.workers or cores(), tps, **rules)
     rows = [{"layout": label, "batch_per_rank": batch, "global_batch": total, "arena_bytes": arena}
             for label, batch, total, arena in found]
     if args.json or args.csv:
-        doc = {"model": args.model, "gpus": args.gpus, "memory_bytes": memory, "rows": rows}
+        doc = {"model": args.model, "gpus": args.gpus, "memory_bytes": memory, "rows": rows, "notes": notes}
         emit(args, json.dumps(doc, indent=1) if args.json else as_csv(rows))
         return 0
     lines = [f"{args.model} on {args.gpus} devices of {format_bytes(memory)}: the largest batch each layout's "
@@ -313,7 +316,7 @@ def fit(args):
              f"{'layout':<28} {'batch per rank':>14} {'global batch':>12} {'arena per rank':>15}"]
     lines += [f"{r['layout']:<28} {r['batch_per_rank']:>14} {r['global_batch']:>12} "
               f"{format_bytes(r['arena_bytes'] or 0):>15}" for r in rows]
-    emit(args, "\n".join(lines))
+    emit(args, "\n".join([*lines, *notes]))
     return 0
 
 
@@ -436,6 +439,9 @@ def _model_args(p, one_strategy):
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
                    help="with --dp: ZeRO stage, 1 sharding the optimizer state, 2 the gradients too, 3 the params too "
                         "(default 0)")
+    p.add_argument("--tp", type=count(1), default=None, metavar="N",
+                   help="with --training: plan one of N tensor-parallel ranks splitting each transformer block's "
+                        "linear layers and attention heads (Megatron's); the step's ranks are --dp x --tp")
     p.add_argument("--shard", choices=("flat", "dim0"), default="flat",
                    help="with --dp: cut shards evenly (flat, DeepSpeed) or in rows of the first dim (dim0, FSDP2)")
     p.add_argument("--prefetch", type=int, default=0, metavar="N",
@@ -500,7 +506,7 @@ def build_parser():
     p.add_argument("--strategy", choices=[s for s in STRATEGIES if s != "optimal"], nargs="+",
                    default=["naive", "inplace", "share", "bestfit"], help="strategies to search")
     _output_args(p)
-    p = command("fit", "the largest global batch each data-parallel layout trains on --gpus devices of --memory",
+    p = command("fit", "the largest global batch each parallel layout trains on --gpus devices of --memory",
                 fit)
     p.add_argument("--gpus", type=count(1), required=True, help="how many devices")
     p.add_argument("--memory", required=True, metavar="SIZE", help="the memory of each device, e.g. 80GiB")

@@ -1,6 +1,7 @@
-"""`memplan fit`: how to train a model on N devices of one memory size. Each candidate layout (for now the
-data-parallel ones: ZeRO stage 0 to 3, with and without recomputation) gets the largest per-rank batch
-whose rank plan fits the memory; the table puts the largest global batch first. The layouts are shared
+"""`memplan fit`: how to train a model on N devices of one memory size. Each candidate layout (data
+parallelism over all N at ZeRO stage 0 to 3, and tensor parallelism over 2, 4 or 8 of them with ZeRO-1 over
+the rest, as Megatron pairs them with its distributed optimizer; each with and without recomputation) gets
+the largest per-rank batch whose rank plan fits the memory; the table puts the largest global batch first. The layouts are shared
 among worker processes, one per core: the planner is pure Python, so this is how a search uses more than
 one core."""
 import multiprocessing
@@ -8,36 +9,58 @@ import pickle
 import queue as queues
 
 from . import maxbatch
-from .errors import MemplanError
+from .errors import ConfigError, MemplanError
 from .parallel import STAGES, Parallel
 
 REMATS = (None, "sublinear")
+TENSOR_PARALLEL = (2, 4, 8)
+"""The tensor-parallel sizes tried: within one node's devices, as Megatron keeps them."""
+TP_ZERO = 1
 
 
-def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0):
-    """(label, compile options) of each layout of `gpus` data-parallel ranks, neighbours alike (each search
-    starts from the one before); their shards cut by `shard` where they have shards, ZeRO-3's gathers
-    `prefetch` ahead, their gradients reduced in buckets of `bucket_bytes` (planner.parallel)."""
-    return [(f"dp {gpus}, ZeRO-{zero}" + (f", {remat}" if remat else ""),
-             {"parallel": Parallel(dp=gpus, zero=zero, shard=shard if zero else "flat",
-                                   prefetch=prefetch if zero == 3 else 0, bucket_bytes=bucket_bytes),
+def tensor_parallel_sizes(compile_at, gpus):
+    """([tp], [note]): the sizes of TENSOR_PARALLEL that divide `gpus` and split the model (planned once at
+    batch 1), and why each other one that divides `gpus` does not."""
+    sizes, refused = [], {}
+    for tp in TENSOR_PARALLEL:
+        if gpus % tp == 0:
+            try:
+                compile_at(1, parallel=Parallel(dp=gpus // tp, tp=tp, zero=TP_ZERO), remat=None)
+                sizes.append(tp)
+            except ConfigError as e:
+                refused.setdefault(str(e), []).append(str(tp))
+    return sizes, [f"no tp {', '.join(tps)}: {reason}" for reason, tps in refused.items()]
+
+
+def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0, tps=()):
+    """(label, compile options) of each layout of `gpus` ranks, neighbours alike (each search starts from
+    the one before): data-parallel at each ZeRO stage, then `tps` tensor-parallel ranks with ZeRO-1 over the
+    rest; their shards cut by `shard` where they have shards, ZeRO-3's gathers `prefetch` ahead, their
+    gradients reduced in buckets of `bucket_bytes` (planner.parallel)."""
+    layouts = [(1, zero) for zero in STAGES] + [(tp, TP_ZERO) for tp in tps]
+    return [(f"dp {gpus // tp}" + (f" x tp {tp}" if tp > 1 else "") + f", ZeRO-{zero}" + (f", {remat}" if remat else ""),
+             {"parallel": Parallel(dp=gpus // tp, tp=tp, zero=zero, shard=shard if zero else "flat",
+                                   prefetch=prefetch if zero == 3 else 0,
+                                   bucket_bytes=bucket_bytes if gpus > tp else 0),
               "remat": remat})
-            for remat in REMATS for zero in STAGES]
+            for remat in REMATS for tp, zero in layouts]
 
 
-def search(compile_at, gpus, memory, progress=None, workers=1, **rules):
+def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), **rules):
     """[(label, per-rank batch, global batch, the rank's arena bytes or None)], the largest global batch first;
-    `compile_at(batch, **options)` plans one rank at a per-rank batch, `progress(label, batch)` is told of each
-    plan; `rules` are Parallel's (shard, prefetch, bucket_bytes). With `workers` > 1 the layouts are dealt to
-    that many forked processes (on Linux; one process elsewhere), every `workers`-th to each, so that each
-    process's layouts are neighbours as in one search and the processes take about as long."""
-    layouts = candidates(gpus, **rules)
+    `compile_at(batch, **options)` plans one rank at a per-rank batch (a tensor-parallel rank's batch is its
+    data rank's), `progress(label, batch)` is told of each plan; `tps` and `rules` (Parallel's shard, prefetch,
+    bucket_bytes) are `candidates`'. With `workers` > 1 the layouts are dealt to that many forked processes (on
+    Linux; one process elsewhere), every `workers`-th to each, so that each process's layouts are neighbours
+    as in one search and the processes take about as long."""
+    layouts = candidates(gpus, tps=tps, **rules)
     workers = min(workers, len(layouts)) if "fork" in multiprocessing.get_all_start_methods() else 1
     chains = [layouts[k::workers] for k in range(workers)]
     found = {label: (batch, arena) for chain in _searched(compile_at, memory, chains, progress)
              for label, batch, arena in chain}
     rows = [(label, *found[label]) for label, _ in layouts]
-    return sorted(((label, batch, batch * gpus, arena) for label, batch, arena in rows), key=lambda r: -r[2])
+    ranks = {label: options["parallel"].dp for label, options in layouts}
+    return sorted(((label, batch, batch * ranks[label], arena) for label, batch, arena in rows), key=lambda r: -r[2])
 
 
 def _chain(compile_at, memory, layouts, progress):

@@ -14,7 +14,12 @@ the rank reads from its process group when running (under ZeRO-3 it cuts its sha
 value when the executor loads it). A shard is a run of the flattened tensor's elements: `shard="flat"`
 splits them evenly (DeepSpeed), `shard="dim0"` in whole rows of the first dim, as PyTorch's FSDP2
 (`fully_shard`) shards each parameter: ceil(rows / dp) rows a rank, the last ones padded. Gradients are
-reduced one by one or in buckets. Tensor and pipeline parallelism are not planned yet.
+reduced one by one or in buckets.
+
+Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) splits the linear layers of transformer blocks over
+`tp` ranks of one group (planner/passes/tensor_parallel.py): each rank holds a piece of each split weight
+(`piece`), the ranks' pieces joined again by `joined`. Ranks are numbered as Megatron numbers them, tensor
+parallel innermost: global rank = dp rank * tp + tp rank. Pipeline parallelism is not planned yet.
 """
 import math
 from dataclasses import dataclass
@@ -37,17 +42,21 @@ class Parallel:
     that many bytes (the last one smaller), each reduced as one tensor once its last gradient is made:
     all-reduced under ZeRO-0 and 1 (PyTorch DDP's bucket_cap_mb, DeepSpeed's allreduce_bucket_size),
     reduce-scattered under 2 and 3 in FSDP2's layout (each gradient's shards side by side, one row a rank;
-    DeepSpeed's reduce_bucket_size); 0 reduces each gradient alone."""
+    DeepSpeed's reduce_bucket_size); 0 reduces each gradient alone. `tp` ranks split each transformer block's
+    linear layers and attention heads (Megatron's tensor parallelism); a step's ranks are dp * tp."""
 
     dp: int = 1
     zero: int = 0
+    tp: int = 1
     shard: str = "flat"
     prefetch: int = 0
     bucket_bytes: int = 0
 
     def __post_init__(self):
-        if isinstance(self.dp, bool) or not isinstance(self.dp, int) or self.dp < 1:
-            raise ConfigError(f"parallel dp must be an int >= 1, got {self.dp!r}")
+        for name in ("dp", "tp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"parallel {name} must be an int >= 1, got {value!r}")
         if self.zero not in STAGES or isinstance(self.zero, bool):
             raise ConfigError(f"parallel zero must be one of {', '.join(map(str, STAGES))}, got {self.zero!r}")
         if self.shard not in SHARDS:
@@ -67,6 +76,30 @@ class Parallel:
         return max(1, math.prod(shape[1:])) if self.shard == "dim0" and len(shape) > 1 else 1
 
 
+    @property
+    def world(self):
+        """The ranks of one step: dp * tp."""
+        return self.dp * self.tp
+
+
+def piece(value, dim, groups, rank, world):
+    """Rank `rank`'s piece of `value` split over `world` ranks on `dim`, which holds `groups` equal blocks
+    (a fused QKV weight's three): the rank's 1/world of each block, side by side."""
+    shape = value.shape
+    blocks = np.reshape(value, (*shape[:dim], groups, shape[dim] // groups, *shape[dim + 1:]))
+    size = shape[dim] // groups // world
+    mine = np.take(blocks, np.arange(rank * size, (rank + 1) * size), axis=dim + 1)
+    return np.ascontiguousarray(mine.reshape(*shape[:dim], groups * size, *shape[dim + 1:]))
+
+
+def joined(pieces, dim, groups):
+    """The value whose pieces (by rank, see `piece`) are `pieces`."""
+    shape = pieces[0].shape
+    blocks = [np.reshape(p, (*shape[:dim], groups, shape[dim] // groups, *shape[dim + 1:])) for p in pieces]
+    whole = np.concatenate(blocks, axis=dim + 1)
+    return whole.reshape(*shape[:dim], shape[dim] * len(pieces), *shape[dim + 1:])
+
+
 def shard_size(elements, world, unit=1):
     """The elements of one rank's shard of a tensor of `elements` split over `world` ranks in whole `unit`s
     (the last shards padded with zeros to it)."""
@@ -84,9 +117,9 @@ def model_states(values, param_bytes, state_bytes, dp, zero):
 
 
 class Whole:
-    """The value of a ZeRO-3 param: typed as one rank's shard (`shape`, `dtype`, `size`, so that planning sees
-    the bytes the rank holds) while holding the whole value (`np.asarray` gives it), which each rank cuts its
-    own shard of when the executor loads it."""
+    """The value of a param split over ranks (ZeRO-3's shards, tensor parallelism's pieces): typed as one
+    rank's part (`shape`, `dtype`, `size`, so that planning sees the bytes the rank holds) while holding the
+    whole value (`np.asarray` gives it), which each rank cuts its own part of when the executor loads it."""
 
     def __init__(self, value, shard):
         self.value, self.shape, self.dtype = value, tuple(shard), np.dtype(value.dtype)

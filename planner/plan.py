@@ -27,7 +27,7 @@ from . import dtypes  # noqa: F401  (registers ml_dtypes' names with NumPy)
 from .errors import PlanError
 from .ir import KINDS as GRAPH_KINDS
 from .ops.base import Slice
-from .parallel import Parallel, Whole, shard_size
+from .parallel import Parallel, shard_size
 
 ALIGNMENT = 256
 FORMAT = "memplan-plan/4"
@@ -181,8 +181,6 @@ class Plan:
     def check_values(self, where="Plan.data"):
         """Raise PlanError unless `data` holds a value of the planned shape and dtype for every param and
         const buffer, and nothing else (`where` names the values in the message); return self."""
-        parallel = (self.training or {}).get("parallel") or {}
-        sharded = set(parallel.get("sharded", ()))
         for name, value in self.data.items():
             t = self.tensors.get(name)
             if t is None or t.kind not in ("param", "const"):
@@ -190,8 +188,7 @@ class Plan:
             if value is None:
                 raise PlanError(f"{where}: {t.kind} {name!r} has no value")
             dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
-            whole = value.value if isinstance(value, Whole) else value  # a ZeRO-3 param's value: the whole
-            shape = _shard_shape(parallel, np.shape(whole)) if name in sharded else np.shape(value)
+            shape = _rank_shape(self.training or {}, name, np.shape(np.asarray(value)))
             if tuple(shape) != tuple(t.shape) or dtype != _dtype(t):
                 raise PlanError(f"{where}: {t.kind} {name!r} is {np.shape(value)} {dtype}, but "
                                 f"the plan places it as {tuple(t.shape)} {t.dtype}")
@@ -331,9 +328,17 @@ def _digest(values):
     return h.hexdigest()
 
 
-def _shard_shape(facts, shape):
-    """The shape of one rank's shard of a ZeRO-3 param of `shape`, by the plan's "parallel" facts."""
-    rule = Parallel(facts["dp"], facts["zero"], facts.get("shard", "flat"))
+def _rank_shape(training, name, shape):
+    """The shape of one rank's part of a param whose whole value has `shape`, by the plan's facts: its piece
+    under tensor parallelism, then its shard under ZeRO-3."""
+    split = (training.get("tensor_parallel") or {}).get("split", {})
+    if name in split:
+        dim = split[name][0]
+        shape = (*shape[:dim], shape[dim] // training["tensor_parallel"]["tp"], *shape[dim + 1:])
+    facts = training.get("parallel") or {}
+    if name not in facts.get("sharded", ()):
+        return tuple(shape)
+    rule = Parallel(dp=facts["dp"], zero=facts["zero"], shard=facts.get("shard", "flat"))
     return (shard_size(math.prod(shape), rule.dp, rule.unit(shape)),)
 
 

@@ -172,7 +172,8 @@ def _parallel(plan, unsharded):
     if not facts:
         return None
     trained = [plan.tensors[n] for n in plan.training["params"]]
-    wholes = [getattr(plan.data.get(t.name), "value", None) for t in trained]  # ZeRO-3's params: their wholes
+    sharded = set(facts.get("sharded", ()))  # ZeRO-3's params: their wholes (a tensor-parallel piece's too)
+    wholes = [plan.data[t.name].value if t.name in sharded else None for t in trained]
     values = sum(math.prod(np.shape(w) if w is not None else t.shape) for t, w in zip(trained, wholes))
     itemsize = max((np.dtype(t.dtype).itemsize for t in trained), default=4)
     states = len(OPTIMIZERS[plan.training["optimizer"]][2])
@@ -180,7 +181,8 @@ def _parallel(plan, unsharded):
             "gradients_at_peak": plan.breakdown["grads"]}
     paper = model_states(values, itemsize, states * itemsize, facts["dp"], facts["zero"])
     return {**facts, "unsharded": {"arena_bytes": unsharded.arena_bytes, "breakdown": unsharded.breakdown},
-            "model_states": {"plan": ours, "zero_paper": paper}}
+            "model_states": {"plan": ours, "zero_paper": paper},
+            "tensor_parallel": plan.training.get("tensor_parallel")}
 
 
 def _remats(plan, memory_budget):
@@ -302,13 +304,27 @@ def _parallel_line(d):
                      f", gathers {p['prefetch']} ahead" if p.get("prefetch") else "",
                      f", gradients reduced in {p['buckets']} bucket{'s' * (p['buckets'] > 1)} of "
                      f"{format_bytes(p['bucket_bytes'])}" if p.get("buckets") else ""])
-    return [f"one of {p['dp']} data-parallel ranks, ZeRO-{p['zero']}{rules} (its own share of the batch): the arena "
-            f"is one rank's, bestfit {format_bytes(bestfit)} against {format_bytes(p['unsharded']['arena_bytes'])} "
-            f"for the same batch on one device; its collectives send {format_bytes(p['collective_bytes'])} a step",
-            f"model states of the rank: params {format_bytes(ours['params'])}, optimizer state "
+    tp = p.get("tensor_parallel")
+    ranks = (f"{p['dp']} data-parallel ranks, ZeRO-{p['zero']}{rules} (its own share of the batch)"
+             + (f", and of {tp['tp']} tensor-parallel ranks ({p['dp'] * tp['tp']} in all)" if tp else ""))
+    sent = ", ".join(f"{format_bytes(size)} over the {_GROUPS[group]} ranks"
+                     for group, size in sorted(p.get("collective_bytes_by_group", {}).items()))
+    lines = [f"one of {ranks}: the arena is one rank's, bestfit {format_bytes(bestfit)} against "
+             f"{format_bytes(p['unsharded']['arena_bytes'])} for the same batch on one device; its collectives "
+             f"send {sent or '0 B'} a step"]
+    if tp:
+        lines.append(f"tensor parallelism (Megatron's) splits {tp['column_layers']} linear layers by columns and "
+                     f"{tp['row_layers']} by rows: {len(tp['split'])} params split, {tp['replicated_params']} whole "
+                     f"on every rank" + (f"; {tp['whole_regions']} region(s) it cannot split run whole (an LM head, "
+                                         "a layer read elsewhere)" if tp["whole_regions"] else ""))
+    return [*lines, f"model states of the rank: params {format_bytes(ours['params'])}, optimizer state "
             f"{format_bytes(ours['optimizer'])}, gradients {format_bytes(ours['gradients_at_peak'])} at the fullest "
-            f"step; the ZeRO paper's count (DeepSpeed's estimators): {format_bytes(paper['params'])}, "
+            f"step; the ZeRO paper's count (DeepSpeed's estimators) of its "
+            f"{'tensor-parallel piece' if tp else 'model'}: {format_bytes(paper['params'])}, "
             f"{format_bytes(paper['optimizer'])}, {format_bytes(paper['gradients'])} held throughout"]
+
+
+_GROUPS = {"dp": "data-parallel", "tp": "tensor-parallel", "world": "step's"}
 
 
 def _export_line(d):

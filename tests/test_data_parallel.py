@@ -257,7 +257,7 @@ def test_the_report_plans_one_rank_from_the_command_line(capsys):
     assert cli.main([*args, "--dp", "2", "--bucket", "1MiB"]) == 0
     assert "gradients reduced in 1 bucket of 1.00 MiB" in capsys.readouterr().out
     assert cli.main(["report", "zoo:mlp", "--dp", "2"]) == 2
-    assert "--dp, --zero, --shard, --prefetch and --bucket apply with --training" in capsys.readouterr().err
+    assert "--dp, --zero, --tp, --shard, --prefetch and --bucket apply with" in capsys.readouterr().err
 
 
 def test_fit_finds_each_layouts_largest_batch(capsys):
@@ -279,7 +279,7 @@ def test_fit_finds_each_layouts_largest_batch(capsys):
         assert row["global_batch"] == 2 * row["batch_per_rank"]
         assert arena(row["batch_per_rank"]) == row["arena_bytes"] <= 8 << 20 < arena(row["batch_per_rank"] + 1)
     assert cli.main(["fit", "zoo:mlp", "--gpus", "2", "--memory", "8MiB", "--dp", "2"]) == 2
-    assert "fit chooses --dp and --zero itself" in capsys.readouterr().err
+    assert "fit chooses --dp, --tp and --zero itself" in capsys.readouterr().err
     assert cli.main(["report", "zoo:mlp", "--training", "--shard", "dim0"]) == 2
     assert "--shard, --prefetch and --bucket say how the ranks of --dp N --zero Z shard" in capsys.readouterr().err
 

@@ -1,8 +1,11 @@
-"""Collective kernels (memplan.AllReduce, ReduceScatter, AllGather, Shard; rules in
-planner/ops/collectives.py). A collective kernel takes one more argument, the executor's process group
-(executor/collectives.py), bound when the executor binds the step."""
+"""Collective kernels (memplan.AllReduce, ReduceScatter, AllGather, Shard, ParallelInput; rules in
+planner/ops/collectives.py). A collective kernel takes one more argument, the process group its step's
+`group` names (executor/collectives.py), bound when the executor binds the step."""
 from ..collectives import cut
 from . import kernel
+from .shape_ops import view
+
+kernel("ParallelInput", domain="memplan")(view)
 
 
 def collective(op):

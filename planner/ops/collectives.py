@@ -1,6 +1,8 @@
 """Collectives as ops of a rank's plan (memplan's own, outside ONNX): the data-parallel gradient
-reduction and the shards of ZeRO (planner.parallel). Each rank runs the same plan; which shard is its
-own, and the other ranks, the executor's process group says when running. A tensor of n elements split
+reduction, the shards of ZeRO and the all-reduces of tensor parallelism (planner.parallel). Each rank runs
+the same plan; which shard is its own, and the other ranks, the executor's process groups say when running:
+a collective's `group` names which ("dp": the data-parallel ranks, "tp": the tensor-parallel ones,
+"world": all of them). A tensor of n elements split
 over `world` ranks in whole runs of `unit` elements (a row of its first dim under FSDP2's sharding, else one)
 has shards of shard_size(n, world, unit) elements, the last ones padded with zeros."""
 import math
@@ -9,6 +11,7 @@ import numpy as np
 
 from . import schema
 from .base import FLOATS, Layout, Schema, same_as_input
+from .views import View
 from ..errors import ShapeError
 from ..parallel import shard_size
 
@@ -18,7 +21,7 @@ class _Collective(Schema):
     `unit`s of elements."""
 
     types = (("T",), {"T": FLOATS})
-    defaults = {"world": 1, "mean": 1, "unit": 1}
+    defaults = {"world": 1, "mean": 1, "unit": 1, "group": "dp"}
     mirror = False
 
     @staticmethod
@@ -48,6 +51,28 @@ class AllReduce(_Collective):
 
     inplace = ((0, 0),)
     infer = staticmethod(same_as_input)
+
+    def gradient(self, b, node, dys):
+        """dY itself (Megatron's g): the sum's readers on every rank compute alike (a tensor-parallel
+        region's output), so each rank holds the whole dY, which is dX."""
+        return [dys[0]]
+
+
+@schema("ParallelInput", domain="memplan")
+class ParallelInput(View):
+    """Y = X, where a tensor-parallel region reads X (Megatron's f): each rank's region sees only its
+    piece of the layers, so dX sums the ranks' parts: the gradient is all-reduced over the `world` ranks
+    of `group`."""
+
+    defaults = {"world": 1, "group": "tp"}
+    types = (("T",), {"T": FLOATS})
+
+    def view_shape(self, node, shape):
+        return shape
+
+    def gradient(self, b, node, dys):
+        return [b.op("AllReduce", dys[0], domain="memplan", world=self.attr(node, "world"), mean=0,
+                     group=self.attr(node, "group"))]
 
 
 @schema("ReduceScatter", domain="memplan")

@@ -14,6 +14,7 @@ from .infer_shapes import infer_shapes
 from .loss import loss
 from .optimizer import optimizer
 from .data_parallel import data_parallel
+from .tensor_parallel import tensor_parallel
 from .precision import precision_pass as precision
 from .pretranspose import pretranspose
 from .prune import prune
@@ -49,6 +50,7 @@ TRAINING = [
     *LOADING,
     check_names,        # frozen and trainable name params the model reads
     *REWRITES,
+    tensor_parallel,    # one rank's piece of each transformer block's linear layers and heads (Megatron)
     training_mode,      # batch statistics, dropout masks
     loss,               # the scalar "loss", the labels input
     gradients,          # the backward pass
@@ -61,5 +63,5 @@ TRAINING = [
 __all__ = ["Pass", "Result", "Context", "run", "LOADING", "REWRITES", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
            "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm", "fuse_conv", "fuse_attention",
            "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose", "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss", "gradients",
-           "optimizer", "data_parallel",
+           "optimizer", "data_parallel", "tensor_parallel",
            "recomputation"]

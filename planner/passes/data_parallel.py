@@ -5,8 +5,9 @@ under ZeRO-1 and 2 it updates only this rank's shard of its parameter, with opti
 and the updated shards are all-gathered over the parameter; under ZeRO-3 the rank keeps only its shard of
 each trained parameter, all-gathered before its first forward reader and again before its first backward
 reader, so that the whole parameter lives only while those read it (PyTorch FSDP, one unit per
-parameter). Shards are cut as the Parallel's `shard` says (evenly, or in rows as FSDP2's). Facts: "parallel"
-(dp, zero, shard, prefetch, bucket bytes and buckets, collective bytes, the sharded params)."""
+parameter). Shards are cut as the Parallel's `shard` says (evenly, or in rows as FSDP2's). A plan of one
+data rank at ZeRO-0 (tensor parallelism alone) reduces nothing. Facts: "parallel" (dp, zero, tp, shard,
+prefetch, bucket bytes and buckets, the bytes the collectives send, in all and by group, the sharded params)."""
 from dataclasses import replace
 
 from .. import ops, shapes
@@ -37,7 +38,7 @@ def _data_parallel(graph, context):
     sharded = {p for p in optimized if graph.tensors[p].size > world} if zero == 3 else set()
     gathers, nodes = _gathers(graph, sharded, parallel.prefetch), []
     total = (context.facts.get("scaler") or {}).get("total")
-    buckets = _buckets(graph, [_grad(n) for n in optimizers], parallel.bucket_bytes)
+    buckets = _buckets(graph, [_grad(n) for n in optimizers], parallel.bucket_bytes if world > 1 or zero else 0)
     bucket_of = {g: j for j, (_, bucket) in enumerate(buckets) for g in bucket}
     reduced, waiting = {}, {j: [] for j in range(len(buckets))}
     for last, bucket in buckets:
@@ -59,7 +60,8 @@ def _data_parallel(graph, context):
             gathered = {p: _gathered(p, phase) for p in sharded if p in node.inputs and phase in GATHERED}
             nodes.append(replace(node, inputs=tuple(gathered.get(i, i) for i in node.inputs)) if gathered else node)
         if total in node.outputs:
-            nodes.append(Node("AllReduce", (total,), (_summed(total),), {"world": world, "mean": 0},
+            nodes.append(Node("AllReduce", (total,), (_summed(total),),
+                              {"world": parallel.world, "mean": 0, "group": "world"},
                               f"parallel/AllReduce/{total}", Annotations(node.notes.phase), "memplan"))
             tensors[_summed(total)] = Tensor(_summed(total), None, None, "activation")
         for j, (last, bucket) in enumerate(buckets):
@@ -69,11 +71,14 @@ def _data_parallel(graph, context):
                     nodes += _rank_update(b, graph, update, tensors, updates, parallel, sharded, reduced[_grad(update)])
     typed = shapes.retype(replace(graph, nodes=tuple(nodes), tensors={**tensors, **b.tensors},
                                   updates=tuple(updates.items())), graph)
-    sent = sum(communicated(n, [typed.tensors[n.inputs[0]]]) for n in typed.nodes if n.domain == "memplan"
-               and n.op in ("AllReduce", "ReduceScatter", "AllGather"))
-    facts = {"dp": world, "zero": zero, "shard": parallel.shard, "prefetch": parallel.prefetch,
-             "bucket_bytes": parallel.bucket_bytes, "buckets": len(buckets), "collective_bytes": sent,
-             "sharded": sorted(sharded)}
+    sent = {}
+    for n in typed.nodes:
+        if n.domain == "memplan" and n.op in ("AllReduce", "ReduceScatter", "AllGather"):
+            group = n.attrs.get("group", "dp")
+            sent[group] = sent.get(group, 0) + communicated(n, [typed.tensors[n.inputs[0]]])
+    facts = {"dp": world, "zero": zero, "tp": parallel.tp, "shard": parallel.shard, "prefetch": parallel.prefetch,
+             "bucket_bytes": parallel.bucket_bytes, "buckets": len(buckets), "collective_bytes": sum(sent.values()),
+             "collective_bytes_by_group": sent, "sharded": sorted(sharded)}
     return Result(typed, True, {"parallel": facts})
 
 
@@ -93,6 +98,8 @@ def _rank_update(b, graph, node, tensors, updates, parallel, sharded, reduced=No
     p, world, zero = graph.tensors[param], parallel.dp, parallel.zero
     unit = parallel.unit(p.shape)
     if zero == 0:
+        if world == 1:  # one rank of data: a plain update (tensor parallelism alone)
+            return [node]
         reduced = reduced or b.op("AllReduce", grad, domain="memplan", world=world, mean=1)
         return [*b.nodes[start:], replace(node, inputs=(*node.inputs[:scalars], param, reduced, *state))]
     if zero == 1:

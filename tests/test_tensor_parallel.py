@@ -1,0 +1,153 @@
+"""Tensor-parallel training plans (planner/passes/tensor_parallel.py): the transformer blocks' linear layers and
+attention heads split over tp ranks as Megatron splits them, found in the exported graph; run in 2 and 4 CPU
+processes over torch.distributed's gloo (with data parallelism beside it), the ranks train as one process."""
+from functools import partial
+
+import numpy as np
+import pytest
+
+import planner
+from executor import Executor
+from planner.errors import ConfigError
+from planner.parallel import joined, piece
+from gloo import spawned
+from zoo_cases import input_shapes, small_model
+
+BATCH, STEPS, VOCAB, CLASSES = 4, 3, 100, 64  # bert's classes: its hidden features
+
+
+def compiled(model, batch, parallel=None, optimizer="adam", **options):
+    m = small_model(model)
+    return planner.compile(m, input_shapes(m, batch), training=True, optimizer=optimizer, parallel=parallel, **options)
+
+
+def batches(model, seed=0):
+    """STEPS batches of token ids and (for gpt2's next tokens, bert's tags) labels."""
+    rng = np.random.default_rng(seed)
+    shape = input_shapes(small_model(model), BATCH)["input_ids"]
+    feeds = []
+    for _ in range(STEPS):
+        feed = {"input_ids": rng.integers(0, VOCAB, shape), "labels": rng.integers(0, CLASSES, shape)}
+        if model == "bert_base":
+            feed["attention_mask"] = (rng.random(shape) < 0.8).astype(np.int64)
+        feeds.append(feed)
+    return feeds
+
+
+def test_pieces_join_back_into_the_value():
+    value = np.arange(4 * 12, dtype=np.float32).reshape(4, 12)
+    for dim, blocks in ((0, 1), (1, 1), (1, 3)):
+        pieces = [piece(value, dim, blocks, rank, 2) for rank in range(2)]
+        assert pieces[0].shape[dim] == value.shape[dim] // 2
+        np.testing.assert_array_equal(joined(pieces, dim, blocks), value)
+    q, k, v = np.split(value, 3, axis=1)  # a fused QKV weight: each rank holds its half of each of the three
+    np.testing.assert_array_equal(piece(value, 1, 3, 1, 2), np.concatenate([q[:, 2:], k[:, 2:], v[:, 2:]], axis=1))
+
+
+@pytest.mark.parametrize("model, columns, rows", [("gpt2_small", 4, 4), ("bert_base", 8, 4)])
+def test_each_block_splits_as_megatron_splits_it(model, columns, rows):
+    """Column-parallel QKV and MLP-up weights (with their biases), row-parallel output projections; the
+    embeddings, norms and the LM head whole; one all-reduce after each row-parallel layer and one of each
+    region input's gradient."""
+    plain, plan = compiled(model, 2), compiled(model, 2, planner.Parallel(tp=2))
+    facts = plan.training["tensor_parallel"]
+    assert (facts["column_layers"], facts["row_layers"]) == (columns, rows)
+    for name, (dim, blocks) in facts["split"].items():
+        whole, mine = plain.tensors[name].shape, plan.tensors[name].shape
+        assert mine[dim] * 2 == whole[dim] and len(mine) == len(whole)
+        assert blocks == (3 if "c_attn" in name else 1)
+        for suffix in ("exp_avg", "exp_avg_sq"):
+            assert plan.tensors[f"{name}/{suffix}"].shape == mine
+    names = set(facts["split"])
+    assert not any("wte" in n or "ln_" in n or "LayerNorm" in n or "embeddings" in n for n in names)
+    assert any(n.endswith("c_proj.bias") or n.endswith("output.bias") for n in plain.training["params"])
+    assert not any(n.endswith("c_proj.bias") or n.endswith("output.bias") for n in names)  # added once reduced
+    reduces = [s for s in plan.steps if s.op == "AllReduce"]
+    forward = [s for s in reduces if s.phase == ""]
+    assert len(forward) == rows and all(s.attrs["group"] == "tp" for s in reduces)
+    assert len(reduces) == 2 * rows  # each block: its attention input's gradient and its MLP input's
+    assert plan.arena_bytes < plain.arena_bytes
+    assert plan.training["parallel"]["collective_bytes_by_group"]["tp"] > 0
+
+
+def test_sizes_tp_does_not_divide_are_refused():
+    with pytest.raises(ConfigError, match="cannot split .* evenly"):
+        compiled("gpt2_small", 2, planner.Parallel(tp=3))
+    with pytest.raises(ConfigError, match="makes a dim of 4 .*not a multiple of 8"):
+        compiled("gpt2_small", 2, planner.Parallel(tp=8))
+    with pytest.raises(ConfigError, match="tensor parallelism found no linear layers to split"):
+        compiled("resnet18", 2, planner.Parallel(tp=2))
+    with pytest.raises(ConfigError, match="parallel tp must be an int >= 1"):
+        planner.Parallel(tp=0)
+
+
+def _rank(rank, port, results, model, dp, tp, zero):
+    """One rank of a gloo group of dp * tp: STEPS training steps on its data rank's share of each batch."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=dp * tp)
+    try:
+        plan = compiled(model, BATCH // dp, planner.Parallel(dp=dp, tp=tp, zero=zero), "momentum")
+        ex = Executor(plan, backend="numpy", poison=True)
+        share = slice(rank // tp * BATCH // dp, (rank // tp + 1) * BATCH // dp)
+        losses = [ex.train_step({k: v[share] for k, v in feeds.items()}) for feeds in batches(model)]
+        results.put((rank, losses, ex.parameters(), plan.training, plan.arena_bytes, ex.arena.buffer.nbytes))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("model, dp, tp, zero", [("gpt2_small", 1, 2, 0), ("bert_base", 1, 2, 0),
+                                                 ("gpt2_small", 2, 2, 1), ("bert_base", 2, 2, 3),
+                                                 ("gpt2_small", 1, 4, 0)])
+def test_ranks_train_as_one_process(model, dp, tp, zero):
+    """After STEPS momentum steps the ranks' pieces of each param join into the single process's param,
+    and the data ranks' mean loss is its loss. (Not adam: the key bias's gradient is zero but for rounding,
+    which adam's normalization makes whole steps of either sign.)"""
+    got = spawned(partial(_rank, model=model, dp=dp, tp=tp, zero=zero), dp * tp)
+    single = Executor(compiled(model, BATCH, optimizer="momentum"), backend="numpy")
+    losses = [single.train_step(feeds) for feeds in batches(model)]
+    np.testing.assert_allclose(np.mean([g[1] for g in got], axis=0), losses, rtol=1e-5)
+    for _, _, _, _, planned, held in got:
+        assert held == planned, "the rank's arena is the bytes its plan says"
+    split, sharded = got[0][3]["tensor_parallel"]["split"], got[0][3]["parallel"]["sharded"]
+    for name, value in single.parameters().items():
+        for d in range(dp):
+            ranks = [got[d * tp + t][2][name] for t in range(tp)]
+            if name in sharded:  # ZeRO-3: each data rank holds its shard of its tensor rank's piece
+                shape = list(value.shape)
+                if name in split:
+                    shape[split[name][0]] //= tp
+                ranks = [np.concatenate([got[e * tp + t][2][name] for e in range(dp)])[:np.prod(shape)].reshape(shape)
+                         for t in range(tp)]
+            param = joined(ranks, *split[name]) if name in split else ranks[0]
+            np.testing.assert_allclose(param, value, rtol=1e-4, atol=1e-5, err_msg=f"data rank {d}: {name}")
+
+
+def test_the_report_and_fit_plan_tensor_parallel_ranks(tmp_path, capsys):
+    """`report --tp` describes the rank's split; `fit` tries tensor parallelism over 2 and 4 of 4 devices
+    (ZeRO-1 over the rest), each row's per-rank batch the largest whose rank plan fits, and says why a model
+    with nothing to split has no such rows."""
+    import json
+
+    import onnx
+
+    from planner import cli
+    path = tmp_path / "gpt2.onnx"
+    onnx.save(small_model("gpt2_small"), path)
+    common = [str(path), "--input", "input_ids:2x16", "--training", "--optimizer", "adam"]
+    assert cli.main(["report", *common, "--tp", "2", "--dp", "2", "--strategy", "bestfit"]) == 0
+    out = capsys.readouterr().out
+    assert "one of 2 data-parallel ranks, ZeRO-0 (its own share of the batch), and of 2 tensor-parallel ranks" in out
+    assert "splits 4 linear layers by columns and 4 by rows: 12 params split" in out
+    assert cli.main(["fit", *common[:3], "--optimizer", "adam", "--gpus", "4", "--memory", "2MiB", "--json"]) == 0
+    rows = {r["layout"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    for tp in (2, 4):
+        row = rows[f"dp {4 // tp} x tp {tp}, ZeRO-1"]
+        assert row["global_batch"] == row["batch_per_rank"] * (4 // tp)
+
+        def arena(batch):
+            return planner.compile(str(path), {"input_ids": (batch, 16)}, training=True, optimizer="adam",
+                                   parallel=planner.Parallel(dp=4 // tp, tp=tp, zero=1)).arena_bytes
+        assert arena(row["batch_per_rank"]) == row["arena_bytes"] <= 2 << 20 < arena(row["batch_per_rank"] + 1)
+    assert cli.main(["fit", "zoo:mlp", "--batch", "4", "--gpus", "4", "--memory", "8MiB"]) == 0
+    assert "no tp 2, 4: tensor parallelism found no linear layers to split" in capsys.readouterr().out

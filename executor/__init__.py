@@ -19,7 +19,7 @@ from planner.ir import op_name
 
 from . import backends, kernels
 from .arena import Arena
-from .collectives import groups_for, shards
+from .collectives import groups_for, shards, stage_feeds
 from .backends import numpy_backend
 from .profile import Profile
 
@@ -171,21 +171,24 @@ class Executor:
                     self.updated = bool(self.arena.view(self.plan.training["scaler"]["finite"]))
                 for offset, nbytes in self.dead.get(k, ()):
                     self.arena.bytes(offset, nbytes).fill(POISON)
+        for group in {id(g): g for g in self.groups.values()}.values():
+            group.flush()
         self.backend.synchronize()
         return {name: self.arena.view(name).copy() for name in self.plan.outputs}
 
     def train_step(self, feeds):
         """One training step of a plan compiled with training=True: forward, backward and the optimizer
-        updating the params in the arena. `feeds` are the model's inputs and the labels (or targets);
-        the learning rate is `self.lr`. Returns the loss before the update."""
+        updating the params in the arena. `feeds` are the model's inputs and the labels (or targets; a
+        pipeline stage takes those it reads, each microbatch its rows); the learning rate is `self.lr`. Returns the loss before the update (None on a pipeline stage
+        before the last, which has none)."""
         info = self.plan.training
         if not info:
             raise MemplanError("train_step needs a plan compiled with training=True")
         with self._exclusive():
             scalars = {info["lr"]: float(self.lr), info["step"]: float(self.steps_taken + 1)}
-            outputs = self._run(feeds, scalars)
+            outputs = self._run(stage_feeds(self.plan, feeds), scalars)
             self.steps_taken += int(self.updated)
-        return float(outputs[info["loss"]])
+        return None if info["loss"] is None else float(outputs[info["loss"]])
 
     @property
     def loss_scale(self):

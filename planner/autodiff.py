@@ -107,10 +107,12 @@ def gradients(graph, loss, wrt=None, seed=None):
         schema = ops.of(node, graph.opsets)
         if schema.gradient is None:
             raise ModelError(f"node {node.name!r} ({op_name(node.domain, node.op)}) has no gradient rule")
+        start = len(b.nodes)
         for i, dx in zip(node.inputs, schema.gradient(b, node, dys)):
             if dx is None or i not in needs:
                 continue
             grads[i] = b.op("Add", grads[i], dx) if i in grads else dx
+        b.nodes[start:] = [replace(n, notes=replace(n.notes, of=node.name)) for n in b.nodes[start:]]
     for w in wrt:
         if w not in grads:
             grads[w] = b.op("ConstantOfShape", shape=list(graph.tensors[w].shape),

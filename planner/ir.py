@@ -79,7 +79,8 @@ HINTS = ("force_mirroring", "mirror_stage")
 @dataclass(frozen=True)
 class Annotations:
     """memplan's annotations of a node. The passes set `phase`, `recompute` (a clone that computes a
-    forward value again in backward) and `assign` (the copy of a new param over the old, at the end);
+    forward value again in backward), `assign` (the copy of a new param over the old, at the end) and
+    `of` (see below);
     the user's hints are `force_mirroring` (recompute it under every strategy but optimal) and
     `mirror_stage` (recompute or keep the stage's nodes together), kept in ONNX as metadata_props."""
 
@@ -88,6 +89,8 @@ class Annotations:
     assign: bool = False
     force_mirroring: bool = False
     mirror_stage: str | None = None
+    of: str | None = None
+    """The forward node whose gradient rule made this backward node (planner.autodiff)."""
 
     @property
     def forward(self):

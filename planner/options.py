@@ -92,5 +92,8 @@ class CompileOptions:
 
     @property
     def orders(self):
-        """The schedule orders to plan: both for "auto", which keeps the smaller plan."""
+        """The schedule orders to plan: both for "auto", which keeps the smaller plan; the file's for pipeline
+        stages and microbatches."""
+        if self.parallel is not None and (self.parallel.pp > 1 or self.parallel.microbatches > 1):
+            return ("file",)  # the 1F1B order of the microbatches, which the stages' sends and receives follow
         return ("file", "memory") if self.schedule == "auto" else (self.schedule,)

@@ -19,7 +19,7 @@ reduced one by one or in buckets.
 Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) splits the linear layers of transformer blocks over
 `tp` ranks of one group (planner/passes/tensor_parallel.py): each rank holds a piece of each split weight
 (`piece`), the ranks' pieces joined again by `joined`. Ranks are numbered as Megatron numbers them, tensor
-parallel innermost: global rank = dp rank * tp + tp rank. Pipeline parallelism is not planned yet.
+parallel innermost, pipeline stages outermost: global rank = (stage * dp + dp rank) * tp + tp rank.
 """
 import math
 from dataclasses import dataclass
@@ -43,17 +43,23 @@ class Parallel:
     all-reduced under ZeRO-0 and 1 (PyTorch DDP's bucket_cap_mb, DeepSpeed's allreduce_bucket_size),
     reduce-scattered under 2 and 3 in FSDP2's layout (each gradient's shards side by side, one row a rank;
     DeepSpeed's reduce_bucket_size); 0 reduces each gradient alone. `tp` ranks split each transformer block's
-    linear layers and attention heads (Megatron's tensor parallelism); a step's ranks are dp * tp."""
+    linear layers and attention heads (Megatron's tensor parallelism). `pp` stages run the layers in turn
+    (pipeline parallelism, planner.pipeline), each step's batch in `microbatches` (the batch planned is one
+    microbatch's; with pp 1, gradient accumulation), and the plan is stage `stage`'s. A step's ranks are
+    dp * tp * pp."""
 
     dp: int = 1
     zero: int = 0
     tp: int = 1
+    pp: int = 1
+    microbatches: int = 1
+    stage: int = 0
     shard: str = "flat"
     prefetch: int = 0
     bucket_bytes: int = 0
 
     def __post_init__(self):
-        for name in ("dp", "tp"):
+        for name in ("dp", "tp", "pp", "microbatches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"parallel {name} must be an int >= 1, got {value!r}")
@@ -69,6 +75,14 @@ class Parallel:
             raise ConfigError("parallel shard applies from ZeRO-1 on; zero 0 shards nothing")
         if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0:
             raise ConfigError(f"parallel bucket_bytes must be an int >= 0, got {self.bucket_bytes!r}")
+        if isinstance(self.stage, bool) or not isinstance(self.stage, int) or not 0 <= self.stage < self.pp:
+            raise ConfigError(f"parallel stage must be an int from 0 to pp - 1 = {self.pp - 1}, got {self.stage!r}")
+        if self.pp > 1 and self.zero > 1:
+            raise ConfigError(f"ZeRO-{self.zero} shards the gradients, which pipeline stages accumulate over their "
+                              "microbatches (DeepSpeed refuses it too): use zero 0 or 1 with pp > 1")
+        if self.microbatches > 1 and self.zero == 3:
+            raise ConfigError("ZeRO-3 gathers each param once a pass, not once a microbatch: plan microbatches under "
+                              "zero 0 to 2")
 
     def unit(self, shape):
         """The elements a shard of a tensor of `shape` is a whole number of: a row of the first dim under
@@ -78,8 +92,8 @@ class Parallel:
 
     @property
     def world(self):
-        """The ranks of one step: dp * tp."""
-        return self.dp * self.tp
+        """The ranks of one step: dp * tp * pp."""
+        return self.dp * self.tp * self.pp
 
 
 def piece(value, dim, groups, rank, world):

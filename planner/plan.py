@@ -378,7 +378,8 @@ def _check_names(plan):
     info = plan.training
     named = [("graph input", n) for n in plan.inputs] + [("graph output", n) for n in plan.outputs]
     if info:
-        named += [(f"training {key}", info.get(key)) for key in ("loss", "lr", "step")]
+        keys = ("loss", "lr", "step") if info.get("loss") is not None else ("lr", "step")  # (an early pipeline stage)
+        named += [(f"training {key}", info.get(key)) for key in keys]
         named += [("trained param", n) for n in info.get("params", ())]
     for what, name in named:
         if not isinstance(name, str) or name not in plan.tensors:

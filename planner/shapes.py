@@ -277,11 +277,12 @@ def _check_declared(tensor, info, dims):
 
 
 def prune(graph):
-    """Drop nodes no graph output depends on, and tensors nothing reads or writes."""
+    """Drop nodes no graph output depends on (but those whose op has an effect, memplan.Send), and tensors
+    nothing reads or writes."""
     needed = set(graph.outputs) | {new for new, _ in graph.updates}
     keep = []
     for node in reversed(graph.nodes):
-        if needed.intersection(node.outputs):
+        if needed.intersection(node.outputs) or (node.domain == "memplan" and ops.of(node, graph.opsets).effect):
             keep.append(node)
             needed.update(i for i in node.inputs if i)
     nodes = tuple(reversed(keep))

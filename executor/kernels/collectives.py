@@ -1,4 +1,4 @@
-"""Collective kernels (memplan.AllReduce, ReduceScatter, AllGather, Shard, ParallelInput; rules in
+"""Collective kernels (memplan.AllReduce, ReduceScatter, AllGather, Shard, ParallelInput, Send, Recv; rules in
 planner/ops/collectives.py). A collective kernel takes one more argument, the process group its step's
 `group` names (executor/collectives.py), bound when the executor binds the step."""
 from ..collectives import cut
@@ -55,3 +55,13 @@ def all_gather(xp, step, ins, outs, ws, group):
 @collective("Shard")
 def shard(xp, step, ins, outs, ws, group):
     cut(ins[0].reshape(-1), group.rank, outs[0])
+
+
+@collective("Send")
+def send(xp, step, ins, outs, ws, group):
+    group.send(ins[0], step.attrs["peer"], step.attrs["tag"])
+
+
+@collective("Recv")
+def recv(xp, step, ins, outs, ws, group):
+    group.recv(outs[0], step.attrs["peer"], step.attrs["tag"])

@@ -53,6 +53,8 @@ class Schema:
       as ONNX writes them, "tensor(float)"}); inputs past the last repeat its parameter.
     - `arity`: the number of inputs where the op takes a fixed number of data inputs (1 for the unary
       elementwise ops, which the symbol API offers as one-argument functions).
+    - `effect`: the op acts beyond its outputs (memplan.Send gives its input to another rank), so that
+      it stays in the graph though nothing reads what it makes.
     """
 
     op = ""
@@ -72,6 +74,7 @@ class Schema:
     ranks = None
     arity = None
     types = None
+    effect = False
 
     def attr(self, node, name):
         if name in node.attrs:

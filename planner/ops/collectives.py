@@ -1,5 +1,6 @@
 """Collectives as ops of a rank's plan (memplan's own, outside ONNX): the data-parallel gradient
-reduction, the shards of ZeRO and the all-reduces of tensor parallelism (planner.parallel). Each rank runs
+reduction, the shards of ZeRO, the all-reduces of tensor parallelism and the sends and receives between
+pipeline stages (planner.parallel). Each rank runs
 the same plan; which shard is its own, and the other ranks, the executor's process groups say when running:
 a collective's `group` names which ("dp": the data-parallel ranks, "tp": the tensor-parallel ones,
 "world": all of them). A tensor of n elements split
@@ -10,6 +11,7 @@ import math
 import numpy as np
 
 from . import schema
+from .. import dtypes
 from .base import FLOATS, Layout, Schema, same_as_input
 from .views import View
 from ..errors import ShapeError
@@ -117,11 +119,42 @@ class Shard(_Collective):
         return 0
 
 
+@schema("Send", domain="memplan")
+class Send(Schema):
+    """X sent to pipeline stage `peer` under `tag` (which the matching Recv names): no output, the send an
+    effect. The executor hands the communication library a copy, so that X's bytes are free at once."""
+
+    defaults = {"peer": 0, "tag": 0, "group": "pp"}
+    types = (("T",), {"T": FLOATS})
+    effect = True
+    mirror = False
+
+    def infer(self, node, ins):
+        return []
+
+    def flops(self, node, ins, outs):
+        return 0
+
+
+@schema("Recv", domain="memplan")
+class Recv(Schema):
+    """Y of `shape` and `dtype` (ONNX's number) received from pipeline stage `peer` under `tag`."""
+
+    defaults = {"peer": 0, "tag": 0, "shape": None, "dtype": 1, "group": "pp"}
+    mirror = False
+
+    def infer(self, node, ins):
+        return [(tuple(node.attrs.get("shape") or ()), dtypes.from_onnx(self.attr(node, "dtype")))]
+
+    def flops(self, node, ins, outs):
+        return 0
+
+
 def communicated(node, ins):
-    """Bytes one rank sends in a collective step (0 for Shard): a ring's all-reduce sends about twice the
-    tensor, a reduce-scatter or all-gather about once."""
+    """Bytes one rank sends in a collective step (0 for Shard and Recv): a ring's all-reduce sends about twice
+    the tensor, a reduce-scatter or all-gather about once, a Send the tensor."""
     elements, itemsize = math.prod(ins[0].shape), np.dtype(ins[0].dtype).itemsize
     world = node.attrs.get("world", 1)
     share = (world - 1) / world
-    factor = {"AllReduce": 2 * share, "ReduceScatter": share, "AllGather": share * world}.get(node.op, 0)
+    factor = {"AllReduce": 2 * share, "ReduceScatter": share, "AllGather": share * world, "Send": 1}.get(node.op, 0)
     return int(factor * elements * itemsize)

@@ -15,6 +15,7 @@ from .loss import loss
 from .optimizer import optimizer
 from .data_parallel import data_parallel
 from .tensor_parallel import tensor_parallel
+from .pipeline_stage import pipeline_stage
 from .precision import precision_pass as precision
 from .pretranspose import pretranspose
 from .prune import prune
@@ -55,6 +56,7 @@ TRAINING = [
     loss,               # the scalar "loss", the labels input
     gradients,          # the backward pass
     optimizer,          # the param updates
+    pipeline_stage,     # one pipeline stage's nodes, its microbatches in 1F1B order, sends and receives
     recomputation,      # forward values recomputed in backward instead of kept
     data_parallel,      # one rank's step: gradients reduced over the ranks, ZeRO's shards (after recomputation,
                         # so that a recomputed op reads ZeRO-3's backward gather)
@@ -63,5 +65,5 @@ TRAINING = [
 __all__ = ["Pass", "Result", "Context", "run", "LOADING", "REWRITES", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
            "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm", "fuse_conv", "fuse_attention",
            "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose", "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss", "gradients",
-           "optimizer", "data_parallel", "tensor_parallel",
+           "optimizer", "data_parallel", "tensor_parallel", "pipeline_stage",
            "recomputation"]

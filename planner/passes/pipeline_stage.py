@@ -1,0 +1,173 @@
+"""One pipeline stage's training step (planner.parallel's `pp` and `microbatches`; planner.pipeline cuts the
+graph and orders the microbatches): the stage's own nodes of the step, each value another stage makes
+received (memplan.Recv) before its first reader here and each value another stage reads sent
+(memplan.Send) once made, forward activations one way and their gradients the other. With M microbatches
+the stage's forward and backward run once per microbatch in 1F1B order, each microbatch's values under their
+own names (NAME@j: the inputs too, so that each microbatch is fed its rows), each param's gradient summed
+over the microbatches as they come and the optimizer run on the sum after the last; the loss (on the last
+stage) is the microbatches' mean, and each microbatch's gradients are of its share of it (planner.passes.
+gradients seeds them with 1/M). Facts: "pipeline" (pp, stage, microbatches, in_flight, each stage's first
+and last forward node and FLOPs, the bytes this stage sends a step); "params" and "grads" become the stage's
+(the gradients its optimizer reads), and "loss" None but on the last stage."""
+from dataclasses import replace
+
+import numpy as np
+
+from .. import ops, pipeline, shapes
+from ..dtypes import to_onnx
+from ..errors import ConfigError
+from ..ir import Annotations, Node, Phase, Tensor
+from ..training import LR, STEP
+from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Result
+
+OPTIMIZER_OPS = {("memplan", "SGD"), ("memplan", "Adam")}
+
+
+def _pipeline_stage(graph, context):
+    parallel = context.options.parallel
+    if parallel is None or (parallel.pp == 1 and parallel.microbatches == 1):
+        return Result(graph, False)
+    if "scaler" in context.facts:
+        raise ConfigError("amp-fp16's loss scaling checks every gradient of the step at once: plan pipeline "
+                          "stages and microbatches in fp32, fp16, bf16 or amp-bf16")
+    stages, microbatches, me = parallel.pp, parallel.microbatches, parallel.stage
+    stage_of = pipeline.assign(graph, stages, context.facts["labels"])
+    transfers = _transfers(graph, stage_of)
+    single = _stage_nodes(graph, stage_of, me, transfers)
+    nodes, tensors, inputs = _unrolled(graph, single, pipeline.order(me, stages, microbatches), microbatches,
+                                       len(transfers))
+    last = me == stages - 1
+    if last and microbatches > 1:
+        nodes += _mean_loss(graph, tensors, microbatches)
+    made = {o for n in nodes for o in n.outputs if o}
+    stage = replace(graph, nodes=tuple(nodes), tensors=tensors, inputs=tuple(inputs),
+                    outputs=("loss",) if last else (), updates=tuple((new, old) for new, old in graph.updates
+                                                                     if new in made))
+    typed = shapes.retype(stage, graph)
+    sent = sum(graph.tensors[name].nbytes for name, src, _ in transfers if src == me) * microbatches
+    facts = {"pp": stages, "stage": me, "microbatches": microbatches,
+             "in_flight": pipeline.in_flight(me, stages, microbatches), "order": "1F1B",
+             "stages": _summary(graph, stage_of, stages), "sent_bytes": sent}
+    updated = {n.inputs[len(ops.of(n).scalars)]: n.inputs[len(ops.of(n).scalars) + 1] for n in typed.nodes
+               if (n.domain, n.op) in OPTIMIZER_OPS}
+    params = [p for p in context.facts["params"] if p in updated]
+    return Result(typed, True, {"pipeline": facts, "params": params, "grads": {p: updated[p] for p in params},
+                                "loss": "loss" if last else None})
+
+
+def _transfers(graph, stage_of):
+    """[(tensor, from stage, to stage)] of every value a node of one stage reads from another, in the
+    order of the graph's nodes (every stage's plan numbers them alike: the tags)."""
+    producer = {o: k for k, n in enumerate(graph.nodes) for o in n.outputs if o}
+    found = {}
+    for k, node in enumerate(graph.nodes):
+        for name in node.inputs:
+            if name in producer and stage_of[producer[name]] != stage_of[k]:
+                found.setdefault((name, stage_of[k]), (name, stage_of[producer[name]], stage_of[k]))
+    return list(found.values())
+
+
+def _stage_nodes(graph, stage_of, me, transfers):
+    """Stage `me`'s nodes of one microbatch: its own, a Recv before the first reader of each value it
+    receives, a Send after the maker of each value it sends."""
+    producer = {o: k for k, n in enumerate(graph.nodes) for o in n.outputs if o}
+    recv_at, send_at = {}, {}
+    for tag, (name, src, dst) in enumerate(transfers):
+        if dst == me:
+            first = next(k for k, n in enumerate(graph.nodes) if stage_of[k] == me and name in n.inputs)
+            recv_at.setdefault(first, []).append((tag, name, src))
+        if src == me:
+            send_at.setdefault(producer[name], []).append((tag, name, dst))
+    nodes = []
+    for k, node in enumerate(graph.nodes):
+        if stage_of[k] != me:
+            continue
+        for tag, name, src in recv_at.get(k, ()):
+            t, phase = graph.tensors[name], graph.nodes[producer[name]].notes.phase
+            nodes.append(Node("Recv", (), (name,), {"peer": src, "tag": tag, "shape": list(t.shape),
+                                                     "dtype": to_onnx(t.dtype)},
+                              f"pipeline/Recv/{name}", Annotations(phase), "memplan"))
+        nodes.append(node)
+        for tag, name, dst in send_at.get(k, ()):
+            nodes.append(Node("Send", (name,), (), {"peer": dst, "tag": tag}, f"pipeline/Send/{name}/{dst}",
+                              Annotations(node.notes.phase), "memplan"))
+    return nodes
+
+
+def _unrolled(graph, single, steps, microbatches, tags):
+    """(nodes, tensors, inputs) of the stage's step: `single`'s forward nodes at each ("F", j) of `steps`,
+    its backward ones at each ("B", j), the optimizer's in the last microbatch's backward reading each
+    gradient summed over the microbatches. With one microbatch, `single` as it is."""
+    optimizing = [n for n in single if (n.domain, n.op) in OPTIMIZER_OPS]
+    grads = {n.inputs[len(ops.of(n).scalars) + 1] for n in optimizing}
+    per_batch = {o for n in single if n not in optimizing for o in n.outputs if o}
+    per_batch |= {i for n in single if n not in optimizing for i in n.inputs if i in graph.inputs}
+    inputs = [i for i in graph.inputs if i in (LR, STEP) or any(i in n.inputs for n in single)]
+    if microbatches == 1:
+        return single, _used(graph.tensors, single, inputs), inputs
+
+    def name(x, j):
+        return f"{x}@{j}" if x in per_batch else x
+
+    def summed(g, j):
+        return g if j == 0 else f"{g}@sum{j}"
+
+    tensors = dict(graph.tensors)
+    for x in per_batch:
+        t = graph.tensors[x]
+        for j in range(microbatches):
+            tensors[name(x, j)] = replace(t, name=name(x, j), kind="activation" if t.kind == "output" else t.kind)
+    nodes = []
+    for kind, j in steps:
+        for node in single:
+            if (node.notes.phase is Phase.FORWARD) != (kind == "F"):
+                continue
+            if node in optimizing:
+                if j == microbatches - 1:
+                    nodes.append(replace(node, inputs=tuple(summed(name(i, j), j) if i in grads else i
+                                                            for i in node.inputs)))
+                continue
+            attrs = {**node.attrs, "tag": node.attrs["tag"] + tags * j} if node.op in ("Send", "Recv") else node.attrs
+            nodes.append(replace(node, name=f"{node.name}@{j}", inputs=tuple(name(i, j) if i else i for i in node.inputs),
+                                 outputs=tuple(name(o, j) if o else o for o in node.outputs), attrs=attrs))
+            for g in grads & set(node.outputs) if j else ():
+                nodes.append(Node("Add", (summed(name(g, j - 1), j - 1), name(g, j)), (summed(name(g, j), j),),
+                                  {}, f"pipeline/accumulate/{g}@{j}", node.notes))
+                tensors[summed(name(g, j), j)] = replace(graph.tensors[g], name=summed(name(g, j), j),
+                                                        kind="activation")
+    inputs = [name(i, j) for i in inputs for j in (range(microbatches) if i in per_batch else (0,))]
+    return nodes, _used(tensors, nodes, inputs), inputs
+
+
+def _mean_loss(graph, tensors, microbatches):
+    """The step's "loss": the mean of the microbatches' losses."""
+    t = graph.tensors["loss"]
+    share = "pipeline/microbatch_share"
+    tensors[share] = Tensor(share, (), t.dtype, "const", np.asarray(1 / microbatches, t.dtype))
+    tensors["pipeline/loss_sum"] = replace(t, name="pipeline/loss_sum", kind="activation")
+    tensors["loss"] = t
+    notes = Annotations(Phase.FORWARD)
+    return [Node("Sum", tuple(f"loss@{j}" for j in range(microbatches)), ("pipeline/loss_sum",), {},
+                 "pipeline/Sum/loss", notes),
+            Node("Mul", ("pipeline/loss_sum", share), ("loss",), {}, "pipeline/Mul/loss", notes)]
+
+
+def _used(tensors, nodes, inputs):
+    names = set(inputs) | {x for n in nodes for x in (*n.inputs, *n.outputs) if x}
+    return {k: t for k, t in tensors.items() if k in names}
+
+
+def _summary(graph, stage_of, stages):
+    """Each stage's first and last forward node and its FLOPs (forward, backward and optimizer)."""
+    out = [{"first": None, "last": None, "flops": 0} for _ in range(stages)]
+    for k, node in enumerate(graph.nodes):
+        s = out[stage_of[k]]
+        s["flops"] += ops.node_flops(graph, node)
+        if node.notes.phase is Phase.FORWARD:
+            s["first"] = s["first"] or node.name
+            s["last"] = node.name
+    return out
+
+
+pipeline_stage = Pass("pipeline_stage", _pipeline_stage, needs=frozenset({TYPED, UPDATES}),
+                      makes=frozenset({TYPED, UPDATES}), keeps=frozenset({LOSS, GRADIENTS}))

@@ -1,0 +1,132 @@
+"""Pipeline-parallel training plans (planner/pipeline.py, planner/passes/pipeline_stage.py): the step cut into
+stages that balance their FLOPs where few activations cross, each stage's microbatches in 1F1B order with their
+saved activations in flight, values and gradients sent between stages; run in 2 and 4 CPU processes over
+torch.distributed's gloo, the stages train as one process, which also accumulates microbatches alike."""
+from functools import partial
+
+import numpy as np
+import pytest
+
+import planner
+from executor import Executor
+from planner import pipeline
+from planner.errors import ConfigError
+from gloo import spawned
+from zoo_cases import input_shapes, small_model
+
+BATCH, STEPS, CLASSES = 4, 3, 64
+
+
+def compiled(model, batch, parallel=None, optimizer="momentum", **options):
+    m = small_model(model)
+    return planner.compile(m, input_shapes(m, batch), training=True, optimizer=optimizer, parallel=parallel, **options)
+
+
+def batches(model, seed=0):
+    """STEPS whole batches of token ids and labels (bert's attention mask too)."""
+    rng = np.random.default_rng(seed)
+    shape = input_shapes(small_model(model), BATCH)["input_ids"]
+    feeds = []
+    for _ in range(STEPS):
+        feed = {"input_ids": rng.integers(0, 100, shape), "labels": rng.integers(0, CLASSES, shape)}
+        if model == "bert_base":
+            feed["attention_mask"] = (rng.random(shape) < 0.8).astype(np.int64)
+        feeds.append(feed)
+    return feeds
+
+
+def test_1f1b_keeps_at_most_the_stages_after_it_in_flight():
+    for stages, microbatches in ((4, 8), (4, 2), (1, 3)):
+        for stage in range(stages):
+            steps = pipeline.order(stage, stages, microbatches)
+            assert sorted(steps) == sorted([("F", j) for j in range(microbatches)] +
+                                           [("B", j) for j in range(microbatches)])
+            held, most = 0, 0
+            for kind, j in steps:
+                held += 1 if kind == "F" else -1
+                most = max(most, held)
+                assert kind == "F" or ("F", j) in steps[:steps.index((kind, j))]
+            assert most == pipeline.in_flight(stage, stages, microbatches) == min(stages - stage, microbatches)
+
+
+def test_stages_split_the_step_and_hold_their_microbatches_in_flight():
+    plain = compiled("gpt2_small", 2)
+    plans = [compiled("gpt2_small", 2, planner.Parallel(pp=2, microbatches=4, stage=s)) for s in range(2)]
+    params = [set(p.training["params"]) for p in plans]
+    assert params[0].isdisjoint(params[1]) and params[0] | params[1] == set(plain.training["params"])
+    assert "transformer.wte.weight" in params[0] and "lm_head.weight" in params[1]
+    facts = [p.training["pipeline"] for p in plans]
+    assert [f["in_flight"] for f in facts] == [2, 1]
+    flops = [s["flops"] for s in facts[0]["stages"]]
+    assert max(flops) < 0.6 * sum(flops), "the cut balances the stages' work"
+    sends = [[(s.op, s.attrs["tag"]) for s in p.steps if s.op in ("Send", "Recv")] for p in plans]
+    assert sorted(t for op, t in sends[0] if op == "Send") == sorted(t for op, t in sends[1] if op == "Recv")
+    assert sorted(t for op, t in sends[1] if op == "Send") == sorted(t for op, t in sends[0] if op == "Recv")
+    assert plans[1].outputs == ("loss",) and plans[0].outputs == () and plans[0].training["loss"] is None
+    assert all(f"input_ids@{j}" in plans[0].inputs for j in range(4))
+    assert all(p.arena_bytes < plain.arena_bytes * 1.5 for p in plans)
+    one = compiled("gpt2_small", 2, planner.Parallel(pp=2, microbatches=1, stage=0))
+    assert one.breakdown["saved"] < plans[0].breakdown["saved"], "two microbatches in flight hold more"
+
+
+def test_bad_pipelines_are_refused():
+    with pytest.raises(ConfigError, match="parallel stage must be an int from 0 to pp - 1 = 1"):
+        planner.Parallel(pp=2, stage=2)
+    with pytest.raises(ConfigError, match="ZeRO-2 shards the gradients"):
+        planner.Parallel(pp=2, zero=2, dp=2)
+    with pytest.raises(ConfigError, match="places to cut"):
+        compiled("gpt2_small", 2, planner.Parallel(pp=64))
+
+
+def test_microbatches_on_one_stage_accumulate_as_the_whole_batch():
+    """pp 1 with microbatches: gradient accumulation; its steps train as the plain plan on the whole batch."""
+    single = Executor(compiled("gpt2_small", BATCH), backend="numpy")
+    accumulated = Executor(compiled("gpt2_small", BATCH // 2, planner.Parallel(microbatches=2)), backend="numpy",
+                           poison=True)
+    for feeds in batches("gpt2_small"):
+        np.testing.assert_allclose(accumulated.train_step(feeds), single.train_step(feeds), rtol=1e-5)
+    for name, value in single.parameters().items():
+        np.testing.assert_allclose(accumulated.parameters()[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def _rank(rank, port, results, model, pp, microbatches, dp, tp):
+    """One rank of a gloo group of pp stages x dp x tp: STEPS training steps on its data rank's share."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=pp * dp * tp)
+    try:
+        stage, data = rank // (dp * tp), rank // tp % dp
+        plan = compiled(model, BATCH // dp // microbatches,
+                        planner.Parallel(pp=pp, microbatches=microbatches, stage=stage, dp=dp, tp=tp))
+        ex = Executor(plan, backend="numpy", poison=True)
+        share = slice(data * BATCH // dp, (data + 1) * BATCH // dp)
+        losses = [ex.train_step({k: v[share] for k, v in feeds.items()}) for feeds in batches(model)]
+        results.put((rank, losses, ex.parameters(), plan.training, plan.arena_bytes, ex.arena.buffer.nbytes))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("model, pp, microbatches, dp, tp", [("gpt2_small", 2, 1, 1, 1), ("gpt2_small", 2, 4, 1, 1),
+                                                             ("bert_base", 4, 4, 1, 1), ("gpt2_small", 2, 2, 2, 1),
+                                                             ("gpt2_small", 2, 2, 1, 2)])
+def test_stages_train_as_one_process(model, pp, microbatches, dp, tp):
+    """After STEPS momentum steps each stage's params are the single process's, and the last stage's loss
+    (the mean of the data ranks') is its loss."""
+    from planner.parallel import joined
+    got = spawned(partial(_rank, model=model, pp=pp, microbatches=microbatches, dp=dp, tp=tp), pp * dp * tp)
+    single = Executor(compiled(model, BATCH), backend="numpy")
+    losses = [single.train_step(feeds) for feeds in batches(model)]
+    last = [g for g in got if g[3]["loss"] is not None]
+    assert len(last) == dp * tp and all(g[1] == [None] * STEPS for g in got if g[3]["loss"] is None)
+    np.testing.assert_allclose(np.mean([g[1] for g in last], axis=0), losses, rtol=1e-5)
+    for _, _, _, _, planned, held in got:
+        assert held == planned, "the rank's arena is the bytes its plan says"
+    values = single.parameters()
+    for rank, _, params, training, _, _ in got:
+        if rank % tp:
+            continue
+        split = (training.get("tensor_parallel") or {}).get("split", {})
+        for name in training["params"]:
+            ranks = [g[2][name] for g in got[rank:rank + tp]]
+            param = joined(ranks, *split[name]) if name in split else ranks[0]
+            np.testing.assert_allclose(param, values[name], rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}: {name}")

@@ -121,18 +121,20 @@ def training_options(args):
         if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget or args.trainable \
                 or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX \
                 or args.dp is not None or args.zero is not None or args.shard != "flat" or args.prefetch \
-                or args.bucket or args.tp is not None:
+                or args.bucket or args.tp is not None or args.pp is not None or args.microbatches is not None \
+                or args.stage is not None:
             raise MemplanError("--loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, --class-axis, "
-                               "--ignore-index, --dp, --zero, --tp, --shard, --prefetch and --bucket apply with "
-                               "--training")
+                               "--ignore-index, --dp, --zero, --tp, --pp, --microbatches, --stage, --shard, --prefetch "
+                               "and --bucket apply with --training")
         return {}
     parallel = None
     if args.dp is None and args.zero is None and (args.shard != "flat" or args.prefetch or args.bucket):
         raise MemplanError("--shard, --prefetch and --bucket say how the ranks of --dp N --zero Z shard and reduce: "
                            "give those too")
-    if args.dp is not None or args.zero is not None or args.tp is not None:
+    if any(getattr(args, name) is not None for name in ("dp", "zero", "tp", "pp", "microbatches", "stage")):
         from .parallel import Parallel
-        parallel = Parallel(dp=args.dp or 1, zero=args.zero or 0, tp=args.tp or 1, shard=args.shard,
+        parallel = Parallel(dp=args.dp or 1, zero=args.zero or 0, tp=args.tp or 1, pp=args.pp or 1,
+                            microbatches=args.microbatches or 1, stage=args.stage or 0, shard=args.shard,
                             prefetch=args.prefetch, bucket_bytes=parse_bytes(args.bucket) if args.bucket else 0)
     return {"training": True, "loss": args.loss or "cross_entropy", "optimizer": args.optimizer or "sgd",
             "optimizer_args": {} if args.lr is None else {"lr": args.lr}, "remat": args.remat,
@@ -293,8 +295,9 @@ def fit(args):
     each fits."""
     from . import fit as layouts
     from .threads import cores
-    if args.dp is not None or args.zero is not None or args.tp is not None:
-        raise MemplanError("fit chooses --dp, --tp and --zero itself: give --gpus N and --memory SIZE")
+    if any(getattr(args, name) is not None for name in ("dp", "zero", "tp", "pp", "microbatches", "stage")):
+        raise MemplanError("fit chooses --dp, --tp, --pp, --microbatches and --zero itself: give --gpus N and "
+                           "--memory SIZE")
     check_output(args.output)
     memory, args.training = parse_bytes(args.memory), True
     rules = {"shard": args.shard, "prefetch": args.prefetch,  # each layout's, not one --dp's
@@ -302,19 +305,23 @@ def fit(args):
     args.shard, args.prefetch, args.bucket = "flat", 0, None
     compile_at = batch_planner(args, training_options(args))
     with Progress("memplan fit") as bar:
-        tps, notes = layouts.tensor_parallel_sizes(compile_at, args.gpus)
+        tps, pps, notes = layouts.model_parallel_sizes(compile_at, args.gpus)
         found = layouts.search(compile_at, args.gpus, memory, lambda label, b: bar.update(detail=f"{label}: batch {b}"),
-                               args.workers or cores(), tps, **rules)
+                               args.workers or cores(), tps, pps, **rules)
+    if pps:
+        notes.append(f"a pipeline's batch per rank is its microbatch; it plans {layouts.MICROBATCHES} microbatches "
+                     "a stage, and more give a larger global batch and a smaller bubble at about the same memory")
     rows = [{"layout": label, "batch_per_rank": batch, "global_batch": total, "arena_bytes": arena}
             for label, batch, total, arena in found]
     if args.json or args.csv:
         doc = {"model": args.model, "gpus": args.gpus, "memory_bytes": memory, "rows": rows, "notes": notes}
         emit(args, json.dumps(doc, indent=1) if args.json else as_csv(rows))
         return 0
+    width = max(28, *(len(r['layout']) for r in rows))
     lines = [f"{args.model} on {args.gpus} devices of {format_bytes(memory)}: the largest batch each layout's "
              "training step fits, largest global batch first",
-             f"{'layout':<28} {'batch per rank':>14} {'global batch':>12} {'arena per rank':>15}"]
-    lines += [f"{r['layout']:<28} {r['batch_per_rank']:>14} {r['global_batch']:>12} "
+             f"{'layout':<{width}} {'batch per rank':>14} {'global batch':>12} {'arena per rank':>15}"]
+    lines += [f"{r['layout']:<{width}} {r['batch_per_rank']:>14} {r['global_batch']:>12} "
               f"{format_bytes(r['arena_bytes'] or 0):>15}" for r in rows]
     emit(args, "\n".join([*lines, *notes]))
     return 0
@@ -442,6 +449,13 @@ def _model_args(p, one_strategy):
     p.add_argument("--tp", type=count(1), default=None, metavar="N",
                    help="with --training: plan one of N tensor-parallel ranks splitting each transformer block's "
                         "linear layers and attention heads (Megatron's); the step's ranks are --dp x --tp")
+    p.add_argument("--pp", type=count(1), default=None, metavar="N",
+                   help="with --training: cut the step into N pipeline stages (1F1B) and plan one of them, --stage")
+    p.add_argument("--microbatches", type=count(1), default=None, metavar="M",
+                   help="with --training: run each step's batch as M microbatches, --batch / --input being one "
+                        "microbatch's (gradient accumulation; the pipeline's microbatches with --pp)")
+    p.add_argument("--stage", type=int, default=None, metavar="S",
+                   help="with --pp: the pipeline stage to plan, 0 to N - 1 (default 0; report lists every stage's)")
     p.add_argument("--shard", choices=("flat", "dim0"), default="flat",
                    help="with --dp: cut shards evenly (flat, DeepSpeed) or in rows of the first dim (dim0, FSDP2)")
     p.add_argument("--prefetch", type=int, default=0, metavar="N",

@@ -1,12 +1,17 @@
 """`memplan fit`: how to train a model on N devices of one memory size. Each candidate layout (data
-parallelism over all N at ZeRO stage 0 to 3, and tensor parallelism over 2, 4 or 8 of them with ZeRO-1 over
-the rest, as Megatron pairs them with its distributed optimizer; each with and without recomputation) gets
-the largest per-rank batch whose rank plan fits the memory; the table puts the largest global batch first. The layouts are shared
+parallelism over all N at ZeRO stage 0 to 3; tensor parallelism over 2, 4 or 8 of them, or a pipeline of 2
+or 4 stages, with ZeRO-1 over the rest, as Megatron pairs them with its distributed optimizer; each with and
+without recomputation) gets the largest per-rank batch (a pipeline's microbatch) whose rank plan fits the
+memory (a pipeline's fullest stage's); the table puts the largest global batch first. A pipeline is planned
+with MICROBATCHES microbatches a stage: its memory grows from pp microbatches to 2 pp (the steady state runs
+forwards beside gradients being summed) and hardly after, so more microbatches give a larger global batch
+and a smaller bubble at about the same memory. The layouts are shared
 among worker processes, one per core: the planner is pure Python, so this is how a search uses more than
 one core."""
 import multiprocessing
 import pickle
 import queue as queues
+from dataclasses import replace
 
 from . import maxbatch
 from .errors import ConfigError, MemplanError
@@ -15,52 +20,80 @@ from .parallel import STAGES, Parallel
 REMATS = (None, "sublinear")
 TENSOR_PARALLEL = (2, 4, 8)
 """The tensor-parallel sizes tried: within one node's devices, as Megatron keeps them."""
-TP_ZERO = 1
+PIPELINE = (2, 4)
+"""The pipeline stages tried."""
+MICROBATCHES = 2
+"""A pipeline's microbatches, per stage."""
 
 
-def tensor_parallel_sizes(compile_at, gpus):
-    """([tp], [note]): the sizes of TENSOR_PARALLEL that divide `gpus` and split the model (planned once at
-    batch 1), and why each other one that divides `gpus` does not."""
-    sizes, refused = [], {}
-    for tp in TENSOR_PARALLEL:
-        if gpus % tp == 0:
-            try:
-                compile_at(1, parallel=Parallel(dp=gpus // tp, tp=tp, zero=TP_ZERO), remat=None)
-                sizes.append(tp)
-            except ConfigError as e:
-                refused.setdefault(str(e), []).append(str(tp))
-    return sizes, [f"no tp {', '.join(tps)}: {reason}" for reason, tps in refused.items()]
+def model_parallel_sizes(compile_at, gpus):
+    """([tp], [pp], [note]): the sizes of TENSOR_PARALLEL and PIPELINE that divide `gpus` and split the model
+    (planned once at batch 1), and why each other one that divides `gpus` does not."""
+    found, refused = {"tp": [], "pp": []}, {}
+    for kind, sizes in (("tp", TENSOR_PARALLEL), ("pp", PIPELINE)):
+        for size in sizes:
+            if gpus % size == 0:
+                try:
+                    compile_at(1, parallel=_parallel(gpus, **{kind: size}), remat=None)
+                    found[kind].append(size)
+                except ConfigError as e:
+                    refused.setdefault((kind, str(e)), []).append(str(size))
+    return found["tp"], found["pp"], [f"no {kind} {', '.join(sizes)}: {reason}"
+                                      for (kind, reason), sizes in refused.items()]
 
 
-def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0, tps=()):
+def _parallel(gpus, tp=1, pp=1, zero=None, shard="flat", prefetch=0, bucket_bytes=0):
+    """The Parallel of `gpus` ranks with `tp` and `pp` (ZeRO-1 over the data ranks where there are some
+    beside them, unless `zero` says), MICROBATCHES a pipeline stage, and the rules that apply to it."""
+    dp = gpus // tp // pp
+    zero = (1 if dp > 1 else 0) if zero is None else zero
+    return Parallel(dp=dp, tp=tp, pp=pp, microbatches=MICROBATCHES * pp if pp > 1 else 1, zero=zero,
+                    shard=shard if zero else "flat", prefetch=prefetch if zero == 3 else 0,
+                    bucket_bytes=bucket_bytes if dp > 1 else 0)
+
+
+def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0, tps=(), pps=()):
     """(label, compile options) of each layout of `gpus` ranks, neighbours alike (each search starts from
-    the one before): data-parallel at each ZeRO stage, then `tps` tensor-parallel ranks with ZeRO-1 over the
-    rest; their shards cut by `shard` where they have shards, ZeRO-3's gathers `prefetch` ahead, their
+    the one before): data-parallel at each ZeRO stage, then `tps` tensor-parallel ranks and `pps` pipeline
+    stages; their shards cut by `shard` where they have shards, ZeRO-3's gathers `prefetch` ahead, their
     gradients reduced in buckets of `bucket_bytes` (planner.parallel)."""
-    layouts = [(1, zero) for zero in STAGES] + [(tp, TP_ZERO) for tp in tps]
-    return [(f"dp {gpus // tp}" + (f" x tp {tp}" if tp > 1 else "") + f", ZeRO-{zero}" + (f", {remat}" if remat else ""),
-             {"parallel": Parallel(dp=gpus // tp, tp=tp, zero=zero, shard=shard if zero else "flat",
-                                   prefetch=prefetch if zero == 3 else 0,
-                                   bucket_bytes=bucket_bytes if gpus > tp else 0),
-              "remat": remat})
-            for remat in REMATS for tp, zero in layouts]
+    rows, rules = [], {"shard": shard, "prefetch": prefetch, "bucket_bytes": bucket_bytes}
+    for remat in REMATS:
+        layouts = [_parallel(gpus, zero=zero, **rules) for zero in STAGES]
+        layouts += [_parallel(gpus, tp=tp, **rules) for tp in tps] + [_parallel(gpus, pp=pp, **rules) for pp in pps]
+        rows += [(_label(p) + (f", {remat}" if remat else ""), {"parallel": p, "remat": remat}) for p in layouts]
+    return rows
 
 
-def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), **rules):
+def _label(p):
+    parts = [f"dp {p.dp}", *([f"tp {p.tp}"] if p.tp > 1 else []), *([f"pp {p.pp}"] if p.pp > 1 else [])]
+    return " x ".join(parts) + f", ZeRO-{p.zero}" + (f", {p.microbatches} microbatches" if p.pp > 1 else "")
+
+
+def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), **rules):
     """[(label, per-rank batch, global batch, the rank's arena bytes or None)], the largest global batch first;
     `compile_at(batch, **options)` plans one rank at a per-rank batch (a tensor-parallel rank's batch is its
-    data rank's), `progress(label, batch)` is told of each plan; `tps` and `rules` (Parallel's shard, prefetch,
-    bucket_bytes) are `candidates`'. With `workers` > 1 the layouts are dealt to that many forked processes (on
-    Linux; one process elsewhere), every `workers`-th to each, so that each process's layouts are neighbours
-    as in one search and the processes take about as long."""
-    layouts = candidates(gpus, tps=tps, **rules)
+    data rank's, a pipeline's its microbatch; a pipeline fits where its fullest stage does), `progress(label,
+    batch)` is told of each plan; `tps`, `pps` and `rules` (Parallel's shard, prefetch, bucket_bytes) are
+    `candidates`'. With `workers` > 1 the layouts are dealt to that many forked processes (on Linux; one
+    process elsewhere), every `workers`-th to each, so that each process's layouts are neighbours as in one
+    search and the processes take about as long."""
+    layouts, compile_at = candidates(gpus, tps=tps, pps=pps, **rules), _fullest_stage(compile_at)
     workers = min(workers, len(layouts)) if "fork" in multiprocessing.get_all_start_methods() else 1
     chains = [layouts[k::workers] for k in range(workers)]
     found = {label: (batch, arena) for chain in _searched(compile_at, memory, chains, progress)
              for label, batch, arena in chain}
     rows = [(label, *found[label]) for label, _ in layouts]
-    ranks = {label: options["parallel"].dp for label, options in layouts}
+    ranks = {label: options["parallel"].dp * options["parallel"].microbatches for label, options in layouts}
     return sorted(((label, batch, batch * ranks[label], arena) for label, batch, arena in rows), key=lambda r: -r[2])
+
+
+def _fullest_stage(compile_at):
+    """compile_at planning each pipeline stage of a layout and returning the one of the largest arena."""
+    def plan(batch, parallel, **options):
+        stages = [compile_at(batch, parallel=replace(parallel, stage=s), **options) for s in range(parallel.pp)]
+        return max(stages, key=lambda p: p.arena_bytes)
+    return plan
 
 
 def _chain(compile_at, memory, layouts, progress):

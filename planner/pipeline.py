@@ -3,10 +3,11 @@ stages, and the order in which a stage runs its microbatches.
 
 The cut: each forward node goes to one of `pp` contiguous runs of the forward pass, cut only where few
 activations cross (at most CROSSING times the fewest bytes crossing any place in the middle half of the
-work: between transformer blocks, the residual stream and a norm's output), balancing the FLOPs of each
-stage's forward nodes and the backward nodes made from them (the stage with the most FLOPs sets the
-pipeline's pace). Backward nodes follow the forward node
-they differentiate, an optimizer node its param's readers.
+work: between transformer blocks, the residual stream and a norm's output). Among those cuts it takes the
+ones whose busiest stage does the fewest FLOPs (its forward nodes' and the backward nodes made from them:
+the busiest stage sets the pipeline's pace) and, among those, the ones whose fullest stage holds the least
+memory (activations times the microbatches in flight, params with their gradients and state). Backward
+nodes follow the forward node they differentiate, an optimizer node its param's readers.
 
 The order is 1F1B (PipeDream-Flush, Narayanan et al. 2021; Megatron-LM's default): stage s of pp first runs
 min(pp - s - 1, M) forwards, then alternates one forward and one backward, then the remaining backwards, so
@@ -34,7 +35,7 @@ def in_flight(stage, stages, microbatches):
     return min(stages - stage, microbatches)
 
 
-def assign(graph, stages, labels):
+def assign(graph, stages, microbatches, labels):
     """[stage of each node of the training step `graph`], the forward pass cut into `stages` runs at or
     before the first forward node reading `labels` (the loss goes with the last stage)."""
     nodes = graph.nodes
@@ -45,7 +46,11 @@ def assign(graph, stages, labels):
     for node in nodes:
         if node.notes.of in index:
             work[index[node.notes.of]] += ops.node_flops(graph, node)
-    cuts = _cuts(work, _candidates(graph, forward, loss, work), stages)
+    memory = [(sum(graph.tensors[o].nbytes for o in nodes[k].outputs if o),
+               sum(graph.tensors[i].nbytes for i in nodes[k].inputs if graph.tensors[i].kind == "param"))
+              for k in forward]
+    candidates = _candidates(graph, forward, loss, work)
+    cuts = _balanced(work, memory, candidates, _fewest_flops(work, candidates, stages), stages, microbatches)
     stage_of = {}
     for j, k in enumerate(forward):
         stage_of[k] = sum(1 for c in cuts if c < j)
@@ -85,45 +90,66 @@ def _candidates(graph, forward, end, work):
     return [j for j, c in enumerate(crossing) if 0 < c <= CROSSING * fewest]
 
 
-def _cuts(work, candidates, stages):
-    """stages - 1 positions of `candidates` that make the most work of a stage least (the greedy cut is
-    the best one under each bound tried, the bound found by bisection)."""
+def _fewest_flops(work, candidates, stages):
+    """The least FLOPs of the busiest stage over every cut into `stages` at `candidates` (bisection on the
+    bound, each tried by the greedy cut, which needs the fewest stages under it)."""
     if len(candidates) < stages - 1:
         raise ConfigError(f"pipeline parallelism over {stages} stages: the forward pass has {len(candidates)} "
                           "places to cut where few activations cross (between layers); use fewer stages")
-    prefix = [0]
-    for w in work:
-        prefix.append(prefix[-1] + w)
+    prefix = _prefix(work)
 
-    def greedy(bound):
-        cuts, start = [], 0
+    def stages_under(bound):
+        count, start = 1, 0
         for j, c in enumerate(candidates):
             reach = candidates[j + 1] + 1 if j + 1 < len(candidates) else len(work)
             if prefix[reach] - prefix[start] > bound:  # the stage cannot run on to the next place to cut
                 if prefix[c + 1] - prefix[start] > bound:
                     return None
-                cuts.append(c)
-                start = c + 1
-        return cuts if prefix[-1] - prefix[start] <= bound else None
+                count, start = count + 1, c + 1
+        return count if prefix[-1] - prefix[start] <= bound else None
 
     lo, hi = max(work, default=0), prefix[-1]
     for _ in range(60):
         mid = (lo + hi) / 2
-        found = greedy(mid)
-        if found is not None and len(found) <= stages - 1:
-            hi = mid
-        else:
-            lo = mid
-    cuts = greedy(hi) or []
+        count = stages_under(mid)
+        lo, hi = (lo, mid) if count is not None and count <= stages else (mid, hi)
+    return hi
 
-    def balance(c):  # the lesser work on either side of c within its stage
-        below = max((x for x in cuts if x < c), default=-1)
-        above = min((x for x in cuts if x > c), default=len(work) - 1)
-        return min(prefix[c + 1] - prefix[below + 1], prefix[above + 1] - prefix[c + 1])
 
-    while len(cuts) < stages - 1:  # the bound needs fewer stages: cut a stage again where it halves best
-        cuts.append(max((c for c in candidates if c not in cuts), key=balance))
+def _balanced(work, memory, candidates, bound, stages, microbatches):
+    """stages - 1 cuts at `candidates` whose stages each do at most `bound` FLOPs (the pace) and, among
+    those, whose largest memory is least (dynamic programming): a stage's memory is its activations times
+    the microbatches it holds in flight, and its params four times over (with gradients and optimizer state),
+    so that the early stages, which hold the most microbatches, take fewer layers."""
+    flops, made, params = _prefix(work), _prefix([m[0] for m in memory]), _prefix([m[1] for m in memory])
+    ends = [*candidates, len(work) - 1]
+    slack = bound * (1 + 1e-9)
+
+    def cost(stage, first, last):
+        if flops[last + 1] - flops[first] > slack:
+            return None
+        return in_flight(stage, stages, microbatches) * (made[last + 1] - made[first]) + \
+            4 * (params[last + 1] - params[first])
+
+    best = {(0, c): (cost(0, 0, c), None) for c in ends if cost(0, 0, c) is not None}
+    for stage in range(1, stages):
+        for j, c in enumerate(ends):
+            options = [(max(best[stage - 1, p][0], here), p) for p in ends[:j] if (stage - 1, p) in best
+                       for here in [cost(stage, p + 1, c)] if here is not None]
+            if options:
+                best[stage, c] = min(options)
+    cuts, at = [], best[stages - 1, ends[-1]][1]
+    for stage in range(stages - 2, -1, -1):
+        cuts.append(at)
+        at = best[stage, at][1]
     return sorted(cuts)
+
+
+def _prefix(values):
+    out = [0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
 
 
 def _readers_stage(graph, stage_of):

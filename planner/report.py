@@ -38,6 +38,7 @@ class Report:
     notes: list = field(default_factory=list)
     precisions: dict | None = None
     unsharded: object = None
+    stages: list | None = None
 
     @property
     def lower_bound(self):
@@ -59,7 +60,7 @@ class Report:
                        trained_values=sum(math.prod(first.tensors[n].shape) for n in first.training["params"]),
                        constants=first.training["constants"], criterion=first.training["criterion"],
                        exported_params=first.training.get("exported_params"),
-                       parallel=_parallel(first, self.unsharded),
+                       parallel=_parallel(first, self.unsharded, self.stages),
                        forward_flops=first.stats["forward_flops"], backward_flops=first.stats["backward_flops"],
                        update_modes={m: {"arena_bytes": p.arena_bytes, "breakdown": p.breakdown}
                                      for m, p in self.updates.items()})
@@ -157,15 +158,19 @@ def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None,
                          memory_budget)
     chosen = {name: compile(graph, schedule=schedule, config=config, **{**training, "precision": name})
               for name in precisions or ()}
-    unsharded = training.get("parallel") and compile(graph, schedule=schedule, config=config,
-                                                     **{**training, "parallel": None})
+    parallel = training.get("parallel")
+    unsharded = parallel and compile(graph, schedule=schedule, config=config, **{**training, "parallel": None})
+    stages = parallel and parallel.pp > 1 and [
+        compile(graph, schedule=schedule, config=config, **{**training, "parallel": replace(parallel, stage=s)})
+        .arena_bytes for s in range(parallel.pp)]
     return Report(graph, [(label, p) for label, p in rows if p is not None], modes, updates, remats, memory_budget,
-                  notes, chosen or None, unsharded or None)
+                  notes, chosen or None, unsharded or None, stages or None)
 
 
-def _parallel(plan, unsharded):
-    """A data-parallel rank's facts (planner.parallel), with the plain plan of the same batch beside them,
-    and its model states beside the ZeRO paper's count; None for a plan of one device."""
+def _parallel(plan, unsharded, stages=None):
+    """A parallel rank's facts (planner.parallel), with the plain plan of the same batch beside them, its
+    model states beside the ZeRO paper's count, and each pipeline stage's arena bytes (`stages`); None for a
+    plan of one device."""
     from .parallel import model_states
     from .training import OPTIMIZERS
     facts = plan.training.get("parallel")
@@ -182,7 +187,8 @@ def _parallel(plan, unsharded):
     paper = model_states(values, itemsize, states * itemsize, facts["dp"], facts["zero"])
     return {**facts, "unsharded": {"arena_bytes": unsharded.arena_bytes, "breakdown": unsharded.breakdown},
             "model_states": {"plan": ours, "zero_paper": paper},
-            "tensor_parallel": plan.training.get("tensor_parallel")}
+            "tensor_parallel": plan.training.get("tensor_parallel"),
+            "pipeline": plan.training.get("pipeline") and {**plan.training["pipeline"], "arena_bytes": stages}}
 
 
 def _remats(plan, memory_budget):
@@ -317,6 +323,15 @@ def _parallel_line(d):
                      f"{tp['row_layers']} by rows: {len(tp['split'])} params split, {tp['replicated_params']} whole "
                      f"on every rank" + (f"; {tp['whole_regions']} region(s) it cannot split run whole (an LM head, "
                                          "a layer read elsewhere)" if tp["whole_regions"] else ""))
+    pipe = p.get("pipeline")
+    if pipe:
+        arenas = pipe["arena_bytes"] or []
+        lines.append(f"pipeline stage {pipe['stage']} of {pipe['pp']}, {pipe['microbatches']} microbatch"
+                     f"{'es' * (pipe['microbatches'] > 1)} a step in 1F1B order, {pipe['in_flight']} in flight here; "
+                     f"it sends {format_bytes(pipe['sent_bytes'])} a step to other stages; "
+                     + (f"every stage's arena: {', '.join(format_bytes(a) for a in arenas)} (the largest sets the "
+                        "device memory a step needs; --stage S plans stage S)" if arenas else "")
+                     + f"; each stage's share of the step's FLOPs: {_shares([s['flops'] for s in pipe['stages']])}")
     return [*lines, f"model states of the rank: params {format_bytes(ours['params'])}, optimizer state "
             f"{format_bytes(ours['optimizer'])}, gradients {format_bytes(ours['gradients_at_peak'])} at the fullest "
             f"step; the ZeRO paper's count (DeepSpeed's estimators) of its "
@@ -324,7 +339,13 @@ def _parallel_line(d):
             f"{format_bytes(paper['optimizer'])}, {format_bytes(paper['gradients'])} held throughout"]
 
 
-_GROUPS = {"dp": "data-parallel", "tp": "tensor-parallel", "world": "step's"}
+_GROUPS = {"dp": "data-parallel", "tp": "tensor-parallel", "pp": "pipeline", "world": "step's"}
+
+
+def _shares(parts):
+    """Each of `parts` as a percentage of their sum."""
+    total = max(1, sum(parts))
+    return ", ".join(f"{part / total:.0%}" for part in parts)
 
 
 def _export_line(d):

@@ -62,7 +62,11 @@ def test_an_error_that_does_not_cross_processes_still_says_what_it_was():
 def test_each_layout_takes_the_rules_that_apply_to_its_stage():
     """Shards from ZeRO-1 on, gathers ahead at ZeRO-3, gradient buckets at every stage: a rule given for the
     search reaches each layout it applies to and no other (Parallel refuses it elsewhere)."""
-    for _, options in fit.candidates(4, shard="dim0", prefetch=2, bucket_bytes=1 << 20):
+    layouts = fit.candidates(4, shard="dim0", prefetch=2, bucket_bytes=1 << 20, tps=(2, 4), pps=(2,))
+    assert {(o["parallel"].tp, o["parallel"].pp, o["parallel"].dp) for _, o in layouts} >= {(2, 1, 2), (4, 1, 1),
+                                                                                           (1, 2, 2)}
+    for _, options in layouts:
         p = options["parallel"]
         assert p.shard == ("dim0" if p.zero else "flat") and p.prefetch == (2 if p.zero == 3 else 0)
-        assert p.bucket_bytes == 1 << 20
+        assert p.bucket_bytes == (1 << 20 if p.dp > 1 else 0)
+        assert p.microbatches == (2 * p.pp if p.pp > 1 else 1)

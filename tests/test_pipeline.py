@@ -130,3 +130,35 @@ def test_stages_train_as_one_process(model, pp, microbatches, dp, tp):
             ranks = [g[2][name] for g in got[rank:rank + tp]]
             param = joined(ranks, *split[name]) if name in split else ranks[0]
             np.testing.assert_allclose(param, values[name], rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}: {name}")
+
+
+def test_the_report_lists_every_stage_and_fit_tries_pipelines(tmp_path, capsys):
+    """`report --pp --microbatches` plans the stage asked for and lists every stage's arena; `fit` tries
+    pipelines of 2 stages (2 microbatches a stage) whose fullest stage fits, the microbatch being the batch per
+    rank."""
+    import json
+
+    import onnx
+
+    from planner import cli
+    path = tmp_path / "gpt2.onnx"
+    onnx.save(small_model("gpt2_small"), path)
+    common = [str(path), "--input", "input_ids:2x16", "--training", "--optimizer", "adam"]
+    assert cli.main(["report", *common, "--pp", "2", "--microbatches", "4", "--stage", "1", "--strategy",
+                     "bestfit", "--json"]) == 0
+    pipe = json.loads(capsys.readouterr().out)["parallel"]["pipeline"]
+    arenas = [compiled("gpt2_small", 2, planner.Parallel(pp=2, microbatches=4, stage=s), "adam").arena_bytes
+              for s in range(2)]
+    assert pipe["stage"] == 1 and pipe["in_flight"] == 1 and pipe["arena_bytes"] == arenas
+    assert cli.main(["report", *common, "--pp", "2", "--microbatches", "4", "--strategy", "bestfit"]) == 0
+    assert "pipeline stage 0 of 2, 4 microbatches a step in 1F1B order, 2 in flight here" in capsys.readouterr().out
+    assert cli.main(["fit", *common[:3], "--optimizer", "adam", "--gpus", "2", "--memory", "2MiB", "--json"]) == 0
+    row = {r["layout"]: r for r in json.loads(capsys.readouterr().out)["rows"]}["dp 1 x pp 2, ZeRO-0, 4 microbatches"]
+    assert row["global_batch"] == 4 * row["batch_per_rank"]
+
+    def fullest(batch):
+        return max(compiled("gpt2_small", 2, planner.Parallel(pp=2, microbatches=4, stage=s), "adam",
+                            ).arena_bytes if batch == 2 else planner.compile(
+            str(path), {"input_ids": (batch, 16)}, training=True, optimizer="adam",
+            parallel=planner.Parallel(pp=2, microbatches=4, stage=s)).arena_bytes for s in range(2))
+    assert fullest(row["batch_per_rank"]) == row["arena_bytes"] <= 2 << 20 < fullest(row["batch_per_rank"] + 1)

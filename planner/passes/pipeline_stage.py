@@ -31,7 +31,7 @@ def _pipeline_stage(graph, context):
         raise ConfigError("amp-fp16's loss scaling checks every gradient of the step at once: plan pipeline "
                           "stages and microbatches in fp32, fp16, bf16 or amp-bf16")
     stages, microbatches, me = parallel.pp, parallel.microbatches, parallel.stage
-    stage_of = pipeline.assign(graph, stages, context.facts["labels"])
+    stage_of = pipeline.assign(graph, stages, microbatches, context.facts["labels"])
     transfers = _transfers(graph, stage_of)
     single = _stage_nodes(graph, stage_of, me, transfers)
     nodes, tensors, inputs = _unrolled(graph, single, pipeline.order(me, stages, microbatches), microbatches,

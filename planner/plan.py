@@ -27,7 +27,7 @@ from . import dtypes  # noqa: F401  (registers ml_dtypes' names with NumPy)
 from .errors import PlanError
 from .ir import KINDS as GRAPH_KINDS
 from .ops.base import Slice
-from .parallel import Parallel, shard_size
+from .parallel import Parallel, Whole, shard_size
 
 ALIGNMENT = 256
 FORMAT = "memplan-plan/4"
@@ -188,7 +188,7 @@ class Plan:
             if value is None:
                 raise PlanError(f"{where}: {t.kind} {name!r} has no value")
             dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
-            shape = _rank_shape(self.training or {}, name, np.shape(np.asarray(value)))
+            shape = _rank_shape(self.training or {}, name, np.shape(_whole(value)))
             if tuple(shape) != tuple(t.shape) or dtype != _dtype(t):
                 raise PlanError(f"{where}: {t.kind} {name!r} is {np.shape(value)} {dtype}, but "
                                 f"the plan places it as {tuple(t.shape)} {t.dtype}")
@@ -326,6 +326,13 @@ def _digest(values):
         h.update(json.dumps([name, list(value.shape), value.dtype.name]).encode())
         h.update(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
     return h.hexdigest()
+
+
+def _whole(value):
+    """The whole value a rank's part stands for (parallel.Whole, perhaps of a Whole), or `value` itself."""
+    while isinstance(value, Whole):
+        value = value.value
+    return value
 
 
 def _rank_shape(training, name, shape):

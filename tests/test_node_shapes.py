@@ -48,4 +48,4 @@ def test_every_op_has_cases():
 
 def test_views_are_the_reshaping_ops():
     views = {op for (domain, op), versions in ops.SCHEMAS.items() for _, s in versions if s.identity}
-    assert views == {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+    assert views == {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "ParallelInput"}

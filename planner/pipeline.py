@@ -47,7 +47,7 @@ def assign(graph, stages, microbatches, labels):
         if node.notes.of in index:
             work[index[node.notes.of]] += ops.node_flops(graph, node)
     memory = [(sum(graph.tensors[o].nbytes for o in nodes[k].outputs if o),
-               sum(graph.tensors[i].nbytes for i in nodes[k].inputs if graph.tensors[i].kind == "param"))
+               sum(graph.tensors[i].nbytes for i in nodes[k].inputs if i and graph.tensors[i].kind == "param"))
               for k in forward]
     candidates = _candidates(graph, forward, loss, work)
     cuts = _balanced(work, memory, candidates, _fewest_flops(work, candidates, stages), stages, microbatches)
@@ -153,31 +153,25 @@ def _prefix(values):
 
 
 def _readers_stage(graph, stage_of):
-    """Give each node without a stage (the loss's seed, a zero gradient, an optimizer node) its readers'
-    stage, or for an optimizer node its param's readers' (walking backwards, readers first); a param read
-    by two stages (tied weights) is refused."""
+    """Give each node without a stage its readers' stage (the loss's seed, a zero gradient), or for an
+    optimizer-phase node the stage that completes the gradient it reads (walking backwards, readers first).
+    A param read by several stages (tied or deduplicated weights) is updated where its gradient is summed;
+    the others receive its new value (planner/passes/pipeline_stage.py)."""
     nodes = graph.nodes
-    readers = {}
+    readers, producer = {}, {}
     for k, node in enumerate(nodes):
         for name in node.inputs:
-            readers.setdefault(name, []).append(k)
+            if name:
+                readers.setdefault(name, []).append(k)
+        for name in node.outputs:
+            producer[name] = k
     for k in reversed(range(len(nodes))):
         if k in stage_of:
             continue
         node = nodes[k]
-        if node.notes.phase is Phase.OPTIMIZER:
-            owners = {stage_of[r] for name in node.inputs if graph.tensors[name].kind == "param"
-                      for r in readers[name] if nodes[r].notes.phase is not Phase.OPTIMIZER and r in stage_of}
-            if len(owners) > 1:
-                raise ConfigError(f"pipeline parallelism: a param {node.name!r} updates is read by stages "
-                                  f"{sorted(owners)} (tied weights); memplan keeps each param in one stage")
-            stage_of[k] = owners.pop() if owners else 0
+        made = [stage_of[producer[i]] for i in node.inputs if i in producer and producer[i] in stage_of]
+        later = [stage_of[r] for name in node.outputs for r in readers.get(name, ()) if r in stage_of]
+        if node.notes.phase is Phase.OPTIMIZER and made:
+            stage_of[k] = max(made)
         else:
-            later = [stage_of[r] for name in node.outputs for r in readers.get(name, ()) if r in stage_of]
-            stage_of[k] = min(later) if later else 0
-    for name, ks in readers.items():
-        t = graph.tensors.get(name)
-        owners = {stage_of[r] for r in ks if nodes[r].notes.phase is Phase.FORWARD}
-        if t is not None and t.kind == "param" and len(owners) > 1:
-            raise ConfigError(f"pipeline parallelism: param {name!r} is read by stages {sorted(owners)} (tied "
-                              "weights); memplan keeps each param in one stage")
+            stage_of[k] = min(later) if later else max(made, default=0)

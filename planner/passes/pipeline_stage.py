@@ -1,7 +1,9 @@
 """One pipeline stage's training step (planner.parallel's `pp` and `microbatches`; planner.pipeline cuts the
 graph and orders the microbatches): the stage's own nodes of the step, each value another stage makes
 received (memplan.Recv) before its first reader here and each value another stage reads sent
-(memplan.Send) once made, forward activations one way and their gradients the other. With M microbatches
+(memplan.Send) once made, forward activations one way and their gradients the other; a param read by
+several stages (tied or deduplicated weights) is updated where its gradient is summed and its new value sent
+to the others, which write it over their copy at the end of the step. With M microbatches
 the stage's forward and backward run once per microbatch in 1F1B order, each microbatch's values under their
 own names (NAME@j: the inputs too, so that each microbatch is fed its rows), each param's gradient summed
 over the microbatches as they come and the optimizer run on the sum after the last; the loss (on the last
@@ -57,49 +59,62 @@ def _pipeline_stage(graph, context):
 
 def _transfers(graph, stage_of):
     """[(tensor, from stage, to stage)] of every value a node of one stage reads from another, in the
-    order of the graph's nodes (every stage's plan numbers them alike: the tags)."""
+    order of the graph's nodes (every stage's plan numbers them alike: the tags); then each param's new
+    value, to the other stages that read the param."""
     producer = {o: k for k, n in enumerate(graph.nodes) for o in n.outputs if o}
     found = {}
     for k, node in enumerate(graph.nodes):
         for name in node.inputs:
             if name in producer and stage_of[producer[name]] != stage_of[k]:
                 found.setdefault((name, stage_of[k]), (name, stage_of[producer[name]], stage_of[k]))
+    for new, old in graph.updates:
+        owner = stage_of[producer[new]]
+        for k, node in enumerate(graph.nodes):
+            if old in node.inputs and stage_of[k] != owner:
+                found.setdefault((new, stage_of[k]), (new, owner, stage_of[k]))
     return list(found.values())
 
 
 def _stage_nodes(graph, stage_of, me, transfers):
     """Stage `me`'s nodes of one microbatch: its own, a Recv before the first reader of each value it
-    receives, a Send after the maker of each value it sends."""
+    receives, a Send after the maker of each value it sends; a param's new value is sent and received
+    after everything else (its optimizer node may wait for a gradient bucket: planner/passes/
+    data_parallel.py)."""
     producer = {o: k for k, n in enumerate(graph.nodes) for o in n.outputs if o}
+    updated, end = {new for new, _ in graph.updates}, len(graph.nodes)
     recv_at, send_at = {}, {}
     for tag, (name, src, dst) in enumerate(transfers):
         if dst == me:
-            first = next(k for k, n in enumerate(graph.nodes) if stage_of[k] == me and name in n.inputs)
+            first = end if name in updated else \
+                next(k for k, n in enumerate(graph.nodes) if stage_of[k] == me and name in n.inputs)
             recv_at.setdefault(first, []).append((tag, name, src))
         if src == me:
-            send_at.setdefault(producer[name], []).append((tag, name, dst))
+            send_at.setdefault(end if name in updated else producer[name], []).append((tag, name, dst))
     nodes = []
-    for k, node in enumerate(graph.nodes):
-        if stage_of[k] != me:
+    for k, node in enumerate((*graph.nodes, None)):
+        if node is not None and stage_of[k] != me:
             continue
         for tag, name, src in recv_at.get(k, ()):
-            t, phase = graph.tensors[name], graph.nodes[producer[name]].notes.phase
+            t = graph.tensors[name]
             nodes.append(Node("Recv", (), (name,), {"peer": src, "tag": tag, "shape": list(t.shape),
                                                      "dtype": to_onnx(t.dtype)},
-                              f"pipeline/Recv/{name}", Annotations(phase), "memplan"))
-        nodes.append(node)
+                              f"pipeline/Recv/{name}", Annotations(graph.nodes[producer[name]].notes.phase),
+                              "memplan"))
+        if node is not None:
+            nodes.append(node)
         for tag, name, dst in send_at.get(k, ()):
             nodes.append(Node("Send", (name,), (), {"peer": dst, "tag": tag}, f"pipeline/Send/{name}/{dst}",
-                              Annotations(node.notes.phase), "memplan"))
+                              Annotations(graph.nodes[producer[name]].notes.phase), "memplan"))
     return nodes
 
 
 def _unrolled(graph, single, steps, microbatches, tags):
     """(nodes, tensors, inputs) of the stage's step: `single`'s forward nodes at each ("F", j) of `steps`,
-    its backward ones at each ("B", j), the optimizer's in the last microbatch's backward reading each
-    gradient summed over the microbatches. With one microbatch, `single` as it is."""
-    optimizing = [n for n in single if (n.domain, n.op) in OPTIMIZER_OPS]
-    grads = {n.inputs[len(ops.of(n).scalars) + 1] for n in optimizing}
+    its backward ones at each ("B", j), the optimizer's (and the sends and receives of new param values) in
+    the last microbatch's backward, reading each gradient summed over the microbatches. With one microbatch,
+    `single` as it is."""
+    optimizing = [n for n in single if n.notes.phase is Phase.OPTIMIZER]
+    grads = {n.inputs[len(ops.of(n).scalars) + 1] for n in optimizing if (n.domain, n.op) in OPTIMIZER_OPS}
     per_batch = {o for n in single if n not in optimizing for o in n.outputs if o}
     per_batch |= {i for n in single if n not in optimizing for i in n.inputs if i in graph.inputs}
     inputs = [i for i in graph.inputs if i in (LR, STEP) or any(i in n.inputs for n in single)]

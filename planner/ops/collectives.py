@@ -115,6 +115,12 @@ class Shard(_Collective):
     def infer(self, node, ins):
         return [((self.shard(node, math.prod(ins[0].shape)),), ins[0].dtype)]
 
+    def gradient(self, b, node, dys):
+        """The ranks' dY gathered (a weight each rank of a tensor-parallel region reads a piece of)."""
+        return [b.op("AllGather", dys[0], domain="memplan", world=self.world(node), mean=0,
+                     unit=node.attrs.get("unit", 1), group=node.attrs.get("group", "dp"),
+                     shape=list(b.shape(node.inputs[0])))]
+
     def flops(self, node, ins, outs):
         return 0
 

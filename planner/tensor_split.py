@@ -1,0 +1,301 @@
+"""How tensor parallelism follows a layer's split through the ops after it (planner/passes/tensor_parallel.py):
+each op's rule takes the cuts of its inputs and gives its outputs', or says the region cannot be split.
+
+A tensor's Cut says which indices of its dim `axis` a rank holds: the dim is (outer, tp, span) in row-major
+order and rank r holds the span of each outer index at r. A column-parallel output holds one run (outer 1);
+a fused QKV projection's holds one in each of its three blocks (outer 3); heads merged with the batch
+(outer batch) are a run of each batch row. A weight cut alike is planner.parallel.piece(value, dim, outer):
+the rank's span of each outer block."""
+import math
+
+from . import ops
+from .ops.base import axis as normal_axis
+from .ops.elementwise import Elementwise
+
+
+class Unsplittable(Exception):
+    """A region's op that cannot work on its pieces alone: the region stays whole."""
+
+
+class Indivisible(Exception):
+    """A region whose split sizes tp does not divide."""
+
+
+class Cut:
+    """See the module. `fixed` once a reader relies on the layout, so that a later Split can no longer
+    make blocks of it (only a column-parallel output, read elementwise so far, can)."""
+
+    def __init__(self, axis, span, outer=1, fixed=True, parent=None):
+        self.axis, self.span, self.outer, self.fixed, self.parent = axis, span, outer, fixed, parent
+
+    def lineage(self):
+        """This cut and those it was reshaped from without moving its dim (a Gemm's 2-D output viewed as
+        (batch, seq, features)): a Split refines them all."""
+        cut = self
+        while cut is not None:
+            yield cut
+            cut = cut.parent
+
+    def moved(self, axis):
+        """The same split of another axis (a Transpose, a broadcast)."""
+        return Cut(axis, self.span, self.outer)
+
+    def alike(self, other):
+        return (self.span, self.outer) == (other.span, other.outer)
+
+
+class Region:
+    """What the sweep found, by node index: the weights to cut or to read a piece of, the attributes to
+    rewrite, the column- and row-parallel layers."""
+
+    def __init__(self, graph, tp):
+        self.graph, self.tp = graph, tp
+        self.readers = {}
+        for node in graph.nodes:
+            for name in dict.fromkeys(i for i in node.inputs if i):
+                self.readers[name] = self.readers.get(name, 0) + 1
+        self.params, self.pieces, self.attrs, self.rows, self.columns = {}, {}, {}, set(), set()
+
+    def shape(self, name):
+        return self.graph.tensors[name].shape
+
+    def cut_operand(self, k, j, name, dim, cut):
+        """Input `j` of node `k`, a weight or constant, split on `dim` as `cut` says: cut itself where node k
+        is its only reader; else (a weight the exporter shares among equal ones, zero biases) read through
+        this rank's piece of it, which 1-D ones have."""
+        t = self.graph.tensors[name]
+        if t.shape[dim] != cut.outer * self.tp * cut.span:
+            raise Unsplittable(f"{name} does not match the split it meets")
+        if t.kind == "param" and self.readers[name] == 1:
+            self.params.setdefault(k, []).append((name, dim, cut))
+        elif t.kind in ("param", "const") and len(t.shape) == 1:
+            self.pieces.setdefault(k, []).append((j, name, cut))
+        else:
+            raise Unsplittable(f"{name} is not a weight or constant to cut")
+
+    def broadcast(self, k, j, name, axis, rank, cut):
+        """Input `j` of node `k` broadcast against an output of `rank` dims split on `axis`: along it, or cut
+        alike where it has that dim whole."""
+        shape = self.shape(name)
+        dim = axis - (rank - len(shape))
+        if dim >= 0 and shape[dim] != 1:
+            self.cut_operand(k, j, name, dim, cut)
+
+
+def column(region, node):
+    """The dim of the weight to cut where `node` is a column-parallel layer: a MatMul or Gemm (not
+    transposing A) of an activation by a 2-D weight read nowhere else; else None."""
+    if node.domain or node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2:
+        return None
+    x, w = (region.graph.tensors[i] for i in node.inputs[:2])
+    if not (w.kind == "param" and len(w.shape) == 2 and region.readers[w.name] == 1
+            and x.kind in ("activation", "input") and len(x.shape) >= 2):
+        return None
+    if node.op == "Gemm":
+        if node.attrs.get("transA", 0):
+            return None
+        return 0 if node.attrs.get("transB", 0) else 1
+    return 1
+
+
+def rule(node):
+    """The rule that follows a region through `node`: fn(region, k, node, input cuts) -> output cuts."""
+    if (node.domain, node.op) in RULES:
+        return RULES[node.domain, node.op]
+    schema = ops.of(node)
+    if isinstance(schema, Elementwise):
+        return _elementwise
+    if schema.identity:
+        return _view
+    return _unknown
+
+
+def _unknown(region, k, node, ins):
+    raise Unsplittable(f"{node.name} ({node.op}) reads a split tensor")
+
+
+def _elementwise(region, k, node, ins):
+    """Broadcasting ops: the split inputs split alike on one output axis, each other input broadcast along it
+    or a weight (a bias) cut alike."""
+    rank = len(region.shape(node.outputs[0]))
+    axes = {c.axis + rank - len(region.shape(i)) for i, c in zip(node.inputs, ins) if c is not None}
+    split = [c for c in ins if c is not None]
+    if len(axes) > 1 or any(not c.alike(split[0]) for c in split):
+        raise Unsplittable(f"{node.name} reads tensors split unlike")
+    (a,) = axes
+    for j, (name, c) in enumerate(zip(node.inputs, ins)):
+        if c is None and name:
+            region.broadcast(k, j, name, a, rank, split[0])
+    if len({id(c) for c in split}) == 1 and split[0].axis == a:
+        return [split[0]] * len(node.outputs)
+    for c in split:
+        c.fixed = True
+    return [split[0].moved(a)] * len(node.outputs)
+
+
+def _same(region, k, node, ins):
+    """Ops that keep their input's layout (Cast, Dropout and its mask)."""
+    if any(c is not None for c in ins[1:]):
+        raise Unsplittable(f"{node.name} reads a split tensor past its first input")
+    ins[0].fixed = True
+    return [ins[0]] * len(node.outputs)
+
+
+def _softmax(region, k, node, ins):
+    c = ins[0]
+    if normal_axis(ops.of(node).attr(node, "axis"), len(region.shape(node.inputs[0]))) == c.axis:
+        raise Unsplittable(f"{node.name} normalizes over the split axis")
+    c.fixed = True
+    return [c]
+
+
+def _split(region, k, node, ins):
+    """Split on the split axis into n equal parts: the input's axis holds n blocks (outer n), each output
+    one run."""
+    c, schema = ins[0], ops.of(node)
+    a = normal_axis(schema.attr(node, "axis"), len(region.shape(node.inputs[0])))
+    refinable = all(not x.fixed for x in c.lineage())
+    c.fixed = True
+    if a != c.axis:
+        return [c.moved(c.axis)] * len(node.outputs)
+    sizes = schema.split_sizes(node, region.shape(node.inputs[0])[a])
+    n = len(sizes)
+    if len(set(sizes)) != 1 or not (c.outer == n or (c.outer == 1 and refinable)):
+        raise Unsplittable(f"{node.name} splits the split axis unevenly")
+    if c.outer == 1:
+        if c.span % n:
+            raise Indivisible(f"{node.name} splits {sizes[0] * n} in {n}")
+        for x in c.lineage():
+            x.outer, x.span, x.fixed = n, x.span // n, True
+    if schema.attr(node, "split") is not None:
+        region.attrs[k] = {"split": [s // region.tp for s in sizes]}
+    return [Cut(a, c.span)] * len(node.outputs)
+
+
+def _view(region, k, node, ins):
+    """Reshape and the other views: the ranks' split lands in the output dim whose elements hold it (hidden
+    -> heads x head size, batch x heads -> one dim, and back), which must hold whole spans."""
+    c, before, after = ins[0], region.shape(node.inputs[0]), region.shape(node.outputs[0])
+    if after[-1] == before[-1] and c.axis == len(before) - 1:  # the features kept: a Split may still refine it
+        if node.op == "Reshape":
+            region.attrs[k] = {"shape": [*after[:-1], after[-1] // region.tp]}
+        return [Cut(len(after) - 1, c.span, c.outer, c.fixed, c)]
+    c.fixed = True
+    stride = c.span * math.prod(before[c.axis + 1:])  # of the rank digit in the flat index, tp values
+    for b in reversed(range(len(after))):
+        tail = math.prod(after[b + 1:])
+        if stride % tail == 0 and math.prod(after[b:]) % (stride * region.tp) == 0:
+            break
+    else:
+        if math.prod(after) % (stride * region.tp) == 0:  # the ranks' runs would end inside a dim's entries
+            raise Indivisible(f"{node.name} reshapes {tuple(before)} to {tuple(after)}, and its {region.tp} pieces "
+                              "do not hold whole entries of one dim (fewer attention heads than ranks?)")
+        raise Unsplittable(f"{node.name} scatters the split over several dims")
+    span = stride // tail
+    if after[b] % (span * region.tp):
+        raise Indivisible(f"{node.name} makes a dim of {after[b]} (attention heads?)")
+    if node.op == "Reshape":
+        region.attrs[k] = {"shape": [d // region.tp if j == b else d for j, d in enumerate(after)]}
+    return [Cut(b, span, after[b] // (span * region.tp))]
+
+
+def _slice(region, k, node, ins):
+    """Slice of other axes (RoPE's halves of each head)."""
+    c, schema = ins[0], ops.of(node)
+    rank = len(region.shape(node.inputs[0]))
+    axes = schema.attr(node, "axes")
+    axes = range(len(schema.attr(node, "starts"))) if axes is None else axes
+    if c.axis in {normal_axis(a, rank) for a in axes} or any(ins[1:]):
+        raise Unsplittable(f"{node.name} slices the split axis")
+    c.fixed = True
+    return [c.moved(c.axis)]
+
+
+def _concat(region, k, node, ins):
+    """Concat along another axis of inputs split alike."""
+    rank = len(region.shape(node.outputs[0]))
+    a = normal_axis(ops.of(node).attr(node, "axis"), rank)
+    if any(c is None or c.axis == a or not c.alike(ins[0]) or c.axis != ins[0].axis for c in ins):
+        raise Unsplittable(f"{node.name} concatenates a whole tensor, or along the split axis")
+    for c in ins:
+        c.fixed = True
+    return [ins[0].moved(ins[0].axis)]
+
+
+def _expand(region, k, node, ins):
+    """Expand of other axes (grouped-query attention's shared key and value heads)."""
+    c, before, after = ins[0], region.shape(node.inputs[0]), region.shape(node.outputs[0])
+    a = c.axis + len(after) - len(before)
+    if after[a] != before[c.axis]:
+        raise Unsplittable(f"{node.name} expands the split axis")
+    shape = list(ops.of(node).attr(node, "shape"))
+    j = a - (len(after) - len(shape))
+    if j >= 0 and shape[j] == after[a]:
+        shape[j] //= region.tp
+        region.attrs[k] = {"shape": shape}
+    c.fixed = True
+    return [c.moved(a)]
+
+
+def _transpose(region, k, node, ins):
+    c = ins[0]
+    c.fixed = True
+    perm = list(node.attrs.get("perm") or reversed(range(len(region.shape(node.inputs[0])))))
+    return [c.moved(perm.index(c.axis))]
+
+
+def _attention(region, k, node, ins):
+    """memplan.ScaledDotProductAttention over heads: Q, K and V split on the heads axis, a bias broadcast
+    over heads."""
+    q, key, v, *bias = ins
+    if any(c is None or c.axis != 1 or c.outer != 1 for c in (q, key, v)) or any(bias):
+        raise Unsplittable(f"{node.name} reads Q, K and V not split by heads alike")
+    if len(node.inputs) > 3 and node.inputs[3]:
+        shape = region.shape(node.inputs[3])
+        if len(shape) >= 3 and shape[len(shape) - 3] != 1:
+            raise Unsplittable(f"{node.name} reads a bias of each head")
+    return [Cut(1, q.span)] + [Cut(1, q.span)] * (len(node.outputs) - 1)
+
+
+def _row(region, k, node, c, weight_dim):
+    """A row-parallel layer: its input split on the contracted features, its weight cut in rows."""
+    if c.outer != 1:
+        raise Unsplittable(f"{node.name} contracts a merged or fused split")
+    region.cut_operand(k, 1, node.inputs[1], weight_dim, c)
+    region.rows.add(k)
+    return [None]
+
+
+def _matmul(region, k, node, ins):
+    """A row-parallel MatMul (the product all-reduced), or one batched over a split axis."""
+    cx, cy = ins
+    x, y = (region.shape(i) for i in node.inputs)
+    if cx is not None and cy is None and cx.axis == len(x) - 1 and len(y) == 2:
+        return _row(region, k, node, cx, 0)
+    rank = len(region.shape(node.outputs[0]))
+    axes = {c.axis + rank - len(s) for c, s in ((cx, x), (cy, y)) if c is not None}
+    if len(axes) != 1 or max(axes) >= rank - 2 or (cx and cy and not cx.alike(cy)):
+        raise Unsplittable(f"{node.name} contracts a split axis")
+    (a,) = axes
+    for c, s in ((cx, x), (cy, y)):
+        if c is None and a - (rank - len(s)) >= 0 and s[a - (rank - len(s))] != 1:
+            raise Unsplittable(f"{node.name} reads a whole tensor beside a split one")
+        elif c is not None:
+            c.fixed = True
+    return [(cx or cy).moved(a)]
+
+
+def _gemm(region, k, node, ins):
+    """A row-parallel Gemm: its bias C added once the product is all-reduced."""
+    cx, cw, *rest = ins + [None]
+    if cx is None or cx.axis != 1 or cw is not None or any(rest) or node.attrs.get("transA", 0) \
+            or node.attrs.get("beta", 1.0) != 1.0:
+        raise Unsplittable(f"{node.name} (Gemm) reads a split tensor other than its input's features")
+    return _row(region, k, node, cx, 1 if node.attrs.get("transB", 0) else 0)
+
+
+RULES = {("", "MatMul"): _matmul, ("", "Gemm"): _gemm, ("", "Split"): _split, ("", "Transpose"): _transpose,
+         ("", "Slice"): _slice, ("", "Concat"): _concat, ("", "Expand"): _expand,
+         ("", "Softmax"): _softmax, ("", "LogSoftmax"): _softmax, ("", "Cast"): _same, ("", "Dropout"): _same,
+         ("memplan", "Dropout"): _same, ("memplan", "BiasActivation"): _elementwise,
+         ("memplan", "ScaledDotProductAttention"): _attention}

@@ -1,6 +1,6 @@
-"""Data-parallel training plans: what one of `dp` ranks holds when each trains on its share of the batch
-and the ranks combine their gradients with collectives (DeepSpeed's ZeRO stages, PyTorch's DDP and
-FSDP's SHARD_GRAD_OP).
+"""Parallel training plans: what one rank holds when a step is spread over ranks. Data parallelism: each of
+`dp` ranks trains on its share of the batch and the ranks combine their gradients with collectives
+(DeepSpeed's ZeRO stages, PyTorch's DDP and FSDP's SHARD_GRAD_OP).
 
 - zero 0 (DDP): every rank keeps the whole model state; each gradient is all-reduced (mean).
 - zero 1: the optimizer state is sharded: a rank keeps and updates 1/dp of each parameter's state and
@@ -18,8 +18,10 @@ reduced one by one or in buckets.
 
 Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) splits the linear layers of transformer blocks over
 `tp` ranks of one group (planner/passes/tensor_parallel.py): each rank holds a piece of each split weight
-(`piece`), the ranks' pieces joined again by `joined`. Ranks are numbered as Megatron numbers them, tensor
-parallel innermost, pipeline stages outermost: global rank = (stage * dp + dp rank) * tp + tp rank.
+(`piece`), the ranks' pieces joined again by `joined`. Pipeline parallelism cuts the step into `pp` stages
+that run `microbatches` in 1F1B order (planner/pipeline.py, planner/passes/pipeline_stage.py); a plan is one
+stage's. Ranks are numbered as Megatron numbers them, tensor parallel innermost, pipeline stages outermost:
+global rank = (stage * dp + dp rank) * tp + tp rank.
 """
 import math
 from dataclasses import dataclass

@@ -143,8 +143,9 @@ def _unrolled(graph, single, steps, microbatches, tags):
                                                             for i in node.inputs)))
                 continue
             attrs = {**node.attrs, "tag": node.attrs["tag"] + tags * j} if node.op in ("Send", "Recv") else node.attrs
-            nodes.append(replace(node, name=f"{node.name}@{j}", inputs=tuple(name(i, j) if i else i for i in node.inputs),
-                                 outputs=tuple(name(o, j) if o else o for o in node.outputs), attrs=attrs))
+            nodes.append(replace(node, name=f"{node.name}@{j}", attrs=attrs,
+                                 inputs=tuple(name(i, j) if i else i for i in node.inputs),
+                                 outputs=tuple(name(o, j) if o else o for o in node.outputs)))
             for g in grads & set(node.outputs) if j else ():
                 nodes.append(Node("Add", (summed(name(g, j - 1), j - 1), name(g, j)), (summed(name(g, j), j),),
                                   {}, f"pipeline/accumulate/{g}@{j}", node.notes))

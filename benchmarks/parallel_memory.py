@@ -20,6 +20,7 @@ LAYOUTS = [  # label, Parallel keywords
     ("tp 2", dict(tp=2)),
     ("tp 4", dict(tp=4)),
     ("dp 2 x tp 4, ZeRO-1", dict(dp=2, tp=4, zero=1)),
+    ("8 microbatches on one device (accumulation)", dict(microbatches=8)),
     ("pp 4, 8 microbatches", dict(pp=4, microbatches=8)),
     ("dp 2 x tp 2 x pp 2, ZeRO-1, 4 microbatches", dict(dp=2, tp=2, pp=2, microbatches=4, zero=1)),
 ]

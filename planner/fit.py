@@ -78,7 +78,7 @@ def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), *
     `candidates`'. With `workers` > 1 the layouts are dealt to that many forked processes (on Linux; one
     process elsewhere), every `workers`-th to each, so that each process's layouts are neighbours as in one
     search and the processes take about as long."""
-    layouts, compile_at = candidates(gpus, tps=tps, pps=pps, **rules), _fullest_stage(compile_at)
+    layouts, compile_at = candidates(gpus, tps=tps, pps=pps, **rules), _fullest_stage(compile_at, memory)
     workers = min(workers, len(layouts)) if "fork" in multiprocessing.get_all_start_methods() else 1
     chains = [layouts[k::workers] for k in range(workers)]
     found = {label: (batch, arena) for chain in _searched(compile_at, memory, chains, progress)
@@ -88,11 +88,18 @@ def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), *
     return sorted(((label, batch, batch * ranks[label], arena) for label, batch, arena in rows), key=lambda r: -r[2])
 
 
-def _fullest_stage(compile_at):
-    """compile_at planning each pipeline stage of a layout and returning the one of the largest arena."""
+def _fullest_stage(compile_at, memory):
+    """compile_at planning each pipeline stage of a layout and returning the one of the largest arena, or the
+    first that does not fit `memory` (the first stage first: it holds the most microbatches in flight)."""
     def plan(batch, parallel, **options):
-        stages = [compile_at(batch, parallel=replace(parallel, stage=s), **options) for s in range(parallel.pp)]
-        return max(stages, key=lambda p: p.arena_bytes)
+        fullest = None
+        for s in range(parallel.pp):
+            stage = compile_at(batch, parallel=replace(parallel, stage=s), **options)
+            if fullest is None or stage.arena_bytes > fullest.arena_bytes:
+                fullest = stage
+            if stage.arena_bytes > memory:
+                break
+        return fullest
     return plan
 
 

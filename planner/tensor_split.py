@@ -164,7 +164,8 @@ def _split(region, k, node, ins):
         raise Unsplittable(f"{node.name} splits the split axis unevenly")
     if c.outer == 1:
         if c.span % n:
-            raise Indivisible(f"{node.name} splits {sizes[0] * n} in {n}")
+            raise Indivisible(f"{node.name} splits {sizes[0] * n} features in {n}, and {region.tp} ranks do not "
+                              "split each part evenly")
         for x in c.lineage():
             x.outer, x.span, x.fixed = n, x.span // n, True
     if schema.attr(node, "split") is not None:
@@ -193,7 +194,8 @@ def _view(region, k, node, ins):
         raise Unsplittable(f"{node.name} scatters the split over several dims")
     span = stride // tail
     if after[b] % (span * region.tp):
-        raise Indivisible(f"{node.name} makes a dim of {after[b]} (attention heads?)")
+        raise Indivisible(f"{node.name} makes a dim of {after[b]}, which {region.tp} ranks do not split evenly "
+                          "(attention heads?)")
     if node.op == "Reshape":
         region.attrs[k] = {"shape": [d // region.tp if j == b else d for j, d in enumerate(after)]}
     return [Cut(b, span, after[b] // (span * region.tp))]

@@ -74,7 +74,7 @@ def _tensor_parallel(graph, context):
                    for e in errors]
     if indivisible:
         raise ConfigError(f"tensor parallelism over {tp} ranks cannot split {len(indivisible)} layer(s) evenly: "
-                          f"{indivisible[0]}, not a multiple of {tp}")
+                          f"{indivisible[0]}")
     kept = {k for k in sets.parent if sets.find(k) not in dropped}
     if not kept & region.columns:
         raise ConfigError("tensor parallelism found no linear layers to split: it splits MatMuls and Gemms of "
@@ -97,7 +97,8 @@ def _columns(region, k, node, dim, cuts, made, failed):
     region.columns.add(k)
     cuts[out], made[out] = cut, k
     if size % region.tp:
-        failed.setdefault(k, []).append(Indivisible(f"{node.name} makes {size} features"))
+        failed.setdefault(k, []).append(Indivisible(f"{node.name} makes {size} features, not a multiple of "
+                                                    f"{region.tp}"))
         return
     region.cut_operand(k, 1, node.inputs[1], dim, cut)
     if len(node.inputs) > 2 and node.inputs[2]:

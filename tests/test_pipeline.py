@@ -12,27 +12,8 @@ from executor import Executor
 from planner import pipeline
 from planner.errors import ConfigError
 from gloo import spawned
-from zoo_cases import input_shapes, small_model
-
-BATCH, STEPS, CLASSES = 4, 3, 64
-
-
-def compiled(model, batch, parallel=None, optimizer="momentum", **options):
-    m = small_model(model)
-    return planner.compile(m, input_shapes(m, batch), training=True, optimizer=optimizer, parallel=parallel, **options)
-
-
-def batches(model, seed=0):
-    """STEPS whole batches of token ids and labels (bert's attention mask too)."""
-    rng = np.random.default_rng(seed)
-    shape = input_shapes(small_model(model), BATCH)["input_ids"]
-    feeds = []
-    for _ in range(STEPS):
-        feed = {"input_ids": rng.integers(0, 100, shape), "labels": rng.integers(0, CLASSES, shape)}
-        if model == "bert_base":
-            feed["attention_mask"] = (rng.random(shape) < 0.8).astype(np.int64)
-        feeds.append(feed)
-    return feeds
+from parallel_cases import BATCH, STEPS, batches, compiled, export_rank, exported, trained_alone
+from zoo_cases import small_model
 
 
 def test_1f1b_keeps_at_most_the_stages_after_it_in_flight():
@@ -157,25 +138,10 @@ def test_the_report_lists_every_stage_and_fit_tries_pipelines(tmp_path, capsys):
     assert row["global_batch"] == 4 * row["batch_per_rank"]
 
     def fullest(batch):
-        return max(compiled("gpt2_small", 2, planner.Parallel(pp=2, microbatches=4, stage=s), "adam",
-                            ).arena_bytes if batch == 2 else planner.compile(
-            str(path), {"input_ids": (batch, 16)}, training=True, optimizer="adam",
-            parallel=planner.Parallel(pp=2, microbatches=4, stage=s)).arena_bytes for s in range(2))
+        return max(planner.compile(str(path), {"input_ids": (batch, 16)}, training=True, optimizer="adam",
+                                   parallel=planner.Parallel(pp=2, microbatches=4, stage=s)).arena_bytes
+                   for s in range(2))
     assert fullest(row["batch_per_rank"]) == row["arena_bytes"] <= 2 << 20 < fullest(row["batch_per_rank"] + 1)
-
-
-def _export_rank(rank, port, results, path, feeds):
-    import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        plan = planner.compile(path, {"input_ids": feeds[0]["input_ids"].shape}, training=True, optimizer="momentum",
-                               parallel=planner.Parallel(pp=2, stage=rank))
-        ex = Executor(plan, backend="numpy", poison=True)
-        losses = [ex.train_step(f) for f in feeds]
-        held = {n: ex.arena.view(n).copy() for n, t in plan.tensors.items() if t.kind == "param"}
-        results.put((rank, losses, held, plan.training["params"]))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.torch
@@ -183,26 +149,15 @@ def test_a_gpt2_export_with_tied_embeddings_trains_in_two_stages_as_one_process(
     """transformers' GPT-2 ties its LM head to its token embedding (and a fresh export shares one initializer
     among equal norms): the stage that sums such a param's gradient updates it and sends the new value to the
     other stages reading it, whose copy then trains like the single process's."""
-    pytest.importorskip("onnxscript")
-    import test_transformers_exports as exports
-    import torch
-    torch.manual_seed(0)
-    model, inputs = exports.gpt2()
-    path = str(tmp_path / "gpt2.onnx")
-    torch.onnx.export(model.eval(), tuple(inputs.values()), path, input_names=list(inputs), output_names=["out"],
-                      dynamo=True)
-    rng = np.random.default_rng(0)
-    shape = tuple(inputs["input_ids"].shape)
-    feeds = [{"input_ids": rng.integers(0, 64, shape), "labels": rng.integers(0, 64, shape)} for _ in range(STEPS)]
-    got = spawned(partial(_export_rank, path=path, feeds=feeds), 2)
-    single = Executor(planner.compile(path, {"input_ids": shape}, training=True, optimizer="momentum"), backend="numpy")
-    np.testing.assert_allclose(got[1][1], [single.train_step(f) for f in feeds], rtol=1e-5)
-    values = single.parameters()
-    assert set(got[0][3]) & set(got[1][2]), "a param both stages hold, stage 0 updates"
-    for _, _, params, trained in got:
+    path, feeds = exported("gpt2", tmp_path)
+    got = spawned(partial(export_rank, path=path, feeds=feeds, parallel=planner.Parallel(pp=2)), 2)
+    losses, values = trained_alone(path, feeds)
+    np.testing.assert_allclose(got[1][1], losses, rtol=1e-5)
+    assert set(got[0][3]["params"]) & set(got[1][2]), "a param both stages hold, stage 0 updates"
+    for _, _, params, _ in got:
         for name, value in params.items():
             np.testing.assert_allclose(value, values[name], rtol=1e-4, atol=1e-6, err_msg=name)
-    zero1 = planner.compile(path, {"input_ids": shape}, training=True, optimizer="momentum",
+    zero1 = planner.compile(path, {"input_ids": feeds[0]["input_ids"].shape}, training=True, optimizer="momentum",
                             parallel=planner.Parallel(pp=2, dp=2, zero=1))
     made = {o: step for step in zero1.steps for o in step.outputs}
     sent = [made[step.inputs[0]].op for step in zero1.steps if step.op == "Send" and step.phase == "optimizer"]

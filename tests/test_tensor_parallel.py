@@ -11,27 +11,8 @@ from executor import Executor
 from planner.errors import ConfigError
 from planner.parallel import joined, piece
 from gloo import spawned
+from parallel_cases import BATCH, batches, compiled, export_rank, exported, trained_alone
 from zoo_cases import input_shapes, small_model
-
-BATCH, STEPS, VOCAB, CLASSES = 4, 3, 100, 64  # bert's classes: its hidden features
-
-
-def compiled(model, batch, parallel=None, optimizer="adam", **options):
-    m = small_model(model)
-    return planner.compile(m, input_shapes(m, batch), training=True, optimizer=optimizer, parallel=parallel, **options)
-
-
-def batches(model, seed=0):
-    """STEPS batches of token ids and (for gpt2's next tokens, bert's tags) labels."""
-    rng = np.random.default_rng(seed)
-    shape = input_shapes(small_model(model), BATCH)["input_ids"]
-    feeds = []
-    for _ in range(STEPS):
-        feed = {"input_ids": rng.integers(0, VOCAB, shape), "labels": rng.integers(0, CLASSES, shape)}
-        if model == "bert_base":
-            feed["attention_mask"] = (rng.random(shape) < 0.8).astype(np.int64)
-        feeds.append(feed)
-    return feeds
 
 
 def test_pieces_join_back_into_the_value():
@@ -49,7 +30,7 @@ def test_each_block_splits_as_megatron_splits_it(model, columns, rows):
     """Column-parallel QKV and MLP-up weights (with their biases), row-parallel output projections; the
     embeddings, norms and the LM head whole; one all-reduce after each row-parallel layer and one of each
     region input's gradient."""
-    plain, plan = compiled(model, 2), compiled(model, 2, planner.Parallel(tp=2))
+    plain, plan = compiled(model, 2, optimizer="adam"), compiled(model, 2, planner.Parallel(tp=2), "adam")
     facts = plan.training["tensor_parallel"]
     assert (facts["column_layers"], facts["row_layers"]) == (columns, rows)
     for name, (dim, blocks) in facts["split"].items():
@@ -160,19 +141,6 @@ def test_the_report_and_fit_plan_tensor_parallel_ranks(tmp_path, capsys):
                      "and MLPs)"]
 
 
-def _export_rank(rank, port, results, path, feeds):
-    import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        plan = planner.compile(path, {"input_ids": feeds[0]["input_ids"].shape}, training=True, optimizer="momentum",
-                               parallel=planner.Parallel(tp=2))
-        ex = Executor(plan, backend="numpy", poison=True)
-        losses = [ex.train_step(f) for f in feeds]
-        results.put((rank, losses, ex.parameters(), plan.training["tensor_parallel"]))
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.torch
 @pytest.mark.parametrize("build", ["gpt2", "qwen2"])
 def test_transformers_exports_train_in_two_tensor_parallel_ranks_as_one_process(build, tmp_path):
@@ -180,23 +148,13 @@ def test_transformers_exports_train_in_two_tensor_parallel_ranks_as_one_process(
     (rotary embeddings sliced per head, grouped-query heads expanded and merged with the batch): every block
     splits, biases the exporter shares among equal ones are read through each rank's piece, and the ranks
     train as one process."""
-    pytest.importorskip("onnxscript")
-    import test_transformers_exports as exports
-    import torch
-    torch.manual_seed(0)
-    model, inputs = getattr(exports, build)()
-    path = str(tmp_path / "model.onnx")
-    torch.onnx.export(model.eval(), tuple(inputs.values()), path, input_names=list(inputs), output_names=["out"],
-                      dynamo=True)
-    rng = np.random.default_rng(0)
-    shape = tuple(inputs["input_ids"].shape)
-    feeds = [{"input_ids": rng.integers(0, 64, shape), "labels": rng.integers(0, 64, shape)} for _ in range(STEPS)]
-    got = spawned(partial(_export_rank, path=path, feeds=feeds), 2)
-    facts = got[0][3]
+    path, feeds = exported(build, tmp_path)
+    got = spawned(partial(export_rank, path=path, feeds=feeds, parallel=planner.Parallel(tp=2)), 2)
+    facts = got[0][3]["tensor_parallel"]
     assert facts["row_layers"] == 4 and facts["column_layers"] == {"gpt2": 4, "qwen2": 10}[build]
-    single = Executor(planner.compile(path, {"input_ids": shape}, training=True, optimizer="momentum"), backend="numpy")
-    np.testing.assert_allclose(got[0][1], [single.train_step(f) for f in feeds], rtol=1e-5)
-    for name, value in single.parameters().items():
+    losses, values = trained_alone(path, feeds)
+    np.testing.assert_allclose(got[0][1], losses, rtol=1e-5)
+    for name, value in values.items():
         ranks = [g[2][name] for g in got]
         param = joined(ranks, *facts["split"][name]) if name in facts["split"] else ranks[0]
         np.testing.assert_allclose(param, value, rtol=1e-4, atol=1e-5, err_msg=name)

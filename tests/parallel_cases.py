@@ -1,0 +1,71 @@
+"""What the tensor- and pipeline-parallel tests share: the zoo's transformers planned for training, their token
+feeds, and transformers' exports trained by a rank of a gloo group."""
+import numpy as np
+import pytest
+
+import planner
+from executor import Executor
+from zoo_cases import input_shapes, small_model
+
+BATCH, STEPS, VOCAB, CLASSES = 4, 3, 100, 64  # bert's classes: its hidden features
+
+
+def compiled(model, batch, parallel=None, optimizer="momentum", **options):
+    m = small_model(model)
+    return planner.compile(m, input_shapes(m, batch), training=True, optimizer=optimizer, parallel=parallel, **options)
+
+
+def batches(model, seed=0):
+    """STEPS batches of token ids and (gpt2's next tokens, bert's tags) labels; bert's attention mask too."""
+    rng = np.random.default_rng(seed)
+    shape = input_shapes(small_model(model), BATCH)["input_ids"]
+    feeds = []
+    for _ in range(STEPS):
+        feed = {"input_ids": rng.integers(0, VOCAB, shape), "labels": rng.integers(0, CLASSES, shape)}
+        if model == "bert_base":
+            feed["attention_mask"] = (rng.random(shape) < 0.8).astype(np.int64)
+        feeds.append(feed)
+    return feeds
+
+
+def exported(build, tmp_path):
+    """(path, feeds): transformers' model `build` (of test_transformers_exports) exported by the dynamo
+    exporter, and STEPS batches of its inputs and labels."""
+    pytest.importorskip("onnxscript")
+    import test_transformers_exports as exports
+    import torch
+    torch.manual_seed(0)
+    model, inputs = getattr(exports, build)()
+    path = str(tmp_path / f"{build}.onnx")
+    torch.onnx.export(model.eval(), tuple(inputs.values()), path, input_names=list(inputs), output_names=["out"],
+                      dynamo=True)
+    rng = np.random.default_rng(0)
+    shape = tuple(inputs["input_ids"].shape)
+    return path, [{"input_ids": rng.integers(0, 64, shape), "labels": rng.integers(0, 64, shape)}
+                  for _ in range(STEPS)]
+
+
+def trained_alone(path, feeds):
+    """The losses and params of the plain plan of the export at `path` after training on `feeds`."""
+    ex = Executor(planner.compile(path, {"input_ids": feeds[0]["input_ids"].shape}, training=True,
+                                  optimizer="momentum"), backend="numpy")
+    return [ex.train_step(f) for f in feeds], ex.parameters()
+
+
+def export_rank(rank, port, results, path, feeds, parallel):
+    """One rank of a gloo group of parallel.world: `parallel`'s plan of the export at `path` (its pipeline
+    stage's) trained on `feeds`; its losses, every param its arena holds and its training facts."""
+    import dataclasses
+
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=parallel.world)
+    try:
+        stage = dataclasses.replace(parallel, stage=rank // (parallel.dp * parallel.tp))
+        plan = planner.compile(path, {"input_ids": feeds[0]["input_ids"].shape}, training=True, optimizer="momentum",
+                               parallel=stage)
+        ex = Executor(plan, backend="numpy", poison=True)
+        losses = [ex.train_step(f) for f in feeds]
+        held = {n: ex.arena.view(n).copy() for n, t in plan.tensors.items() if t.kind == "param"}
+        results.put((rank, losses, held, plan.training))
+    finally:
+        dist.destroy_process_group()

@@ -311,19 +311,21 @@ def _parallel_line(d):
                      f", gradients reduced in {p['buckets']} bucket{'s' * (p['buckets'] > 1)} of "
                      f"{format_bytes(p['bucket_bytes'])}" if p.get("buckets") else ""])
     tp = p.get("tensor_parallel")
-    ranks = (f"{p['dp']} data-parallel ranks, ZeRO-{p['zero']}{rules} (its own share of the batch)"
-             + (f", and of {tp['tp']} tensor-parallel ranks ({p['dp'] * tp['tp']} in all)" if tp else ""))
+    pipe = p.get("pipeline")
+    parts = [f"{p['dp']} data-parallel ranks, ZeRO-{p['zero']}{rules} (its own share of the batch)"
+             if p["dp"] > 1 or p["zero"] or not (tp or pipe) else "",
+             f"{tp['tp']} tensor-parallel ranks" if tp else "", f"{pipe['pp']} pipeline stages" if pipe else ""]
+    ranks = ", and of ".join(part for part in parts if part)
     sent = ", ".join(f"{format_bytes(size)} over the {_GROUPS[group]} ranks"
                      for group, size in sorted(p.get("collective_bytes_by_group", {}).items()))
     lines = [f"one of {ranks}: the arena is one rank's, bestfit {format_bytes(bestfit)} against "
              f"{format_bytes(p['unsharded']['arena_bytes'])} for the same batch on one device; its collectives "
              f"send {sent or '0 B'} a step"]
     if tp:
-        lines.append(f"tensor parallelism (Megatron's) splits {tp['column_layers']} linear layers by columns and "
-                     f"{tp['row_layers']} by rows: {len(tp['split'])} params split, {tp['replicated_params']} whole "
-                     f"on every rank" + (f"; {tp['whole_regions']} region(s) it cannot split run whole (an LM head, "
+        lines.append(f"tensor parallelism (Megatron's) splits {tp['column_layers']} of the model's linear layers by "
+                     f"columns and {tp['row_layers']} by rows: {len(tp['split'])} params split, "
+                     f"{tp['replicated_params']} whole on every rank" + (f"; {tp['whole_regions']} region(s) it cannot split run whole (an LM head, "
                                          "a layer read elsewhere)" if tp["whole_regions"] else ""))
-    pipe = p.get("pipeline")
     if pipe:
         arenas = pipe["arena_bytes"] or []
         lines.append(f"pipeline stage {pipe['stage']} of {pipe['pp']}, {pipe['microbatches']} microbatch"

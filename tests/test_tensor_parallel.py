@@ -119,7 +119,7 @@ def test_the_report_and_fit_plan_tensor_parallel_ranks(tmp_path, capsys):
     assert cli.main(["report", *common, "--tp", "2", "--dp", "2", "--strategy", "bestfit"]) == 0
     out = capsys.readouterr().out
     assert "one of 2 data-parallel ranks, ZeRO-0 (its own share of the batch), and of 2 tensor-parallel ranks" in out
-    assert "splits 4 linear layers by columns and 4 by rows: 12 params split" in out
+    assert "splits 4 of the model's linear layers by columns and 4 by rows: 12 params split" in out
     assert cli.main(["fit", *common[:3], "--optimizer", "adam", "--gpus", "4", "--memory", "2MiB", "--json"]) == 0
     rows = {r["layout"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     for tp in (2, 4):

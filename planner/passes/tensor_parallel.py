@@ -1,17 +1,20 @@
 """One rank's forward pass under Megatron-style tensor parallelism (planner.parallel's `tp`; Shoeybi et al.
 2019): the linear layers and attention heads of transformer blocks split over `tp` ranks, found in the graph.
 
-A region starts at each column-parallel MatMul (an activation times a 2-D weight whose columns split: each
-rank makes its slice of the output features) and follows the slices forward through ops that need only
-their own (elementwise ops and their biases, the Split of a fused QKV projection, Reshape into heads,
-Transpose, attention and batched MatMuls over heads, Softmax over another axis) to the row-parallel MatMuls
-that contract them (the weight's rows split: each rank's product is a partial sum, all-reduced). Each
-activation a region reads enters through memplan.ParallelInput (its gradient all-reduced: Megatron's f) and
-each row-parallel product leaves through memplan.AllReduce (Megatron's g); the rest of the graph runs whole
-on every rank. A region that meets anything else (a graph output, a reduction over the split axis, a weight
-read twice) stays whole, as do embeddings, norms and the LM head; one whose split sizes `tp` does not divide
-is an error. Facts: "tensor_parallel" (tp, the split params {name: [dim, blocks]}, the column- and
-row-parallel layers, the regions left whole)."""
+A region starts at each column-parallel MatMul or Gemm (an activation times a 2-D weight whose columns
+split: each rank makes its share of the output features) and follows the split forward through the ops
+that need only their own share (planner/tensor_split.py: elementwise ops and their biases, the Split of a
+fused QKV projection, reshapes into heads and the exporters' merges of heads with the batch, transposes,
+RoPE's slices, grouped-query expands, attention, batched MatMuls over heads, Softmax over another axis) to
+the row-parallel MatMuls or Gemms that contract it (the weight's rows split: each rank's product is a
+partial sum, all-reduced, a Gemm's bias added after). Each activation a region reads enters through
+memplan.ParallelInput (its gradient all-reduced: Megatron's f) and each row-parallel product leaves
+through memplan.AllReduce (Megatron's g); the rest of the graph runs whole on every rank. A region that
+meets anything else (a graph output, a reduction over the split axis) stays whole, as do embeddings, norms
+and the LM head; one whose split sizes `tp` does not divide is an error. A 1-D weight the region shares
+with other readers (an exporter's one initializer for equal biases) is read through this rank's piece
+(memplan.Shard). Facts: "tensor_parallel" (tp, the split params {name: [dim, blocks]}, the column- and
+row-parallel layers, the regions left whole, the params left whole)."""
 from dataclasses import replace
 
 from .. import shapes
@@ -73,8 +76,7 @@ def _tensor_parallel(graph, context):
     indivisible = [e for errors in dropped.values() if all(isinstance(x, Indivisible) for x in errors)
                    for e in errors]
     if indivisible:
-        raise ConfigError(f"tensor parallelism over {tp} ranks cannot split {len(indivisible)} layer(s) evenly: "
-                          f"{indivisible[0]}")
+        raise ConfigError(f"tensor parallelism over {tp} ranks cannot split every layer evenly: {indivisible[0]}")
     kept = {k for k in sets.parent if sets.find(k) not in dropped}
     if not kept & region.columns:
         raise ConfigError("tensor parallelism found no linear layers to split: it splits MatMuls and Gemms of "

@@ -7,7 +7,6 @@ device. Each row is one rank's plan (a pipeline's fullest stage, with every stag
 --batch is what each data rank trains on a step (a pipeline runs it as microbatches of --batch / M)."""
 import argparse
 import time
-from dataclasses import replace
 
 import planner
 from frontends import read
@@ -35,11 +34,11 @@ def main():
     args = p.parse_args()
     graph = read(f"zoo:{args.model}")
 
-    def plan(batch, parallel=None):
-        return planner.compile(graph, {"input_ids": (batch, args.seq)}, training=True, optimizer=args.optimizer,
-                               parallel=parallel)
+    def plans(batch, parallel=None):
+        return list(planner.compile_stages(graph, {"input_ids": (batch, args.seq)}, training=True,
+                                           optimizer=args.optimizer, parallel=parallel))
 
-    whole = plan(args.batch)
+    (whole,) = plans(args.batch)
     print(f"{args.model}, sequence {args.seq}, {args.batch} sequences a data rank, {args.optimizer}: "
           f"one device {format_bytes(whole.arena_bytes)}")
     print(f"{'layout':<44} {'arena per rank':>15} {'x one device':>12} {'params':>11} {'optimizer':>11} "
@@ -47,7 +46,7 @@ def main():
     for label, keywords in LAYOUTS:
         start = time.perf_counter()
         parallel = planner.Parallel(**keywords)
-        stages = [plan(args.batch // parallel.microbatches, replace(parallel, stage=s)) for s in range(parallel.pp)]
+        stages = plans(args.batch // parallel.microbatches, parallel)
         fullest = max(stages, key=lambda s: s.arena_bytes)
         sent = (fullest.training["parallel"]["collective_bytes"]
                 + (fullest.training.get("pipeline") or {}).get("sent_bytes", 0))

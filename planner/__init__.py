@@ -3,7 +3,7 @@ from .threads import quiet_blas
 
 quiet_blas()
 
-from .compiler import compile  # noqa: E402
+from .compiler import compile, compile_stages  # noqa: E402
 from .options import CompileOptions  # noqa: E402
 from .parallel import Parallel  # noqa: E402
 from .config import Config  # noqa: E402
@@ -28,6 +28,6 @@ def load(model, input_shapes=None):
     return passes.run(passes.LOADING, read(model), passes.Context(input_shapes=input_shapes))[0]
 
 
-__all__ = ["load", "compile", "CompileOptions", "Parallel", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",
+__all__ = ["load", "compile", "compile_stages", "CompileOptions", "Parallel", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",
            "MemplanError", "ModelError", "UnsupportedOpError", "ShapeError", "InfeasibleBudgetError",
            "PlanError", "ConfigError", "MissingDependencyError"]

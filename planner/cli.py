@@ -245,20 +245,25 @@ def viz(args):
 
 def batch_planner(args, training):
     """compile_at(batch, **options): the command's model planned at another batch (the first dim of its
-    inputs), with the command's options and `training` ones under `options`."""
+    inputs), with the command's options and `training` ones under `options`; compile_at.stages(batch,
+    **options) yields each pipeline stage's plan (planner.compile_stages)."""
     from frontends import read
-    from .compiler import compile
+    from .compiler import compile, compile_stages
     from .shapes import infer
     config = config_of(args)
     raw = read(args.model)
     given = input_shapes(raw, args.input, None)
     check_free_batch(raw, given)
 
-    def compile_at(batch, **options):
+    def planned(batch, options, how):
         shapes = {n: (batch, *s[1:]) for n, s in given.items()}
         bind_batch(raw, shapes, batch)
-        return compile(infer(raw, shapes), schedule=args.schedule, config=config,
-                       **{**training, **precision_option(args), **options})
+        return how(infer(raw, shapes), schedule=args.schedule, config=config,
+                   **{**training, **precision_option(args), **options})
+
+    def compile_at(batch, **options):
+        return planned(batch, options, compile)
+    compile_at.stages = lambda batch, **options: planned(batch, options, compile_stages)
     return compile_at
 
 

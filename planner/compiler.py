@@ -6,6 +6,7 @@ typed graph of inference or of a training step; planning it is one step per line
 """
 import sys
 import time
+from dataclasses import replace
 from types import MappingProxyType
 
 from . import allocators, ops, passes, workspace
@@ -21,7 +22,7 @@ from .passes.fold_transpose import SUFFIX as FOLDED
 from .passes.pretranspose import SUFFIX as PRETRANSPOSED
 from .schedule import schedule as make_schedule
 
-__all__ = ["compile", "plan_graph", "CompileOptions", "STRATEGIES", "SCHEDULES"]
+__all__ = ["compile", "compile_stages", "plan_graph", "CompileOptions", "STRATEGIES", "SCHEDULES"]
 
 
 def compile(model, input_shapes=None, options=None, **keywords):
@@ -57,20 +58,53 @@ def compile(model, input_shapes=None, options=None, **keywords):
     from frontends import read
     start = time.perf_counter()
     options = CompileOptions.of(options, **keywords)
+    pipeline = passes.TRAINING if options.training else passes.INFERENCE
+    graph, facts = passes.run(pipeline, read(model), _context(options, input_shapes))
+    return _planned(graph, facts, options, start)
+
+
+def compile_stages(model, input_shapes=None, options=None, **keywords):
+    """Each pipeline stage's plan of a training step under `options.parallel` (pp stages; one plan without),
+    as compile makes it, yielded stage by stage: the passes before the cut run once for all of them."""
+    from frontends import read
+    start = time.perf_counter()
+    options = CompileOptions.of(options, **keywords)
+    parallel = options.parallel
+    if not options.training or parallel is None or parallel.pp == 1:
+        yield compile(model, input_shapes, options)
+        return
+    cut = passes.TRAINING.index(passes.pipeline_stage)
+    whole, facts = passes.run(passes.TRAINING[:cut], read(model), _context(options, input_shapes))
+    for stage in range(parallel.pp):
+        staged = replace(options, parallel=replace(parallel, stage=stage))
+        context = replace(_context(staged, input_shapes), facts=MappingProxyType(facts))
+        graph, found = passes.run(passes.TRAINING[cut:], whole, context, STEP)
+        yield _planned(graph, found, staged, start)
+
+
+STEP = frozenset({passes.TYPED, passes.LOSS, passes.GRADIENTS, passes.UPDATES})
+"""What the training pipeline's graph is before the pipeline cut."""
+
+
+def _context(options, input_shapes):
+    """The passes' Context of `options`, whose `score` plans a candidate graph as the rank's plan."""
     config = options.config or Config.from_env()
-    fetch = tuple(options.fetch)
 
     def score(graph, facts):
         if options.parallel is not None:  # a candidate of recomputation, scored as the rank's plan it becomes
             context = passes.Context(options, input_shapes, config, MappingProxyType(facts))
             graph, found = passes.run([passes.data_parallel], graph, context, frozenset({passes.TYPED, passes.UPDATES}))
             facts = {**facts, **found}
-        return min(plan_graph(graph, options.strategy, order, config, fetch, facts).arena_bytes
+        return min(plan_graph(graph, options.strategy, order, config, tuple(options.fetch), facts).arena_bytes
                    for order in options.orders)
 
-    context = passes.Context(options, input_shapes, config, score=score)
-    pipeline = passes.TRAINING if options.training else passes.INFERENCE
-    graph, facts = passes.run(pipeline, read(model), context)
+    return passes.Context(options, input_shapes, config, score=score)
+
+
+def _planned(graph, facts, options, start):
+    """The verified Plan of the typed graph the passes made, with its facts and stats."""
+    config = options.config or Config.from_env()
+    fetch = tuple(options.fetch)
     _check_plannable(graph, fetch)
     plans = [plan_graph(graph, options.strategy, order, config, fetch, facts) for order in options.orders]
     plan = min(plans, key=lambda p: p.arena_bytes)

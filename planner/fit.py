@@ -90,11 +90,15 @@ def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), *
 
 def _fullest_stage(compile_at, memory):
     """compile_at planning each pipeline stage of a layout and returning the one of the largest arena, or the
-    first that does not fit `memory` (the first stage first: it holds the most microbatches in flight)."""
+    first that does not fit `memory` (the first stage first: it holds the most microbatches in flight). The
+    stages come from compile_at.stages where it has one (the passes before the cut run once)."""
+    stages_at = getattr(compile_at, "stages", None)
+
     def plan(batch, parallel, **options):
         fullest = None
-        for s in range(parallel.pp):
-            stage = compile_at(batch, parallel=replace(parallel, stage=s), **options)
+        stages = stages_at(batch, parallel=parallel, **options) if stages_at else \
+            (compile_at(batch, parallel=replace(parallel, stage=s), **options) for s in range(parallel.pp))
+        for stage in stages:
             if fullest is None or stage.arena_bytes > fullest.arena_bytes:
                 fullest = stage
             if stage.arena_bytes > memory:

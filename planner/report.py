@@ -128,7 +128,7 @@ def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None,
     each update order and recomputation, under `memory_budget` (bytes) too when given. `precisions`
     adds the bestfit plan in each of those precisions (planner.precision), side by side. A row whose
     optional dependency is missing is left out, with a note."""
-    from .compiler import compile
+    from .compiler import compile, compile_stages
     config = config or Config.from_env()
     notes = []
 
@@ -161,8 +161,7 @@ def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None,
     parallel = training.get("parallel")
     unsharded = parallel and compile(graph, schedule=schedule, config=config, **{**training, "parallel": None})
     stages = parallel and parallel.pp > 1 and [
-        compile(graph, schedule=schedule, config=config, **{**training, "parallel": replace(parallel, stage=s)})
-        .arena_bytes for s in range(parallel.pp)]
+        p.arena_bytes for p in compile_stages(graph, schedule=schedule, config=config, **training)]
     return Report(graph, [(label, p) for label, p in rows if p is not None], modes, updates, remats, memory_budget,
                   notes, chosen or None, unsharded or None, stages or None)
 
@@ -324,8 +323,9 @@ def _parallel_line(d):
     if tp:
         lines.append(f"tensor parallelism (Megatron's) splits {tp['column_layers']} of the model's linear layers by "
                      f"columns and {tp['row_layers']} by rows: {len(tp['split'])} params split, "
-                     f"{tp['replicated_params']} whole on every rank" + (f"; {tp['whole_regions']} region(s) it cannot split run whole (an LM head, "
-                                         "a layer read elsewhere)" if tp["whole_regions"] else ""))
+                     f"{tp['replicated_params']} whole on every rank"
+                     + (f"; {tp['whole_regions']} region(s) it cannot split run whole (an LM head, a layer read "
+                        "elsewhere)" if tp["whole_regions"] else ""))
     if pipe:
         arenas = pipe["arena_bytes"] or []
         lines.append(f"pipeline stage {pipe['stage']} of {pipe['pp']}, {pipe['microbatches']} microbatch"

@@ -2,6 +2,7 @@
 stages that balance their FLOPs where few activations cross, each stage's microbatches in 1F1B order with their
 saved activations in flight, values and gradients sent between stages; run in 2 and 4 CPU processes over
 torch.distributed's gloo, the stages train as one process, which also accumulates microbatches alike."""
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -13,7 +14,7 @@ from planner import pipeline
 from planner.errors import ConfigError
 from gloo import spawned
 from parallel_cases import BATCH, STEPS, batches, compiled, export_rank, exported, trained_alone
-from zoo_cases import small_model
+from zoo_cases import input_shapes, small_model
 
 
 def test_1f1b_keeps_at_most_the_stages_after_it_in_flight():
@@ -48,6 +49,17 @@ def test_stages_split_the_step_and_hold_their_microbatches_in_flight():
     assert all(p.arena_bytes < plain.arena_bytes * 1.5 for p in plans)
     one = compiled("gpt2_small", 2, planner.Parallel(pp=2, microbatches=1, stage=0))
     assert one.breakdown["saved"] < plans[0].breakdown["saved"], "two microbatches in flight hold more"
+
+
+def test_compile_stages_plans_each_stage_as_compile_does():
+    """planner.compile_stages runs the passes before the cut once and each stage's after it: the same plans."""
+    m = small_model("gpt2_small")
+    parallel = planner.Parallel(pp=2, microbatches=2)
+    staged = list(planner.compile_stages(m, input_shapes(m, 2), training=True, parallel=parallel))
+    for stage, plan in enumerate(staged):
+        alone = compiled("gpt2_small", 2, replace(parallel, stage=stage), "sgd")
+        assert plan.arena_bytes == alone.arena_bytes and [s.name for s in plan.steps] == [s.name for s in alone.steps]
+        assert plan.training["pipeline"]["stage"] == stage
 
 
 def test_bad_pipelines_are_refused():

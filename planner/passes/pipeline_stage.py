@@ -21,8 +21,7 @@ from ..errors import ConfigError
 from ..ir import Annotations, Node, Phase, Tensor
 from ..training import LR, STEP
 from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Result
-
-OPTIMIZER_OPS = {("memplan", "SGD"), ("memplan", "Adam")}
+from .data_parallel import OPTIMIZER_OPS
 
 
 def _pipeline_stage(graph, context):
@@ -46,7 +45,9 @@ def _pipeline_stage(graph, context):
                     outputs=("loss",) if last else (), updates=tuple((new, old) for new, old in graph.updates
                                                                      if new in made))
     typed = shapes.retype(stage, graph)
-    sent = sum(graph.tensors[name].nbytes for name, src, _ in transfers if src == me) * microbatches
+    updated_values = {new for new, _ in graph.updates}  # sent once a step, the others once a microbatch
+    sent = sum(graph.tensors[name].nbytes * (1 if name in updated_values else microbatches)
+               for name, src, _ in transfers if src == me)
     facts = {"pp": stages, "stage": me, "microbatches": microbatches,
              "in_flight": pipeline.in_flight(me, stages, microbatches), "order": "1F1B",
              "stages": _summary(graph, stage_of, stages), "sent_bytes": sent}

@@ -179,8 +179,8 @@ class Executor:
     def train_step(self, feeds):
         """One training step of a plan compiled with training=True: forward, backward and the optimizer
         updating the params in the arena. `feeds` are the model's inputs and the labels (or targets; a
-        pipeline stage takes those it reads, each microbatch its rows); the learning rate is `self.lr`. Returns the loss before the update (None on a pipeline stage
-        before the last, which has none)."""
+        pipeline stage takes those it reads, each microbatch its rows); the learning rate is `self.lr`.
+        Returns the loss before the update (None on a pipeline stage before the last, which has none)."""
         info = self.plan.training
         if not info:
             raise MemplanError("train_step needs a plan compiled with training=True")

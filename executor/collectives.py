@@ -116,6 +116,7 @@ def groups_for(plan, group):
     group = group or Single()
     if group.size != world:
         raise MemplanError(f"the plan is one of {what}, the process group has {group.size}")
+
     def rank(s, d, t):
         return (s * dp + d) * tp + t
 

@@ -296,8 +296,8 @@ def max_batch(args):
 
 
 def fit(args):
-    """The data- and tensor-parallel layouts of --gpus devices of --memory each, with the largest per-rank batch
-    each fits."""
+    """The data-, tensor- and pipeline-parallel layouts of --gpus devices of --memory each, with the largest
+    per-rank batch each fits."""
     from . import fit as layouts
     from .threads import cores
     if any(getattr(args, name) is not None for name in ("dp", "zero", "tp", "pp", "microbatches", "stage")):

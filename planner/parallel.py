@@ -91,7 +91,6 @@ class Parallel:
         shard="dim0", one element under "flat"."""
         return max(1, math.prod(shape[1:])) if self.shard == "dim0" and len(shape) > 1 else 1
 
-
     @property
     def world(self):
         """The ranks of one step: dp * tp * pp."""

@@ -1,9 +1,9 @@
 """Collectives as ops of a rank's plan (memplan's own, outside ONNX): the data-parallel gradient
 reduction, the shards of ZeRO, the all-reduces of tensor parallelism and the sends and receives between
-pipeline stages (planner.parallel). Each rank runs
-the same plan; which shard is its own, and the other ranks, the executor's process groups say when running:
-a collective's `group` names which ("dp": the data-parallel ranks, "tp": the tensor-parallel ones,
-"world": all of them). A tensor of n elements split
+pipeline stages (planner.parallel). Each rank runs the same plan; which shard is its own, and the other
+ranks, the executor's process groups say when running: a collective's `group` names which ("dp": the
+data-parallel ranks, "tp": the tensor-parallel ones, "pp": the stages, "world": all of them). A tensor of n
+elements split
 over `world` ranks in whole runs of `unit` elements (a row of its first dim under FSDP2's sharding, else one)
 has shards of shard_size(n, world, unit) elements, the last ones padded with zeros."""
 import math
@@ -118,8 +118,7 @@ class Shard(_Collective):
     def gradient(self, b, node, dys):
         """The ranks' dY gathered (a weight each rank of a tensor-parallel region reads a piece of)."""
         return [b.op("AllGather", dys[0], domain="memplan", world=self.world(node), mean=0,
-                     unit=node.attrs.get("unit", 1), group=node.attrs.get("group", "dp"),
-                     shape=list(b.shape(node.inputs[0])))]
+                     unit=self.attr(node, "unit"), group=self.attr(node, "group"), shape=list(b.shape(node.inputs[0])))]
 
     def flops(self, node, ins, outs):
         return 0

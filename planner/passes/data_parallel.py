@@ -41,7 +41,7 @@ def _data_parallel(graph, context):
     buckets = _buckets(graph, [_grad(n) for n in optimizers], parallel.bucket_bytes if world > 1 or zero else 0)
     bucket_of = {g: j for j, (_, bucket) in enumerate(buckets) for g in bucket}
     reduced, waiting = {}, {j: [] for j in range(len(buckets))}
-    made = dict(graph.updates)  # {a param's new value: the param}
+    new_values = dict(graph.updates)  # {a param's new value: the param}
     for last, bucket in buckets:
         if last < 0:
             nodes += _reduce_bucket(b, graph, bucket, parallel, reduced)
@@ -59,9 +59,9 @@ def _data_parallel(graph, context):
         else:
             phase = node.notes.phase
             gathered = {p: _gathered(p, phase) for p in sharded if p in node.inputs and phase in GATHERED}
-            if any(i in made for i in node.inputs):  # a param's new value (a pipeline stage sends it): the gathered one
+            if any(i in new_values for i in node.inputs):  # a pipeline stage sends a new value: the gathered one
                 now = {old: new for new, old in updates.items()}
-                gathered.update((i, now[made[i]]) for i in node.inputs if i in made)
+                gathered.update((i, now[new_values[i]]) for i in node.inputs if i in new_values)
             nodes.append(replace(node, inputs=tuple(gathered.get(i, i) for i in node.inputs)) if gathered else node)
         if total in node.outputs:
             nodes.append(Node("AllReduce", (total,), (_summed(total),),

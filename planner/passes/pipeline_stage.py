@@ -33,8 +33,13 @@ def _pipeline_stage(graph, context):
                           "stages and microbatches in fp32, fp16, bf16 or amp-bf16")
     stages, microbatches, me = parallel.pp, parallel.microbatches, parallel.stage
     stage_of = pipeline.assign(graph, stages, microbatches, context.facts["labels"])
-    transfers = _transfers(graph, stage_of)
-    single = _stage_nodes(graph, stage_of, me, transfers)
+    producer = {o: k for k, n in enumerate(graph.nodes) for o in n.outputs if o}
+    readers = {}
+    for k, node in enumerate(graph.nodes):
+        for name in dict.fromkeys(i for i in node.inputs if i):
+            readers.setdefault(name, []).append(k)
+    transfers = _transfers(graph, stage_of, producer, readers)
+    single = _stage_nodes(graph, stage_of, me, transfers, producer, readers)
     nodes, tensors, inputs = _unrolled(graph, single, pipeline.order(me, stages, microbatches), microbatches,
                                        len(transfers))
     last = me == stages - 1
@@ -58,11 +63,10 @@ def _pipeline_stage(graph, context):
                                 "loss": "loss" if last else None})
 
 
-def _transfers(graph, stage_of):
+def _transfers(graph, stage_of, producer, readers):
     """[(tensor, from stage, to stage)] of every value a node of one stage reads from another, in the
     order of the graph's nodes (every stage's plan numbers them alike: the tags); then each param's new
-    value, to the other stages that read the param."""
-    producer = {o: k for k, n in enumerate(graph.nodes) for o in n.outputs if o}
+    value, to the other stages that read the param. `producer` and `readers` index the graph's nodes."""
     found = {}
     for k, node in enumerate(graph.nodes):
         for name in node.inputs:
@@ -70,24 +74,22 @@ def _transfers(graph, stage_of):
                 found.setdefault((name, stage_of[k]), (name, stage_of[producer[name]], stage_of[k]))
     for new, old in graph.updates:
         owner = stage_of[producer[new]]
-        for k, node in enumerate(graph.nodes):
-            if old in node.inputs and stage_of[k] != owner:
+        for k in readers.get(old, ()):
+            if stage_of[k] != owner:
                 found.setdefault((new, stage_of[k]), (new, owner, stage_of[k]))
     return list(found.values())
 
 
-def _stage_nodes(graph, stage_of, me, transfers):
+def _stage_nodes(graph, stage_of, me, transfers, producer, readers):
     """Stage `me`'s nodes of one microbatch: its own, a Recv before the first reader of each value it
     receives, a Send after the maker of each value it sends; a param's new value is sent and received
     after everything else (its optimizer node may wait for a gradient bucket: planner/passes/
     data_parallel.py)."""
-    producer = {o: k for k, n in enumerate(graph.nodes) for o in n.outputs if o}
     updated, end = {new for new, _ in graph.updates}, len(graph.nodes)
     recv_at, send_at = {}, {}
     for tag, (name, src, dst) in enumerate(transfers):
         if dst == me:
-            first = end if name in updated else \
-                next(k for k, n in enumerate(graph.nodes) if stage_of[k] == me and name in n.inputs)
+            first = end if name in updated else next(k for k in readers[name] if stage_of[k] == me)
             recv_at.setdefault(first, []).append((tag, name, src))
         if src == me:
             send_at.setdefault(end if name in updated else producer[name], []).append((tag, name, dst))

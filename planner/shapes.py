@@ -29,14 +29,15 @@ def infer(graph, input_shapes=None, pruned=True):
 
 def retype(graph, typed):
     """`graph`, a rewrite of the typed graph `typed`, typed exactly as `infer` types it, inferring only
-    what the rewrite changed: a node of `typed` whose inputs kept their types, not all of them known
-    values, keeps its outputs' types; new and replaced nodes, and the nodes reading what changed type,
-    are inferred. Constants fold and what no output needs is pruned, as in `infer`."""
-    return prune(_infer(graph, {}, {id(node) for node in typed.nodes}))
+    what the rewrite changed: a node of `typed` (or one of its name, op, attrs and outputs reading other
+    tensors of the same types) whose inputs kept their types, not all of them known values, keeps its
+    outputs' types; new and changed nodes, and the nodes reading what changed type, are inferred.
+    Constants fold and what no output needs is pruned, as in `infer`."""
+    return prune(_infer(graph, {}, typed))
 
 
-def _infer(graph, input_shapes, kept_nodes=frozenset()):
-    """infer, reusing the typed outputs of the nodes whose id is in `kept_nodes` (see retype). Control
+def _infer(graph, input_shapes, previous=None):
+    """infer, reusing the typed outputs of the nodes of the typed graph `previous` (see retype). Control
     flow is inlined as it is met; an op with no schema folds through ONNX's reference evaluator when its
     inputs are constants, and is refused (all of them listed) when it would remain in the plan."""
     graph = validate(graph)
@@ -44,6 +45,10 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
     tensors = dict(graph.tensors)
     nodes, folded, changed, missing, unread, lengths = [], {}, set(), [], [], []
     kept = {*graph.outputs, *(new for new, _ in graph.updates)}
+    earlier = {node.name: node for node in previous.nodes} if previous else {}
+    if previous:  # params and state the rewrite retyped (ZeRO-3's shards)
+        changed.update(name for name, info in infos.items() if name in previous.tensors and
+                       (info.shape, info.dtype) != (previous.tensors[name].shape, previous.tensors[name].dtype))
     todo = deque(graph.nodes)
     while todo:
         node = todo.popleft()
@@ -54,7 +59,7 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
                 (missing if schema is None else unread).append(node)
                 continue
             outs = [(v.shape, v.dtype) if v is not None else None for v in values]
-        elif _reusable(node, graph, infos, kept_nodes, changed):
+        elif _reusable(node, graph, infos, earlier.get(node.name), previous, changed):
             infos.update((out, Info(graph.tensors[out].shape, graph.tensors[out].dtype)) for out in node.outputs if out)
             nodes.append(node)
             continue
@@ -72,8 +77,8 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
             if out:
                 value = None if values is None else np.asarray(values[k], dtype=outs[k][1]).reshape(outs[k][0])
                 infos[out] = Info(*outs[k], value)
-                before = tensors[out]
-                if kept_nodes and not (before.is_static and (before.shape, before.dtype) == outs[k]):
+                before = previous and previous.tensors.get(out)
+                if before and (before.shape, before.dtype) != outs[k]:
                     changed.add(out)
         if values is not None and not set(node.outputs) & kept:
             folded.update((out, infos[out].value) for out in node.outputs if out)
@@ -89,6 +94,8 @@ def _infer(graph, input_shapes, kept_nodes=frozenset()):
     for name, t in tensors.items():
         if name in folded:
             typed[name] = Tensor(name, infos[name].shape, infos[name].dtype, "const", folded[name])
+        elif name in infos and (t.shape, t.dtype) == (infos[name].shape, infos[name].dtype):  # as declared
+            typed[name] = t
         elif name in infos:
             bounded = t.shape and name + LENGTH in lengths  # declared with its real length, planned at the bound
             _check_declared(replace(t, shape=(None, *t.shape[1:])) if bounded else t, infos[name], dims)
@@ -161,13 +168,29 @@ def _reference(node, infos, opsets, kept):
     return [None if v is None else np.asarray(v) for v in values]
 
 
-def _reusable(node, graph, infos, kept_nodes, changed):
-    """Whether `node` keeps its typed outputs (see retype). Inference may fold a node all of whose
-    inputs are known values, so such a node is inferred again."""
+def _reusable(node, graph, infos, old, typed, changed):
+    """Whether `node` keeps its typed outputs, those of `old`, the node of its name in the typed graph
+    `typed` (see retype). Inference may fold a node all of whose inputs are known values, so such a
+    node is inferred again; an input renamed must hold no value, as the one it replaces did not."""
+    if old is None:
+        return False
+    if old is not node:
+        if (node.op, node.domain, node.outputs, len(node.inputs)) != (old.op, old.domain, old.outputs, len(old.inputs)) \
+                or node.attrs is not old.attrs:
+            return False
+        for now, was in zip(node.inputs, old.inputs):
+            if now != was and not (now and was and infos[now].value is None and _valueless(typed.tensors[was])
+                                   and (infos[now].shape, infos[now].dtype) == (typed.tensors[was].shape, typed.tensors[was].dtype)):
+                return False
     inputs = [i for i in node.inputs if i]
-    return (id(node) in kept_nodes and not changed.intersection(inputs)
-            and any(infos[i].value is None for i in inputs)
+    return (not changed.intersection(inputs) and any(infos[i].value is None for i in inputs)
             and all(graph.tensors[o].is_static for o in node.outputs if o))
+
+
+def _valueless(tensor):
+    """Whether inference knew no value of a typed graph's tensor (see _source_info)."""
+    return tensor.kind in ("activation", "input", "state") or (tensor.kind == "param" and
+                                                                 _source_info(tensor).value is None)
 
 
 def _bind_inputs(graph, input_shapes):

@@ -81,7 +81,7 @@ def replay(graph, before):
                 latest[o[:-len(suffix)]] = o
             nodes.append(replace(source, name=source.name + suffix, inputs=inputs, outputs=outs,
                                  notes=replace(source.notes, phase=Phase.BACKWARD, recompute=True)))
-        if not node.notes.forward:
+        if not node.notes.forward and any(i in latest for i in node.inputs):
             node = replace(node, inputs=tuple(latest.get(i, i) for i in node.inputs))
         nodes.append(node)
     return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors), graph)

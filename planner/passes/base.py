@@ -33,8 +33,9 @@ class Result(NamedTuple):
 @dataclass(frozen=True)
 class Context:
     """What a pass reads besides the graph: the options, the shapes binding the model's inputs, the
-    Config, the facts earlier passes found, and `score(graph, facts)`, which plans a candidate graph
-    and returns its arena bytes (recomputation searches compare candidates by it)."""
+    Config, the facts earlier passes found, and `score(graph, facts, below=None)`, which plans a candidate
+    graph and returns its arena bytes, or None where they are not below `below` (recomputation searches
+    compare candidates by it, and skip allocating those that cannot beat the best so far)."""
 
     options: CompileOptions = CompileOptions()
     input_shapes: dict | None = None

@@ -22,9 +22,9 @@ REMATS = ("mirror", "sublinear", "budget", "optimal")
 
 def rematerialize(graph, remat, score, memory_budget=None, config=None):
     """The training graph with the strategy's recomputation, and what was decided: {"remat",
-    "recomputed" (tensor names), "search" [(threshold, arena bytes)], "budget", "solver" (optimal's
-    status, gap and seconds)}. `score(graph)` plans a candidate graph and returns its arena bytes;
-    `config` holds the searches' knobs."""
+    "recomputed" (tensor names), "search" [(threshold, arena bytes or None)], "budget", "solver" (optimal's
+    status, gap and seconds)}. `score(graph, below=None)` plans a candidate graph and returns its arena
+    bytes (None where they are not below `below`); `config` holds the searches' knobs."""
     config = config or Config()
     if remat is not None and remat not in REMATS:
         raise PlanError(f"unknown remat {remat!r}; choose one of {', '.join(REMATS)}")
@@ -46,7 +46,7 @@ def rematerialize(graph, remat, score, memory_budget=None, config=None):
         return recompute(graph, drop, info["horizon"]), info
     if remat == "sublinear":
         forced = drop
-        chosen, _, info["search"] = sublinear.search(graph, lambda d: score(recompute(graph, d | forced)),
+        chosen, _, info["search"] = sublinear.search(graph, lambda d, below: score(recompute(graph, d | forced), below),
                                                      progress=_progress)
         if config.sublinear_search == "megengine":
             candidates = droppable(graph)

@@ -35,16 +35,17 @@ def split(graph, threshold):
 
 def search(graph, score, trials=6, rounds=3, progress=None):
     """memonger's search_plan: `rounds` thresholds from 0, each next one sqrt(kept * largest / 2), then
-    `trials` thresholds on a grid up to the last guess * sqrt(2); `score(drop)` (the planned arena)
-    decides. Returns (best drop set, its score, [(threshold, score)] tried)."""
+    `trials` thresholds on a grid up to the last guess * sqrt(2); `score(drop, below)` (the planned arena,
+    or None where it is not below `below`, the best so far) decides. Returns (best drop set, its score,
+    [(threshold, score or None)] tried)."""
     tried, best = [], None
 
     def attempt(threshold):
         nonlocal best
         drop, kept, largest = split(graph, threshold)
-        cost = score(drop)
+        cost = score(drop, best and best[1])
         tried.append((threshold, cost))
-        if best is None or cost < best[1]:
+        if cost is not None:
             best = (drop, cost)
         if progress:
             progress(len(tried), rounds + trials)

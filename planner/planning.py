@@ -1,0 +1,178 @@
+"""Planning one typed graph, one step per line:
+
+    schedule -> lifetimes -> in-place aliases -> workspaces -> buffers (LOAD) -> allocator offsets -> Plan
+
+A search that only compares arenas (recomputation's candidates, the schedule orders of "auto") stops at
+the buffers wherever their LOAD shows the arena cannot beat the best one so far: no placement uses less
+than LOAD, so such a candidate cannot win and is never allocated.
+"""
+import math
+
+from . import allocators, ops, workspace
+from .breakdown import breakdown
+from .inplace import aliases
+from .ir import Phase
+from .liveness import lifetimes
+from .options import STRATEGIES
+from .plan import ALIGNMENT, Plan, PlannedTensor, Step
+from .schedule import schedule as make_schedule
+
+
+def plan_graph(graph, strategy, order, config, fetch=(), training=None):
+    """One Plan of a typed graph for one strategy and one schedule order."""
+    return Buffers(graph, strategy, order, config, fetch, training).plan()
+
+
+def smallest_plan(graph, strategy, orders, config, fetch=(), training=None):
+    """The Plan of the smallest arena among the schedule `orders` (ties: the first order's)."""
+    best = None
+    for order in orders:
+        buffers = Buffers(graph, strategy, order, config, fetch, training)
+        if best is None or buffers.load < best.arena_bytes:
+            plan = buffers.plan()
+            best = plan if best is None or plan.arena_bytes < best.arena_bytes else best
+    return best
+
+
+def arena_bytes(graph, strategy, orders, config, fetch=(), training=None, below=None):
+    """The smallest arena among the schedule `orders`' plans, or None where none is below `below` bytes.
+    The orders are allocated by rising LOAD, and only while their LOAD is below the best arena so far."""
+    limit = math.inf if below is None else below
+    best = limit
+    for buffers in sorted((Buffers(graph, strategy, order, config, fetch, training) for order in orders),
+                          key=lambda b: b.load):
+        if buffers.load < best:
+            best = min(best, buffers.arena())
+    return best if best < limit else None
+
+
+class Buffers:
+    """A typed graph's tensors under one schedule order and strategy, before offsets: the steps, which
+    tensors share a buffer, each buffer's span of steps, the persistent bytes below the buffers (params,
+    state, pooled workspace slots) and `load`, the least arena any placement of them can have."""
+
+    def __init__(self, graph, strategy, order, config, fetch=(), training=None):
+        self.graph, self.config, self.training = graph, config, training
+        self.allocator, inplace_allowed = STRATEGIES[strategy]
+        self.strategy, self.order = strategy, order
+        held = (*graph.outputs, *fetch)
+        last = {n.name for n in graph.nodes if n.notes.assign}
+        if training and training["update"] == "after_backward":
+            last |= {n.name for n in graph.nodes if n.notes.phase is Phase.OPTIMIZER}
+        self.steps = make_schedule(graph, order, held, last)
+        self.life = lifetimes(graph, self.steps, held)
+        self.root_of, self.views = aliases(graph, self.steps, held, writes=inplace_allowed and config.enable_inplace)
+        self.root_of.update(graph.updates)
+        self.scratch = workspace.layouts(graph, self.steps, config.workspace_limit)
+        self.slots, self.slot_of = [], {}
+        if config.workspace_mode == "pool" and self.scratch:
+            self.slots, self.slot_of = workspace.pool(
+                self.steps, {name: layout.nbytes for name, layout in self.scratch.items()}, config.temp_slots)
+        self.spans = {}
+        for name, (first, last) in self.life.items():
+            key = self.root_of.get(name) or name
+            lo, hi = self.spans.get(key, (first, last))
+            self.spans[key] = (min(lo, first), max(hi, last))
+        tensors = graph.tensors
+        self.persistent = [(n, tensors[n].nbytes) for n in tensors if n not in self.life and n not in self.root_of]
+        self.persistent += [(f"workspace:slot{k}", size) for k, size in enumerate(self.slots)]
+        self.roots = [(n, tensors[n].nbytes) for n in tensors if n in self.life and n not in self.root_of]
+        if config.workspace_mode != "pool":
+            for step, node in enumerate(self.steps):
+                if node.name in self.scratch:
+                    used = f"{node.name}:workspace"
+                    self.roots.append((used, self.scratch[node.name].nbytes))
+                    self.spans[used] = (step, step)
+        self.base = sum(allocators.align(size, ALIGNMENT) for _, size in self.persistent)
+        self.intervals = ([size for _, size in self.roots], [self.spans[n][0] for n, _ in self.roots],
+                          [self.spans[n][1] for n, _ in self.roots])
+        self.load = self.base + allocators.lower_bound(*self.intervals, ALIGNMENT)
+        self._placed = None
+
+    def arena(self):
+        """The arena's bytes once the allocator has placed the buffers."""
+        return self.base + self._offsets()[1]
+
+    def _offsets(self):
+        """(offsets of the buffers, bytes they span), placed once by the strategy's allocator."""
+        if self._placed is None:
+            self._options = _allocator_options(self.allocator, self.config, self.steps, *self.intervals[1:])
+            self._placed = allocators.allocate(self.allocator, *self.intervals, ALIGNMENT, **self._options)
+        return self._placed
+
+    def plan(self):
+        """The Plan: every tensor's place, and the steps with their workspaces."""
+        graph, config = self.graph, self.config
+        offsets, total = self._offsets()
+        where, base = {}, 0
+        for name, size in self.persistent:
+            where[name], base = base, base + allocators.align(size, ALIGNMENT)
+        where.update((name, self.base + offset) for (name, _), offset in zip(self.roots, offsets))
+        names, roles, places = {}, _roles(graph, self.training), {}  # names: {dtype: str(dtype)}, as str is slow
+        for t in graph.tensors.values():
+            root = self.root_of.get(t.name)
+            dtype = names.get(t.dtype) or names.setdefault(t.dtype, str(t.dtype))
+            places[t.name] = PlannedTensor(t.name, t.shape, dtype, t.kind, t.nbytes, where[root or t.name],
+                                           self.life.get(t.name), root, t.name in self.views, roles.get(t.name, ""))
+        for k, size in enumerate(self.slots):
+            name = f"workspace:slot{k}"
+            places[name] = PlannedTensor(name, (size,), "uint8", "workspace_slot", size, where[name], None)
+        asked = [layout.nbytes for layout in self.scratch.values()]
+        ws = {"mode": config.workspace_mode, "limit": config.workspace_limit, "requests": len(asked),
+              "largest": max(asked, default=0), "total_requested": sum(asked),
+              **({"slots": list(self.slots)} if config.workspace_mode == "pool" and self.scratch else {})}
+        steps = []
+        for step, node in enumerate(self.steps):
+            used, layout = None, self.scratch.get(node.name)
+            if layout is not None:
+                if config.workspace_mode == "pool":
+                    used = f"workspace:slot{self.slot_of[node.name]}"
+                else:
+                    used = f"{node.name}:workspace"
+                    places[used] = PlannedTensor(used, (layout.nbytes,), "uint8", "workspace", layout.nbytes,
+                                                 where[used], (step, step))
+            phase = "recompute" if node.notes.recompute else "" if node.notes.forward else node.notes.phase.value
+            steps.append(Step(node.name, node.op, node.inputs, node.outputs, ops.of(node, graph.opsets).normalize(node),
+                              used, phase, node.domain, layout.slices if layout else (), graph.opsets.get(node.domain)))
+        parts, fullest = breakdown(places, len(steps), self.base + total, bool(self.training))
+        return Plan(self.strategy, self.order, self.base + total, self.load, parts, places, tuple(steps),
+                    tuple(graph.inputs), tuple(graph.outputs),
+                    stats={"allocator": self.allocator, "steps": len(steps), "buffers": len(self.roots),
+                           "persistent_bytes": self.base,
+                           "inplace": sum(1 for n in self.root_of if n not in self.views),
+                           "views": len(self.views), "workspace": ws, "fullest_step": fullest,
+                           **({"allocator_proof": self._options["report"]} if "report" in self._options else {})},
+                    data={t.name: t.data for t in graph.tensors.values() if t.kind in ("param", "const")},
+                    opsets=dict(graph.opsets))
+
+
+def _allocator_options(name, config, steps, starts, ends):
+    """Settings each allocator takes from the Config; `share` colours nodes when several temp slots
+    allow concurrent workers (MXNet's GetExecNumMatchColor)."""
+    if name == "share":
+        options = {"match_range": config.match_range, "auto_search": config.auto_search_match_range}
+        if config.temp_slots > 1 and steps:
+            color = workspace.color_nodes(steps, config.temp_slots, {node.name: 1 for node in steps})
+            last = len(steps) - 1  # held tensors end after the last step; their blocks are never reused
+            options["colors"] = ([color[steps[s].name] for s in starts],
+                                 [color[steps[min(e, last)].name] for e in ends])
+        return options
+    if name == "optimal":  # `report` comes back filled with what the search proved
+        return {"time_limit": config.time_limit, "report": {}}
+    return {}
+
+
+def _roles(graph, training):
+    """{tensor: role} of a training graph (see plan.ROLES): gradients, updates, and activations of the
+    forward pass that a backward node reads."""
+    if not training:
+        return {}
+    roles = {g: "gradient" for g in training["grads"].values() if graph.tensors[g].kind == "activation"}
+    roles.update((new, "update") for new, _ in graph.updates)
+    roles.update((o, "recomputed") for n in graph.nodes if n.notes.recompute for o in n.outputs if o)
+    forward = {o for n in graph.nodes if n.notes.forward for o in n.outputs}
+    for node in graph.nodes:
+        if node.notes.phase is Phase.BACKWARD:
+            roles.update((i, "saved") for i in node.inputs if i in forward and graph.tensors[i].kind == "activation"
+                         and roles.get(i) != "update")
+    return roles

@@ -1,4 +1,5 @@
 """The interface every op schema implements, and helpers the shape rules share."""
+import functools
 import math
 from dataclasses import dataclass
 
@@ -159,7 +160,7 @@ class Slice:
 
     @property
     def nbytes(self):
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * _dtype_facts(self.dtype)[0]
 
 
 @dataclass(frozen=True)
@@ -175,11 +176,18 @@ class Layout:
         `align`, the total rounded up to `align`; None parts are left out."""
         slices, end = [], 0
         for name, shape, dtype in filter(None, parts):
-            step = math.lcm(np.dtype(dtype).itemsize, align)
+            itemsize, dtype = _dtype_facts(dtype)
+            step = math.lcm(itemsize, align)
             start = -(-end // step) * step
-            slices.append(Slice(name, start, tuple(int(d) for d in shape), str(np.dtype(dtype))))
+            slices.append(Slice(name, start, tuple(int(d) for d in shape), dtype))
             end = start + slices[-1].nbytes
         return cls(tuple(slices), -(-end // align) * align)
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_facts(dtype):
+    """(itemsize, name) of a dtype, as NumPy spells it; cached, as planning asks for them in every plan."""
+    return np.dtype(dtype).itemsize, str(np.dtype(dtype))
 
 
 FLOATS = frozenset({"tensor(float16)", "tensor(bfloat16)", "tensor(float)", "tensor(double)"})

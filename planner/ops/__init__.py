@@ -42,6 +42,8 @@ def schema(*op_types, domain="", since=1):
 def get(op_type, domain="", version=None):
     """The schema of `op_type` in `domain` at opset `version` (None: the newest)."""
     versions = SCHEMAS.get((domain, op_type), ())
+    if len(versions) == 1 and (version is None or versions[0][0] <= version):  # most ops: one schema
+        return versions[0][1]
     chosen = [s for since, s in versions if version is None or since <= version]
     if not chosen:
         raise UnsupportedOpError([op_name(domain, op_type)])

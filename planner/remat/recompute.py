@@ -63,7 +63,8 @@ def recompute(graph, drop, horizon=None):
 def replay(graph, before):
     """The typed graph with, just before each backward node named in `before`, clones of the forward
     nodes it lists ((node, outputs to compute again), in order). Every backward read, clones' included,
-    takes the latest computation of a tensor; the k-th clone of a node has the suffix SUFFIX + k (k > 1)."""
+    takes the latest computation of a tensor; the k-th clone of a node has the suffix SUFFIX + k (k > 1).
+    A clone reads tensors of the types its source read, so its outputs have its source's types."""
     # A node that updates a param it reads (training BatchNormalization's running statistics, which its
     # output does not depend on) is recomputed reading the new value, as the old one is gone by then.
     own = {(graph.producers[new].name, old): new for new, old in graph.updates}
@@ -77,11 +78,12 @@ def replay(graph, before):
             while outs and not outs[-1]:
                 outs = outs[:-1]
             for o in filter(None, outs):
-                tensors[o] = Tensor(o, None, None, "activation")
-                latest[o[:-len(suffix)]] = o
+                computed = graph.tensors[o[:-len(suffix)]]  # a clone's types are its source's
+                tensors[o] = Tensor(o, computed.shape, computed.dtype, "activation")
+                latest[computed.name] = o
             nodes.append(replace(source, name=source.name + suffix, inputs=inputs, outputs=outs,
                                  notes=replace(source.notes, phase=Phase.BACKWARD, recompute=True)))
         if not node.notes.forward and any(i in latest for i in node.inputs):
             node = replace(node, inputs=tuple(latest.get(i, i) for i in node.inputs))
         nodes.append(node)
-    return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors), graph)
+    return shapes.prune(replace(graph, nodes=tuple(nodes), tensors=tensors))

@@ -20,14 +20,14 @@ from .schedule import schedule as make_schedule
 
 def plan_graph(graph, strategy, order, config, fetch=(), training=None):
     """One Plan of a typed graph for one strategy and one schedule order."""
-    return Buffers(graph, strategy, order, config, fetch, training).plan()
+    return Buffers(graph, strategy, order, config, fetch, training, _scratch(graph, config)).plan()
 
 
 def smallest_plan(graph, strategy, orders, config, fetch=(), training=None):
     """The Plan of the smallest arena among the schedule `orders` (ties: the first order's)."""
-    best = None
+    best, scratch = None, _scratch(graph, config)
     for order in orders:
-        buffers = Buffers(graph, strategy, order, config, fetch, training)
+        buffers = Buffers(graph, strategy, order, config, fetch, training, scratch)
         if best is None or buffers.load < best.arena_bytes:
             plan = buffers.plan()
             best = plan if best is None or plan.arena_bytes < best.arena_bytes else best
@@ -37,9 +37,9 @@ def smallest_plan(graph, strategy, orders, config, fetch=(), training=None):
 def arena_bytes(graph, strategy, orders, config, fetch=(), training=None, below=None):
     """The smallest arena among the schedule `orders`' plans, or None where none is below `below` bytes.
     The orders are allocated by rising LOAD, and only while their LOAD is below the best arena so far."""
-    limit = math.inf if below is None else below
+    limit, scratch = math.inf if below is None else below, _scratch(graph, config)
     best = limit
-    for buffers in sorted((Buffers(graph, strategy, order, config, fetch, training) for order in orders),
+    for buffers in sorted((Buffers(graph, strategy, order, config, fetch, training, scratch) for order in orders),
                           key=lambda b: b.load):
         if buffers.load < best:
             best = min(best, buffers.arena())
@@ -49,9 +49,10 @@ def arena_bytes(graph, strategy, orders, config, fetch=(), training=None, below=
 class Buffers:
     """A typed graph's tensors under one schedule order and strategy, before offsets: the steps, which
     tensors share a buffer, each buffer's span of steps, the persistent bytes below the buffers (params,
-    state, pooled workspace slots) and `load`, the least arena any placement of them can have."""
+    state, pooled workspace slots) and `load`, the least arena any placement of them can have. `scratch`
+    is the nodes' workspaces (_scratch), the same in every order."""
 
-    def __init__(self, graph, strategy, order, config, fetch=(), training=None):
+    def __init__(self, graph, strategy, order, config, fetch, training, scratch):
         self.graph, self.config, self.training = graph, config, training
         self.allocator, inplace_allowed = STRATEGIES[strategy]
         self.strategy, self.order = strategy, order
@@ -63,7 +64,7 @@ class Buffers:
         self.life = lifetimes(graph, self.steps, held)
         self.root_of, self.views = aliases(graph, self.steps, held, writes=inplace_allowed and config.enable_inplace)
         self.root_of.update(graph.updates)
-        self.scratch = workspace.layouts(graph, self.steps, config.workspace_limit)
+        self.scratch = scratch
         self.slots, self.slot_of = [], {}
         if config.workspace_mode == "pool" and self.scratch:
             self.slots, self.slot_of = workspace.pool(
@@ -144,6 +145,11 @@ class Buffers:
                            **({"allocator_proof": self._options["report"]} if "report" in self._options else {})},
                     data={t.name: t.data for t in graph.tensors.values() if t.kind in ("param", "const")},
                     opsets=dict(graph.opsets))
+
+
+def _scratch(graph, config):
+    """{node name: workspace Layout} of the graph's nodes that need scratch."""
+    return workspace.layouts(graph, graph.nodes, config.workspace_limit)
 
 
 def _allocator_options(name, config, steps, starts, ends):

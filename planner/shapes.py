@@ -52,6 +52,11 @@ def _infer(graph, input_shapes, previous=None):
     todo = deque(graph.nodes)
     while todo:
         node = todo.popleft()
+        old = earlier.get(node.name)
+        if old is not None and _reusable(node, graph, infos, old, previous, changed):
+            infos.update((out, Info(graph.tensors[out].shape, graph.tensors[out].dtype)) for out in node.outputs if out)
+            nodes.append(node)
+            continue
         schema = _schema(node, graph.opsets)
         if schema is None or any(i and i not in infos for i in node.inputs):
             values = _reference(node, infos, graph.opsets, kept)
@@ -59,10 +64,6 @@ def _infer(graph, input_shapes, previous=None):
                 (missing if schema is None else unread).append(node)
                 continue
             outs = [(v.shape, v.dtype) if v is not None else None for v in values]
-        elif _reusable(node, graph, infos, earlier.get(node.name), previous, changed):
-            infos.update((out, Info(graph.tensors[out].shape, graph.tensors[out].dtype)) for out in node.outputs if out)
-            nodes.append(node)
-            continue
         else:
             if getattr(schema, "expand", None):
                 inlined, made = _expanded(schema, node, infos, graph.opsets)
@@ -172,18 +173,18 @@ def _reusable(node, graph, infos, old, typed, changed):
     """Whether `node` keeps its typed outputs, those of `old`, the node of its name in the typed graph
     `typed` (see retype). Inference may fold a node all of whose inputs are known values, so such a
     node is inferred again; an input renamed must hold no value, as the one it replaces did not."""
-    if old is None:
-        return False
     if old is not node:
-        if (node.op, node.domain, node.outputs, len(node.inputs)) != (old.op, old.domain, old.outputs, len(old.inputs)) \
-                or node.attrs is not old.attrs:
+        if node.attrs is not old.attrs or (node.op, node.domain, node.outputs, len(node.inputs)) != \
+                (old.op, old.domain, old.outputs, len(old.inputs)):
             return False
         for now, was in zip(node.inputs, old.inputs):
-            if now != was and not (now and was and infos[now].value is None and _valueless(typed.tensors[was])
-                                   and (infos[now].shape, infos[now].dtype) == (typed.tensors[was].shape, typed.tensors[was].dtype)):
+            if now != was and not (now and was and now in infos and infos[now].value is None
+                                   and _valueless(typed.tensors[was]) and (infos[now].shape, infos[now].dtype)
+                                   == (typed.tensors[was].shape, typed.tensors[was].dtype)):
                 return False
-    inputs = [i for i in node.inputs if i]
-    return (not changed.intersection(inputs) and any(infos[i].value is None for i in inputs)
+    known = [infos.get(i) for i in node.inputs if i]
+    return (all(info is not None for info in known) and not changed.intersection(node.inputs)
+            and any(info.value is None for info in known)
             and all(graph.tensors[o].is_static for o in node.outputs if o))
 
 

@@ -142,3 +142,34 @@ def test_plans_carry_their_device_and_rank(tmp_path):
     for bad in (dict(rank=-1), dict(rank=True), dict(device="")):
         with pytest.raises(planner.PlanError, match="rank|device"):
             planner.compile("zoo:mlp", {"input": (2, 784)}, **bad)
+
+
+@pytest.mark.parametrize("batch", [2, 4], ids=["same types", "other shape"])
+def test_retype_keeps_a_renamed_reader_only_where_the_new_tensor_has_the_old_ones_type(batch):
+    """A node pointed at another tensor keeps its outputs' types when that tensor has the type of the one
+    it replaces; of another shape, the node and those after it are inferred again, and meet the shapes
+    the graph declares, as infer does."""
+    graph = planner.load(small_model("mlp"), input_shapes(small_model("mlp"), 2))
+    first, x = graph.nodes[0], graph.nodes[0].inputs[0]
+    copy = Node("Concat", (x,) * (batch // 2), ("x2",), {"axis": 0}, "copy")
+    rewritten = replace(graph, nodes=(copy, replace(first, inputs=("x2", *first.inputs[1:])), *graph.nodes[1:]),
+                        tensors={**graph.tensors, "x2": Tensor("x2", None, None, "activation")})
+    if batch == 2:
+        assert signature(shapes.retype(rewritten, graph)) == signature(shapes.infer(rewritten))
+        return
+    with pytest.raises(planner.ShapeError, match=r"declared with shape \(2, 16\) but computes to \(4, 16\)"):
+        shapes.infer(rewritten)
+    with pytest.raises(planner.ShapeError, match=r"declared with shape \(2, 16\) but computes to \(4, 16\)"):
+        shapes.retype(rewritten, graph)
+
+
+def test_recomputed_clones_are_typed_as_inference_types_them():
+    """replay types each clone as its source instead of inferring it: the same types full inference gives."""
+    from planner.remat.recompute import droppable, recompute
+    options = CompileOptions(training=True, optimizer="adam")
+    model = small_model("resnet18")
+    context = passes.Context(options, input_shapes(model, 2), Config())
+    graph, _ = passes.run(passes.TRAINING[:passes.TRAINING.index(passes.recomputation)], read(model), context)
+    rewritten = recompute(graph, droppable(graph))
+    assert any(n.notes.recompute for n in rewritten.nodes)
+    assert signature(shapes.infer(rewritten, pruned=False)) == signature(rewritten)

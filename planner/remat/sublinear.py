@@ -45,7 +45,7 @@ def search(graph, score, trials=6, rounds=3, progress=None):
         drop, kept, largest = split(graph, threshold)
         cost = score(drop, best and best[1])
         tried.append((threshold, cost))
-        if cost is not None:
+        if cost is not None and (best is None or cost < best[1]):
             best = (drop, cost)
         if progress:
             progress(len(tried), rounds + trials)

@@ -7,14 +7,14 @@ import time
 from dataclasses import replace
 from types import MappingProxyType
 
-from . import allocators, ops, passes
+from . import allocators, ops, passes, planning
 from .config import Config
 from .errors import PlanError
 from .options import SCHEDULES, STRATEGIES, CompileOptions
 from .passes.fold_transpose import SUFFIX as FOLDED
 from .passes.pretranspose import SUFFIX as PRETRANSPOSED
 from .plan import ALIGNMENT
-from .planning import arena_bytes, plan_graph, smallest_plan
+from .planning import plan_graph, smallest_plan
 
 __all__ = ["compile", "compile_stages", "plan_graph", "CompileOptions", "STRATEGIES", "SCHEDULES"]
 
@@ -81,17 +81,17 @@ STEP = frozenset({passes.TYPED, passes.LOSS, passes.GRADIENTS, passes.UPDATES})
 
 
 def _context(options, input_shapes):
-    """The passes' Context of `options`, whose `score` plans a candidate graph as the rank's plan."""
+    """The passes' Context of `options`, whose `measure` plans a candidate graph as the rank's plan."""
     config = options.config or Config.from_env()
 
-    def score(graph, facts, below=None):
-        if options.parallel is not None:  # a candidate of recomputation, scored as the rank's plan it becomes
+    def measure(graph, facts):
+        if options.parallel is not None:  # a candidate of recomputation, planned as the rank's plan it becomes
             context = passes.Context(options, input_shapes, config, MappingProxyType(facts))
             graph, found = passes.run([passes.data_parallel], graph, context, frozenset({passes.TYPED, passes.UPDATES}))
             facts = {**facts, **found}
-        return arena_bytes(graph, options.strategy, options.orders, config, tuple(options.fetch), facts, below)
+        return planning.measure(graph, options.strategy, options.orders, config, tuple(options.fetch), facts)
 
-    return passes.Context(options, input_shapes, config, score=score)
+    return passes.Context(options, input_shapes, config, measure=measure)
 
 
 def _planned(graph, facts, options, start):

@@ -2,9 +2,9 @@
 
     schedule -> lifetimes -> in-place aliases -> workspaces -> buffers (LOAD) -> allocator offsets -> Plan
 
-A search that only compares arenas (recomputation's candidates, the schedule orders of "auto") stops at
-the buffers wherever their LOAD shows the arena cannot beat the best one so far: no placement uses less
-than LOAD, so such a candidate cannot win and is never allocated.
+A search that only compares arenas (recomputation's candidates, the schedule orders of "auto") measures
+its candidates as far as their buffers (`measure`) and allocates them by rising LOAD, only while one can
+beat the best arena so far: no placement uses less than LOAD, so the others cannot win.
 """
 import math
 
@@ -34,16 +34,29 @@ def smallest_plan(graph, strategy, orders, config, fetch=(), training=None):
     return best
 
 
-def arena_bytes(graph, strategy, orders, config, fetch=(), training=None, below=None):
-    """The smallest arena among the schedule `orders`' plans, or None where none is below `below` bytes.
-    The orders are allocated by rising LOAD, and only while their LOAD is below the best arena so far."""
-    limit, scratch = math.inf if below is None else below, _scratch(graph, config)
-    best = limit
-    for buffers in sorted((Buffers(graph, strategy, order, config, fetch, training, scratch) for order in orders),
-                          key=lambda b: b.load):
-        if buffers.load < best:
-            best = min(best, buffers.arena())
-    return best if best < limit else None
+def measure(graph, strategy, orders, config, fetch=(), training=None):
+    """The graph's plans in the schedule `orders`, as far as their buffers (Measured)."""
+    scratch = _scratch(graph, config)
+    return Measured([Buffers(graph, strategy, order, config, fetch, training, scratch) for order in orders])
+
+
+class Measured:
+    """A candidate's plans, one per schedule order, before offsets: `load`, the least LOAD among them (no
+    arena of the candidate is smaller), and `arena(below)`, which allocates them by rising LOAD."""
+
+    def __init__(self, buffers):
+        self.buffers = sorted(buffers, key=lambda b: b.load)
+        self.load = self.buffers[0].load
+
+    def arena(self, below=None):
+        """The smallest arena, or None where none is below `below` bytes (an order whose LOAD is not below
+        the best so far is not allocated)."""
+        limit = math.inf if below is None else below
+        best = limit
+        for buffers in self.buffers:
+            if buffers.load < best:
+                best = min(best, buffers.arena())
+        return best if best < limit else None
 
 
 class Buffers:

@@ -33,15 +33,15 @@ class Result(NamedTuple):
 @dataclass(frozen=True)
 class Context:
     """What a pass reads besides the graph: the options, the shapes binding the model's inputs, the
-    Config, the facts earlier passes found, and `score(graph, facts, below=None)`, which plans a candidate
-    graph and returns its arena bytes, or None where they are not below `below` (recomputation searches
-    compare candidates by it, and skip allocating those that cannot beat the best so far)."""
+    Config, the facts earlier passes found, and `measure(graph, facts)`, which plans a candidate graph as
+    far as its buffers (planning.Measured: its LOAD, and its arena once allocated), by which searches
+    compare candidates, allocating only those that can beat the best so far."""
 
     options: CompileOptions = CompileOptions()
     input_shapes: dict | None = None
     config: Config = field(default_factory=Config.from_env)
     facts: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
-    score: Callable | None = None
+    measure: Callable | None = None
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,8 @@ def _apply(graph, context):
     if not blocks:
         return Result(graph, False)
     every, _ = _rewritten(graph, blocks)
-    if context.score is not None and context.score(every, context.facts) <= context.score(graph, context.facts):
+    if context.measure is not None and \
+            context.measure(every, context.facts).arena() <= context.measure(graph, context.facts).arena():
         return Result(every, True)
     fitting, count = _rewritten(graph, blocks, max(1, room(graph, context.config)))
     return Result(fitting, bool(count))

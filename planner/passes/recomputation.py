@@ -9,10 +9,8 @@ def _recomputation(graph, context):
     options, config = context.options, context.config
     strategy = options.remat or ("budget" if options.memory_budget is not None
                                  else "mirror" if config.backward_do_mirror else None)
-    def score(candidate, below=None):
-        return context.score(candidate, context.facts, below)
-
-    rewritten, decided = remat.rematerialize(graph, strategy, score, options.memory_budget, config)
+    rewritten, decided = remat.rematerialize(graph, strategy, lambda g: context.measure(g, context.facts),
+                                             options.memory_budget, config)
     return Result(rewritten, rewritten is not graph, {"remat": decided})
 
 

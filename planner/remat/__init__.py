@@ -20,12 +20,16 @@ from .recompute import SUFFIX, droppable, recompute
 REMATS = ("mirror", "sublinear", "budget", "optimal")
 
 
-def rematerialize(graph, remat, score, memory_budget=None, config=None):
+def rematerialize(graph, remat, measure, memory_budget=None, config=None):
     """The training graph with the strategy's recomputation, and what was decided: {"remat",
     "recomputed" (tensor names), "search" [(threshold, arena bytes or None)], "budget", "solver" (optimal's
-    status, gap and seconds)}. `score(graph, below=None)` plans a candidate graph and returns its arena
-    bytes (None where they are not below `below`); `config` holds the searches' knobs."""
+    status, gap and seconds)}. `measure(graph)` plans a candidate graph as far as its buffers
+    (planning.Measured); `config` holds the searches' knobs."""
     config = config or Config()
+
+    def score(candidate):
+        return measure(candidate).arena()
+
     if remat is not None and remat not in REMATS:
         raise PlanError(f"unknown remat {remat!r}; choose one of {', '.join(REMATS)}")
     if (remat in ("budget", "optimal")) != (memory_budget is not None):
@@ -46,17 +50,17 @@ def rematerialize(graph, remat, score, memory_budget=None, config=None):
         return recompute(graph, drop, info["horizon"]), info
     if remat == "sublinear":
         forced = drop
-        chosen, _, info["search"] = sublinear.search(graph, lambda d, below: score(recompute(graph, d | forced), below),
+        chosen, _, info["search"] = sublinear.search(graph, lambda d: measure(recompute(graph, d | forced)),
                                                      progress=_progress)
         if config.sublinear_search == "megengine":
             candidates = droppable(graph)
 
-            def measure(kept):
+            def scored(kept):
                 rewritten = recompute(graph, (candidates - kept) | forced)
                 return score(rewritten), budget.recompute_flops(rewritten)
 
             kept, info["search"] = megengine.search(
-                graph, measure, config.sublinear_thresh_nr_try, config.sublinear_genetic_nr_iter,
+                graph, scored, config.sublinear_thresh_nr_try, config.sublinear_genetic_nr_iter,
                 config.sublinear_genetic_pool_size, config.sublinear_lower_bound_mb * 2**20, config.sublinear_workers,
                 seeds=[frozenset(candidates - chosen)], progress=_progress)
             chosen = candidates - kept

@@ -80,8 +80,7 @@ def _candidates(graph, budget, evaluate, steps):
     """[(recompute FLOPs, drop set)]: the least of each family that fits; `evaluate(drop)` gives
     (arena bytes, recompute FLOPs)."""
     cheap = mirror.mirror(graph)
-    _, _, tried = sublinear.search(graph, lambda d, below: evaluate(d)[0])
-    top = min(tried, key=lambda tried_one: tried_one[1])[0]
+    top = min(sublinear.thresholds(graph), key=lambda t: evaluate(sublinear.split(graph, t)[0])[0])
     candidates = droppable(graph)
     sizes = [graph.tensors[t].nbytes for t in candidates if graph.tensors[t].nbytes]
     answers = []

@@ -33,30 +33,34 @@ def split(graph, threshold):
     return drop, kept, max(largest, temp)
 
 
-def search(graph, score, trials=6, rounds=3, progress=None):
-    """memonger's search_plan: `rounds` thresholds from 0, each next one sqrt(kept * largest / 2), then
-    `trials` thresholds on a grid up to the last guess * sqrt(2); `score(drop, below)` (the planned arena,
-    or None where it is not below `below`, the best so far) decides. Returns (best drop set, its score,
-    [(threshold, score or None)] tried)."""
-    tried, best = [], None
-
-    def attempt(threshold):
-        nonlocal best
-        drop, kept, largest = split(graph, threshold)
-        cost = score(drop, best and best[1])
-        tried.append((threshold, cost))
-        if cost is not None and (best is None or cost < best[1]):
-            best = (drop, cost)
-        if progress:
-            progress(len(tried), rounds + trials)
-        return kept, largest
-
-    threshold, smallest = 0, None
+def thresholds(graph, trials=6, rounds=3):
+    """memonger's thresholds: `rounds` from 0, each next one sqrt(kept * largest / 2) of the split at the
+    one before, then `trials` on a grid up to the last guess * sqrt(2)."""
+    found, threshold, smallest = [], 0, None
     for _ in range(rounds):
-        kept, largest = attempt(threshold)
+        found.append(threshold)
+        _, kept, largest = split(graph, threshold)
         smallest = largest if smallest is None else min(smallest, largest)
         threshold = int(math.sqrt(kept * largest / 2))
     step = int((threshold * math.sqrt(2) - smallest) / trials)
-    for k in range(1, trials + 1 if step > 0 else 1):
-        attempt(smallest + k * step)
-    return best[0], best[1], tried
+    return found + [smallest + k * step for k in range(1, trials + 1 if step > 0 else 1)]
+
+
+def search(graph, measure, trials=6, rounds=3, progress=None):
+    """memonger's search_plan: the split at each of its `thresholds` planned, the smallest arena chosen (ties:
+    the first threshold's). `measure(drop)` plans a candidate as far as its buffers (planning.Measured); they
+    are allocated by rising LOAD, only while one can beat the best arena so far. Returns (best drop set, its
+    arena, [(threshold, arena, or None where it was not allocated)])."""
+    candidates = [(t, split(graph, t)[0]) for t in thresholds(graph, trials, rounds)]
+    measured = []
+    for _, drop in candidates:
+        measured.append(measure(drop))
+        if progress:
+            progress(len(measured), len(candidates))
+    arenas, best = [None] * len(candidates), None  # best: (arena, index)
+    for k in sorted(range(len(candidates)), key=lambda k: (measured[k].load, k)):
+        if best is None or (measured[k].load, k) < best:
+            arenas[k] = measured[k].arena(None if best is None else best[0] + (k < best[1]))
+            if arenas[k] is not None:
+                best = (arenas[k], k)
+    return candidates[best[1]][1], best[0], [(t, arena) for (t, _), arena in zip(candidates, arenas)]

@@ -245,8 +245,8 @@ def viz(args):
 
 def batch_planner(args, training):
     """compile_at(batch, **options): the command's model planned at another batch (the first dim of its
-    inputs), with the command's options and `training` ones under `options`; compile_at.stages(batch,
-    **options) yields each pipeline stage's plan (planner.compile_stages)."""
+    inputs), with the command's options and `training` ones under `options`; compile_at.stages(batch, order,
+    **options) yields the plans of the pipeline stages `order` lists (planner.compile_stages)."""
     from frontends import read
     from .compiler import compile, compile_stages
     from .shapes import infer
@@ -263,7 +263,7 @@ def batch_planner(args, training):
 
     def compile_at(batch, **options):
         return planned(batch, options, compile)
-    compile_at.stages = lambda batch, **options: planned(batch, options, compile_stages)
+    compile_at.stages = lambda batch, order, **options: planned(batch, {**options, "stages": order}, compile_stages)
     return compile_at
 
 
@@ -530,7 +530,8 @@ def build_parser():
     p.add_argument("--gpus", type=count(1), required=True, help="how many devices")
     p.add_argument("--memory", required=True, metavar="SIZE", help="the memory of each device, e.g. 80GiB")
     p.add_argument("--workers", type=count(1), default=None,
-                   help="processes sharing the search (default: one per core)")
+                   help="processes sharing the search, at most 2 (default: one per core; the answers are the "
+                        "same)")
     _output_args(p)
     p = command("run", "run the planned graph out of one arena and time it", run)
     p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default="auto")

@@ -57,9 +57,10 @@ def compile(model, input_shapes=None, options=None, **keywords):
     return _planned(graph, facts, options, start)
 
 
-def compile_stages(model, input_shapes=None, options=None, **keywords):
+def compile_stages(model, input_shapes=None, options=None, *, stages=None, **keywords):
     """Each pipeline stage's plan of a training step under `options.parallel` (pp stages; one plan without),
-    as compile makes it, yielded stage by stage: the passes before the cut run once for all of them."""
+    as compile makes it, yielded stage by stage (the indices `stages`, in their order; default all): the
+    passes before the cut run once for all of them."""
     from frontends import read
     start = time.perf_counter()
     options = CompileOptions.of(options, **keywords)
@@ -69,7 +70,7 @@ def compile_stages(model, input_shapes=None, options=None, **keywords):
         return
     cut = passes.TRAINING.index(passes.pipeline_stage)
     whole, facts = passes.run(passes.TRAINING[:cut], read(model), _context(options, input_shapes))
-    for stage in range(parallel.pp):
+    for stage in range(parallel.pp) if stages is None else stages:
         staged = replace(options, parallel=replace(parallel, stage=stage))
         context = replace(_context(staged, input_shapes), facts=MappingProxyType(facts))
         graph, found = passes.run(passes.TRAINING[cut:], whole, context, STEP)

@@ -5,9 +5,9 @@ without recomputation) gets the largest per-rank batch (a pipeline's microbatch)
 memory (a pipeline's fullest stage's); the table puts the largest global batch first. A pipeline is planned
 with MICROBATCHES microbatches a stage: its memory grows from pp microbatches to 2 pp (the steady state runs
 forwards beside gradients being summed) and hardly after, so more microbatches give a larger global batch
-and a smaller bubble at about the same memory. The layouts are shared
-among worker processes, one per core: the planner is pure Python, so this is how a search uses more than
-one core."""
+and a smaller bubble at about the same memory. The layouts are dealt to CHAINS chains, each searched in
+its own worker process where there are cores for them: the planner is pure Python, so this is how a search
+uses more than one core."""
 import multiprocessing
 import pickle
 import queue as queues
@@ -24,6 +24,10 @@ PIPELINE = (2, 4)
 """The pipeline stages tried."""
 MICROBATCHES = 2
 """A pipeline's microbatches, per stage."""
+CHAINS = 2
+"""The chains of layouts a search is dealt to. Each layout's search starts from the answer of the one before
+it in its chain, and a batch's arena is not always monotone (recomputation may pay at one batch and not
+at a smaller one), so the answers depend on the chains: they are the same however many processes run."""
 
 
 def model_parallel_sizes(compile_at, gpus):
@@ -75,35 +79,51 @@ def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), *
     `compile_at(batch, **options)` plans one rank at a per-rank batch (a tensor-parallel rank's batch is its
     data rank's, a pipeline's its microbatch; a pipeline fits where its fullest stage does), `progress(label,
     batch)` is told of each plan; `tps`, `pps` and `rules` (Parallel's shard, prefetch, bucket_bytes) are
-    `candidates`'. With `workers` > 1 the layouts are dealt to that many forked processes (on Linux; one
-    process elsewhere), every `workers`-th to each, so that each process's layouts are neighbours as in one
-    search and the processes take about as long."""
+    `candidates`'. The layouts are dealt to CHAINS chains, every CHAINS-th to each, so that each chain's
+    layouts are neighbours as in one search; the layouts with recomputation are dealt in the opposite order,
+    so that the costliest layouts with and without it (the last: the most pipeline stages) go to different
+    chains, which take about as long. With `workers` > 1 each chain runs in a forked process (on Linux; the
+    chains run one after the other in this process elsewhere)."""
     layouts, compile_at = candidates(gpus, tps=tps, pps=pps, **rules), _fullest_stage(compile_at, memory)
-    workers = min(workers, len(layouts)) if "fork" in multiprocessing.get_all_start_methods() else 1
-    chains = [layouts[k::workers] for k in range(workers)]
-    found = {label: (batch, arena) for chain in _searched(compile_at, memory, chains, progress)
+    per_remat = len(layouts) // len(REMATS)
+    chains = [[layout for j, layout in enumerate(layouts) if _dealt(j % per_remat, j // per_remat) == k]
+              for k in range(CHAINS)]
+    forked = workers > 1 and "fork" in multiprocessing.get_all_start_methods()
+    found = {label: (batch, arena) for chain in _searched(compile_at, memory, [c for c in chains if c], progress,
+                                                          forked)
              for label, batch, arena in chain}
     rows = [(label, *found[label]) for label, _ in layouts]
     ranks = {label: options["parallel"].dp * options["parallel"].microbatches for label, options in layouts}
     return sorted(((label, batch, batch * ranks[label], arena) for label, batch, arena in rows), key=lambda r: -r[2])
 
 
+def _dealt(index, group):
+    """The chain of the `index`-th layout of a group of layouts (one remat): every CHAINS-th, from the first
+    chain in even groups and from the last in odd ones."""
+    return index % CHAINS if group % 2 == 0 else CHAINS - 1 - index % CHAINS
+
+
 def _fullest_stage(compile_at, memory):
     """compile_at planning each pipeline stage of a layout and returning the one of the largest arena, or the
-    first that does not fit `memory` (the first stage first: it holds the most microbatches in flight). The
-    stages come from compile_at.stages where it has one (the passes before the cut run once)."""
-    stages_at = getattr(compile_at, "stages", None)
+    first that does not fit `memory`. The stage that was the fullest at the layout's last batch goes first
+    (at first the first stage, which holds the most microbatches in flight), so that a batch too large is
+    most often told by one stage. The stages come from compile_at.stages where it has one (the passes before
+    the cut run once)."""
+    stages_at, fullest_of = getattr(compile_at, "stages", None), {}
 
     def plan(batch, parallel, **options):
+        first = fullest_of.get((parallel, tuple(options.items())), 0)
+        order = [first, *(s for s in range(parallel.pp) if s != first)]
+        stages = stages_at(batch, order, parallel=parallel, **options) if stages_at else \
+            (compile_at(batch, parallel=replace(parallel, stage=s), **options) for s in order)
         fullest = None
-        stages = stages_at(batch, parallel=parallel, **options) if stages_at else \
-            (compile_at(batch, parallel=replace(parallel, stage=s), **options) for s in range(parallel.pp))
-        for stage in stages:
-            if fullest is None or stage.arena_bytes > fullest.arena_bytes:
-                fullest = stage
+        for index, stage in zip(order, stages):
+            if fullest is None or stage.arena_bytes > fullest[1].arena_bytes:
+                fullest = (index, stage)
             if stage.arena_bytes > memory:
                 break
-        return fullest
+        fullest_of[parallel, tuple(options.items())] = fullest[0]
+        return fullest[1]
     return plan
 
 
@@ -113,10 +133,11 @@ def _chain(compile_at, memory, layouts, progress):
             for label, batch, plan in maxbatch.table(compile_at, memory, layouts, progress)]
 
 
-def _searched(compile_at, memory, chains, progress):
-    """Each chain's rows: in this process for one chain, else one forked process a chain."""
-    if len(chains) == 1:
-        return [_chain(compile_at, memory, chains[0], progress)]
+def _searched(compile_at, memory, chains, progress, forked):
+    """Each chain's rows: one forked process a chain, or `forked` False (or one chain) one after the other in
+    this process."""
+    if not forked or len(chains) == 1:
+        return [_chain(compile_at, memory, chain, progress) for chain in chains]
     context = multiprocessing.get_context("fork")
     messages = context.Queue()
     workers = [context.Process(target=_worker, args=(compile_at, memory, chain, messages, k), daemon=True)

@@ -1,6 +1,7 @@
 """planner.fit.search in worker processes: the same rows as one process, each layout's progress reported, a
 worker's error raised in the caller, a worker that dies named."""
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -70,3 +71,23 @@ def test_each_layout_takes_the_rules_that_apply_to_its_stage():
         assert p.shard == ("dim0" if p.zero else "flat") and p.prefetch == (2 if p.zero == 3 else 0)
         assert p.bucket_bytes == (1 << 20 if p.dp > 1 else 0)
         assert p.microbatches == (2 * p.pp if p.pp > 1 else 1)
+
+
+def test_a_pipeline_plans_the_stage_that_was_fullest_first():
+    """The last stage is the fullest here: after a layout's first batch it is planned first, and a batch too
+    large is told by it alone."""
+    calls = []
+
+    def staged(batch, parallel, remat):
+        if parallel.pp > 1:
+            calls.append((remat, batch, parallel.stage))
+        return SimpleNamespace(arena_bytes=batch * (2 if parallel.stage == parallel.pp - 1 else 1) * 1000)
+
+    rows = {label: batch for label, batch, _, _ in fit.search(staged, 2, 100_000, pps=(2,))}
+    assert rows["dp 1 x pp 2, ZeRO-0, 4 microbatches"] == 50
+    for remat in fit.REMATS:
+        batches = list(dict.fromkeys(batch for r, batch, _ in calls if r == remat))
+        stages = [[stage for r, b, stage in calls if (r, b) == (remat, batch)] for batch in batches]
+        assert stages[0] == [0, 1] and all(s[0] == 1 for s in stages[1:])
+        assert any(batch > 50 for batch in batches[1:])
+        assert all(s == [1] for batch, s in zip(batches[1:], stages[1:]) if batch > 50)

@@ -62,11 +62,15 @@ def constant(graph, name):
 def matches(graph, pattern):
     """The exclusive matches of `pattern` in `graph`, in the order of their roots; where two would share
     a node, the first is kept."""
-    taken, found = set(), []
+    taken, found, position = set(), [], {}
+    held = {*graph.outputs, *(new for new, _ in graph.updates)}
     for node in graph.nodes:
+        if (node.op, node.domain) != (pattern.op, pattern.domain):
+            continue
         for bindings, nodes, named in _node(graph, pattern, node, {}, {}, {}):
-            if taken.isdisjoint(nodes) and _exclusive(graph, node, nodes):
-                ordered = tuple(n for n in graph.nodes if n.name in nodes)
+            if taken.isdisjoint(nodes) and _exclusive(graph, node, nodes, held):
+                position = position or {n.name: k for k, n in enumerate(graph.nodes)}
+                ordered = tuple(sorted(nodes.values(), key=lambda n: position[n.name]))
                 found.append(Match(node, ordered, bindings, named))
                 taken.update(nodes)
                 break
@@ -133,9 +137,8 @@ def _value(graph, pattern, tensor, bindings, nodes, named):
         yield from _node(graph, pattern, producer, bindings, nodes, named)
 
 
-def _exclusive(graph, root, nodes):
+def _exclusive(graph, root, nodes, held):
     """Whether every tensor the matched nodes but the root write is read only by matched nodes, and is
-    no graph output or update."""
-    held = {*graph.outputs, *(new for new, _ in graph.updates)}
+    not `held` (a graph output or update)."""
     inner = (o for n in nodes.values() if n is not root for o in n.outputs if o)
     return all(o not in held and all(c.name in nodes for c in graph.consumers.get(o, ())) for o in inner)

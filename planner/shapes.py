@@ -45,8 +45,8 @@ def _infer(graph, input_shapes, previous=None):
     tensors = dict(graph.tensors)
     nodes, folded, changed, missing, unread, lengths = [], {}, set(), [], [], []
     kept = {*graph.outputs, *(new for new, _ in graph.updates)}
-    earlier = {node.name: node for node in previous.nodes} if previous else {}
-    if previous:  # params and state the rewrite retyped (ZeRO-3's shards)
+    earlier = {node.name: node for node in previous.nodes} if previous is not None else {}
+    if previous is not None:  # params and state the rewrite retyped (ZeRO-3's shards)
         changed.update(name for name, info in infos.items() if name in previous.tensors and
                        (info.shape, info.dtype) != (previous.tensors[name].shape, previous.tensors[name].dtype))
     todo = deque(graph.nodes)
@@ -78,7 +78,7 @@ def _infer(graph, input_shapes, previous=None):
             if out:
                 value = None if values is None else np.asarray(values[k], dtype=outs[k][1]).reshape(outs[k][0])
                 infos[out] = Info(*outs[k], value)
-                before = previous and previous.tensors.get(out)
+                before = previous.tensors.get(out) if previous is not None else None
                 if before and (before.shape, before.dtype) != outs[k]:
                     changed.add(out)
         if values is not None and not set(node.outputs) & kept:

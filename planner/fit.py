@@ -112,7 +112,8 @@ def _fullest_stage(compile_at, memory):
     stages_at, fullest_of = getattr(compile_at, "stages", None), {}
 
     def plan(batch, parallel, **options):
-        first = fullest_of.get((parallel, tuple(options.items())), 0)
+        layout = (parallel, tuple(options.items()))
+        first = fullest_of.get(layout, 0)
         order = [first, *(s for s in range(parallel.pp) if s != first)]
         stages = stages_at(batch, order, parallel=parallel, **options) if stages_at else \
             (compile_at(batch, parallel=replace(parallel, stage=s), **options) for s in order)
@@ -122,7 +123,7 @@ def _fullest_stage(compile_at, memory):
                 fullest = (index, stage)
             if stage.arena_bytes > memory:
                 break
-        fullest_of[parallel, tuple(options.items())] = fullest[0]
+        fullest_of[layout] = fullest[0]
         return fullest[1]
     return plan
 

@@ -25,13 +25,20 @@ def plan_graph(graph, strategy, order, config, fetch=(), training=None):
 
 def smallest_plan(graph, strategy, orders, config, fetch=(), training=None):
     """The Plan of the smallest arena among the schedule `orders` (ties: the first order's)."""
-    best, scratch = None, _scratch(graph, config)
-    for order in orders:
-        buffers = Buffers(graph, strategy, order, config, fetch, training, scratch)
-        if best is None or buffers.load < best.arena_bytes:
-            plan = buffers.plan()
-            best = plan if best is None or plan.arena_bytes < best.arena_bytes else best
-    return best
+    return measure(graph, strategy, orders, config, fetch, training).plan()
+
+
+def smallest(loads, arena, below=math.inf):
+    """(arena, index) of the candidate of the least (arena, index), or None where no arena is below `below`.
+    Candidates are allocated (`arena(k, bound)`: the k-th's arena, or None where it is not below `bound`) by
+    rising (LOAD, index), and only while one can still beat the best: no arena is below its LOAD."""
+    best = (below, -1)
+    for k in sorted(range(len(loads)), key=lambda k: (loads[k], k)):
+        if (loads[k], k) < best:
+            found = arena(k, best[0] + (k < best[1]))
+            if found is not None and (found, k) < best:
+                best = (found, k)
+    return best if best[1] >= 0 else None
 
 
 def measure(graph, strategy, orders, config, fetch=(), training=None):
@@ -42,21 +49,23 @@ def measure(graph, strategy, orders, config, fetch=(), training=None):
 
 class Measured:
     """A candidate's plans, one per schedule order, before offsets: `load`, the least LOAD among them (no
-    arena of the candidate is smaller), and `arena(below)`, which allocates them by rising LOAD."""
+    arena of the candidate is smaller); `arena(below)` and `plan()` allocate them as `smallest` does."""
 
     def __init__(self, buffers):
-        self.buffers = sorted(buffers, key=lambda b: b.load)
-        self.load = self.buffers[0].load
+        self.buffers = buffers
+        self.load = min(b.load for b in buffers)
+
+    def _smallest(self, below=math.inf):
+        return smallest([b.load for b in self.buffers], lambda k, _: self.buffers[k].arena(), below)
 
     def arena(self, below=None):
-        """The smallest arena, or None where none is below `below` bytes (an order whose LOAD is not below
-        the best so far is not allocated)."""
-        limit = math.inf if below is None else below
-        best = limit
-        for buffers in self.buffers:
-            if buffers.load < best:
-                best = min(best, buffers.arena())
-        return best if best < limit else None
+        """The smallest arena, or None where none is below `below` bytes."""
+        best = self._smallest(math.inf if below is None else below)
+        return None if best is None else best[0]
+
+    def plan(self):
+        """The Plan of the smallest arena (ties: the first order's)."""
+        return self.buffers[self._smallest()[1]].plan()
 
 
 class Buffers:

@@ -3,6 +3,7 @@ whenever the bytes since the last one pass a threshold, recompute everything els
 threshold with every candidate scored by the real planner."""
 import math
 
+from ..planning import smallest
 from .recompute import droppable
 
 
@@ -57,10 +58,11 @@ def search(graph, measure, trials=6, rounds=3, progress=None):
         measured.append(measure(drop))
         if progress:
             progress(len(measured), len(candidates))
-    arenas, best = [None] * len(candidates), None  # best: (arena, index)
-    for k in sorted(range(len(candidates)), key=lambda k: (measured[k].load, k)):
-        if best is None or (measured[k].load, k) < best:
-            arenas[k] = measured[k].arena(None if best is None else best[0] + (k < best[1]))
-            if arenas[k] is not None:
-                best = (arenas[k], k)
-    return candidates[best[1]][1], best[0], [(t, arena) for (t, _), arena in zip(candidates, arenas)]
+    arenas = [None] * len(candidates)
+
+    def arena(k, below):
+        arenas[k] = measured[k].arena(below)
+        return arenas[k]
+
+    best, k = smallest([m.load for m in measured], arena)
+    return candidates[k][1], best, [(t, arena) for (t, _), arena in zip(candidates, arenas)]

@@ -12,6 +12,8 @@ from .progress import Progress
 from .units import format_bytes, parse_bytes
 
 DEFAULT_MODEL = "zoo:resnet50"
+PARALLEL_ARGS = ("dp", "zero", "tp", "pp", "microbatches", "stage")
+"""The options that lay out a parallel training step's ranks (`fit` chooses them itself)."""
 
 EXAMPLES = """examples:
   memplan report                                    # the built-in default model (zoo:resnet50, batch 1)
@@ -120,9 +122,8 @@ def training_options(args):
     if not args.training:
         if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget or args.trainable \
                 or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX \
-                or args.dp is not None or args.zero is not None or args.shard != "flat" or args.prefetch \
-                or args.bucket or args.tp is not None or args.pp is not None or args.microbatches is not None \
-                or args.stage is not None:
+                or args.shard != "flat" or args.prefetch or args.bucket \
+                or any(getattr(args, name) is not None for name in PARALLEL_ARGS):
             raise MemplanError("--loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, --class-axis, "
                                "--ignore-index, --dp, --zero, --tp, --pp, --microbatches, --stage, --shard, --prefetch "
                                "and --bucket apply with --training")
@@ -131,7 +132,7 @@ def training_options(args):
     if args.dp is None and args.zero is None and (args.shard != "flat" or args.prefetch or args.bucket):
         raise MemplanError("--shard, --prefetch and --bucket say how the ranks of --dp N --zero Z shard and reduce: "
                            "give those too")
-    if any(getattr(args, name) is not None for name in ("dp", "zero", "tp", "pp", "microbatches", "stage")):
+    if any(getattr(args, name) is not None for name in PARALLEL_ARGS):
         from .parallel import Parallel
         parallel = Parallel(dp=args.dp or 1, zero=args.zero or 0, tp=args.tp or 1, pp=args.pp or 1,
                             microbatches=args.microbatches or 1, stage=args.stage or 0, shard=args.shard,
@@ -300,7 +301,7 @@ def fit(args):
     per-rank batch each fits."""
     from . import fit as layouts
     from .threads import cores
-    if any(getattr(args, name) is not None for name in ("dp", "zero", "tp", "pp", "microbatches", "stage")):
+    if any(getattr(args, name) is not None for name in PARALLEL_ARGS):
         raise MemplanError("fit chooses --dp, --tp, --pp, --microbatches and --zero itself: give --gpus N and "
                            "--memory SIZE")
     check_output(args.output)

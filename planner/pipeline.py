@@ -131,7 +131,7 @@ def _balanced(work, memory, candidates, bound, stages, microbatches):
         return in_flight(stage, stages, microbatches) * (made[last + 1] - made[first]) + \
             4 * (params[last + 1] - params[first])
 
-    best = {(0, c): (cost(0, 0, c), None) for c in ends if cost(0, 0, c) is not None}
+    best = {(0, c): (here, None) for c in ends for here in [cost(0, 0, c)] if here is not None}
     for stage in range(1, stages):
         for j, c in enumerate(ends):
             options = [(max(best[stage - 1, p][0], here), p) for p in ends[:j] if (stage - 1, p) in best
@@ -152,19 +152,21 @@ def _prefix(values):
     return out
 
 
+def indexed(graph):
+    """({tensor: index of the node writing it}, {tensor: indices of the nodes reading it, in order}): the
+    graph's producers and consumers by position in graph.nodes, as stages are."""
+    at = {id(node): k for k, node in enumerate(graph.nodes)}
+    return ({name: at[id(node)] for name, node in graph.producers.items()},
+            {name: [at[id(node)] for node in users] for name, users in graph.consumers.items()})
+
+
 def _readers_stage(graph, stage_of):
     """Give each node without a stage its readers' stage (the loss's seed, a zero gradient), or for an
     optimizer-phase node the stage that completes the gradient it reads (walking backwards, readers first).
     A param read by several stages (tied or deduplicated weights) is updated where its gradient is summed;
     the others receive its new value (planner/passes/pipeline_stage.py)."""
     nodes = graph.nodes
-    readers, producer = {}, {}
-    for k, node in enumerate(nodes):
-        for name in node.inputs:
-            if name:
-                readers.setdefault(name, []).append(k)
-        for name in node.outputs:
-            producer[name] = k
+    producer, readers = indexed(graph)
     for k in reversed(range(len(nodes))):
         if k in stage_of:
             continue

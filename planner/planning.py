@@ -58,9 +58,9 @@ class Measured:
     def _smallest(self, below=math.inf):
         return smallest([b.load for b in self.buffers], lambda k, _: self.buffers[k].arena(), below)
 
-    def arena(self, below=None):
+    def arena(self, below=math.inf):
         """The smallest arena, or None where none is below `below` bytes."""
-        best = self._smallest(math.inf if below is None else below)
+        best = self._smallest(below)
         return None if best is None else best[0]
 
     def plan(self):

@@ -328,12 +328,13 @@ def _parallel_line(d):
                         "elsewhere)" if tp["whole_regions"] else ""))
     if pipe:
         arenas = pipe["arena_bytes"] or []
-        lines.append(f"pipeline stage {pipe['stage']} of {pipe['pp']}, {pipe['microbatches']} microbatch"
-                     f"{'es' * (pipe['microbatches'] > 1)} a step in 1F1B order, {pipe['in_flight']} in flight here; "
-                     f"it sends {format_bytes(pipe['sent_bytes'])} a step to other stages; "
-                     + (f"every stage's arena: {', '.join(format_bytes(a) for a in arenas)} (the largest sets the "
-                        "device memory a step needs; --stage S plans stage S)" if arenas else "")
-                     + f"; each stage's share of the step's FLOPs: {_shares([s['flops'] for s in pipe['stages']])}")
+        parts = [f"pipeline stage {pipe['stage']} of {pipe['pp']}, {pipe['microbatches']} microbatch"
+                 f"{'es' * (pipe['microbatches'] > 1)} a step in 1F1B order, {pipe['in_flight']} in flight here",
+                 f"it sends {format_bytes(pipe['sent_bytes'])} a step to other stages",
+                 *([f"every stage's arena: {', '.join(format_bytes(a) for a in arenas)} (the largest sets the "
+                    "device memory a step needs; --stage S plans stage S)"] if arenas else []),
+                 f"each stage's share of the step's FLOPs: {_shares([s['flops'] for s in pipe['stages']])}"]
+        lines.append("; ".join(parts))
     return [*lines, f"model states of the rank: params {format_bytes(ours['params'])}, optimizer state "
             f"{format_bytes(ours['optimizer'])}, gradients {format_bytes(ours['gradients_at_peak'])} at the fullest "
             f"step; the ZeRO paper's count (DeepSpeed's estimators) of its "

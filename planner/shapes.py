@@ -177,15 +177,19 @@ def _reusable(node, graph, infos, old, typed, changed):
         if node.attrs is not old.attrs or (node.op, node.domain, node.outputs, len(node.inputs)) != \
                 (old.op, old.domain, old.outputs, len(old.inputs)):
             return False
-        for now, was in zip(node.inputs, old.inputs):
-            if now != was and not (now and was and now in infos and infos[now].value is None
-                                   and _valueless(typed.tensors[was]) and (infos[now].shape, infos[now].dtype)
-                                   == (typed.tensors[was].shape, typed.tensors[was].dtype)):
-                return False
+        if any(now != was and not _stands_for(now, was, infos, typed) for now, was in zip(node.inputs, old.inputs)):
+            return False
     known = [infos.get(i) for i in node.inputs if i]
     return (all(info is not None for info in known) and not changed.intersection(node.inputs)
             and any(info.value is None for info in known)
             and all(graph.tensors[o].is_static for o in node.outputs if o))
+
+
+def _stands_for(now, was, infos, typed):
+    """Whether tensor `now`, read where the typed graph `typed` read `was`, has its type and, as it, no value."""
+    if not (now and was and now in infos and infos[now].value is None and _valueless(typed.tensors[was])):
+        return False
+    return (infos[now].shape, infos[now].dtype) == (typed.tensors[was].shape, typed.tensors[was].dtype)
 
 
 def _valueless(tensor):

@@ -50,14 +50,14 @@ class Region:
 
     def __init__(self, graph, tp):
         self.graph, self.tp = graph, tp
-        self.readers = {}
-        for node in graph.nodes:
-            for name in dict.fromkeys(i for i in node.inputs if i):
-                self.readers[name] = self.readers.get(name, 0) + 1
         self.params, self.pieces, self.attrs, self.rows, self.columns = {}, {}, {}, set(), set()
 
     def shape(self, name):
         return self.graph.tensors[name].shape
+
+    def readers(self, name):
+        """How many nodes read tensor `name`."""
+        return len(self.graph.consumers[name])
 
     def cut_operand(self, k, j, name, dim, cut):
         """Input `j` of node `k`, a weight or constant, split on `dim` as `cut` says: cut itself where node k
@@ -66,7 +66,7 @@ class Region:
         t = self.graph.tensors[name]
         if t.shape[dim] != cut.outer * self.tp * cut.span:
             raise Unsplittable(f"{name} does not match the split it meets")
-        if t.kind == "param" and self.readers[name] == 1:
+        if t.kind == "param" and self.readers(name) == 1:
             self.params.setdefault(k, []).append((name, dim, cut))
         elif t.kind in ("param", "const") and len(t.shape) == 1:
             self.pieces.setdefault(k, []).append((j, name, cut))
@@ -88,7 +88,7 @@ def column(region, node):
     if node.domain or node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2:
         return None
     x, w = (region.graph.tensors[i] for i in node.inputs[:2])
-    if not (w.kind == "param" and len(w.shape) == 2 and region.readers[w.name] == 1
+    if not (w.kind == "param" and len(w.shape) == 2 and region.readers(w.name) == 1
             and x.kind in ("activation", "input") and len(x.shape) >= 2):
         return None
     if node.op == "Gemm":

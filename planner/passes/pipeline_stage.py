@@ -33,11 +33,7 @@ def _pipeline_stage(graph, context):
                           "stages and microbatches in fp32, fp16, bf16 or amp-bf16")
     stages, microbatches, me = parallel.pp, parallel.microbatches, parallel.stage
     stage_of = pipeline.assign(graph, stages, microbatches, context.facts["labels"])
-    producer = {o: k for k, n in enumerate(graph.nodes) for o in n.outputs if o}
-    readers = {}
-    for k, node in enumerate(graph.nodes):
-        for name in dict.fromkeys(i for i in node.inputs if i):
-            readers.setdefault(name, []).append(k)
+    producer, readers = pipeline.indexed(graph)
     transfers = _transfers(graph, stage_of, producer, readers)
     single = _stage_nodes(graph, stage_of, me, transfers, producer, readers)
     nodes, tensors, inputs = _unrolled(graph, single, pipeline.order(me, stages, microbatches), microbatches,

@@ -60,9 +60,9 @@ def search(graph, measure, trials=6, rounds=3, progress=None):
             progress(len(measured), len(candidates))
     arenas = [None] * len(candidates)
 
-    def arena(k, below):
+    def allocated(k, below):
         arenas[k] = measured[k].arena(below)
         return arenas[k]
 
-    best, k = smallest([m.load for m in measured], arena)
+    best, k = smallest([m.load for m in measured], allocated)
     return candidates[k][1], best, [(t, arena) for (t, _), arena in zip(candidates, arenas)]

@@ -51,7 +51,7 @@ def compile(model, input_shapes=None, options=None, **keywords):
     """
     from frontends import read
     start = time.perf_counter()
-    options = CompileOptions.of(options, **keywords)
+    options = _configured(CompileOptions.of(options, **keywords))
     pipeline = passes.TRAINING if options.training else passes.INFERENCE
     graph, facts = passes.run(pipeline, read(model), _context(options, input_shapes))
     return _planned(graph, facts, options, start)
@@ -63,7 +63,7 @@ def compile_stages(model, input_shapes=None, options=None, *, stages=None, **key
     passes before the cut run once for all of them."""
     from frontends import read
     start = time.perf_counter()
-    options = CompileOptions.of(options, **keywords)
+    options = _configured(CompileOptions.of(options, **keywords))
     parallel = options.parallel
     if not options.training or parallel is None or parallel.pp == 1:
         yield compile(model, input_shapes, options)
@@ -81,9 +81,14 @@ STEP = frozenset({passes.TYPED, passes.LOSS, passes.GRADIENTS, passes.UPDATES})
 """What the training pipeline's graph is before the pipeline cut."""
 
 
+def _configured(options):
+    """`options` with its Config: the one given, else the environment's, read once for every pass and plan."""
+    return options if options.config is not None else replace(options, config=Config.from_env())
+
+
 def _context(options, input_shapes):
     """The passes' Context of `options`, whose `measure` plans a candidate graph as the rank's plan."""
-    config = options.config or Config.from_env()
+    config = options.config
 
     def measure(graph, facts):
         if options.parallel is not None:  # a candidate of recomputation, planned as the rank's plan it becomes
@@ -97,7 +102,7 @@ def _context(options, input_shapes):
 
 def _planned(graph, facts, options, start):
     """The verified Plan of the typed graph the passes made, with its facts and stats."""
-    config = options.config or Config.from_env()
+    config = options.config
     fetch = tuple(options.fetch)
     _check_plannable(graph, fetch)
     plan = smallest_plan(graph, options.strategy, options.orders, config, fetch, facts)

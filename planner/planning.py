@@ -98,12 +98,12 @@ class Buffers:
             self.spans[key] = (min(lo, first), max(hi, last))
         tensors = graph.tensors
         self.persistent = [(n, tensors[n].nbytes) for n in tensors if n not in self.life and n not in self.root_of]
-        self.persistent += [(f"workspace:slot{k}", size) for k, size in enumerate(self.slots)]
+        self.persistent += [(_slot(k), size) for k, size in enumerate(self.slots)]
         self.roots = [(n, tensors[n].nbytes) for n in tensors if n in self.life and n not in self.root_of]
         if config.workspace_mode != "pool":
             for step, node in enumerate(self.steps):
                 if node.name in self.scratch:
-                    used = f"{node.name}:workspace"
+                    used = _own_workspace(node)
                     self.roots.append((used, self.scratch[node.name].nbytes))
                     self.spans[used] = (step, step)
         self.base = sum(allocators.align(size, ALIGNMENT) for _, size in self.persistent)
@@ -138,7 +138,7 @@ class Buffers:
             places[t.name] = PlannedTensor(t.name, t.shape, dtype, t.kind, t.nbytes, where[root or t.name],
                                            self.life.get(t.name), root, t.name in self.views, roles.get(t.name, ""))
         for k, size in enumerate(self.slots):
-            name = f"workspace:slot{k}"
+            name = _slot(k)
             places[name] = PlannedTensor(name, (size,), "uint8", "workspace_slot", size, where[name], None)
         asked = [layout.nbytes for layout in self.scratch.values()]
         ws = {"mode": config.workspace_mode, "limit": config.workspace_limit, "requests": len(asked),
@@ -149,9 +149,9 @@ class Buffers:
             used, layout = None, self.scratch.get(node.name)
             if layout is not None:
                 if config.workspace_mode == "pool":
-                    used = f"workspace:slot{self.slot_of[node.name]}"
+                    used = _slot(self.slot_of[node.name])
                 else:
-                    used = f"{node.name}:workspace"
+                    used = _own_workspace(node)
                     places[used] = PlannedTensor(used, (layout.nbytes,), "uint8", "workspace", layout.nbytes,
                                                  where[used], (step, step))
             phase = "recompute" if node.notes.recompute else "" if node.notes.forward else node.notes.phase.value
@@ -172,6 +172,16 @@ class Buffers:
 def _scratch(graph, config):
     """{node name: workspace Layout} of the graph's nodes that need scratch."""
     return workspace.layouts(graph, graph.nodes, config.workspace_limit)
+
+
+def _slot(k):
+    """The name of the k-th pooled workspace slot."""
+    return f"workspace:slot{k}"
+
+
+def _own_workspace(node):
+    """The name of the one-step workspace of `node` (workspace_mode "tensor")."""
+    return f"{node.name}:workspace"
 
 
 def _allocator_options(name, config, steps, starts, ends):

@@ -45,8 +45,9 @@ def _infer(graph, input_shapes, previous=None):
     tensors = dict(graph.tensors)
     nodes, folded, changed, missing, unread, lengths = [], {}, set(), [], [], []
     kept = {*graph.outputs, *(new for new, _ in graph.updates)}
-    earlier = {node.name: node for node in previous.nodes} if previous is not None else {}
-    if previous is not None:  # params and state the rewrite retyped (ZeRO-3's shards)
+    earlier = {}
+    if previous is not None:  # its nodes by name; params and state the rewrite retyped (ZeRO-3's shards)
+        earlier = {node.name: node for node in previous.nodes}
         changed.update(name for name, info in infos.items() if name in previous.tensors and
                        (info.shape, info.dtype) != (previous.tensors[name].shape, previous.tensors[name].dtype))
     todo = deque(graph.nodes)

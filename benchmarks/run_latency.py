@@ -2,7 +2,7 @@
 
     python benchmarks/run_latency.py cpu [--batch 8] [--repeat 10] [--models resnet50 mobilenet_v2 bert_base]
                                          [--openblas]
-    python benchmarks/run_latency.py gpu [--batches 1 32] [--repeat 20]
+    python benchmarks/run_latency.py gpu [--batches 1 32] [--repeat 20] [--models resnet50 mobilenet_v2 bert_base]
 
 cpu: resnet50, mobilenet_v2 and bert_base (sequence 128) on the NumPy backend against onnxruntime (CPU
 provider), with the threads each uses: median latency with numba's compiled kernels (executor/jit, when
@@ -10,9 +10,10 @@ numba is installed) and with the NumPy kernels alone (the GEMMs on MKL in both w
 planner/ops/mkl.py), the three run in turn in each round, and how far a
 fresh process's peak RSS rises while it plans (or loads) and runs the model. Run it on a quiet machine: a
 ratio taken beside other work is off by up to 1.5x.
-gpu: resnet50 and bert_base (sequence 128) on the CuPy backend against PyTorch eager (torchvision's
-resnet50, transformers' BertModel with the same sizes): median latency, and device memory: the
-arena against torch.cuda.max_memory_allocated().
+gpu: the same models on the CuPy backend, eager and replayed as one CUDA graph, against PyTorch eager and
+torch.cuda.graphs (torchvision's models, transformers' BertModel with the same sizes), fp32 with TF32 off:
+median latency, and device memory: the arena, cudaMemGetInfo's rise over an Executor, and
+torch.cuda.max_memory_allocated().
 """
 import argparse
 import os
@@ -183,44 +184,95 @@ def _status(field):
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
 
 
-def gpu(batches, repeat):
+def gpu(batches, repeat, models):
+    """Each model on the CuPy backend, eager and as one CUDA graph, against PyTorch eager and
+    torch.cuda.graphs, fp32 with TF32 off on both sides. Each timed run copies the input in from the device and
+    the output out to the host on both sides. Device memory: the arena, what building and running an
+    Executor took by cudaMemGetInfo (the arena and the library handles), and PyTorch's peak allocation."""
     import cupy
     import torch
-    print(f"{'model':<10} {'batch':>5} {'memplan ms':>11} {'torch ms':>9} {'arena MiB':>10} {'torch peak MiB':>15}")
-    for name in ("resnet50", "bert_base"):
+    from executor.backends import cupy_backend
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, cupy {cupy.__version__}; fp32, TF32 off")
+    cupy_backend.available()
+    before = cupy_backend.used_bytes()
+    libraries = cupy_backend.runtime().libraries
+    print("libraries: " + "; ".join(f"{k}: {v}" for k, v in libraries.items())
+          + f"; their handles took {(cupy_backend.used_bytes() - before) / MiB:.1f} MiB of device memory, once")
+    print(f"{'model':<13} {'batch':>5} {'eager ms':>9} {'graph ms':>9} {'torch ms':>9} {'torch graph':>12} "
+          f"{'graph/torch graph':>18} {'arena MiB':>10} {'device MiB':>11} {'torch peak MiB':>15}")
+    for name in models:
         for batch in batches:
-            shapes = {"input": (batch, 3, 224, 224)} if name == "resnet50" else \
+            shapes = {"input": (batch, 3, 224, 224)} if name != "bert_base" else \
                 {"input_ids": (batch, SEQ), "attention_mask": (batch, SEQ)}
-            plan = planner.compile(zoo.build(name), shapes)
-            ex = Executor(plan, backend="cupy")
-            feeds = {n: cupy.asarray(np.zeros(s, np.int64) if n != "input" else
-                                     np.random.default_rng(0).standard_normal(s, dtype=np.float32))
-                     for n, s in shapes.items()}
-            ours = median_seconds(lambda: ex.run(feeds), repeat, cupy.cuda.Device().synchronize)
-            theirs, peak = _torch_eager(torch, name, shapes, repeat)
-            print(f"{name:<10} {batch:>5} {ours * 1e3:>11.2f} {theirs * 1e3:>9.2f} {plan.arena_bytes / MiB:>10.1f} "
-                  f"{peak / MiB:>15.1f}")
+            host = {n: np.ones(s, np.int64) if n != "input" else
+                    np.random.default_rng(0).standard_normal(s, dtype=np.float32) for n, s in shapes.items()}
+            plan = planner.compile(zoo.build(name), shapes, device="cuda")
+            feeds = {n: cupy.asarray(v) for n, v in host.items()}
+            cupy.get_default_memory_pool().free_all_blocks()
+            before = cupy_backend.used_bytes()
+            eager = Executor(plan, backend="cupy")
+            eager.run(feeds)
+            device = cupy_backend.used_bytes() - before
+            ours = median_seconds(lambda: {k: v.get() for k, v in eager.run(feeds).items()}, repeat,
+                                  cupy.cuda.Device().synchronize)
+            eager = None
+            graph = Executor(plan, backend="cupy", cuda_graph=True)
+            replayed = median_seconds(lambda: graph.run(feeds), repeat, cupy.cuda.Device().synchronize)
+            graph = None
+            cupy.get_default_memory_pool().free_all_blocks()
+            theirs, captured, peak = _torch_runs(torch, name, host, repeat)
+            print(f"{name:<13} {batch:>5} {ours * 1e3:>9.2f} {replayed * 1e3:>9.2f} {theirs * 1e3:>9.2f} "
+                  f"{captured * 1e3:>12.2f} {replayed / captured:>17.2f}x {plan.arena_bytes / MiB:>10.1f} "
+                  f"{device / MiB:>11.1f} {peak / MiB:>15.1f}")
+    print(f"medians of {repeat} runs after a warm-up; device MiB: cudaMemGetInfo's rise over building an Executor "
+          f"and its first run")
 
 
-def _torch_eager(torch, name, shapes, repeat):
-    """Median latency and peak allocated bytes of the same architecture in PyTorch eager (no grad)."""
-    if name == "resnet50":
-        import torchvision
-        module = torchvision.models.resnet50()
-        args = (torch.randn(*shapes["input"]),)
-    else:
+def _torch_runs(torch, name, host, repeat):
+    """Median seconds of the same architecture in PyTorch eager and replayed as a CUDA graph (no grad), each
+    run copying its input in and its output to the host, and the peak bytes allocated in eager."""
+    if name == "bert_base":
         from transformers import BertConfig, BertModel
         module = BertModel(BertConfig(), add_pooling_layer=False)
-        args = (torch.zeros(*shapes["input_ids"], dtype=torch.long), torch.ones(*shapes["input_ids"], dtype=torch.long))
+    else:
+        import torchvision
+        module = getattr(torchvision.models, name)()
     module = module.cuda().eval()
-    args = tuple(a.cuda() for a in args)
+    args = [torch.from_numpy(v).cuda() for v in host.values()]
+    static = [a.clone() for a in args]
+
+    def eager():
+        return _to_host(module(*[a.clone() for a in args]))
+
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     with torch.no_grad():
-        seconds = median_seconds(lambda: module(*args), repeat, torch.cuda.synchronize)
-    peak = torch.cuda.max_memory_allocated()
-    torch.cuda.empty_cache()
-    return seconds, peak
+        seconds = median_seconds(eager, repeat, torch.cuda.synchronize)
+        peak = torch.cuda.max_memory_allocated()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                module(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = module(*static)
+
+        def replay():
+            for s, a in zip(static, args):
+                s.copy_(a)
+            graph.replay()
+            return _to_host(out)
+
+        captured = median_seconds(replay, repeat, torch.cuda.synchronize)
+    return seconds, captured, peak
+
+
+def _to_host(out):
+    """The first output of a torchvision or transformers model (a tensor, or a tuple-like of them), on the host."""
+    return (out if hasattr(out, "cpu") else out[0]).cpu()
 
 
 def main():
@@ -232,7 +284,10 @@ def main():
     parser.add_argument("--models", nargs="+", choices=CPU_MODELS, default=list(CPU_MODELS))
     parser.add_argument("--openblas", action="store_true", help="cpu: also time memplan with MKL switched off")
     args = parser.parse_args()
-    cpu(args.batch, args.repeat, args.models, args.openblas) if args.device == "cpu" else gpu(args.batches, args.repeat)
+    if args.device == "cpu":
+        cpu(args.batch, args.repeat, args.models, args.openblas)
+    else:
+        gpu(args.batches, args.repeat, args.models)
 
 
 if __name__ == "__main__":

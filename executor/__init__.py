@@ -59,12 +59,20 @@ class Executor:
     the freed pages to the operating system, before the arena is filled and after).
 
     A parallel plan (planner.parallel) runs its collectives in `group` (executor.collectives), which holds
-    all of the step's ranks: by default torch.distributed's, where the caller initialized it."""
+    all of the step's ranks: by default torch.distributed's, where the caller initialized it.
+
+    On CuPy, `cuda_graph=True` runs the first run's kernels one by one, then captures them as one CUDA graph
+    that every later run replays (executor/backends/cuda_graph.py): feeds are copied into their places in the
+    arena, the graph launched, and the outputs returned as host (NumPy) arrays; nothing is allocated on the
+    device. `tf32=True` lets fp32 GEMMs and convolutions round to TF32 on the tensor cores.
+    `self.libraries` says which GPU libraries run the GEMMs and convolutions, or why none do."""
 
     def __init__(self, plan, backend="auto", poison=False, config=None, profile=False, threads=None, jit=None,
-                 group=None):
+                 group=None, cuda_graph=False, tf32=False):
         self.backend = backends.get(backend)
         self.groups = groups_for(plan, group)
+        if cuda_graph:
+            _check_graphable(self.backend, plan, poison, profile, self.groups["world"].size)
         self.backend.check_room(plan.arena_bytes, "the arena", config or Config.from_env())
         plan.check_values()
         heap.trim()
@@ -79,6 +87,8 @@ class Executor:
                           if kernels.find(self.kernels, s, self.backend.fuse) is None})
         if missing:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
+        self.runtime = self.backend.runtime(tf32)
+        self.libraries = self.runtime.libraries
         self.arena = Arena(plan, self.backend.xp)
         self.arena.load(shards(plan, values, self.groups))
         del values
@@ -97,6 +107,7 @@ class Executor:
         self.dead = _dead_after(plan) if poison else {}
         self.busy = threading.Lock()
         self.threads = _thread_limit(threads, self.jit)
+        self.replay = self.backend.Replay(self.backend.xp) if cuda_graph else None
 
     @contextmanager
     def _exclusive(self):
@@ -127,18 +138,19 @@ class Executor:
         views = self._view
         if step.outputs and all(not o or self.plan.tensors[o].view for o in step.outputs):
             return None
-        ws = {}
+        ws, region = {}, None
         if step.workspace:
-            base = self.plan.tensors[step.workspace].offset
-            ws = {c.name: self.arena.bytes(base + c.offset, c.nbytes).view(np.dtype(c.dtype)).reshape(c.shape)
+            slot = self.plan.tensors[step.workspace]
+            region = self.arena.bytes(slot.offset, slot.nbytes)
+            ws = {c.name: self.arena.bytes(slot.offset + c.offset, c.nbytes).view(np.dtype(c.dtype)).reshape(c.shape)
                   for c in step.scratch}
-        fn = kernels.find(self.kernels, step, self.backend.fuse)
+        ins, outs = [views(i) if i else None for i in step.inputs], [views(o) if o else None for o in step.outputs]
+        fn = self.runtime.bind(step, kernels.find(self.kernels, step, self.backend.fuse), ins, outs, region)
         if getattr(fn, "collective", False):
             fn = partial(fn, group=self.groups[step.attrs.get("group", "dp")])
         if self.profile:
             fn = self.profile.timed(k, fn)
-        return (fn, step, [views(i) if i else None for i in step.inputs],
-                [views(o) if o else None for o in step.outputs], ws)
+        return fn, step, ins, outs, ws
 
     def run(self, feeds):
         """Run once on `feeds` ({input name: array}); returns {output name: array}, copies that the
@@ -149,32 +161,47 @@ class Executor:
 
     def _run(self, feeds, scalars):
         """`run`, with the scalar inputs in `scalars` filled in place (no host array to copy)."""
-        xp = self.backend.xp
         feeds = self._feeds(feeds, scalars)
-        if self.poison:
-            base = self.plan.stats.get("persistent_bytes", 0)
-            self.arena.bytes(base, self.plan.arena_bytes - base).fill(POISON)
-        for name, value in scalars.items():
-            self.arena.view(name).fill(value)
-        for name in feeds:
-            self.arena.view(name)[...] = xp.asarray(feeds[name])
-        self.updated = True
-        with np.errstate(all="ignore"):  # IEEE results (overflow to inf, log 0) are the ops' own, as when folding
-            for k, bound in enumerate(self.program):
-                if bound is not None and not (k in self.gate[1] and not self.updated):
-                    fn, step, ins, outs, ws = bound
-                    try:
-                        fn(xp, step, ins, outs, ws)
-                    except (IndexError, ValueError) as e:
-                        raise RunError(f"step {k} ({step.op} {step.name!r}) cannot run on these feeds: {e}") from e
-                if k == self.gate[0]:
-                    self.updated = bool(self.arena.view(self.plan.training["scaler"]["finite"]))
-                for offset, nbytes in self.dead.get(k, ()):
-                    self.arena.bytes(offset, nbytes).fill(POISON)
+        with self.replay.stream if self.replay else nullcontext():
+            if self.poison:
+                base = self.plan.stats.get("persistent_bytes", 0)
+                self.arena.bytes(base, self.plan.arena_bytes - base).fill(POISON)
+            for name, value in scalars.items():
+                self.arena.view(name).fill(value)
+            for name in feeds:
+                self.backend.copy_in(self.arena.view(name), feeds[name])
+            self.updated = True
+            if self.replay and self.replay.graph:
+                self.replay.launch()
+            else:
+                self._steps()
+            if self.replay:
+                self.replay.graph or self.replay.capture(self.program, self._call)
+                self.replay.stream.synchronize()
+                return {name: self.arena.view(name).get() for name in self.plan.outputs}
         for group in {id(g): g for g in self.groups.values()}.values():
             group.flush()
         self.backend.synchronize()
         return {name: self.arena.view(name).copy() for name in self.plan.outputs}
+
+    def _steps(self):
+        """Every step's kernel in order, skipping the optimizer steps a failed amp-fp16 finite check gates, and
+        poisoning what died after each step in poison mode."""
+        with np.errstate(all="ignore"):  # IEEE results (overflow to inf, log 0) are the ops' own, as when folding
+            for k, bound in enumerate(self.program):
+                if bound is not None and not (k in self.gate[1] and not self.updated):
+                    self._call(k, bound)
+                if k == self.gate[0]:
+                    self.updated = bool(self.arena.view(self.plan.training["scaler"]["finite"]))
+                for offset, nbytes in self.dead.get(k, ()):
+                    self.arena.bytes(offset, nbytes).fill(POISON)
+
+    def _call(self, k, bound):
+        fn, step, ins, outs, ws = bound
+        try:
+            fn(self.runtime.xp, step, ins, outs, ws)
+        except (IndexError, ValueError) as e:
+            raise RunError(f"step {k} ({step.op} {step.name!r}) cannot run on these feeds: {e}") from e
 
     def train_step(self, feeds):
         """One training step of a plan compiled with training=True: forward, backward and the optimizer
@@ -341,6 +368,17 @@ def _type_name(value):
 
 
 __all__ = ["BusyError", "Executor", "FeedError", "RunError", "random_feeds"]
+
+
+def _check_graphable(backend, plan, poison, profile, ranks):
+    """Raise MemplanError unless `plan` can run as one CUDA graph on `backend` with these options."""
+    why = ("it needs the cupy backend" if backend.NAME != "cupy" else
+           "poison mode writes between the steps" if poison else
+           "profiling times each step" if profile else
+           "its amp-fp16 loss scaling skips the update on the host" if (plan.training or {}).get("scaler") else
+           "its collectives run between processes" if ranks > 1 else None)
+    if why:
+        raise MemplanError(f"cuda_graph=True cannot run this plan: {why}")
 
 
 def _gate(plan):

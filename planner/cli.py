@@ -189,7 +189,7 @@ def run(args):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     device_before = backends.get(args.backend).used_bytes()
     ex = Executor(plan, backend=args.backend, config=config_of(args), profile=args.profile,
-                  threads=args.threads, jit=False if args.no_jit else None)
+                  threads=args.threads, jit=False if args.no_jit else None, cuda_graph=args.cuda_graph, tf32=args.tf32)
     times = []
     with Progress("memplan run", total=args.repeat + 1) as bar:
         for k in range(args.repeat + 1):
@@ -210,7 +210,10 @@ def run(args):
     peak = f"device bytes in use {format_bytes(device)}" if device is not None else \
         f"RSS grew {format_bytes(max(grown, 0))}"
     timed = sorted(times[1:])
-    parts = [part for part, used in (("compiled kernels", ex.jit), ("MKL's GEMMs", _host_mkl(ex))) if used]
+    parts = [part for part, used in (("compiled kernels", ex.jit), ("MKL's GEMMs", _host_mkl(ex)),
+                                     ("cuBLAS", ex.libraries.get("cublas") == "in use"),
+                                     ("cuDNN", ex.libraries.get("cudnn") == "in use"),
+                                     ("CUDA-graph replay", ex.replay)) if used]
     engine = ex.backend.NAME + (f" with {' and '.join(parts)}" if parts else "")
     print(f"{plan.strategy} on {engine}: median {1e3 * timed[len(timed) // 2]:.2f} ms over "
           f"{args.repeat} run{'s' if args.repeat > 1 else ''} after a warm-up; arena {format_bytes(plan.arena_bytes)}; "
@@ -543,6 +546,10 @@ def build_parser():
                    help="numpy backend: the NumPy kernels alone, not numba's compiled ones (also MEMPLAN_JIT=0)")
     p.add_argument("--profile", action="store_true",
                    help="time each step (synchronising after it) and print the time per op type and the slowest steps")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="cupy backend: capture the plan once as a CUDA graph and replay it on every later run")
+    p.add_argument("--tf32", action="store_true",
+                   help="cupy backend: let fp32 GEMMs and convolutions round to TF32 on the tensor cores (default off)")
     p.add_argument("--top", type=count(1), default=10, help="how many of the slowest steps --profile lists (default 10)")
     return parser
 

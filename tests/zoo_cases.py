@@ -93,7 +93,7 @@ def assert_program_allocates_nothing(cupy, ex):
         for bound in filter(None, ex.program):
             fn, step, ins, outs, ws = bound
             try:
-                fn(cupy, step, ins, outs, ws)
+                fn(ex.runtime.xp, step, ins, outs, ws)
             except AssertionError as e:
                 raise AssertionError(f"step {step.name!r} ({step.op}): {e}") from None
 

@@ -1,9 +1,15 @@
-"""The GPU backend: CuPy arrays, the shared kernel table with GPU overrides where they must differ.
+"""The GPU backend: CuPy arrays, the shared kernel table with GPU overrides where they must differ, GEMMs on
+cuBLAS through nvmath-python and convolutions on cuDNN's graphs where those are installed (`memplan[gpu]`).
 CUB reductions are turned off, since they allocate scratch space while running."""
+from functools import lru_cache
+
+import numpy as np
+
 from planner.errors import MemplanError
 from planner.units import format_bytes
 
 from ..kernels import KERNELS
+from .cuda_graph import Replay  # noqa: F401  (the executor's cuda_graph mode)
 
 NAME = "cupy"
 kernels = dict(KERNELS)
@@ -53,6 +59,15 @@ def check_room(nbytes, what, config):
                            f"MXNET_GPU_MEM_POOL_RESERVE={config.pool_reserve_percent:g}%)")
 
 
+def copy_in(view, value):
+    """Write a feed into its arena view: a device array by a device copy, a host one straight from the host
+    (no device temporary)."""
+    if isinstance(value, xp.ndarray):
+        view[...] = value
+    else:
+        view.set(np.ascontiguousarray(value))
+
+
 def synchronize():
     xp.cuda.get_current_stream().synchronize()
 
@@ -66,3 +81,60 @@ def used_bytes():
 def holds(dtype):
     """CuPy's own dtypes: not ml_dtypes' bfloat16, 8-bit and 4-bit floats or 4-bit ints."""
     return dtype.type.__module__ == "numpy"
+
+
+class Arrays:
+    """CuPy as an executor's kernels see it: every name CuPy's, but `matmul` on the executor's cuBLAS handle
+    (executor/backends/cublas.py), which takes strided operands and runs inside CUDA-graph capture."""
+    __name__ = "cupy"
+    strided_gemm = True
+    """planner.ops.into.matmul hands strided products to this matmul as they are."""
+
+    def __init__(self, cupy, gemm):
+        self._cupy, self._gemm = cupy, gemm
+
+    def __getattr__(self, name):
+        return getattr(self._cupy, name)
+
+    def matmul(self, a, b, out=None):
+        if out is None:
+            return self._cupy.matmul(a, b)
+        self._gemm.matmul(a, b, out)
+        return out
+
+
+@lru_cache(maxsize=None)
+def runtime(tf32=False):
+    """The process's Runtime for `tf32`: its library handles (cuBLAS's alone takes tens of MiB of device memory)
+    are made once and shared by every executor, as one thread runs them."""
+    return Runtime(tf32)
+
+
+class Runtime:
+    """The libraries one executor runs with: `xp` for its kernels, `bind` choosing cuDNN for its convolutions,
+    and `libraries`, {library: what runs on it, or why it is not used}. `tf32` lets fp32 GEMMs and
+    convolutions use TF32 tensor cores (off: full fp32, as PyTorch with allow_tf32 False)."""
+
+    def __init__(self, tf32=False):
+        from .cublas import Gemm
+        from .cudnn_conv import Convolutions
+        self.libraries = {}
+        gemm = self._load("cublas", "nvmath-python", lambda: Gemm(xp, tf32), "GEMMs on CuPy's matmul")
+        self.convs = self._load("cudnn", "nvidia-cudnn-frontend", lambda: Convolutions(xp, tf32),
+                                "convolutions by im2col")
+        self.xp = Arrays(xp, gemm) if gemm else xp
+
+    def _load(self, name, package, make, otherwise):
+        try:
+            made = make()
+        except (ImportError, OSError) as e:  # not installed, or its shared library not found
+            self.libraries[name] = f"{package} unusable ({type(e).__name__}: {e}): {otherwise}"
+            return None
+        self.libraries[name] = "in use"
+        return made
+
+    def bind(self, step, fn, ins, outs, workspace):
+        """The kernel `step` runs with: cuDNN's graph for a Conv or FusedConv it takes, else `fn`."""
+        if self.convs is None or (step.domain, step.op) not in (("", "Conv"), ("com.microsoft", "FusedConv")):
+            return fn
+        return self.convs.bind(step, ins, outs, workspace) or fn

@@ -73,6 +73,11 @@ def check_room(nbytes, what, config=None):
                            f"{format_bytes(free)} ({free:,} bytes) available on the host; use a smaller batch")
 
 
+def copy_in(view, value):
+    """Write a feed into its arena view."""
+    view[...] = value
+
+
 def synchronize():
     pass
 
@@ -85,3 +90,17 @@ def used_bytes():
 def holds(dtype):
     """Every dtype NumPy knows, ml_dtypes' (bfloat16, float8, int4) included."""
     return True
+
+
+class Runtime:
+    """What an executor's kernels run with on the host: NumPy, each step its table's kernel."""
+    xp = xp
+    libraries = {}
+
+    def bind(self, step, fn, ins, outs, workspace):
+        return fn
+
+
+def runtime(tf32=False):
+    """The host's Runtime (`tf32` is the GPU's)."""
+    return Runtime()

@@ -60,13 +60,14 @@ def inverted_residual(xp, step, ins, outs, ws):
         outputs = ws["depthwise"][0, :count, :band * out_width * widened].reshape(count, band, out_width, widened)
         product = ws["product"][:band]
         for k in range(count):
-            image = outputs[k]  # one view object for input and output: CuPy copies an input it sees overlap
+            image = outputs[k]
             image.fill(0)
             for a in range(3):
                 for e, (at, source_columns) in columns:
                     window = rows[a:a + stride * (band - 1) + 1:stride, k, source_columns]
                     xp.multiply(window, taps[a, e], out=product[:, at])
-                    xp.add(image[:, at], product[:, at], out=image[:, at])
+                    block = image[:, at]  # one view object for input and output: CuPy copies an input it sees overlap
+                    xp.add(block, product[:, at], out=block)
         _finish(xp, outputs, b2, None, depthwise)
         projected = ws["projected"][0, :filters * outputs.size // widened].reshape(filters, -1)
         xp.matmul(w3.reshape(filters, widened), outputs.reshape(-1, widened).T, out=projected)

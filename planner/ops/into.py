@@ -1,6 +1,7 @@
 """Array operations written into a given output with nothing allocated, on NumPy and on CuPy, where CuPy's own
 form would make a temporary: a GEMM into a block of rows of a larger matrix (a chunk of an image's output rows,
-a tile of scores), whose rows cuBLAS reads by their stride; an index range without a scan's scratch. Host GEMMs
+a tile of scores), whose rows cuBLAS reads by their stride (an executor's CuPy, whose matmul takes strides,
+executor/backends/cublas.py, gets every product as it is); an index range without a scan's scratch. Host GEMMs
 go to MKL where it is installed (planner/ops/mkl.py)."""
 from functools import cache
 
@@ -21,7 +22,8 @@ def matmul(xp, a, b, out):
         if not mkl.matmul(a, b, out):
             np.matmul(a, b, out=out)
         return
-    if out.ndim != 2 or out.flags.c_contiguous and a.flags.c_contiguous and b.flags.c_contiguous:
+    if getattr(xp, "strided_gemm", False) or out.ndim != 2 or (out.flags.c_contiguous and a.flags.c_contiguous
+                                                               and b.flags.c_contiguous):
         xp.matmul(a, b, out=out)
         return
     from cupy_backends.cuda.libs import cublas

@@ -232,3 +232,24 @@ def test_the_device_bytes_an_executor_takes_are_its_arena_once_the_library_handl
     taken = cupy_backend.used_bytes() - before
     page = 2 << 20  # the driver's granularity
     assert plan.arena_bytes - page <= taken <= plan.arena_bytes * 1.01 + page, taken
+
+
+@pytest.mark.parametrize("activation", ["Sigmoid", "Tanh", "Gelu-none", "Gelu-tanh", "Swish"])
+def test_the_gpu_bias_activation_formulas_are_the_host_kernels(activation):
+    """The CUDA expressions of executor/backends/cupy_fused.py, evaluated on the host, against
+    planner/ops/bias_activation.py's NumPy forms of act and act'."""
+    from scipy.special import erf
+    from executor.backends import cupy_fused
+    from planner.ops import bias_activation
+    name, _, approximate = activation.partition("-")
+    v = np.linspace(-6, 6, 241)
+    step = SimpleNamespace(attrs={"activation": name, "approximate": approximate or "none", "alpha": 1.702})
+    names = {"v": v, "alpha": 1.702, "exp": np.exp, "tanh": np.tanh, "erf": erf}
+    for table, derivative in ((cupy_fused.VALUES, False), (cupy_fused.SLOPES, True)):
+        entry = table[name]
+        formula = entry[step.attrs["approximate"]] if isinstance(entry, dict) else entry
+        got = eval(formula, {}, names)
+        fn, attrs = bias_activation._options(step, derivative)
+        want, t, u = v.copy(), np.empty_like(v), np.empty_like(v)
+        fn(np, want, t, u, **attrs)
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12, err_msg=f"{activation} derivative={derivative}")

@@ -5,6 +5,7 @@ from functools import lru_cache
 
 from ..kernels import loss, nn
 from ..kernels.optim import in_place
+from .cupy_fused import attention, bias_activation
 
 
 def fuser(cupy):
@@ -48,7 +49,8 @@ def overrides(cupy):
     return {("", "LogSoftmax"): log_softmax, ("", "Trilu"): _trilu(cupy),
             **_label_losses(cupy, sum_exp), ("memplan", "Dropout"): _dropout(cupy),
             **_optimizers(cupy), ("memplan", "WinogradConv"): nn.as_fused_conv,
-            ("memplan", "BatchedConv"): nn.as_fused_conv}
+            ("memplan", "BatchedConv"): nn.as_fused_conv, ("memplan", "ScaledDotProductAttention"): attention(cupy),
+            **bias_activation(cupy)}
 
 
 def _trilu(cupy):

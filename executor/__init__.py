@@ -175,8 +175,9 @@ class Executor:
                 self.replay.launch()
             else:
                 self._steps()
+                if self.replay:  # the first run's kernels ran one by one (compiling them); now record them
+                    self.replay.capture(self.program, self._call)
             if self.replay:
-                self.replay.graph or self.replay.capture(self.program, self._call)
                 self.replay.stream.synchronize()
                 return {name: self.arena.view(name).get() for name in self.plan.outputs}
         for group in {id(g): g for g in self.groups.values()}.values():

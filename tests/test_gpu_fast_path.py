@@ -173,14 +173,20 @@ def test_a_cuda_graph_replays_the_plan_as_numpy_runs_it_and_allocates_nothing(ca
         assert rel_l2(changed[name], value) < 1e-4, name
 
 
+def test_cuda_graph_mode_needs_the_gpu():
+    plan, _ = _plan("mlp")
+    with pytest.raises(planner.MemplanError, match="cupy backend"):
+        Executor(plan, backend="numpy", cuda_graph=True)
+
+
 @pytest.mark.gpu
 def test_cuda_graph_mode_refuses_what_cannot_replay():
     _cupy()
     plan, _ = _plan("mlp")
     with pytest.raises(planner.MemplanError, match="poison"):
         Executor(plan, backend="cupy", cuda_graph=True, poison=True)
-    with pytest.raises(planner.MemplanError, match="cupy backend"):
-        Executor(plan, backend="numpy", cuda_graph=True)
+    with pytest.raises(planner.MemplanError, match="profiling"):
+        Executor(plan, backend="cupy", cuda_graph=True, profile=True)
 
 
 @pytest.mark.gpu

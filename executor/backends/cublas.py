@@ -18,14 +18,10 @@ class Gemm:
         self.handle = cublas.create()
         cublas.set_workspace(self.handle, 0, 0)
         cublas.set_pointer_mode(self.handle, cublas.PointerMode.HOST)
-        self.set_tf32(tf32)
+        # TF32: fp32 products on the tensor cores with about 10 bits of mantissa
+        cublas.set_math_mode(self.handle, cublas.Math.TF32_TENSOR_OP_MATH if tf32 else cublas.Math.DEFAULT_MATH)
         self.stream = None
         self.scalars = {dtype: (np.ones((), _scalar(dtype)), np.zeros((), _scalar(dtype))) for dtype in _TYPES}
-
-    def set_tf32(self, on):
-        """fp32 products on the tensor cores in TF32 (about 10 bits of mantissa) when `on`; full fp32 when not."""
-        mode = self.cublas.Math.TF32_TENSOR_OP_MATH if on else self.cublas.Math.DEFAULT_MATH
-        self.cublas.set_math_mode(self.handle, mode)
 
     def matmul(self, a, b, out):
         """out = a @ b as NumPy broadcasts it, into `out`; CuPy's matmul for what cuBLAS does not take here."""

@@ -5,6 +5,8 @@ own. Without nvmath, or for a product it does not take (integer dtypes, a batch 
 collapse), `matmul` is CuPy's."""
 import numpy as np
 
+from planner.ops.into import gemm_operand
+
 _TYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2}
 """cudaDataType_t of the dtypes cuBLAS multiplies (CUDA_R_32F, CUDA_R_64F, CUDA_R_16F)."""
 
@@ -21,6 +23,7 @@ class Gemm:
         # TF32: fp32 products on the tensor cores with about 10 bits of mantissa
         cublas.set_math_mode(self.handle, cublas.Math.TF32_TENSOR_OP_MATH if tf32 else cublas.Math.DEFAULT_MATH)
         self.stream = None
+        self.ops = {"N": cublas.Operation.N, "T": cublas.Operation.T}
         self.scalars = {dtype: (np.ones((), _scalar(dtype)), np.zeros((), _scalar(dtype))) for dtype in _TYPES}
 
     def matmul(self, a, b, out):
@@ -46,7 +49,7 @@ class Gemm:
         if k == 0:
             out.fill(0)
             return True
-        left, right, result = _operand(a), _operand(b), _operand(out)
+        left, right, result = gemm_operand(a), gemm_operand(b), gemm_operand(out)
         strides = [_batch_stride(x) for x in (a, b, out)]
         if left is None or right is None or result is None or result[0] != "N" or None in strides:
             return False
@@ -54,7 +57,7 @@ class Gemm:
         if count > 1 and strides[2] == 0:
             return False
         self._on_current_stream()
-        cublas, op = self.cublas, {"N": self.cublas.Operation.N, "T": self.cublas.Operation.T}
+        cublas, op = self.cublas, self.ops
         one, zero = (s.ctypes.data for s in self.scalars[dtype])
         # row-major out = a b is column-major out^T = b^T a^T
         head = (self.handle, op[right[0]], op[left[0]], n, m, k, one)
@@ -88,18 +91,6 @@ class Gemm:
 def _scalar(dtype):
     """The host type of alpha and beta: the compute type, float32 for float16's fp32 accumulation."""
     return np.float32 if dtype == np.float16 else dtype
-
-
-def _operand(x):
-    """(cuBLAS op, leading dimension) of the last two dims of a row-major operand for the column-major product:
-    "N" for contiguous rows, "T" for contiguous columns (a transpose); None for neither."""
-    size, (rows, cols) = x.itemsize, x.shape[-2:]
-    row, col = x.strides[-2] // size, x.strides[-1] // size
-    if (col == 1 or cols == 1) and (rows == 1 or row >= max(cols, 1)):
-        return "N", row if rows > 1 else max(cols, 1)
-    if (row == 1 or rows == 1) and (cols == 1 or col >= max(rows, 1)):
-        return "T", col if cols > 1 else max(rows, 1)
-    return None
 
 
 def _batch_stride(x):

@@ -42,7 +42,7 @@ class Convolutions:
                 errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                 continue
             run = partial(self._execute, graph, pointers, 0 if workspace is None else workspace.data.ptr)
-            return run if fused else _then(run, nn.epilogue, b, z)
+            return run if fused else _then(run, b, z)
         self.declined[step.name] = "; ".join(errors)
         return None
 
@@ -110,9 +110,9 @@ def _has_epilogue(step, b, z):
     return b is not None or z is not None or bool(step.attrs.get("activation"))
 
 
-def _then(run, epilogue, b, z):
+def _then(run, b, z):
     """The conv by `run`, then FusedConv's epilogue (bias, residual, activation) over Y by memplan's kernels."""
     def kernel(xp, step, ins, outs, ws):
         run(xp, step, ins, outs, ws)
-        epilogue(xp, step, b, z)(outs[0])
+        nn.epilogue(xp, step, b, z)(outs[0])
     return kernel

@@ -28,34 +28,32 @@ def matmul(xp, a, b, out):
         return
     from cupy_backends.cuda.libs import cublas
     gemm = {np.dtype(np.float32): cublas.sgemm, np.dtype(np.float64): cublas.dgemm}.get(out.dtype)
-    left, right = _operand(cublas, a), _operand(cublas, b)
+    left, right, result = gemm_operand(a), gemm_operand(b), gemm_operand(out)
     same = a.dtype == b.dtype == out.dtype
-    if gemm is None or left is None or right is None or out.strides[1] != out.itemsize or not same:
+    if gemm is None or None in (left, right, result) or result[0] != "N" or not same:
         xp.matmul(a, b, out=out)
         return
     if not out.size:
         return
     (m, k), n = a.shape, b.shape[1]
     one, zero = np.ones((), out.dtype), np.zeros((), out.dtype)
+    op = {"N": cublas.CUBLAS_OP_N, "T": cublas.CUBLAS_OP_T}
     handle = xp.cuda.device.get_cublas_handle()
     mode = cublas.getPointerMode(handle)
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
     try:  # row-major out = a b is column-major out^T = b^T a^T
-        gemm(handle, right[0], left[0], n, m, k, one.ctypes.data, b.data.ptr, right[1], a.data.ptr, left[1],
-             zero.ctypes.data, out.data.ptr, max(out.strides[0] // out.itemsize, n, 1))
+        gemm(handle, op[right[0]], op[left[0]], n, m, k, one.ctypes.data, b.data.ptr, right[1], a.data.ptr, left[1],
+             zero.ctypes.data, out.data.ptr, result[1])
     finally:
         cublas.setPointerMode(handle, mode)
 
 
-def _operand(cublas, x):
-    """(cuBLAS op, leading dimension) of a row-major 2-D operand for the column-major product: N for one
-    with contiguous rows, T for one with contiguous columns (the transpose of such a matrix); None otherwise."""
-    size = x.itemsize
-    if x.ndim == 2 and x.strides[1] == size:
-        return cublas.CUBLAS_OP_N, max(x.strides[0] // size, x.shape[1], 1)
-    if x.ndim == 2 and x.strides[0] == size:
-        return cublas.CUBLAS_OP_T, max(x.strides[1] // size, x.shape[0], 1)
-    return None
+def gemm_operand(x):
+    """(cuBLAS op, leading dimension) of the last two dims of a row-major operand for the column-major product
+    (row-major out = a b is column-major out^T = b^T a^T): "N" for contiguous rows, "T" for contiguous columns
+    (a transpose), as MKL's row-major flags (mkl.matrix); None for neither."""
+    layout = mkl.matrix(x.shape[-2:], x.strides[-2:], x.itemsize)
+    return layout and ({mkl.NO_TRANS: "N", mkl.TRANS: "T"}[layout[0]], layout[1])
 
 
 def iota(xp, out):

@@ -78,7 +78,7 @@ def switched_off():
 _GEMMS = {np.dtype(np.float32): "cblas_sgemm_batch_strided", np.dtype(np.float64): "cblas_dgemm_batch_strided"}
 
 
-def _matrix(shape, strides, itemsize):
+def matrix(shape, strides, itemsize):
     """(transpose flag, leading dimension) of a row-major matrix of `shape` and byte `strides`: NO_TRANS when
     its rows are contiguous, TRANS when its columns are (a transposed view); None when neither."""
     (rows, cols), (down, across) = shape, strides
@@ -92,7 +92,7 @@ def _matrix(shape, strides, itemsize):
 def _operand(x, count):
     """(pointer, transpose flag, leading dimension, stride between matrices) of a 2-D operand (one matrix for
     all `count` products) or a 3-D stack of `count`; None when MKL cannot read it in place."""
-    layout = _matrix(x.shape[-2:], x.strides[-2:], x.itemsize)
+    layout = matrix(x.shape[-2:], x.strides[-2:], x.itemsize)
     if layout is None:
         return None
     between = 0

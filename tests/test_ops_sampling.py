@@ -3,6 +3,7 @@ implementation beyond the backend node tests' cases: every mode and padding of G
 3-D with its workspace cut into many chunks, RoiAlign's adaptive sampling, DFT's and STFT's forms, Det's
 pivoting; the gradients by finite differences; no temporaries on inputs large enough to show them."""
 import numpy as np
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -29,14 +30,27 @@ def one_node(op, inputs, attrs, opset, inits=()):
 
 def run_like_reference(backend, op, inputs, attrs, opset, inits=(), limit=None, rtol=1e-5, atol=1e-6, reference=None):
     """The node planned (its workspace under `limit` bytes) and run with poison on, against the reference
-    (of the `reference` model where given)."""
+    (of the `reference` (model, inputs) where given)."""
     model = one_node(op, inputs, attrs, opset, inits)
     config = Config(workspace_limit=limit) if limit else None
     plan = planner.compile(model, {n: v.shape for n, v in inputs}, config=config)
     got = run_on(backend, plan, dict(inputs))["y"]
-    want = ReferenceEvaluator(reference or model).run(None, dict(inputs))[0]
+    model, fed = reference or (model, inputs)
+    want = ReferenceEvaluator(model).run(None, dict(fed))[0]
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
     return plan
+
+
+def edge_padded(x, grid, align):
+    """(X, grid) for a zero-padded reference of cubic sampling with border padding: X edge-padded by its
+    own size, beyond the reach of any tap of the test's points, and the grid moved onto it. Border
+    clamps each cubic tap (PyTorch, onnxruntime), which is sampling that padded image."""
+    spatial = x.shape[2:]
+    padded = np.pad(x, [(0, 0), (0, 0), *((s, s) for s in spatial)], mode="edge")
+    sizes = np.array(spatial[::-1], np.float64)
+    at = (grid + 1) * (sizes - 1) / 2 if align else ((grid + 1) * sizes - 1) / 2
+    moved = 2 * (at + sizes) / (3 * sizes - 1) - 1 if align else (2 * (at + sizes) + 1) / (3 * sizes) - 1
+    return padded, moved.astype(grid.dtype)
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
@@ -47,21 +61,31 @@ def test_gridsample_in_chunks(mode, padding, align, spatial, out, backend):
     """Points beyond the borders (the grid spans [-1.7, 1.7]), a workspace of a few points per chunk."""
     x = RNG.standard_normal((2, 3, *spatial)).astype(np.float32)
     grid = RNG.uniform(-1.7, 1.7, (2, *out, len(spatial))).astype(np.float32)
-    plan = run_like_reference(backend, "GridSample", [("x", x), ("grid", grid)],
-                              dict(mode=mode, padding_mode=padding, align_corners=align), 20, limit=2000)
+    attrs = dict(mode=mode, padding_mode=padding, align_corners=align)
+    reference, atol = None, 1e-6
+    if (mode, padding) == ("cubic", "border"):  # the reference's float32 coordinates, three times as large
+        padded = list(zip(("x", "grid"), edge_padded(x, grid, align)))
+        reference, atol = (one_node("GridSample", padded, dict(attrs, padding_mode="zeros"), 20), padded), 1e-5
+    plan = run_like_reference(backend, "GridSample", [("x", x), ("grid", grid)], attrs, 20, limit=2000,
+                              atol=atol, reference=reference)
     step = next(s for s in plan.steps if s.op == "GridSample")
     assert 0 < plan.tensors[step.workspace].nbytes <= 2000
 
 
-def test_gridsample_float64_and_opset16_names():
-    """Opset 16's bicubic is opset 20's cubic (the reference knows only the latter's names)."""
-    x = RNG.standard_normal((1, 2, 4, 4))
-    grid = RNG.uniform(-1.2, 1.2, (1, 3, 3, 2))
-    inputs = [("x", x), ("grid", grid)]
-    plan = planner.compile(one_node("GridSample", inputs, dict(mode="bicubic", padding_mode="border"), 16))
-    got = Executor(plan, backend="numpy", poison=True).run(dict(inputs))["y"]
-    want = ReferenceEvaluator(one_node("GridSample", inputs, dict(mode="cubic", padding_mode="border"), 20))
-    np.testing.assert_allclose(got, want.run(None, dict(inputs))[0], rtol=1e-6, atol=1e-6)
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [0, 1])
+def test_gridsample_float64_opset16_like_onnxruntime(padding, align):
+    """Opset 16's bicubic in float64, to the last bits of onnxruntime's opset 20 cubic (the reference
+    works in float32); with border padding each tap is clamped, as onnxruntime and PyTorch do."""
+    rng = np.random.default_rng(16)
+    inputs = [("x", rng.standard_normal((2, 2, 4, 5))), ("grid", rng.uniform(-1.4, 1.4, (2, 3, 3, 2)))]
+    attrs = dict(padding_mode=padding, align_corners=align)
+    model = one_node("GridSample", inputs, dict(attrs, mode="bicubic"), 16)
+    got = Executor(planner.compile(model), backend="numpy", poison=True).run(dict(inputs))["y"]
+    theirs = one_node("GridSample", inputs, dict(attrs, mode="cubic"), 20)
+    theirs.graph.output[0].type.tensor_type.elem_type = TensorProto.DOUBLE
+    session = ort.InferenceSession(theirs.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(got, session.run(None, dict(inputs))[0], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("attrs, shapes, message", [
@@ -105,8 +129,8 @@ def test_roialign_like_reference(mode, transform, ratio, opset, backend):
         attrs["coordinate_transformation_mode"] = transform
     inits = [("batch_indices", np.array([0, 1, 1, 0, 1], np.int64))]
     inputs = [("x", x), ("rois", rois.astype(np.float64))]
-    reference = None if transform else one_node("RoiAlign", inputs, {**attrs, "coordinate_transformation_mode":
-                                                                     "output_half_pixel"}, 16, inits)
+    reference = None if transform else (one_node("RoiAlign", inputs, {**attrs, "coordinate_transformation_mode":
+                                                                      "output_half_pixel"}, 16, inits), inputs)
     run_like_reference(backend, "RoiAlign", inputs, attrs, opset, inits, limit=2 * 6 * 8, rtol=1e-6, atol=1e-9,
                        reference=reference)
 

@@ -46,6 +46,8 @@ class GridSample(Schema):
     """GridSample: Y[n, c, p...] = X[n, c] interpolated at grid[n, p...], whose last dim holds the
     coordinates in [-1, 1] (the innermost spatial dim first). Opset 16 names its modes bilinear,
     nearest, bicubic and takes 4-D X only; opset 20 names them linear, nearest, cubic for any rank.
+    Border padding clamps the point, but for cubic each of its taps, as PyTorch and onnxruntime do
+    (the ONNX reference clamps a cubic point too, which drops the taps inside the image).
 
     The kernel works on chunks of one image's points: each point's coordinate per spatial dim, then
     per dim the taps' indices (already times the dim's stride) and weights, then for every combination
@@ -156,7 +158,7 @@ class GridSample(Schema):
         if mode == "nearest":
             xp.rint(row, out=row)
         low, high = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
-        if padding == "border":
+        if padding == "border" and mode != "cubic":
             xp.less(row, low, out=mask)
             xp.copyto(row, 0, where=mask)
             xp.greater(row, high, out=mask)
@@ -258,7 +260,7 @@ class GridSample(Schema):
         zero, top = b.const(0, like), b.const(size - 1, like)
         low, high = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
         padding = self.attr(node, "padding_mode")
-        if padding == "border":
+        if padding == "border" and mode != "cubic":
             below, above = b.op("Less", u, b.const(low, like)), b.op("Greater", u, b.const(high, like))
             u = b.op("Where", below, zero, b.op("Where", above, top, u))
             slope = b.op("Where", b.op("Or", below, above), zero, slope)

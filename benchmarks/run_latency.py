@@ -200,7 +200,7 @@ def gpu(batches, repeat, models):
     print("libraries: " + "; ".join(f"{k}: {v}" for k, v in libraries.items())
           + f"; their handles took {(cupy_backend.used_bytes() - before) / MiB:.1f} MiB of device memory, once")
     print(f"{'model':<13} {'batch':>5} {'eager ms':>9} {'graph ms':>9} {'torch ms':>9} {'torch graph':>12} "
-          f"{'graph/torch graph':>18} {'arena MiB':>10} {'device MiB':>11} {'torch peak MiB':>15} {'cuDNN':>6}")
+          f"{'graph/torch graph':>18} {'arena MiB':>10} {'device MiB':>11} {'torch peak MiB':>15} {'convs':>8}")
     for name in models:
         for batch in batches:
             shapes = {"input": (batch, 3, 224, 224)} if name != "bert_base" else \
@@ -215,9 +215,10 @@ def gpu(batches, repeat, models):
             eager.run(feeds)
             device = cupy_backend.used_bytes() - before
             convs = {step.name for step in plan.steps if step.op in ("Conv", "FusedConv")}
-            declined = {k: v for k, v in eager.runtime.convs.declined.items() if k in convs} \
-                if eager.runtime.convs else dict.fromkeys(convs, "no cuDNN")
-            on_cudnn = f"{len(convs) - len(declined)}/{len(convs)}"
+            own = convs & eager.runtime.depthwise_steps
+            declined = {k: v for k, v in eager.runtime.convs.declined.items() if k in convs - own} \
+                if eager.runtime.convs else dict.fromkeys(convs - own, "no cuDNN")
+            on_cudnn = f"{len(convs) - len(declined) - len(own)}+{len(own)}/{len(convs)}"
             ours = median_seconds(lambda: {k: v.get() for k, v in eager.run(feeds).items()}, repeat,
                                   cupy.cuda.Device().synchronize)
             eager = None
@@ -228,11 +229,11 @@ def gpu(batches, repeat, models):
             theirs, captured, peak = _torch_runs(torch, name, host, repeat)
             print(f"{name:<13} {batch:>5} {ours * 1e3:>9.2f} {replayed * 1e3:>9.2f} {theirs * 1e3:>9.2f} "
                   f"{captured * 1e3:>12.2f} {replayed / captured:>17.2f}x {plan.arena_bytes / MiB:>10.1f} "
-                  f"{device / MiB:>11.1f} {peak / MiB:>15.1f} {on_cudnn:>6}")
+                  f"{device / MiB:>11.1f} {peak / MiB:>15.1f} {on_cudnn:>8}")
             for why in sorted(set(declined.values()))[:2]:
                 print(f"    a conv cuDNN declined: {why[:200]}")
     print(f"medians of {repeat} runs after a warm-up; device MiB: cudaMemGetInfo's rise over building an Executor "
-          f"and its first run; cuDNN: the convs cuDNN runs, of all")
+          f"and its first run; convs: cuDNN's + memplan's depthwise kernel's, of all")
 
 
 def _torch_runs(torch, name, host, repeat):

@@ -81,10 +81,11 @@ def config_of(args):
     return Config.from_env(**({"workspace_mode": args.workspace_mode} if args.workspace_mode else {}))
 
 
-def compile_args(args, graph):
-    """planner.compile on the graph with the command's strategy, schedule, precision, training options and Config."""
+def compile_args(args, graph, device="any"):
+    """planner.compile on the graph with the command's strategy, schedule, precision, training options and Config,
+    for `device`."""
     from .compiler import compile
-    return compile(graph, strategy=args.strategy, schedule=args.schedule, config=config_of(args),
+    return compile(graph, strategy=args.strategy, schedule=args.schedule, config=config_of(args), device=device,
                    **training_options(args), **precision_option(args))
 
 
@@ -181,13 +182,15 @@ def run(args):
 
     from executor import Executor, backends, random_feeds
     graph = load_graph(args)
-    plan = compile_args(args, graph)
+    backend = backends.get(args.backend)
+    # a GPU plan leaves out the rewrites for the CPU's kernels (inverted_residual, winograd, batch_conv)
+    plan = compile_args(args, graph, device="cuda" if backend.NAME == "cupy" else "any")
     feeds = random_feeds(plan, seed=0)
     shapes = ", ".join(f"{n} {value.shape} {value.dtype}" for n, value in feeds.items())
     what = f"training step with {plan.training['optimizer']}" if plan.training else "inference"
     print(f"{args.model}: {shapes}; {what}, {plan.strategy} plan, arena {format_bytes(plan.arena_bytes)}")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    device_before = backends.get(args.backend).used_bytes()
+    device_before = backend.used_bytes()
     ex = Executor(plan, backend=args.backend, config=config_of(args), profile=args.profile,
                   threads=args.threads, jit=False if args.no_jit else None, cuda_graph=args.cuda_graph, tf32=args.tf32)
     times = []

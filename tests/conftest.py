@@ -1,4 +1,5 @@
-"""Fixtures the test modules share: `backend` runs a test on NumPy and again, marked gpu, on CuPy."""
+"""Fixtures the test modules share: `backend` runs a test on NumPy and again, marked gpu, on CuPy; `cupy` is the
+CuPy module for GPU-only tests."""
 import pytest
 
 import planner
@@ -14,3 +15,12 @@ def backend(request):
         except planner.MemplanError:
             pytest.skip("needs CuPy and a CUDA GPU")
     return request.param
+
+
+@pytest.fixture
+def cupy():
+    """The cupy module; the test skips without CuPy and a CUDA GPU."""
+    try:
+        return backends.get("cupy").xp
+    except planner.MemplanError:
+        pytest.skip("needs CuPy and a CUDA GPU")

@@ -2,6 +2,7 @@
 import json
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -57,6 +58,23 @@ def test_run_on_numpy(capsys, monkeypatch):
     assert cli.main(["run", *MLP, "--backend", "numpy", "--repeat", "2", "--no-jit"]) == 0
     out = capsys.readouterr().out
     assert "bestfit on numpy: median" in out and "arena" in out and "RSS grew" in out
+
+
+@pytest.mark.parametrize("backend, device", [("numpy", "any"), ("cupy", "cuda")])
+def test_run_plans_for_the_device_of_its_backend(monkeypatch, backend, device):
+    """On the cupy backend `run` plans for CUDA, without the rewrites made for the CPU's kernels (mobilenet_v2's
+    InvertedResidual walks row tiles from the host)."""
+    from executor import backends
+
+    class Planned(Exception):
+        pass
+
+    def planned(args, graph, device="any"):
+        raise Planned(device)
+    monkeypatch.setattr(backends, "get", lambda name: SimpleNamespace(NAME=name))
+    monkeypatch.setattr(cli, "compile_args", planned)
+    with pytest.raises(Planned, match=f"^{device}$"):
+        cli.main(["run", *MLP, "--backend", backend])
 
 
 def test_run_says_when_the_compiled_kernels_and_mkl_run(capsys):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import planner
-from executor import BusyError, Executor, FeedError, backends, random_feeds
+from executor import BusyError, Executor, FeedError, random_feeds
 from executor.backends import cupy_backend, numpy_backend
 from planner import Config
 from planner.compiler import STRATEGIES
@@ -89,22 +89,14 @@ def test_unknown_backend():
         Executor(planner.compile(small_model("mlp"), input_shapes(small_model("mlp"), BATCH)), backend="tpu")
 
 
-def _cupy():
-    try:
-        return backends.get("cupy").xp
-    except planner.MemplanError:
-        pytest.skip("needs CuPy and a CUDA GPU")
-
-
 def _gpu_executor(case):
-    _cupy()
     model, inputs, expected = reference(case)
     return Executor(planner.compile(model, input_shapes(model, BATCH)), backend="cupy"), inputs, expected
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES)
-def test_gpu_matches_onnxruntime(case):
+def test_gpu_matches_onnxruntime(case, cupy):
     ex, inputs, expected = _gpu_executor(case)
     got = ex.run(inputs)
     for name, want in expected.items():
@@ -113,8 +105,7 @@ def test_gpu_matches_onnxruntime(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES)
-def test_gpu_run_allocates_nothing(case):
-    cupy = _cupy()
+def test_gpu_run_allocates_nothing(case, cupy):
     ex, inputs, _ = _gpu_executor(case)
     ex.run(inputs)
     assert_program_allocates_nothing(cupy, ex)

@@ -135,16 +135,6 @@ def test_cublas_gemm_leaves_to_cupy_what_one_call_cannot_take(host_gemm):
     assert len(leftover) == 3
 
 
-def _cupy():
-    cupy = pytest.importorskip("cupy")
-    from executor import backends
-    try:
-        backends.get("cupy")
-    except planner.MemplanError:
-        pytest.skip("needs CuPy and a CUDA GPU")
-    return cupy
-
-
 def _plan(case, batch=2):
     model = small_model(case)
     return planner.compile(model, input_shapes(model, batch), device="cuda"), feeds(model, batch)
@@ -152,8 +142,7 @@ def _plan(case, batch=2):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GRAPH_CASES)
-def test_a_cuda_graph_replays_the_plan_as_numpy_runs_it_and_allocates_nothing(case):
-    cupy = _cupy()
+def test_a_cuda_graph_replays_the_plan_as_numpy_runs_it_and_allocates_nothing(case, cupy):
     plan, inputs = _plan(case)
     want = Executor(plan, backend="numpy").run(inputs)
     ex = Executor(plan, backend="cupy", cuda_graph=True)
@@ -180,8 +169,7 @@ def test_cuda_graph_mode_needs_the_gpu():
 
 
 @pytest.mark.gpu
-def test_cuda_graph_mode_refuses_what_cannot_replay():
-    _cupy()
+def test_cuda_graph_mode_refuses_what_cannot_replay(cupy):
     plan, _ = _plan("mlp")
     with pytest.raises(planner.MemplanError, match="poison"):
         Executor(plan, backend="cupy", cuda_graph=True, poison=True)
@@ -191,8 +179,7 @@ def test_cuda_graph_mode_refuses_what_cannot_replay():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", ["resnet50", "mobilenet_v2", "unet", "densenet121"])
-def test_convolutions_run_on_cudnn_as_on_numpy(case):
-    _cupy()
+def test_convolutions_run_on_cudnn_as_on_numpy(case, cupy):
     pytest.importorskip("cudnn")
     plan, inputs = _plan(case)
     ex = Executor(plan, backend="cupy")
@@ -207,8 +194,7 @@ def test_convolutions_run_on_cudnn_as_on_numpy(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
-def test_cublas_gemm_on_the_device_matches_cupy(dtype):
-    cupy = _cupy()
+def test_cublas_gemm_on_the_device_matches_cupy(dtype, cupy):
     pytest.importorskip("nvmath")
     gemm = cublas.Gemm(cupy)
     rng = np.random.default_rng(2)
@@ -225,8 +211,7 @@ def test_cublas_gemm_on_the_device_matches_cupy(dtype):
 @pytest.mark.skipif(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") != "1",
                     reason="cudaMemGetInfo counts the whole device: run alone, not beside other workers (.ci/gpu does)")
 @pytest.mark.parametrize("case", ["resnet50", "bert_base"])
-def test_the_device_bytes_an_executor_takes_are_its_arena_once_the_library_handles_exist(case):
-    cupy = _cupy()
+def test_the_device_bytes_an_executor_takes_are_its_arena_once_the_library_handles_exist(case, cupy):
     from executor.backends import cupy_backend
     plan, inputs = _plan(case, batch=8)
     pool = cupy.get_default_memory_pool()

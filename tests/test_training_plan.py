@@ -178,19 +178,10 @@ def test_verify_catches_an_update_before_a_reader():
 GPU_CASES = ["mlp", "lenet", "resnet18", "resnet_deep", "mobilenet_v2"]
 
 
-def _cupy():
-    from executor import backends
-    try:
-        return backends.get("cupy").xp
-    except MemplanError:
-        pytest.skip("needs CuPy and a CUDA GPU")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 @pytest.mark.parametrize("case", GPU_CASES)
-def test_gpu_train_step_matches_numpy_and_allocates_nothing(case, optimizer):
-    cupy = _cupy()
+def test_gpu_train_step_matches_numpy_and_allocates_nothing(case, optimizer, cupy):
     plan = compiled(case, optimizer=optimizer)
     cpu, gpu = Executor(plan, backend="numpy"), Executor(plan, backend="cupy")
     for seed in range(3):

@@ -1,13 +1,16 @@
 """Conv and FusedConv steps through cuDNN (`nvidia-cudnn-frontend` graphs), each graph built once when the
 executor binds the step and run on the arena's bytes: its workspace is the step's planned workspace, so
 cuDNN only chooses among the engines that fit it and the plan stays the device's bytes. FusedConv's bias,
-residual and activation run in the same graph where cuDNN fuses them; else the conv alone and memplan's
-epilogue after it. A step cuDNN does not take keeps the im2col kernel."""
+residual and activation run in the same graph where cuDNN fuses them, or after the conv alone in one pass of
+memplan's, whichever runs faster on this device (timed when the step is bound: some fp32 fusions, ReLU6's
+clip among them, fall to engines tens of times slower than the conv alone). A step cuDNN does not take
+keeps the im2col kernel."""
 from functools import partial
 
 import numpy as np
 
 from ..kernels import nn
+from .cupy_conv import epilogue
 
 ACTIVATIONS = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}
 """FusedConv's activations as cuDNN pointwise ops (Clip is relu's clipped form; HardSigmoid runs after the conv)."""
@@ -24,6 +27,7 @@ class Convolutions:
         self.types = {np.dtype(np.float32): cudnn.data_type.FLOAT, np.dtype(np.float16): cudnn.data_type.HALF}
         self.declined = {}
         """{step name: why cuDNN did not take it}, for the report of what ran where."""
+        self.after = epilogue(cupy)
 
     def bind(self, step, ins, outs, workspace):
         """The kernel running `step` (Conv, or com.microsoft FusedConv) by a cuDNN graph over these views, with
@@ -34,7 +38,7 @@ class Convolutions:
             self.declined[step.name] = f"{x.ndim - 2}-D {y.dtype}"
             return None
         limit = 0 if workspace is None else workspace.nbytes
-        errors = []
+        errors, candidates = [], []
         for fused in (True, False) if _has_epilogue(step, b, z) else (True,):
             try:
                 graph, pointers = self._graph(step, x, w, b if fused else None, z if fused else None, y, limit, fused)
@@ -42,9 +46,26 @@ class Convolutions:
                 errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                 continue
             run = partial(self._execute, graph, pointers, 0 if workspace is None else workspace.data.ptr)
-            return run if fused else _then(run, b, z)
-        self.declined[step.name] = "; ".join(errors)
-        return None
+            candidates.append(run if fused else _then(run, self.after(step, b, z, y) or _epilogue(b, z)))
+        if not candidates:
+            self.declined[step.name] = "; ".join(errors)
+            return None
+        return candidates[0] if len(candidates) == 1 else self._fastest(candidates, step, ins, outs)
+
+    def _fastest(self, candidates, step, ins, outs):
+        """The candidate kernel of `step` taking the least time over a few runs on the device. Bound before any
+        run, it may write the step's output (the step's own bytes; a conv overwrites none of its inputs)."""
+        cupy, timed = self.cupy, []
+        for run in candidates:
+            run(cupy, step, ins, outs, {})
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            for _ in range(3):
+                run(cupy, step, ins, outs, {})
+            end.record()
+            end.synchronize()
+            timed.append(cupy.cuda.get_elapsed_time(start, end))
+        return candidates[timed.index(min(timed))]
 
     def _execute(self, graph, pointers, workspace, xp, step, ins, outs, ws):
         self.cudnn.set_stream(self.handle, self.cupy.cuda.get_current_stream().ptr)
@@ -110,9 +131,16 @@ def _has_epilogue(step, b, z):
     return b is not None or z is not None or bool(step.attrs.get("activation"))
 
 
-def _then(run, b, z):
-    """The conv by `run`, then FusedConv's epilogue (bias, residual, activation) over Y by memplan's kernels."""
+def _then(run, finish):
+    """The conv by `run`, then FusedConv's epilogue (bias, residual, activation) over Y by the kernel `finish`."""
     def kernel(xp, step, ins, outs, ws):
         run(xp, step, ins, outs, ws)
+        finish(xp, step, ins, outs, ws)
+    return kernel
+
+
+def _epilogue(b, z):
+    """FusedConv's epilogue by the shared kernels' calls, a pass over Y each."""
+    def kernel(xp, step, ins, outs, ws):
         nn.epilogue(xp, step, b, z)(outs[0])
     return kernel

@@ -65,7 +65,7 @@ def copy_in(view, value):
     if isinstance(value, xp.ndarray):
         view[...] = value
     else:
-        view.set(np.ascontiguousarray(value))
+        view.set(np.ascontiguousarray(value).reshape(view.shape))  # ascontiguousarray makes a scalar 1-D
 
 
 def synchronize():
@@ -110,13 +110,17 @@ def runtime(tf32=False):
 
 
 class Runtime:
-    """The libraries one executor runs with: `xp` for its kernels, `bind` choosing cuDNN for its convolutions,
-    and `libraries`, {library: what runs on it, or why it is not used}. `tf32` lets fp32 GEMMs and
-    convolutions use TF32 tensor cores (off: full fp32, as PyTorch with allow_tf32 False)."""
+    """The libraries one executor runs with: `xp` for its kernels, `bind` choosing memplan's depthwise kernel or
+    cuDNN for its convolutions, and `libraries`, {library: what runs on it, or why it is not used}. `tf32` lets
+    fp32 GEMMs and convolutions use TF32 tensor cores (off: full fp32, as PyTorch with allow_tf32 False)."""
 
     def __init__(self, tf32=False):
         from .cublas import Gemm
         from .cudnn_conv import Convolutions
+        from .cupy_conv import depthwise
+        self.depthwise = depthwise(xp)
+        self.depthwise_steps = set()
+        """The names of the steps memplan's depthwise kernel runs, for the report of what ran where."""
         self.libraries = {}
         gemm = self._load("cublas", "nvmath-python", lambda: Gemm(xp, tf32), "GEMMs on CuPy's matmul")
         self.convs = self._load("cudnn", "nvidia-cudnn-frontend", lambda: Convolutions(xp, tf32),
@@ -133,7 +137,12 @@ class Runtime:
         return made
 
     def bind(self, step, fn, ins, outs, workspace):
-        """The kernel `step` runs with: cuDNN's graph for a Conv or FusedConv it takes, else `fn`."""
-        if self.convs is None or (step.domain, step.op) not in (("", "Conv"), ("com.microsoft", "FusedConv")):
+        """The kernel `step` runs with: for a Conv or FusedConv, memplan's depthwise kernel where it takes the step,
+        else cuDNN's graph where cuDNN does; else `fn`."""
+        if (step.domain, step.op) not in (("", "Conv"), ("com.microsoft", "FusedConv")):
             return fn
-        return self.convs.bind(step, ins, outs, workspace) or fn
+        depthwise = self.depthwise(step, ins, outs)
+        if depthwise:
+            self.depthwise_steps.add(step.name)
+            return depthwise
+        return (self.convs and self.convs.bind(step, ins, outs, workspace)) or fn

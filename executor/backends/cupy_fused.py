@@ -1,6 +1,7 @@
 """GPU forms of the planner's fused ops, one kernel launch each where the shared kernels walk tiles from the
-host: memplan.ScaledDotProductAttention (one thread per query row, FlashAttention's online softmax over the
-keys, nothing in the scratch) and memplan.BiasActivation with its gradient (one elementwise pass)."""
+host or chain NumPy calls: memplan.ScaledDotProductAttention (a few threads of a warp per query row,
+FlashAttention's online softmax over the keys, nothing in the scratch), memplan.AddLayerNormalization (a
+block per row) and memplan.BiasActivation with its gradient (one elementwise pass)."""
 from functools import lru_cache
 
 import numpy as np
@@ -12,6 +13,8 @@ HEAD_SIZES = 256
 """The largest head size the attention kernel holds in registers; larger heads keep the tiled kernel."""
 
 ATTENTION = r"""
+#define DL ((D + LANES - 1) / LANES)
+#define EL ((DV + LANES - 1) / LANES)
 extern "C" __global__ void memplan_attention(
     const T* q, const T* k, const T* v, const T* bias, T* y, W* lse, int B, int H, int G, int S, int N,
     W scale, W lowest, W minus_inf, int causal, int has_bias, int has_lse,
@@ -19,34 +22,45 @@ extern "C" __global__ void memplan_attention(
     long long v0, long long v1, long long v2, long long v3, long long b0, long long b1, long long b2, long long b3,
     long long y0, long long y1, long long y2, long long y3, long long l0, long long l1, long long l2)
 {
-    long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
     if (row >= (long long)B * H * S) return;
+    int lane = threadIdx.x % LANES;
+    unsigned group = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1) << (threadIdx.x % 32 / LANES * LANES);
     long long i = row % S, h = (row / S) % H, b = row / ((long long)S * H), hk = h / G;
-    W qr[D], acc[DV];
+    W qr[DL], acc[EL];
     const T* qp = q + b * q0 + h * q1 + i * q2;
-    for (int d = 0; d < D; ++d) qr[d] = (W)qp[d * q3] * scale;
-    for (int e = 0; e < DV; ++e) acc[e] = 0;
+    for (int t = 0; t < DL; ++t) qr[t] = t * LANES + lane < D ? (W)qp[(t * LANES + lane) * q3] * scale : 0;
+    for (int t = 0; t < EL; ++t) acc[t] = 0;
     W m = lowest, l = 0;
     long long last = causal ? min((long long)N, max(0LL, i + N - S + 1)) : N;
     for (long long j = 0; j < last; ++j) {
         const T* kp = k + b * k0 + hk * k1 + j * k2;
         W s = 0;
-        for (int d = 0; d < D; ++d) s += qr[d] * (W)kp[d * k3];
+        for (int t = 0; t < DL; ++t) if (t * LANES + lane < D) s += qr[t] * (W)kp[(t * LANES + lane) * k3];
+        for (int o = LANES / 2; o > 0; o /= 2) s += __shfl_xor_sync(group, s, o);
         if (has_bias) s += (W)bias[b * b0 + h * b1 + i * b2 + j * b3];
         if (s == minus_inf) continue;  // a hidden key
         W top = s > m ? s : m, alpha = exp(m - top), p = exp(s - top);
         l = l * alpha + p;
         const T* vp = v + b * v0 + hk * v1 + j * v2;
-        for (int e = 0; e < DV; ++e) acc[e] = acc[e] * alpha + p * (W)vp[e * v3];
+        for (int t = 0; t < EL; ++t)
+            if (t * LANES + lane < DV) acc[t] = acc[t] * alpha + p * (W)vp[(t * LANES + lane) * v3];
         m = top;
     }
     T* yp = y + b * y0 + h * y1 + i * y2;
-    for (int e = 0; e < DV; ++e) yp[e * y3] = (T)(l > 0 ? acc[e] / l : 0);
-    if (has_lse) lse[b * l0 + h * l1 + i * l2] = l > 0 ? m + log(l) : minus_inf;
+    for (int t = 0; t < EL; ++t) if (t * LANES + lane < DV) yp[(t * LANES + lane) * y3] = (T)(l > 0 ? acc[t] / l : 0);
+    if (has_lse && lane == 0) lse[b * l0 + h * l1 + i * l2] = l > 0 ? m + log(l) : minus_inf;
 }
 """
-"""`lowest`: the accumulation type's lowest finite value, where the running max starts; a score of -inf is a
-hidden key; a row that sees no key gives zeros and an LSE of -inf, as the tiled kernel's."""
+"""Each query row is LANES neighbouring threads of a warp, each holding every LANES-th element of the row's query
+and output and the score summed across them by shuffles (the xor butterfly leaves every lane the same sum, so
+they all take the same branches). `lowest`: the accumulation type's lowest finite value, where the running
+max starts; a score of -inf is a hidden key; a row that sees no key gives zeros and an LSE of -inf, as the
+tiled kernel's."""
+
+THREADS = 1 << 17
+"""About the threads that fill a GPU (an H100's 132 multiprocessors hold 2,048 each): a row takes as many lanes,
+up to a warp, as bring the launch to this, so that few rows (batch 1) still run in parallel."""
 
 TYPES = {np.dtype(np.float32): ("float", "float", np.float32), np.dtype(np.float64): ("double", "double", np.float64)}
 
@@ -55,17 +69,17 @@ def attention(cupy):
     """memplan.ScaledDotProductAttention as one kernel over every query row of every head, for float32 and
     float64 with head sizes up to HEAD_SIZES; the tiled kernel otherwise."""
     @lru_cache(maxsize=None)
-    def compiled(dtype, d, dv):
+    def compiled(dtype, d, dv, lanes):
         t, w, _ = TYPES[dtype]
-        return cupy.RawKernel(f"typedef {t} T; typedef {w} W;\n#define D {d}\n#define DV {dv}\n" + ATTENTION,
-                              "memplan_attention")
+        return cupy.RawKernel(f"typedef {t} T; typedef {w} W;\n#define D {d}\n#define DV {dv}\n#define LANES {lanes}\n"
+                              + ATTENTION, "memplan_attention")
 
     def run(xp, step, ins, outs, ws):
         q, k, v, bias = [*ins, None][:4]
         y, lse = [*outs, None][:2]
         batch, heads, s, d = q.shape
         dv = v.shape[-1]
-        if q.dtype not in TYPES or max(d, dv) > HEAD_SIZES or not y.size:
+        if q.dtype not in TYPES or max(d, dv) > HEAD_SIZES or not d or not y.size:
             ops.of(step).kernel(xp, step, ins, outs, ws)
             return
         kind = TYPES[q.dtype][2]
@@ -73,17 +87,23 @@ def attention(cupy):
         n = k.shape[2]
         b = None if bias is None else cupy.broadcast_to(bias, (batch, heads, s, n))
         rows = batch * heads * s
+        lanes = min(32, _power_of_two(THREADS // rows), _power_of_two(max(d, dv)))
         strides = [*_elements(q), *_elements(k), *_elements(v), *(_elements(b) if b is not None else [0] * 4),
                    *_elements(y), *(_elements(lse) if lse is not None else [0] * 3)]
         lowest = np.finfo(kind).min
-        compiled(q.dtype, d, dv)(
-            ((rows + 127) // 128,), (128,),
+        compiled(q.dtype, d, dv, lanes)(
+            ((rows * lanes + 127) // 128,), (128,),
             (q, k, v, q if b is None else b, y, y if lse is None else lse, np.int32(batch), np.int32(heads),
              np.int32(heads // k.shape[1]), np.int32(s), np.int32(n), kind(scale), kind(lowest), kind(-np.inf),
              np.int32(bool(step.attrs.get("causal"))), np.int32(b is not None), np.int32(lse is not None),
              *(np.int64(x) for x in strides)))
 
     return run
+
+
+def _power_of_two(n):
+    """The least power of two at least n (1 for n <= 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _elements(a):
@@ -131,3 +151,77 @@ def bias_activation(cupy):
                                            float(step.attrs["alpha"]), outs[0])
 
     return {("memplan", "BiasActivation"): forward, ("memplan", "BiasActivationGrad"): backward}
+
+
+LAYER_NORM = r"""
+__device__ A block_sum(A v, A* shared)
+{
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();  // the shared sums of the previous call are read
+    if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = threadIdx.x % 32 < blockDim.x / 32 ? shared[threadIdx.x % 32] : (A)0;
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+extern "C" __global__ void memplan_add_layer_norm(
+    const T* x, const T* skip, const T* scale, const T* bias, T* y, T* total, int cols, A epsilon, int rms,
+    int has_skip, int has_bias, int has_total)
+{
+    __shared__ A shared[32];
+    long long at = (long long)blockIdx.x * cols;
+    const T *xr = x + at, *sr = skip + at;
+    T *yr = y + at, *tr = total + at;
+    A sum = 0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        A v = (A)xr[c] + (has_skip ? (A)sr[c] : (A)0);
+        if (has_total) {
+            tr[c] = (T)v;
+            v = (A)tr[c];
+        }
+        sum += v;
+    }
+    A mean = rms ? (A)0 : block_sum(sum, shared) / cols, squares = 0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        A v = (has_total ? (A)tr[c] : (A)xr[c] + (has_skip ? (A)sr[c] : (A)0)) - mean;
+        squares += v * v;
+    }
+    A inv = (A)1 / sqrt(block_sum(squares, shared) / cols + epsilon);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        A v = (has_total ? (A)tr[c] : (A)xr[c] + (has_skip ? (A)sr[c] : (A)0)) - mean;
+        yr[c] = (T)(v * inv * (A)scale[c] + (has_bias ? (A)bias[c] : (A)0));
+    }
+}
+"""
+"""One block per row; each thread reads and writes only its own columns, so Y or Sum may be X or skip (the op's
+in-place pairs). The statistics are summed in double; X + skip is rounded to X's dtype first, as the shared
+kernel's Sum holds it."""
+
+
+def add_layer_norm(cupy):
+    """memplan.AddLayerNormalization in one launch for float32 and float64 rows of contiguous arrays whose scale
+    and bias have every normalised element; the shared chunked kernel otherwise."""
+    @lru_cache(maxsize=None)
+    def compiled(dtype):
+        return cupy.RawKernel(f"typedef {TYPES[dtype][0]} T; typedef double A;\n" + LAYER_NORM,
+                              "memplan_add_layer_norm")
+
+    def run(xp, step, ins, outs, ws):
+        x, skip, scale, bias = [*ins, None, None][:4]
+        y, total = [*outs, None][:2]
+        rows = x.shape[:step.attrs["axis"] % x.ndim]
+        cols = x.size // max(1, int(np.prod(rows)))
+        arrays = [a for a in (x, skip, scale, bias, y, total) if a is not None]
+        if (x.dtype not in TYPES or any(not a.flags.c_contiguous for a in arrays) or scale.size != cols
+                or (bias is not None and bias.size != cols) or not x.size):
+            ops.of(step).kernel(xp, step, ins, outs, ws)
+            return
+        threads = min(1024, max(32, -(-cols // 4 // 32) * 32))
+        compiled(x.dtype)((x.size // cols,), (threads,),
+                          (x, x if skip is None else skip, scale, scale if bias is None else bias, y,
+                           y if total is None else total, np.int32(cols), np.float64(step.attrs["epsilon"]),
+                           np.int32(step.attrs["rms"]), np.int32(skip is not None), np.int32(bias is not None),
+                           np.int32(total is not None)))
+
+    return {("memplan", "AddLayerNormalization"): run}

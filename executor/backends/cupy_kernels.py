@@ -5,7 +5,7 @@ from functools import lru_cache
 
 from ..kernels import loss, nn
 from ..kernels.optim import in_place
-from .cupy_fused import attention, bias_activation
+from .cupy_fused import add_layer_norm, attention, bias_activation
 
 
 def fuser(cupy):
@@ -50,7 +50,7 @@ def overrides(cupy):
             **_label_losses(cupy, sum_exp), ("memplan", "Dropout"): _dropout(cupy),
             **_optimizers(cupy), ("memplan", "WinogradConv"): nn.as_fused_conv,
             ("memplan", "BatchedConv"): nn.as_fused_conv, ("memplan", "ScaledDotProductAttention"): attention(cupy),
-            **bias_activation(cupy)}
+            **bias_activation(cupy), **add_layer_norm(cupy)}
 
 
 def _trilu(cupy):

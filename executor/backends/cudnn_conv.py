@@ -10,7 +10,8 @@ from functools import partial
 import numpy as np
 
 from ..kernels import nn
-from .cupy_conv import epilogue
+from .cupy_conv import as_2d, epilogue
+from .cupy_fused import elements
 
 ACTIVATIONS = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}
 """FusedConv's activations as cuDNN pointwise ops (Clip is relu's clipped form; HardSigmoid runs after the conv)."""
@@ -82,7 +83,7 @@ class Convolutions:
         def tensor(name, array, shape=None):
             array = array if shape is None else array.reshape(shape)
             shape = list(array.shape)
-            strides = [s // array.itemsize for s in array.strides]
+            strides = elements(array)
             if flat and len(shape) == 3:
                 shape, strides = [*shape[:2], 1, shape[2]], [*strides[:2], shape[2] * strides[2], strides[2]]
             t = graph.tensor(name=name, dim=shape, stride=strides, data_type=dtype)
@@ -90,16 +91,15 @@ class Convolutions:
             return t
 
         win = nn.conv_window(step, x, w, y)
-        extend = (lambda v, pad: [pad, *v]) if flat else (lambda v, pad: list(v))
-        out = graph.conv_fprop(image=tensor("x", x), weight=tensor("w", w), pre_padding=extend(win.begin, 0),
-                               post_padding=extend(win.end, 0), stride=extend(win.strides, 1),
-                               dilation=extend(win.dilations, 1), compute_data_type=cudnn.data_type.FLOAT,
+        out = graph.conv_fprop(image=tensor("x", x), weight=tensor("w", w), pre_padding=as_2d(flat, win.begin, 0),
+                               post_padding=as_2d(flat, win.end, 0), stride=as_2d(flat, win.strides, 1),
+                               dilation=as_2d(flat, win.dilations, 1), compute_data_type=cudnn.data_type.FLOAT,
                                name="conv")
         if fused:
             out = self._epilogue(graph, tensor, step, out, b, z, y)
         # the output's layout is the arena's (cuDNN would make it channels-last)
         out.set_output(True).set_data_type(dtype).set_dim(list(y.shape))
-        out.set_stride([s // y.itemsize for s in y.strides])
+        out.set_stride(elements(y))
         pointers[out] = y.data.ptr
         graph.validate()
         graph.build_operation_graph()

@@ -8,6 +8,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..kernels import nn
+from .cupy_fused import C_TYPES
 
 DEPTHWISE = r"""
 extern "C" __global__ void memplan_depthwise(
@@ -42,49 +43,48 @@ alpha and beta)."""
 ACTIVATIONS = {"": "v", "Relu": "v < 0 ? (A)0 : v", "Clip": "v < p0 ? p0 : (v > p1 ? p1 : v)",
                "Sigmoid": "(A)1 / ((A)1 + exp(-v))", "Tanh": "tanh(v)",
                "HardSigmoid": "p0 * v + p1 < 0 ? (A)0 : (p0 * v + p1 > 1 ? (A)1 : p0 * v + p1)"}
-"""FusedConv's activations of the sum `v` (NaN stays NaN, as NumPy's maximum and clip keep it)."""
+"""FusedConv's activations (planner/ops/fused_conv.py's, which the op's check holds steps to) of the sum `v` (NaN
+stays NaN, as NumPy's maximum and clip keep it)."""
 
-TYPES = {np.dtype(np.float32): ("float", np.float32), np.dtype(np.float64): ("double", np.float64)}
+
+def as_2d(flat, values, fill):
+    """A 1-D conv's window values (strides, pads, sizes) as a 2-D conv's of height 1 when `flat`, `fill` the
+    height's; else `values` as a list."""
+    return [fill, *values] if flat else list(values)
 
 
-def takes(step, x, w, y):
-    """Whether `step` (a Conv or FusedConv over these views) is a depthwise conv this kernel runs: 1-D or 2-D,
-    float32 or float64, group = input channels, contiguous views."""
-    return (x.dtype in TYPES and x.dtype == w.dtype == y.dtype and x.ndim in (3, 4) and w.shape[1] == 1
-            and int(step.attrs.get("group", 1)) == x.shape[1] > 1 and w.shape[0] % x.shape[1] == 0
-            and all(a.flags.c_contiguous for a in (x, w, y)))
+def activation_of(step, wide):
+    """(FusedConv's activation name, "" for none; its two parameters as the NumPy scalar type `wide`, zeros where it
+    takes none)."""
+    params = [wide(p) for p in (step.attrs.get("activation_params") or ())] + [wide(0)] * 2
+    return step.attrs.get("activation") or "", params[:2]
 
 
 def depthwise(cupy):
-    """bind(step, ins, outs): the step's depthwise kernel, or None when `takes` says no."""
+    """bind(step, ins, outs): the kernel of a Conv or FusedConv step that is a depthwise conv this kernel runs (1-D
+    or 2-D, float32 or float64, group = input channels, contiguous views), else None."""
     @lru_cache(maxsize=None)
     def compiled(dtype, activation):
-        t, _ = TYPES[dtype]
+        t = C_TYPES[dtype]
         source = f"typedef {t} T; typedef {t} A;\n#define ACTIVATION {ACTIVATIONS[activation]}\n" + DEPTHWISE
         return cupy.RawKernel(source, "memplan_depthwise")
 
     def bind(step, ins, outs):
         x, w, b, z = [*ins, None, None][:4]
         y = outs[0]
-        if not takes(step, x, w, y) or any(a is not None and not a.flags.c_contiguous for a in (b, z)):
-            return None
-        activation = step.attrs.get("activation") or ""
-        if activation not in ACTIVATIONS:
+        if not (x.dtype in C_TYPES and x.dtype == w.dtype == y.dtype and x.ndim in (3, 4) and w.shape[1] == 1
+                and int(step.attrs.get("group", 1)) == x.shape[1] > 1 and w.shape[0] % x.shape[1] == 0
+                and all(a.flags.c_contiguous for a in (x, w, y, b, z) if a is not None)):
             return None
         win = nn.conv_window(step, x, w, y)
         flat = x.ndim == 3
-        grid = (1, *y.shape[2:]) if flat else y.shape[2:]
-        source = (1, *x.shape[2:]) if flat else x.shape[2:]
-        window = (1, *w.shape[2:]) if flat else w.shape[2:]
-        strides, dilations = ([1, *v] if flat else list(v) for v in (win.strides, win.dilations))
-        begin = [0, *win.begin] if flat else list(win.begin)
-        kind = TYPES[x.dtype][1]
-        params = [kind(p) for p in (step.attrs.get("activation_params") or ())] + [kind(0)] * 2
+        window = [*as_2d(flat, x.shape[2:], 1), *as_2d(flat, y.shape[2:], 1), *as_2d(flat, w.shape[2:], 1),
+                  *as_2d(flat, win.strides, 1), *as_2d(flat, win.begin, 0), *as_2d(flat, win.dilations, 1)]
+        activation, params = activation_of(step, x.dtype.type)
         total = y.size
         arguments = (x, w, x if b is None else b, y if z is None else z, y, np.int64(total), np.int32(x.shape[1]),
-                     np.int32(w.shape[0] // x.shape[1]), *map(np.int32, (*source, *grid, *window, *strides, *begin,
-                                                                          *dilations)),
-                     np.int32(b is not None), np.int32(z is not None), *params[:2])
+                     np.int32(w.shape[0] // x.shape[1]), *map(np.int32, window), np.int32(b is not None),
+                     np.int32(z is not None), *params)
         launch = compiled(x.dtype, activation)
 
         def run(xp, step, ins, outs, ws):
@@ -100,21 +100,20 @@ def epilogue(cupy):
     elementwise pass, as a kernel (xp, step, ins, outs, ws); None when `y` or `z` is not contiguous."""
     @lru_cache(maxsize=None)
     def compiled(activation, wide):
-        scalar, ctype = ("float64", "double") if wide == np.float64 else ("float32", "float")
         return cupy.ElementwiseKernel(
-            f"raw T b, raw T z, int64 inner, int64 channels, bool has_bias, bool has_z, {scalar} p0, {scalar} p1",
-            "T y", f"typedef {ctype} A; A v = (A)y; if (has_bias) v += (A)b[i / inner % channels]; "
+            f"raw T b, raw T z, int64 inner, int64 channels, bool has_bias, bool has_z, {wide.name} p0, "
+            f"{wide.name} p1", "T y",
+            f"typedef {C_TYPES[wide]} A; A v = (A)y; if (has_bias) v += (A)b[i / inner % channels]; "
             f"if (has_z) v += (A)z[i]; y = (T)({ACTIVATIONS[activation]});",
             f"memplan_conv_epilogue_{activation.lower() or 'none'}")
 
     def after(step, b, z, y):
-        activation = step.attrs.get("activation") or ""
-        if not y.flags.c_contiguous or (z is not None and not z.flags.c_contiguous) or activation not in ACTIVATIONS:
+        if not y.flags.c_contiguous or (z is not None and not z.flags.c_contiguous):
             return None
-        wide = np.float64 if y.dtype == np.float64 else np.float32
-        params = [wide(p) for p in (step.attrs.get("activation_params") or ())] + [wide(0)] * 2
+        wide = np.dtype(np.float64 if y.dtype == np.float64 else np.float32)
+        activation, params = activation_of(step, wide.type)
         arguments = (y if b is None else b, y if z is None else z, int(np.prod(y.shape[2:], dtype=np.int64)),
-                     y.shape[1], b is not None, z is not None, *params[:2])
+                     y.shape[1], b is not None, z is not None, *params)
         run = compiled(activation, wide)
 
         def kernel(xp, step, ins, outs, ws):

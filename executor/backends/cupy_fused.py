@@ -8,6 +8,7 @@ import numpy as np
 
 from planner import ops
 from planner.ops.activation import GELU_CUDA
+from planner.ops.fused_norm import rows_and_columns
 
 HEAD_SIZES = 256
 """The largest head size the attention kernel holds in registers; larger heads keep the tiled kernel."""
@@ -62,7 +63,8 @@ THREADS = 1 << 17
 """About the threads that fill a GPU (an H100's 132 multiprocessors hold 2,048 each): a row takes as many lanes,
 up to a warp, as bring the launch to this, so that few rows (batch 1) still run in parallel."""
 
-TYPES = {np.dtype(np.float32): ("float", "float", np.float32), np.dtype(np.float64): ("double", "double", np.float64)}
+C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+"""The C types of the dtypes memplan's CUDA kernels take."""
 
 
 def attention(cupy):
@@ -70,8 +72,8 @@ def attention(cupy):
     float64 with head sizes up to HEAD_SIZES; the tiled kernel otherwise."""
     @lru_cache(maxsize=None)
     def compiled(dtype, d, dv, lanes):
-        t, w, _ = TYPES[dtype]
-        return cupy.RawKernel(f"typedef {t} T; typedef {w} W;\n#define D {d}\n#define DV {dv}\n#define LANES {lanes}\n"
+        t = C_TYPES[dtype]
+        return cupy.RawKernel(f"typedef {t} T; typedef {t} W;\n#define D {d}\n#define DV {dv}\n#define LANES {lanes}\n"
                               + ATTENTION, "memplan_attention")
 
     def run(xp, step, ins, outs, ws):
@@ -79,17 +81,17 @@ def attention(cupy):
         y, lse = [*outs, None][:2]
         batch, heads, s, d = q.shape
         dv = v.shape[-1]
-        if q.dtype not in TYPES or max(d, dv) > HEAD_SIZES or not d or not y.size:
+        if q.dtype not in C_TYPES or max(d, dv) > HEAD_SIZES or not d or not y.size:
             ops.of(step).kernel(xp, step, ins, outs, ws)
             return
-        kind = TYPES[q.dtype][2]
+        kind = q.dtype.type
         scale = float(step.attrs.get("scale") or 0.0) or 1 / np.sqrt(max(d, 1))
         n = k.shape[2]
         b = None if bias is None else cupy.broadcast_to(bias, (batch, heads, s, n))
         rows = batch * heads * s
         lanes = min(32, _power_of_two(THREADS // rows), _power_of_two(max(d, dv)))
-        strides = [*_elements(q), *_elements(k), *_elements(v), *(_elements(b) if b is not None else [0] * 4),
-                   *_elements(y), *(_elements(lse) if lse is not None else [0] * 3)]
+        strides = [*elements(q), *elements(k), *elements(v), *(elements(b) if b is not None else [0] * 4),
+                   *elements(y), *(elements(lse) if lse is not None else [0] * 3)]
         lowest = np.finfo(kind).min
         compiled(q.dtype, d, dv, lanes)(
             ((rows * lanes + 127) // 128,), (128,),
@@ -106,7 +108,8 @@ def _power_of_two(n):
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def _elements(a):
+def elements(a):
+    """The strides of `a` in elements."""
     return [s // a.itemsize for s in a.strides]
 
 
@@ -204,21 +207,20 @@ def add_layer_norm(cupy):
     and bias have every normalised element; the shared chunked kernel otherwise."""
     @lru_cache(maxsize=None)
     def compiled(dtype):
-        return cupy.RawKernel(f"typedef {TYPES[dtype][0]} T; typedef double A;\n" + LAYER_NORM,
+        return cupy.RawKernel(f"typedef {C_TYPES[dtype]} T; typedef double A;\n" + LAYER_NORM,
                               "memplan_add_layer_norm")
 
     def run(xp, step, ins, outs, ws):
         x, skip, scale, bias = [*ins, None, None][:4]
         y, total = [*outs, None][:2]
-        rows = x.shape[:step.attrs["axis"] % x.ndim]
-        cols = x.size // max(1, int(np.prod(rows)))
+        rows, cols, _ = rows_and_columns(x.shape, step.attrs["axis"] % x.ndim)
         arrays = [a for a in (x, skip, scale, bias, y, total) if a is not None]
-        if (x.dtype not in TYPES or any(not a.flags.c_contiguous for a in arrays) or scale.size != cols
+        if (x.dtype not in C_TYPES or any(not a.flags.c_contiguous for a in arrays) or scale.size != cols
                 or (bias is not None and bias.size != cols) or not x.size):
             ops.of(step).kernel(xp, step, ins, outs, ws)
             return
         threads = min(1024, max(32, -(-cols // 4 // 32) * 32))
-        compiled(x.dtype)((x.size // cols,), (threads,),
+        compiled(x.dtype)((rows,), (threads,),
                           (x, x if skip is None else skip, scale, scale if bias is None else bias, y,
                            y if total is None else total, np.int32(cols), np.float64(step.attrs["epsilon"]),
                            np.int32(step.attrs["rms"]), np.int32(skip is not None), np.int32(bias is not None),

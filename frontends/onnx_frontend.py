@@ -14,6 +14,8 @@ from planner.deferred import Deferred
 from planner.errors import ModelError
 from planner.ir import DEFAULT_OPSETS, Annotations, Graph, Node, Tensor, captured
 
+from .onnx_upgrade import OLDEST, upgrade
+
 META = "memplan."
 """Prefix of the node metadata_props keys that carry the user's annotations (ir.HINTS)."""
 TORCH_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
@@ -22,7 +24,13 @@ DEFERRED_BYTES = 1 << 16
 """Float initializers of this many bytes or more are read when needed (planner.deferred); smaller ones,
 and the rest, when the model is."""
 MIN_OPSET = 11
+"""The oldest opset read as it is; models of opsets OLDEST to 10 are upgraded to it by onnx's version converter,
+whose last step (10 to 11) only moves Clip's and Pad's attributes into inputs, renames Scatter and gives Resize its
+roi (onnx_upgrade gives it its coordinates back). A newer target would take more rewrites of the converter's
+(Softmax at 13, axes as inputs) for nothing: memplan reads opset 11's forms as it reads the newer ones."""
 MAX_OPSET = onnx.defs.onnx_opset_version()
+READS = (f"memplan reads opsets {MIN_OPSET} to {MAX_OPSET}, and {OLDEST} to {MIN_OPSET - 1} through onnx's "
+         "version converter")
 
 
 def read(model):
@@ -41,9 +49,26 @@ def read(model):
         raise ModelError(f"expected an ONNX file path or onnx.ModelProto, got {type(model).__name__}")
     if not model.HasField("graph") or not model.graph.output:
         raise ModelError("the model has no graph or no graph outputs (not an ONNX model, or a truncated file)")
-    opsets = _opsets(model)
-    _check_nodes(model, opsets[""])
-    return _graph(model.graph, opsets, base_dir)
+    version = _default_opset(model)
+    if not OLDEST <= version <= MAX_OPSET:
+        raise ModelError(f"opset {version} is not supported ({READS})")
+    _check_nodes(model, version)
+    weights = {t.name: t for t in model.graph.initializer}
+    if version < MIN_OPSET:
+        model = _upgraded(model, version)
+    return _graph(model.graph, _opsets(model), base_dir, weights)
+
+
+def _upgraded(model, version):
+    """The model of an older opset at MIN_OPSET (onnx_upgrade: its initializers are placeholders), its nodes checked
+    again there; one line when the converter cannot."""
+    try:
+        model = upgrade(model, version, MIN_OPSET)
+        _check_nodes(model, MIN_OPSET)
+    except ModelError as e:
+        raise ModelError(f"opset {version} cannot be upgraded to opset {MIN_OPSET} by onnx's version converter: {e} "
+                         f"({READS})") from None
+    return model
 
 
 def _check_nodes(model, opset):
@@ -80,21 +105,24 @@ def _domain(name):
     return "" if name == "ai.onnx" else name
 
 
-def _opsets(model):
-    """{domain: version} the model imports, with memplan's own domain (for the nodes training adds)."""
-    versions = {_domain(o.domain): o.version for o in model.opset_import}
-    version = versions.get("")
+def _default_opset(model):
+    version = next((o.version for o in model.opset_import if not _domain(o.domain)), None)
     if version is None:
         raise ModelError("the model imports no version of the default ONNX domain")
-    if not MIN_OPSET <= version <= MAX_OPSET:
-        raise ModelError(f"opset {version} is not supported (memplan reads opsets {MIN_OPSET} to {MAX_OPSET})")
-    return {**DEFAULT_OPSETS, **versions}
+    return version
 
 
-def _graph(g, opsets, base_dir):
+def _opsets(model):
+    """{domain: version} the model imports, with memplan's own domain (for the nodes training adds)."""
+    return {**DEFAULT_OPSETS, **{_domain(o.domain): o.version for o in model.opset_import}}
+
+
+def _graph(g, opsets, base_dir, weights=None):
+    """A GraphProto -> Graph; `weights` by name stand for the graph's initializers of those names (an upgraded
+    model's placeholders)."""
     tensors = {}
     for init in g.initializer:
-        tensors[init.name] = _param(init, base_dir)
+        tensors[init.name] = _param((weights or {}).get(init.name, init), base_dir)
     if g.sparse_initializer:
         raise ModelError("sparse initializers are not supported")
     declared = {}

@@ -117,8 +117,14 @@ def test_dangling_input_and_duplicate_writer():
 
 
 def test_out_of_range_opset():
-    with pytest.raises(ModelError, match="opset 9"):
-        planner.load(model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])], opset=9))
+    with pytest.raises(ModelError, match=r"opset 6 is not supported \(memplan reads opsets 11 to \d+, and 7 to 10 "):
+        planner.load(model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])], opset=6))
+
+
+def test_older_opset_is_upgraded():
+    graph = planner.load(model([helper.make_node("Clip", ["x"], ["y"], min=0.0, max=6.0)], [vi("x", [2])],
+                               [vi("y", [2])], opset=9))
+    assert graph.opsets[""] == 11 and (graph.nodes[0].attrs["min"], graph.nodes[0].attrs["max"]) == (0.0, 6.0)
 
 
 def _save_with_external_data(model_dir, location, data_path):

@@ -133,8 +133,8 @@ def check_names(graph, frozen, trainable):
 def training_mode(graph):
     """BatchNormalization with batch statistics, its running mean and variance written back into their
     params; Dropout drawing its mask (kept for backward); fused attention keeping its rows' log-sum-exp
-    (O(seq), so that backward recomputes no scores pass). A model exported in training mode keeps its
-    own outputs for these."""
+    (O(seq), so that backward recomputes no scores pass) and drawing its dropout by the step. A model
+    exported in training mode keeps its own outputs for these."""
     nodes, tensors, updates = [], dict(graph.tensors), list(graph.updates)
     for node in graph.nodes:
         if node.op == "BatchNormalization":
@@ -145,10 +145,14 @@ def training_mode(graph):
                     tensors[outs[k]] = Tensor(outs[k], None, None, "activation")
                 updates.append((outs[k], stat))
             node = replace(node, attrs={**node.attrs, "training_mode": 1}, outputs=(*outs, *node.outputs[3:]))
-        elif node.domain == "memplan" and node.op == "ScaledDotProductAttention" and len(node.outputs) < 2:
-            lse = f"{node.outputs[0]}/lse"
-            tensors[lse] = Tensor(lse, None, None, "activation")
-            node = replace(node, outputs=(node.outputs[0], lse))
+        elif node.domain == "memplan" and node.op == "ScaledDotProductAttention":
+            if len(node.outputs) < 2:
+                lse = f"{node.outputs[0]}/lse"
+                tensors[lse] = Tensor(lse, None, None, "activation")
+                node = replace(node, outputs=(node.outputs[0], lse))
+            if node.attrs.get("dropout") and len(node.inputs) < 5:
+                node = replace(node, inputs=(*node.inputs, "", "")[:4] + (STEP,),
+                               attrs={"seed": len(nodes), **node.attrs})
         elif node.op == "Dropout" and ops.get("Dropout").attr(node, "ratio"):
             mask = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] else f"{node.outputs[0]}/mask"
             tensors.setdefault(mask, Tensor(mask, None, None, "activation"))
@@ -157,8 +161,9 @@ def training_mode(graph):
                            attrs={"ratio": node.attrs.get("ratio", 0.5), "seed": len(nodes) if seed is None else seed})
         nodes.append(node)
     tensors[STEP] = Tensor(STEP, (), np.dtype(np.float64), "input")
-    return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates),
-                                 inputs=(*graph.inputs, STEP)), graph)
+    inputs = graph.inputs if STEP in graph.inputs else (*graph.inputs, STEP)
+    return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates), inputs=inputs),
+                         graph)
 
 
 def optimizer_arguments(optimizer, given):

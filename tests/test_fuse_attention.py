@@ -75,14 +75,14 @@ S = 6
 LOWER = np.tril(np.ones((S, S), bool))
 
 
-@pytest.mark.parametrize("bias, causal, kept", [
-    (np.where(LOWER, 0, -np.inf), 1, False),                  # a causal mask: the op's causal, no bias
-    (np.where(LOWER, 0, np.finfo(np.float32).min), 1, False),  # as transformers writes it
-    (np.where(LOWER, 0, -1e4), 0, True),                       # -1e4 need not underflow: stays a bias
-    (np.zeros((S, S)), 0, False),                               # no mask at all
-    (np.random.default_rng(0).standard_normal((S, S)), 0, True),  # a bias
+@pytest.mark.parametrize("bias, causal, fill, kept", [
+    (np.where(LOWER, 0, -np.inf), 1, -np.inf, False),           # a causal mask: the op's causal, no bias
+    (np.where(LOWER, 0, np.finfo(np.float32).min), 1, float(np.finfo(np.float32).min), False),  # as transformers writes it
+    (np.where(LOWER, 0, -1e4), 1, -1e4, False),                 # -1e4 need not underflow: added as the export adds it
+    (np.zeros((S, S)), 0, -np.inf, False),                      # no mask at all
+    (np.random.default_rng(0).standard_normal((S, S)), 0, -np.inf, True),  # a bias
 ])
-def test_an_additive_mask_is_causal_only_where_it_masks_out_exactly(bias, causal, kept):
+def test_an_additive_causal_mask_becomes_causal_with_its_own_fill(bias, causal, fill, kept):
     m = additive_mask_model(bias.reshape(1, 1, S, S).astype(np.float32))
     shapes = {"q": (1, 2, S, 4), "kt": (1, 2, 4, S), "v": (1, 2, S, 4)}
     rng = np.random.default_rng(1)
@@ -90,5 +90,6 @@ def test_an_additive_mask_is_causal_only_where_it_masks_out_exactly(bias, causal
     plans = [planner.compile(m, shapes, fuse_attention=f) for f in (True, False)]
     fused = next(s for s in plans[0].steps if s.op == "ScaledDotProductAttention")
     assert fused.attrs["causal"] == causal and (len(fused.inputs) == 4) == kept
+    assert fused.attrs["fill"] == np.float32(fill) and fused.attrs["fill_mode"] == ("add" if causal else "set")
     got, want = (Executor(p, backend="numpy", poison=True).run(feeds)["y"] for p in plans)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -11,24 +11,22 @@ by its values (as they are, or transposed).
 Training uses "eager" attention, as the PyTorch side trains it; transformers' default "sdpa" (whose
 export reads IsNaN) is planned and run against onnxruntime in inference.
 """
-import copy
 import json
 import warnings
 
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
 
 import planner
 from executor import Executor
 from planner import cli
 from planner.report import report
-from zoo_cases import rel_l2, run_on
+from zoo_cases import run_on
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from frontends.torch_module import torch_optimizer  # noqa: E402  (needs torch)
+from exports import folded_buffers, stored_params, trains_like_pytorch  # noqa: E402  (needs torch)
 
 pytestmark = pytest.mark.torch
 VOCAB, BATCH, SEQ, STEPS, LR, RTOL = 64, 2, 16, 3, 0.1, 1e-4
@@ -91,29 +89,9 @@ def exported(tmp_path_factory):
     return module, path, stored_params(module, export(module, ids, path))
 
 
-def stored_params(module, model):
-    """{parameter name: (initializer name, stored transposed)} of the module exported as `model`."""
-    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    found = {}
-    for name, p in module.named_parameters():
-        value = p.detach().numpy()
-        forms = ((False, value), (True, value.T)) if value.ndim == 2 else ((False, value),)
-        found[name] = [(n, t) for n, a in inits.items() for t, v in forms
-                       if a.shape == v.shape and np.array_equal(a, v)]
-        assert len(found[name]) == 1, f"{name} is stored {len(found[name])} times among the initializers"
-    return {name: hits[0] for name, hits in found.items()}
-
-
 def compiled(path, **options):
     return planner.compile(str(path), {"input_ids": (BATCH, SEQ)}, training=True, loss="cross_entropy",
                            optimizer="sgd", optimizer_args={"lr": LR}, **options)
-
-
-def folded_buffers(path, found):
-    """The float initializers of more than one element that no nn.Parameter was exported as."""
-    stored = {n for n, _ in found.values()}
-    return sorted(i.name for i in onnx.load(str(path)).graph.initializer if i.name not in stored
-                  and i.data_type == onnx.TensorProto.FLOAT and np.prod(i.dims) > 1)
 
 
 def test_scalars_of_the_code_stay_constants_and_the_class_axis_is_the_last(exported):
@@ -153,31 +131,9 @@ def test_the_report_warns_when_more_initializers_train_than_the_export_lists(exp
 
 
 def test_three_sgd_steps_match_pytorch(exported, backend):
-    module, path, found = exported
-    rng = np.random.default_rng(2)
-    ids = rng.integers(0, VOCAB, (BATCH, SEQ))
-    labels = np.concatenate([ids[:, 1:], np.full((BATCH, 1), -100)], axis=1)
-    labels[0, :3] = -100
-    ex = Executor(compiled(path, frozen=folded_buffers(path, found)), backend=backend, poison=True)
-    ours = [ex.train_step({"input_ids": ids, "labels": labels}) for _ in range(STEPS)]
-    module = copy.deepcopy(module)
-    opt = torch_optimizer("sgd", list(module.parameters()), {"lr": LR})
-    theirs = []
-    for _ in range(STEPS):
-        opt.zero_grad()
-        logits = module(torch.as_tensor(ids))
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), torch.as_tensor(labels).reshape(-1),
-                                                 ignore_index=-100)
-        loss.backward()
-        opt.step()
-        theirs.append(loss.item())
-    np.testing.assert_allclose(ours, theirs, rtol=RTOL)
-    assert theirs[-1] < theirs[0] - 100 * RTOL * theirs[0], "the steps hardly moved the loss"
-    trained = ex.parameters()
-    for name, p in module.named_parameters():
-        stored, transposed = found[name]
-        value = p.detach().numpy()
-        assert rel_l2(trained[stored], value.T if transposed else value) < RTOL, name
+    module, path, _ = exported
+    ids = np.random.default_rng(2).integers(0, VOCAB, (BATCH, SEQ))
+    trains_like_pytorch(module, path, ids, VOCAB, backend, steps=STEPS, lr=LR, rtol=RTOL)
 
 
 def test_the_default_sdpa_export_runs_like_onnxruntime(tmp_path, backend):

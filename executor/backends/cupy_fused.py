@@ -1,13 +1,15 @@
 """GPU forms of the planner's fused ops, one kernel launch each where the shared kernels walk tiles from the
-host or chain NumPy calls: memplan.ScaledDotProductAttention (a few threads of a warp per query row,
-FlashAttention's online softmax over the keys, nothing in the scratch), memplan.AddLayerNormalization (a
-block per row) and memplan.BiasActivation with its gradient (one elementwise pass)."""
+host or chain NumPy calls: memplan.ScaledDotProductAttention of the plain form (a few threads of a warp per
+query row, FlashAttention's online softmax over the keys, nothing in the scratch; other forms run the tiled
+kernel), memplan.AddLayerNormalization (a block per row) and memplan.BiasActivation with its gradient (one
+elementwise pass)."""
 from functools import lru_cache
 
 import numpy as np
 
 from planner import ops
 from planner.ops.activation import GELU_CUDA
+from planner.ops.attention_tiles import Form
 from planner.ops.fused_norm import rows_and_columns
 
 HEAD_SIZES = 256
@@ -81,7 +83,7 @@ def attention(cupy):
         y, lse = [*outs, None][:2]
         batch, heads, s, d = q.shape
         dv = v.shape[-1]
-        if q.dtype not in C_TYPES or max(d, dv) > HEAD_SIZES or not d or not y.size:
+        if q.dtype not in C_TYPES or max(d, dv) > HEAD_SIZES or not d or not y.size or not Form.of(step.attrs).plain:
             ops.of(step).kernel(xp, step, ins, outs, ws)
             return
         kind = q.dtype.type

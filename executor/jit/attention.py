@@ -1,29 +1,33 @@
 """memplan.ScaledDotProductAttention compiled for float32: the same walk over query and key tiles, in the same
-planned scratch, with the online softmax of a tile (scale, bias, causal mask, row maximum, exponentials, row
+planned scratch, with the online softmax of a tile (scale, softcap, masks, bias, row maximum, exponentials, row
 sums) one compiled pass over its scores instead of a dozen NumPy calls per (image, head). The products
 Q K^T and P V are BLAS GEMMs (executor/jit/blas.py: MKL's, else numba's np.dot), so the loop runs on one
-thread and the GEMMs on BLAS's."""
+thread and the GEMMs on BLAS's. Dropout is left to the shared kernel."""
 import math
 
 import numpy as np
 from numba import njit
 
+from planner.ops.attention_tiles import FILL_MODES, Form
 from . import takes
 from .blas import dot, sgemm
-from .scalar import exp_nonpositive, f32
+from .scalar import FASTMATH, exp_nonpositive, f32
 
 NO_BIAS, NO_LSE = np.zeros((1, 1, 1, 0), np.float32), np.zeros((1, 1, 0), np.float32)
 """What the compiled loop takes for an omitted bias or LSE: no key or query fits them."""
+SET, ADD, SET_AFTER_BIAS = (FILL_MODES.index(mode) for mode in ("set", "add", "set_after_bias"))
 
 
-@njit(fastmath=True, cache=True)
-def attention(gemm, q, k, v, bias, y, lse, scale, causal, tq, tk, scores, acc, pv, top, sums):
-    """y (B, H, S, Dv) = softmax(scale q k^T + bias, causal) v, query head h reading kv head h // (H / Hkv);
-    lse (B, H, S) the rows' log-sum-exp (or NO_LSE); bias broadcast to (B, H, S, T) (or NO_BIAS).
-    scores, acc, pv, top and sums are the planned scratch (flat float32), for tq by tk tiles."""
+@njit(fastmath=FASTMATH, cache=True)
+def attention(gemm, q, k, v, bias, y, lse, form, causal, window, mode, empty_nan, tq, tk, scores, acc, pv, top, sums):
+    """y (B, H, S, Dv) = softmax(fill(cap(scale q k^T)) + bias) v, query head h reading kv head h // (H / Hkv);
+    lse (B, H, S) the rows' log-sum-exp (or NO_LSE); bias broadcast to (B, H, S, T) (or NO_BIAS); `form` the
+    float32 (scale, softcap, fill) and the ints the masks (attention_tiles.Form). scores, acc, pv, top and
+    sums are the planned scratch (flat float32), for tq by tk tiles."""
     batch, heads, s, dv = y.shape
     t, groups = k.shape[2], heads // k.shape[1]
-    offset, biased, logs = t - s, bias.shape[3] == t, lse.shape[2] == s
+    scale, softcap, fill = form[0], form[1], form[2]
+    offset, biased, logs, skips = t - s, bias.shape[3] == t, lse.shape[2] == s, fill == -np.inf
     lowest = np.finfo(np.float32).min
     for b in range(batch):
         for h in range(heads):
@@ -34,23 +38,33 @@ def attention(gemm, q, k, v, bias, y, lse, scale, causal, tq, tk, scores, acc, p
                 m[:] = lowest
                 total[:] = 0
                 out[:, :] = 0
-                last = t if not causal else max(0, min(t, i0 + n + offset))
-                for j0 in range(0, last, tk):
-                    width = min(j0 + tk, t) - j0
+                first, last = 0, t
+                if causal and skips:
+                    last = max(0, min(t, i0 + n + offset))
+                    if window:
+                        first = min(last, max(0, i0 + offset - window + 1))
+                for j0 in range(first, last, tk):
+                    width = min(j0 + tk, last) - j0
                     tile = scores[:n * width].reshape(n, width)
                     dot(gemm, q[b, h, i0:i0 + n], k[b, hk, j0:j0 + width].T, tile)
                     for r in range(n):
                         row = tile[r]
-                        hidden = i0 + r + offset - j0 if causal else width
-                        if biased:
-                            ahead = bias[b, h, i0 + r, j0:j0 + width]
-                            for c in range(width):
-                                row[c] = row[c] * scale + ahead[c]
-                        else:
-                            for c in range(width):
-                                row[c] *= scale
-                        for c in range(max(hidden + 1, 0), width):
-                            row[c] = -np.inf
+                        seen_to = i0 + r + offset - j0 if causal else width  # keys c <= seen_to are seen
+                        seen_from = seen_to - window + 1 if causal and window else -1
+                        for c in range(width):
+                            x = row[c] * scale
+                            if softcap > 0:
+                                x = f32(math.tanh(x / softcap)) * softcap
+                            hidden = c > seen_to or c < seen_from
+                            if hidden and mode == SET:
+                                x = fill
+                            elif hidden and mode == ADD:
+                                x += fill
+                            if biased:
+                                x += bias[b, h, i0 + r, j0 + c]
+                            if hidden and mode == SET_AFTER_BIAS:
+                                x = fill
+                            row[c] = x
                         peak = m[r]
                         for c in range(width):
                             peak = max(peak, row[c])
@@ -71,20 +85,26 @@ def attention(gemm, q, k, v, bias, y, lse, scale, causal, tq, tk, scores, acc, p
                 for r in range(n):
                     if logs:
                         lse[b, h, i0 + r] = m[r] + math.log(total[r]) if total[r] > 0 else -np.inf
-                    inverse = f32(1) / max(total[r], np.finfo(np.float32).tiny)
-                    for c in range(dv):
-                        y[b, h, i0 + r, c] = out[r, c] * inverse
+                    if total[r] > 0 or not empty_nan:
+                        inverse = f32(1) / max(total[r], np.finfo(np.float32).tiny)
+                        for c in range(dv):
+                            y[b, h, i0 + r, c] = out[r, c] * inverse
+                    else:
+                        for c in range(dv):
+                            y[b, h, i0 + r, c] = np.nan
 
 
 def scaled_dot_product_attention(generic):
-    """The ScaledDotProductAttention kernel for float32 arrays of C layout; `generic` for the rest."""
+    """The ScaledDotProductAttention kernel for float32 arrays of C layout without dropout; `generic` for the rest."""
     def run(xp, step, ins, outs, ws):
         q, k, v, bias = (list(ins) + [None])[:4]
         y, lse = (list(outs) + [None])[:2]
-        if not takes(q, k, v, y, lse) or not y.size or bias is not None and bias.dtype != np.float32:
+        form = Form.of(step.attrs, q.shape[-1])
+        if not takes(q, k, v, y, lse) or not y.size or form.dropout or bias is not None and bias.dtype != np.float32:
             return generic(xp, step, ins, outs, ws)
-        scale = float(step.attrs.get("scale") or 0.0) or 1 / math.sqrt(max(q.shape[-1], 1))
         bias = NO_BIAS if bias is None else np.broadcast_to(bias, (*q.shape[:3], k.shape[2]))
-        attention(sgemm(), q, k, v, bias, y, NO_LSE if lse is None else lse, f32(scale), bool(step.attrs.get("causal")),
-                  ws["rows"].shape[0], ws["cols"].shape[0], ws["s"], ws["acc"], ws["pv"], ws["m"], ws["l"])
+        numbers = np.array([form.scale, form.softcap, form.fill], np.float32)
+        attention(sgemm(), q, k, v, bias, y, NO_LSE if lse is None else lse, numbers, form.causal, form.window,
+                  FILL_MODES.index(form.fill_mode), form.empty_rows == "nan", ws["rows"].shape[0], ws["cols"].shape[0],
+                  ws["s"], ws["acc"], ws["pv"], ws["m"], ws["l"])
     return run

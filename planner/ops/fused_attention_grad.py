@@ -5,7 +5,8 @@ import math
 
 from . import schema
 from .base import FLOATS, Schema
-from .fused_attention import Tiles, check_attributes, flat, sizes, tile_layout, tiles, visible
+from .attention_tiles import DEFAULTS, Form, Tiles, check_attributes, flat, sizes, tile_layout, tiles
+from .fused_attention import check_step
 from .into import matmul
 from ..errors import ShapeError
 
@@ -13,25 +14,28 @@ from ..errors import ShapeError
 @schema("ScaledDotProductAttentionGrad", domain="memplan")
 class ScaledDotProductAttentionGrad(Schema):
     """Inputs Q, K, V, bias (or ""), Y, LSE (or "": recomputed here, one more pass of Q K^T), dY as
-    memplan.ScaledDotProductAttention's, and the optional dLSE (Y and dY may be "" where dLSE is given);
-    outputs dQ, dK, dV and, when asked for (a bias that needs a gradient), dBias of the bias's shape.
-    Per kv head, for each key tile (its dK and dV summed in the scratch over the query tiles of every head
-    of its group) and each query tile: P = exp(S - LSE), dV += P^T dY, dP = dY V^T, dS = P (dP - D) with
-    D = rowsum(dY Y) - dLSE (d lse_i / d s_ij = p_ij), dBias += dS summed over the axes the bias
-    broadcasts along, dQ += scale dS K, dK += scale dS^T Q. dQ and dBias sum in their outputs, or for
-    16-bit floats in float32 scratch (dQ's of the group's (G, S, D) rows, dBias's of its whole shape where
-    it broadcasts)."""
+    memplan.ScaledDotProductAttention's, the optional dLSE (Y and dY may be "" where dLSE is given) and
+    the step (which dropout needs); outputs dQ, dK, dV and, when asked for (a bias that needs a gradient),
+    dBias of the bias's shape. Per kv head, for each key tile (its dK and dV summed in the scratch over the
+    query tiles of every head of its group) and each query tile: P = exp(S - LSE) and its dropped form Pd,
+    dV += Pd^T dY, dP = dY V^T (dropped as P was), dS = P (dP - D) with D = rowsum(dY Y) - dLSE
+    (d lse_i / d s_ij = p_ij), dBias += dS summed over the axes the bias broadcasts along (hidden keys
+    excluded where the fill was set after the bias), dS zeroed where a set fill hid the key and times
+    1 - tanh^2 under a softcap, dQ += scale dS K, dK += scale dS^T Q. dQ and dBias sum in their outputs,
+    or for 16-bit floats in float32 scratch (dQ's of the group's (G, S, D) rows, dBias's of its whole
+    shape where it broadcasts)."""
 
-    defaults = {"scale": 0.0, "causal": 0}
-    types = (("T", "T", "T", "T", "T", "L", "T", "L"), {"T": FLOATS, "L": FLOATS})
+    defaults = dict(DEFAULTS)
+    types = (("T", "T", "T", "T", "T", "L", "T", "L", "S"), {"T": FLOATS, "L": FLOATS, "S": FLOATS})
     mirror = False
 
     def infer(self, node, ins):
         check_attributes(node, self.attr)
-        if len(ins) not in (7, 8):
-            raise ShapeError(f"takes 7 or 8 inputs (Q, K, V, bias, Y, LSE, dY and dLSE; bias, LSE and dLSE may be "
-                             f"empty), got {len(ins)}")
-        q, k, v, bias, y, lse, dy, dlse = (list(ins) + [None])[:8]
+        if len(ins) not in (7, 8, 9):
+            raise ShapeError(f"takes 7 to 9 inputs (Q, K, V, bias, Y, LSE, dY, dLSE and step; bias, LSE and dLSE "
+                             f"may be empty), got {len(ins)}")
+        q, k, v, bias, y, lse, dy, dlse, step = (list(ins) + [None, None])[:9]
+        check_step(self.attr(node, "dropout"), step)
         if dy is None and dlse is None or (dy is None) != (y is None):
             raise ShapeError("takes dY with Y, or dLSE, or both")
         batch, heads, _, s, _, _, dv = sizes(q.shape, k.shape, v.shape, None if bias is None else bias.shape)
@@ -52,13 +56,14 @@ class ScaledDotProductAttentionGrad(Schema):
         axes reuse the score tile."""
         q, k, v, bias = ins[:4]
         batch, heads, hkv, s, t, d, dv = sizes(q.shape, k.shape, v.shape)
-        wide, causal, g = self.accumulation(q.dtype), self.attr(node, "causal"), heads // hkv
+        wide, form, g = self.accumulation(q.dtype), Form.of(self.normalize(node)), heads // hkv
         narrow = wide != q.dtype
         asked = outs is not None and len(outs) > 3 and outs[3] is not None
         dbias = asked and sums_apart(narrow, bias.shape, (batch, heads, s, t))
 
         def layout(tq, tk, *accumulators):
-            return tile_layout(g, tq, tk, d, wide, causal, ("v", tk * dv), ("dp", g * tq * tk), ("dy", g * tq * dv),
+            return tile_layout(g, tq, tk, d, wide, form, ("v", tk * dv), ("dp", g * tq * tk), ("dy", g * tq * dv),
+                               ("capped", g * tq * tk) if form.softcap else None,
                                ("dq", g * tq * d), ("dk", tk * d), ("dv", tk * dv), ("dk_sum", tk * d),
                                ("dv_sum", tk * dv), ("lse", g * s), ("delta", g * s), ("prod", g * tq * dv),
                                *accumulators)
@@ -74,12 +79,12 @@ class ScaledDotProductAttentionGrad(Schema):
         (the two products with dY only when it is given); 2 D more when LSE is recomputed."""
         batch, heads, _, s, t, d, dv = sizes(ins[0].shape, ins[1].shape, ins[2].shape)
         per_pair = 6 * d + (4 * dv if ins[6] is not None else 0) + (2 * d if ins[5] is None else 0)
-        return per_pair * batch * heads * visible(s, t, self.attr(node, "causal"))
+        return per_pair * batch * heads * Form.of(self.normalize(node)).visible(s, t)
 
     def kernel(self, xp, step, ins, outs, ws):
-        q, k, v, bias, y, lse_in, dy, dlse = (list(ins) + [None])[:8]
+        q, k, v, bias, y, lse_in, dy, dlse, count = (list(ins) + [None, None])[:9]
         dq, dk, dv, dbias = (list(outs) + [None])[:4]
-        at = Tiles(xp, step, q, k, v, bias, ws)
+        at = Tiles(xp, step, q, k, v, bias, ws, count)
         g, d = at.groups, q.shape[-1]
         narrow = at.wide != dq.dtype
         if not narrow:
@@ -133,26 +138,39 @@ class ScaledDotProductAttentionGrad(Schema):
         dk_sum.fill(0)
         dv_sum.fill(0)
         dk_part, dv_part = flat(ws, "dk", (m, d)), flat(ws, "dv", (m, at.dv))
+        form = at.form
         for i0, i1 in at.queries():
-            if at.causal and j0 > i1 - 1 + at.offset:
+            if not at.sees(i0, i1, j0, j1):
                 continue
             n = i1 - i0
             qt = at.load("q", q[b, at.heads(hk), i0:i1])
-            p = at.scores(qt, kt, b, hk, i0, i1, j0, j1)
+            capped = flat(ws, "capped", (g, n, m)) if form.softcap else None
+            p, hidden = at.scores(qt, kt, b, hk, i0, i1, j0, j1, capped)
             xp.subtract(p, lse[:, i0:i1], out=p)
             xp.exp(p, out=p)
             ds = flat(ws, "dp", (g, n, m))
             if dy is None:
                 ds.fill(0)
             else:
+                dropped = at.dropped(b, hk, i0, i1, j0, j1)
                 dyt = at.load("dy", dy[b, at.heads(hk), i0:i1])
-                matmul(xp, p.reshape(g * n, m).T, dyt.reshape(g * n, at.dv), dv_part)
+                xp.copyto(ds, p)
+                matmul(xp, at.drop(ds, dropped).reshape(g * n, m).T, dyt.reshape(g * n, at.dv), dv_part)
                 xp.add(dv_sum, dv_part, out=dv_sum)
                 matmul(xp, dyt, vt.T, ds)
+                at.drop(ds, dropped)
             xp.subtract(ds, delta[:, i0:i1], out=ds)
             xp.multiply(ds, p, out=ds)
+            if hidden is not None and form.fill_mode == "set_after_bias":
+                xp.copyto(ds, 0, where=hidden)
             if bias_sum is not None:
                 add_bias_grad(at, ds, bias_sum, b, hk, (i0, i1, j0, j1))
+            if hidden is not None and form.fill_mode == "set":
+                xp.copyto(ds, 0, where=hidden)
+            if capped is not None:
+                xp.multiply(capped, capped, out=capped)
+                xp.subtract(1, capped, out=capped)
+                xp.multiply(ds, capped, out=ds)
             xp.multiply(ds, at.scale, out=ds)
             dq_part = flat(ws, "dq", (g, n, d))
             matmul(xp, ds, kt, dq_part)
@@ -167,17 +185,18 @@ class ScaledDotProductAttentionGrad(Schema):
             qt = at.load("q", q[b, at.heads(hk), i0:i1])
             m, m_new, total = at.statistics(i1 - i0)
             for j0, j1 in at.keys(i0, i1):
-                s = at.scores(qt, at.load("k", k[b, hk, j0:j1]), b, hk, i0, i1, j0, j1)
+                s, _ = at.scores(qt, at.load("k", k[b, hk, j0:j1]), b, hk, i0, i1, j0, j1)
                 at.add_row_sums(total, s, at.online(s, m, m_new))
                 m, m_new = m_new, m
             at.log_sum_exp(m, total, out[:, i0:i1])
 
-    def torch(self, torch, q, k, v, bias, y, lse, dy, dlse=None, scale=0.0, causal=0):
+    def torch(self, torch, q, k, v, bias, y, lse, dy, dlse=None, step=None, **attrs):
         """PyTorch's own gradient of the forward's form: dQ, dK, dV, and dBias where there is a bias."""
         from . import get
         with torch.enable_grad():
             inputs = [x.detach().requires_grad_() for x in (q, k, v, bias) if x is not None]
-            outs = get("ScaledDotProductAttention", "memplan").torch(torch, *inputs, scale=scale, causal=causal)
+            outs = get("ScaledDotProductAttention", "memplan").torch(torch, *inputs[:3], inputs[3] if bias is not None
+                                                                     else None, step, **attrs)
             pairs = [(out, grad) for out, grad in zip(outs, (dy, dlse)) if grad is not None]
             return list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs]))
 

@@ -1,71 +1,52 @@
-"""Fuse attention: scaled dot-product attention as exporters write it, MatMul(Softmax(scores), V) with the
-scores MatMul(Q, K^T) scaled by a constant (Div, Mul, or both factors on Q and K^T) and masked (an Add of a
-bias, or a Where of a constant mask), replaced by one memplan.ScaledDotProductAttention, whose kernel works
-tile by tile and never holds the (S, T) scores (planner/ops/fused_attention.py). A constant lower-triangular
-mask becomes the op's `causal`; any other mask, its additive bias. Attention of a 16-bit export stays as it
-is, since the fused op accumulates in float32 where the export rounds each step in 16 bits (so results would
-change); fp16 and bf16 plans of float32 models fuse first and lower after. planner.compile counts the fused ops in
-plan.stats["fused_attention"]; CompileOptions(fuse_attention=False) keeps the exported form."""
+"""Fuse attention: scaled dot-product attention as exporters write it (planner/passes/attention_form.py reads
+its forms) replaced by one memplan.ScaledDotProductAttention, whose kernel works tile by tile and never holds
+the (S, T) scores (planner/ops/fused_attention.py). A fusion changes no result: a constant mask whose kept
+keys are the causal band (with or without a sliding window) becomes the op's `causal` and `window`, its
+hidden scores taking the export's own fill, set or added as the export does; other masks and biases stay
+the op's additive bias, a Where mask only where its fill makes the hidden scores vanish (-inf, or at most
+MASKED); a row that sees nothing gives NaN unless the export guards it to zeros. Attention of a 16-bit
+export stays as it is, since the fused op accumulates in float32 where the export rounds each step in
+16 bits (so results would change); fp16 and bf16 plans of float32 models fuse first and lower after.
+planner.compile counts the fused ops in plan.stats["fused_attention"]; CompileOptions(fuse_attention=False)
+keeps the exported form."""
 import math
 
 import numpy as np
 
+from dataclasses import replace
+
 from .. import ops
 from ..ir import Node, Tensor
 from ..ops import Info
-from .base import rewrite_pass
-from .pattern import Op, constant, rewrite
+from ..training import STEP
+from .attention_form import read
+from .base import TYPED, Pass, Result
+from .pattern import Match, constant, exclusive, replace_matches
 
 FUSED = "ScaledDotProductAttention"
 PROBE_LIMIT = 1 << 25
 """Most elements of a mask built from constants alone (transformers' causal masks from index comparisons)
 that planning evaluates, to learn whether it is the causal one; larger masks stay an input of the op."""
 MASKED = -1e30
-"""An additive bias at or below this masks its score out: exp underflows to exactly 0 in float32."""
+"""A fill at or below this makes the scores it hides vanish (exp underflows to exactly 0 in float32), so
+that a Where mask filling it may be read as an additive bias."""
 
 
-def _scores():
-    """(pattern of the scaled scores, how it scales): Div or Mul by a constant, the factors on Q and K^T
-    (a split scale), or none."""
-    qk = Op("MatMul", "q", "kt", name="qk")
-    return [(Op("Div", qk, "c"), "div"), (Op("Mul", qk, "c"), "mul"),
-            (Op("MatMul", Op("Mul", "q", "cq"), Op("Mul", "kt", "ck"), name="qk"), "split"), (qk, "none")]
-
-
-def _patterns():
-    """Every exported form: the scores, unmasked, plus a bias, or under a Where mask (either way round);
-    the probabilities as they are, or with the NaN of fully masked rows made 0 (torch.onnx's dynamo
-    form of SDPA), which the fused op gives such rows anyway."""
-    found = []
-    for scores, scaling in _scores():
-        for masked, masking in ((scores, "none"), (Op("Add", scores, "bias"), "add"),
-                                (Op("Where", "cond", scores, "fill"), "where"),
-                                (Op("Where", "cond", "fill", scores), "where_not")):
-            p = Op("Softmax", masked, attrs={"axis": -1})
-            for probabilities in (p, Op("Where", Op("IsNaN", p), "zero", p)):
-                found.append((Op("MatMul", probabilities, "v"), scaling, masking))
-    return found
-
-
-
-def _scale(graph, m, scaling):
-    """The scale the scores are multiplied by, or None where a factor is not a one-value constant."""
-    if scaling == "none":
-        return 1.0
-    names = ("cq", "ck") if scaling == "split" else ("c",)
-    values = [constant(graph, m.bindings[n]) for n in names]
-    if any(v is None or v.size != 1 for v in values):
+def band(attend, s, t):
+    """The window (0: none) of a constant mask (True: attend) whose every (S, T) slice keeps exactly the causal
+    band of S queries over T keys, the last query seeing the last key; None for any other mask."""
+    if attend.dtype != bool or attend.ndim < 2 or attend.shape[-2:] != (s, t):
         return None
-    product = float(np.prod([float(v.ravel()[0]) for v in values]))
-    return 1.0 / product if scaling == "div" else product
-
-
-def _causal(cond, s, t):
-    """Whether a constant mask (True: attend) is the causal one of S queries over T keys, broadcast."""
-    if cond.dtype != bool or cond.ndim > 4 or cond.shape[-2:] != (s, t):
-        return False
-    flat = cond.reshape(-1, s, t)
-    return bool((flat == np.tril(np.ones((s, t), bool), t - s)).all())
+    slices = attend.reshape(-1, s, t)
+    first = slices[0]
+    if not (slices == first).all():
+        return None
+    i, j = np.arange(s)[:, None], np.arange(t)[None, :]
+    causal = j <= i + t - s
+    if (first == causal).all():
+        return 0
+    window = int(first.sum(1).max())
+    return window if window and (first == (causal & (j > i + t - s - window))).all() else None
 
 
 def _built_causal(graph, cond, s, t):
@@ -82,10 +63,9 @@ def _built_causal(graph, cond, s, t):
     return filled and shape[-2:] == (s, t)
 
 
-def _causal_bias(bias, s, t):
-    """Whether an additive bias is 0 on the causal lower triangle and masks out (<= MASKED) the rest."""
-    attend = bias == 0
-    return bool((attend | (bias <= MASKED)).all()) and _causal(attend, s, t)
+def _k(trilu):
+    k = trilu.attrs.get("k", 0)
+    return int(np.ravel(k)[0]) if k is not None else 0
 
 
 def _computed(graph, name, limit=PROBE_LIMIT):
@@ -93,7 +73,7 @@ def _computed(graph, name, limit=PROBE_LIMIT):
     `limit` elements, computed by the ops' NumPy forms (planning folds only small constants); else None."""
     value = constant(graph, name)
     node = graph.producers.get(name)
-    if value is not None or node is None or math.prod(graph.tensors[name].shape) > limit:
+    if value is not None or node is None or math.prod(graph.tensors[name].shape) > limit or ops.of(node, graph.opsets).random:
         return value
     ins = []
     for i in node.inputs:
@@ -106,16 +86,12 @@ def _computed(graph, name, limit=PROBE_LIMIT):
     return None if values is None else np.asarray(values[node.outputs.index(name)])
 
 
-def _k(trilu):
-    k = trilu.attrs.get("k", 0)
-    return int(np.ravel(k)[0]) if k is not None else 0
-
-
 class _Fuser:
-    """Builds the replacement of one match, or None where the match is not attention memplan can fuse."""
+    """Builds the replacement of one Attention read from the graph, or None where it is not attention the
+    fused op computes alike."""
 
-    def __init__(self, graph):
-        self.graph, self.count, self.fresh, self.masks = graph, 0, {}, {}
+    def __init__(self, graph, training):
+        self.graph, self.training, self.fresh, self.masks, self.made, self.nodes = graph, training, {}, {}, {}, []
 
     def mask(self, name):
         """`_computed` of a mask, once per mask (every layer reads the same one)."""
@@ -123,87 +99,229 @@ class _Fuser:
             self.masks[name] = _computed(self.graph, name)
         return self.masks[name]
 
-    def build(self, m, scaling, masking):
-        g = self.graph
-        q, kt, v = (m.bindings[k] for k in ("q", "kt", "v"))
-        shapes = [g.tensors[x].shape for x in (q, kt, v)]
-        if any(len(s) != 4 for s in shapes) or shapes[0][:2] != shapes[1][:2] or shapes[1][:2] != shapes[2][:2]:
+    def build(self, a):
+        g, self.nodes = self.graph, []
+        q, kt, v, y = (g.tensors[n] for n in (a.q, a.kt, a.v, a.root.outputs[0]))
+        if not q.dtype.kind == "f" or q.dtype.itemsize < 4:  # a 16-bit export rounds its softmax in 16 bits
             return None
-        if g.tensors[q].dtype.itemsize < 4:  # a 16-bit export rounds its softmax in 16 bits; the fused op would not
+        s, d, t = q.shape[-2], q.shape[-1], kt.shape[-1]
+        batch, heads = q.shape[:2] if len(q.shape) == 4 else a.heads or (q.shape[0], 1)
+        if a.heads not in (None, (batch, heads)):
             return None
-        (b, h, s, _), t = shapes[0], shapes[1][3]
-        zero = m.bindings.get("zero")
-        if zero is not None and (constant(g, zero) is None or np.any(constant(g, zero))):
+        attrs = {"scale": a.scale, "empty_rows": "zero" if a.guarded else "nan"}
+        dropout = self.dropout(a.dropout)
+        form = self.terms(a.terms, s, t, (batch, heads), q.dtype)
+        if dropout is None or form is None:
             return None
-        scale = _scale(g, m, scaling)
-        if scale is None:
+        if a.softcap:
+            attrs["softcap"] = a.softcap
+        attrs.update(dropout)
+        attrs.update(form[0])
+        bias = [form[1]] if form[1] or dropout else []
+        step = [STEP] if dropout else []
+        key = self.key(kt, batch, heads)
+        value = self.as4(a.v, (batch, heads, t, v.shape[-1]) if len(v.shape) == 3 else v.shape)
+        if self.shape(key)[1] != self.shape(value)[1]:
             return None
-        inputs, causal, nodes = [q, None, v], 0, []
-        if masking == "add":
-            bias = m.bindings["bias"]
-            if g.tensors[bias].dtype != g.tensors[q].dtype or not _broadcasts(g.tensors[bias].shape, (b, h, s, t)):
-                return None
-            value = self.mask(bias)
-            if value is not None and _causal_bias(value, s, t):
-                causal = 1
-            elif value is None or value.any():
-                inputs.append(bias)
-        elif masking.startswith("where"):
-            cond, fill = m.bindings["cond"], constant(g, m.bindings["fill"])
-            if fill is None or fill.size != 1 or not _broadcasts(g.tensors[cond].shape, (b, h, s, t)):
-                return None
-            if masking == "where" and _built_causal(g, cond, s, t):
-                causal = 1
-            else:
-                value = self.mask(cond)
-                if value is None:
-                    return None
-                attend = value if masking == "where" else ~value
-                if _causal(attend, s, t):
-                    causal = 1
-                else:
-                    inputs.append(self._const(np.where(attend, 0, fill.ravel()[0]).astype(g.tensors[q].dtype)))
-        name = m.root.name
-        source, perm = _key_source(g, kt)
-        if perm == [0, 1, 2, 3]:
-            inputs[1] = source
-        else:
-            inputs[1] = f"{name}/key"
-            self.fresh[inputs[1]] = Tensor(inputs[1], None, None, "activation")
-            nodes.append(Node("Transpose", (source,), (inputs[1],), {"perm": perm}, f"{name}/transpose_key"))
-        nodes.append(Node(FUSED, tuple(inputs), m.root.outputs, {"scale": scale, "causal": causal}, name,
-                          m.root.notes, "memplan"))
-        self.count += 1
-        return nodes
+        out = a.root.outputs[0] if len(y.shape) == 4 else self.activation(f"{a.root.name}/fused")
+        name = a.root.name
+        inputs = (self.as4(a.q, (batch, heads, s, d)), key, value, *[b or "" for b in bias], *step)
+        self.nodes.append(Node(FUSED, inputs, (out,), attrs, name, a.root.notes, "memplan"))
+        if len(y.shape) == 3:
+            self.nodes.append(Node("Reshape", (out,), a.root.outputs, {"shape": list(y.shape)}, f"{name}/as_3d"))
+        return self.nodes
 
-    def _const(self, value):
+    def shape(self, name):
+        return (self.fresh[name] if name in self.fresh else self.graph.tensors[name]).shape
+
+    def node(self, op, inputs, attrs, shape, dtype):
+        """The output of a new node (op, inputs, attrs) of `shape` and `dtype`, made once for every layer that
+        asks for it."""
+        key = (op, tuple(inputs), repr(sorted(attrs.items())))
+        if key not in self.made:
+            out = f"{inputs[0]}/{op.lower()}{len(self.made)}"
+            self.made[key] = out
+            self.fresh[out] = Tensor(out, tuple(shape), dtype, "activation")
+            self.nodes.append(Node(op, tuple(inputs), (out,), attrs, f"{out}/fused_attention"))
+        return self.made[key]
+
+    def dropout(self, node):
+        """The fused op's dropout attributes for the export's Dropout on the probabilities ({} without one),
+        None where it draws at random outside a training step (it is left unfused)."""
+        if node is None or not node.attrs.get("ratio"):
+            return {}
+        if not self.training:
+            return None if node.attrs.get("training_mode") else {}
+        seed = node.attrs.get("seed")
+        return {"dropout": float(node.attrs["ratio"]),
+                "seed": int(seed) if seed is not None else self.graph.nodes.index(node)}
+
+    def terms(self, terms, s, t, heads, dtype):
+        """(mask attributes, the one bias tensor or None) of the terms (attention_form.Term, in the order they
+        apply): the first band mask becomes causal and window with its fill and mode, the rest the bias;
+        None where a term cannot be read alike."""
+        found, biases, where = {}, [], None
+        for term in terms:
+            read = self.term(term, s, t, dtype)
+            if read is None:
+                return None
+            kind, value = read
+            if kind == "band" and not found:
+                window, fill, mode = value
+                found, where = {"causal": 1, "window": window, "fill": fill, "fill_mode": mode}, len(biases)
+            elif kind == "band":
+                bias = self.band_bias(term, value, dtype)
+                if bias is None:
+                    return None
+                biases.append(self.bias4(bias, term.shape, heads))
+            elif kind == "bias":
+                biases.append(self.bias4(value, term.shape, heads))
+        if None in biases:
+            return None
+        if found.get("fill_mode") == "set" and biases:
+            if where == len(biases):
+                found["fill_mode"] = "set_after_bias"
+            elif where and found["fill"] != -math.inf:
+                return None
+        return found, self.summed(biases)
+
+    def term(self, term, s, t, dtype):
+        """("band", (window, fill, mode)), ("bias", tensor) or ("none", None) for one Term; None where it cannot
+        be read alike."""
+        g = self.graph
+        if term.kind == "add":
+            if g.tensors[term.value].dtype != dtype:
+                return None
+            value = self.mask(term.value)
+            if value is None:
+                return "bias", term.value
+            if not value.any():
+                return "none", None
+            window = band(value == 0, s, t)
+            hidden = value.reshape(-1, s, t)[0][~(value.reshape(-1, s, t)[0] == 0)] if window is not None else None
+            if hidden is not None and hidden.size and (hidden == hidden[0]).all():
+                return "band", (window, float(hidden[0]), "add")
+            return "bias", term.value
+        fill = constant(g, term.value)
+        if fill is None or fill.size != 1 or np.isnan(fill).any():
+            return None
+        fill = float(fill.ravel()[0])
+        cond = self.mask(term.cond)
+        if cond is None:
+            if term.attends and _built_causal(g, term.cond, s, t):
+                return "band", (0, fill, "set")
+            return ("bias", self.where_bias(term.cond, term.attends, fill, dtype)) if fill <= MASKED else None
+        attend = cond if term.attends else ~cond
+        if attend.all():
+            return "none", None
+        window = band(attend, s, t)
+        if window is not None:
+            return "band", (window, fill, "set")
+        return ("bias", self.const(np.where(attend, 0, fill).astype(dtype))) if fill <= MASKED else None
+
+    def band_bias(self, term, value, dtype):
+        """A second band mask as a bias: an additive one as it is, a Where one where its fill vanishes."""
+        window, fill, mode = value
+        if mode == "add":
+            return term.value
+        attend = self.mask(term.cond) if term.attends else ~self.mask(term.cond)
+        return self.const(np.where(attend, 0, fill).astype(dtype)) if fill <= MASKED else None
+
+    def where_bias(self, cond, attends, fill, dtype):
+        """A new tensor: 0 where `cond` attends, `fill` elsewhere, of cond's shape."""
+        zero, filled = self.const(np.zeros((), dtype)), self.const(np.array(fill, dtype))
+        return self.node("Where", (cond, zero, filled) if attends else (cond, filled, zero), {},
+                         self.shape(cond), dtype)
+
+    def bias4(self, bias, shape, heads):
+        """`bias` (broadcasting to the scores' `shape` at its term) as a tensor that broadcasts to (B, H, S, T);
+        None where a 3-D one mixes heads with the batch otherwise than as (B H)."""
+        b = self.shape(bias)
+        if len(shape) == 4:
+            return bias
+        b = (1,) * (3 - len(b)) + tuple(b)
+        if b[0] not in (1, heads[0] * heads[1]):
+            return None
+        return self.as4(bias, (*heads, *b[1:]) if b[0] > 1 else (1, 1, *b[1:]))
+
+    def summed(self, biases):
+        """The sum of the biases (None for none), by Add nodes."""
+        total = biases[0] if biases else None
+        for bias in biases[1:]:
+            a, b = self.shape(total), self.shape(bias)
+            rank = max(len(a), len(b))
+            a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+            total = self.node("Add", (total, bias), {}, tuple(max(x, y) for x, y in zip(a, b)),
+                              self.dtype(total))
+        return total
+
+    def dtype(self, name):
+        return (self.fresh[name] if name in self.fresh else self.graph.tensors[name]).dtype
+
+    def key(self, kt, batch, heads):
+        """K as the fused op reads it, (B, Hkv, T, D), from K^T: where the export transposed the keys into K^T
+        itself, that Transpose's input (reshaped from (B H, T, D)); else K^T transposed."""
+        g, name = self.graph, kt.name
+        producer = g.producers.get(name)
+        if len(kt.shape) == 3:
+            source = producer.inputs[0] if producer is not None and producer.op == "Transpose" and not producer.domain \
+                and list(producer.attrs.get("perm") or [2, 1, 0]) == [0, 2, 1] else None
+            if source is not None:
+                return self.as4(source, (batch, heads, *g.tensors[source].shape[1:]))
+            name = self.as4(name, (batch, heads, *kt.shape[1:]))
+            perm = [0, 1, 3, 2]
+        elif producer is None or producer.op != "Transpose" or producer.domain:
+            perm = [0, 1, 3, 2]
+        else:
+            inner = producer.attrs.get("perm") or list(range(4))[::-1]
+            name, perm = producer.inputs[0], [int(inner[i]) for i in (0, 1, 3, 2)]
+        if perm == [0, 1, 2, 3]:
+            return name
+        shape = self.shape(name)
+        return self.node("Transpose", (name,), {"perm": perm}, tuple(shape[p] for p in perm), kt.dtype)
+
+    def as4(self, name, shape):
+        """Tensor `name` of `shape`: itself where it has it, else a Reshape of it (a view)."""
+        shape = tuple(shape)
+        if tuple(self.shape(name)) == shape:
+            return name
+        return self.node("Reshape", (name,), {"shape": list(shape)}, shape, self.dtype(name))
+
+    def activation(self, name):
+        self.fresh[name] = Tensor(name, None, None, "activation")
+        return name
+
+    def const(self, value):
         name = f"fused_attention/bias{len(self.fresh)}"
         self.fresh[name] = Tensor(name, value.shape, value.dtype, "const", value)
         return name
 
 
-def _key_source(graph, kt):
-    """(tensor, perm) with K = Transpose(tensor, perm), K^T being `kt`: where the export transposed the
-    keys into K^T itself, the one Transpose from its input (none when it comes out as the identity)."""
-    swap = [0, 1, 3, 2]
-    producer = graph.producers.get(kt)
-    if producer is None or producer.op != "Transpose" or producer.domain:
-        return kt, swap
-    inner = producer.attrs.get("perm") or list(range(len(graph.tensors[kt].shape)))[::-1]
-    return producer.inputs[0], [int(inner[i]) for i in swap]
-
-
-def _broadcasts(shape, to):
-    return len(shape) <= len(to) and all(a in (1, b) for a, b in zip(shape[::-1], to[::-1]))
-
-
-def fused(graph):
+def fused(graph, training=False):
     """(graph with every attention it can fuse replaced, how many)."""
-    fuser = _Fuser(graph)
-    for pattern, scaling, masking in _patterns():
-        fuser.graph = graph
-        graph, _ = rewrite(graph, pattern, lambda m: fuser.build(m, scaling, masking), fuser.fresh)
-    return graph, fuser.count
+    fuser, found, taken = _Fuser(graph, training), [], set()
+    for node in graph.nodes:
+        if node.op != "Softmax" or node.domain or node.name in taken:
+            continue
+        a = read(graph, node)
+        if a is None or not taken.isdisjoint(a.nodes) or not exclusive(graph, a.root, a.nodes):
+            continue
+        new = fuser.build(a)
+        if new is not None:
+            found.append((Match(a.root, tuple(a.nodes.values()), {}, {}), new))
+            taken.update(a.nodes)
+    if any(STEP in n.inputs for _, new in found for n in new) and STEP not in graph.inputs:
+        graph = replace(graph, inputs=(*graph.inputs, STEP),
+                        tensors={**graph.tensors, STEP: Tensor(STEP, (), np.dtype(np.float64), "input")})
+    graph, _ = replace_matches(graph, found, {k: t for k, t in fuser.fresh.items() if t.kind == "const"}, "attention")
+    return graph, len(found)
 
 
-fuse_attention = rewrite_pass("fuse_attention", fused)
+def _apply(graph, context):
+    if not context.options.fuse_attention:
+        return Result(graph, False)
+    graph, count = fused(graph, context.options.training)
+    return Result(graph, bool(count))
+
+
+fuse_attention = Pass("fuse_attention", _apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}))

@@ -1,0 +1,314 @@
+"""The walk over query and key tiles that memplan.ScaledDotProductAttention and its gradient share: the
+attention's form (its attributes), the tile sizes the workspace limit allows, the scratch layout, and one
+tile's scores (scaled, soft-capped, masked, biased) and dropout mask, all in the planned scratch."""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import Layout, broadcast
+from .into import iota, matmul
+from .misc import dropout_key, mix
+from ..errors import ShapeError
+
+TILE_Q, TILE_K = 128, 512
+"""The largest query and key tiles: a (128, 512) float32 score tile (256 KiB) stays in a core's cache."""
+FILL_MODES = ("set", "add", "set_after_bias")
+"""How a hidden score takes `fill`: set to it before the bias is added (Where on the scores, then the bias),
+added to it (an additive mask), or set to it after the bias (Where on the biased scores)."""
+EMPTY_ROWS = ("zero", "nan")
+"""What a row whose every score is -inf gives: zeros (SDPA's exports guard it) or NaN (as Softmax does)."""
+DEFAULTS = {"scale": 0.0, "causal": 0, "window": 0, "softcap": 0.0, "fill": -math.inf, "fill_mode": "set",
+            "empty_rows": "zero", "dropout": 0.0, "seed": 0}
+
+
+@dataclass(frozen=True)
+class Form:
+    """The attention's form, from a node's or a step's attributes: scores = scale Q K^T, soft-capped to
+    softcap tanh(scores / softcap) where softcap > 0; the keys a query hides under `causal` (those after
+    it, the last query seeing the last key) and `window` (besides, those `window` or more before it) take
+    `fill` by `fill_mode`; the bias is added; probabilities are dropped with probability `dropout` by a
+    counter-based hash of (seed, step, element), as memplan.Dropout draws them."""
+
+    scale: float
+    causal: bool
+    window: int
+    softcap: float
+    fill: float
+    fill_mode: str
+    empty_rows: str
+    dropout: float
+    seed: int
+
+    @classmethod
+    def of(cls, attrs, head_size=None):
+        """The Form of `attrs` (defaults filled in); scale 0 becomes 1/sqrt(head_size) when it is given."""
+        a = {**DEFAULTS, **{k: v for k, v in attrs.items() if k in DEFAULTS and v is not None}}
+        scale = float(a["scale"]) or (1 / math.sqrt(max(head_size, 1)) if head_size is not None else 0.0)
+        return cls(scale, bool(a["causal"]), int(a["window"]), float(a["softcap"]), float(a["fill"]),
+                   a["fill_mode"], a["empty_rows"], float(a["dropout"]), int(a["seed"]))
+
+    @property
+    def skips(self):
+        """Whether hidden keys add nothing (fill -inf), so that tiles they fill are skipped."""
+        return self.fill == -math.inf
+
+    @property
+    def plain(self):
+        """Whether the form is softmax(scale Q K^T + bias, causal) V and nothing more (what fast kernels take)."""
+        return (self.window, self.softcap, self.fill, self.fill_mode, self.empty_rows, self.dropout) == \
+            (0, 0.0, -math.inf, "set", "zero", 0.0)
+
+    def seen(self, i, offset, t):
+        """[lo, hi): the keys query i sees (all of them without `causal`)."""
+        if not self.causal:
+            return 0, t
+        hi = max(0, min(t, i + offset + 1))
+        return (min(hi, max(0, i + offset - self.window + 1)) if self.window else 0), hi
+
+    def visible(self, s, t):
+        """The (query, key) pairs a kernel computes: those some query sees where hidden keys are skipped."""
+        if not self.causal or not self.skips:
+            return s * t
+        i = np.arange(s)
+        hi = np.clip(i + t - s + 1, 0, t)
+        lo = np.minimum(hi, np.clip(i + t - s - self.window + 1, 0, t)) if self.window else 0
+        return int((hi - lo).sum())
+
+
+def check_attributes(node, attr):
+    """ShapeError for attributes outside what the op defines (see Form)."""
+    scale, causal, window, softcap = (attr(node, k) for k in ("scale", "causal", "window", "softcap"))
+    fill, mode, empty, ratio = (attr(node, k) for k in ("fill", "fill_mode", "empty_rows", "dropout"))
+    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ShapeError(f"scale must be a finite float (0: 1/sqrt(head size)), got {scale!r}")
+    if causal not in (0, 1):
+        raise ShapeError(f"causal must be 0 or 1, got {causal!r}")
+    if not isinstance(window, int) or window < 0 or (window and not causal):
+        raise ShapeError(f"window must be an int >= 0 (0: none), and a window needs causal=1; got {window!r}")
+    if not isinstance(softcap, (int, float)) or not 0 <= softcap < math.inf:
+        raise ShapeError(f"softcap must be a finite float >= 0 (0: none), got {softcap!r}")
+    if not isinstance(fill, (int, float)) or math.isnan(fill):
+        raise ShapeError(f"fill must be a float (-inf: hidden keys vanish), got {fill!r}")
+    if mode not in FILL_MODES or empty not in EMPTY_ROWS:
+        raise ShapeError(f"fill_mode must be one of {', '.join(FILL_MODES)} and empty_rows one of "
+                         f"{', '.join(EMPTY_ROWS)}; got {mode!r} and {empty!r}")
+    if not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+        raise ShapeError(f"dropout must be in [0, 1), got {ratio!r}")
+
+
+def tiles(s, t, layout, limit):
+    """(query rows, keys) of a tile: at most TILE_Q by TILE_K, halved (the larger first) until
+    `layout(tq, tk)`, the scratch, fits `limit`; at least (1, 1). Returns the layout too."""
+    tq, tk = max(1, min(s, TILE_Q)), max(1, min(t, TILE_K))
+    while layout(tq, tk).nbytes > limit and tq * tk > 1:
+        if tk >= tq:
+            tk = (tk + 1) // 2
+        else:
+            tq = (tq + 1) // 2
+    return layout(tq, tk)
+
+
+def tile_layout(groups, tq, tk, d, wide, form, *parts):
+    """The scratch every tiled kernel shares (score tile, loaded Q and K tiles, row statistics, the masks of
+    `form`), then `parts`: (name, elements) of more flat slices of `wide`."""
+    rows, pairs = groups * tq, groups * tq * tk
+    dropping = form.dropout > 0
+    return Layout.pack(("s", (rows * tk,), wide), ("q", (rows * d,), wide), ("k", (tk * d,), wide),
+                       *[(name, (rows,), wide) for name in ("m", "m_new", "l", "alpha", "sums")],
+                       *[(name, (count,), wide) for name, count in filter(None, parts)],
+                       ("rows", (tq,), np.int32), ("cols", (tk,), np.int32),
+                       ("diff", (tq, tk), np.int32) if form.causal else None,
+                       ("hidden", (tq * tk,), np.bool_) if form.causal else None,
+                       ("outside", (tq * tk,), np.bool_) if form.window else None,
+                       ("hash", (pairs,), np.uint32) if dropping else None,
+                       ("spare", (pairs,), np.uint32) if dropping else None,
+                       ("dropped", (pairs,), np.bool_) if dropping else None, align=64)
+
+
+def flat(ws, name, shape):
+    """The front of the flat scratch slice `name` as a contiguous array of `shape` (edge tiles are smaller)."""
+    return ws[name][:math.prod(shape)].reshape(shape)
+
+
+def sizes(q, k, v, bias=None):
+    """(B, H, Hkv, S, T, D, Dv) from the shapes of Q, K, V and the optional bias; ShapeError where they
+    disagree."""
+    if len(q) != 4 or len(k) != 4 or len(v) != 4:
+        raise ShapeError(f"Q, K and V must be 4-D (batch, heads, sequence, head size), got shapes "
+                         f"{tuple(q)}, {tuple(k)} and {tuple(v)}")
+    (batch, heads, s, d), (kb, hkv, t, kd), (vb, vh, vt, dv) = q, k, v
+    if not batch == kb == vb:
+        raise ShapeError(f"Q, K and V must have one batch size, got {batch}, {kb} and {vb}")
+    if hkv != vh or t != vt:
+        raise ShapeError(f"K {tuple(k)} and V {tuple(v)} must have the same heads and sequence length")
+    if kd != d:
+        raise ShapeError(f"Q and K must have one head size, got {d} and {kd}")
+    if hkv < 1 or heads % hkv:
+        raise ShapeError(f"the {heads} query heads must be a multiple of the {hkv} key and value heads")
+    if bias is not None:
+        try:
+            fits = len(bias) <= 4 and broadcast(tuple(bias), (batch, heads, s, t)) == (batch, heads, s, t)
+        except ShapeError:
+            fits = False
+        if not fits:
+            raise ShapeError(f"bias of shape {tuple(bias)} does not broadcast to the scores' {(batch, heads, s, t)}")
+    return batch, heads, hkv, s, t, d, dv
+
+
+class Tiles:
+    """One run's walk over tiles: the inputs, the form, the tile sizes, and the scores of a tile pair (scaled,
+    soft-capped, masked and biased) into the scratch."""
+
+    def __init__(self, xp, step, q, k, v, bias, ws, step_count=None):
+        self.xp, self.ws = xp, ws
+        self.batch, self.heads_total, self.hkv, self.s, self.t, d, self.dv = sizes(q.shape, k.shape, v.shape)
+        self.groups = self.heads_total // self.hkv
+        self.form = Form.of(step.attrs, d)
+        self.scale, self.causal, self.offset = self.form.scale, self.form.causal, self.t - self.s
+        self.bias = None if bias is None else xp.broadcast_to(bias, (self.batch, self.heads_total, self.s, self.t))
+        self.tq, self.tk = ws["rows"].shape[0], ws["cols"].shape[0]
+        self.wide = ws["s"].dtype
+        self.low = float(np.finfo(self.wide).min)
+        self.key = None if step_count is None else dropout_key(self.form.seed, float(step_count))
+        rows, cols = ws["rows"], ws["cols"]
+        iota(xp, cols)
+        iota(xp, rows)
+        if self.causal:  # diff[r, c] = c - r: a key c of a tile is hidden from row r when c - r > i0 + offset - j0
+            xp.subtract(cols[None, :], rows[:, None], out=ws["diff"])
+
+    def heads(self, hk):
+        """The query heads that read kv head `hk`."""
+        return slice(hk * self.groups, (hk + 1) * self.groups)
+
+    def queries(self):
+        return [(i, min(i + self.tq, self.s)) for i in range(0, self.s, self.tq)]
+
+    def keys(self, i0, i1):
+        """The key tiles of query tile [i0, i1): those some row sees where hidden keys are skipped, else all."""
+        lo, hi = (self.form.seen(i0, self.offset, self.t)[0], self.form.seen(i1 - 1, self.offset, self.t)[1]) \
+            if self.form.skips else (0, self.t)
+        return [(j, min(j + self.tk, hi)) for j in range(lo, hi, self.tk)]
+
+    def sees(self, i0, i1, j0, j1):
+        """Whether the walk computes the tile of queries [i0, i1) and keys [j0, j1) (some pair is seen, or
+        hidden keys count)."""
+        lo, hi = self.form.seen(i0, self.offset, self.t)[0], self.form.seen(i1 - 1, self.offset, self.t)[1]
+        return not self.form.skips or (j0 < hi and j1 > lo)
+
+    def load(self, name, src):
+        """`src` copied into the scratch slice `name` in the accumulation dtype (contiguous, for matmul)."""
+        view = flat(self.ws, name, src.shape)
+        self.xp.copyto(view, src)
+        return view
+
+    def hidden(self, i0, i1, j0, j1):
+        """The (n, m) mask of the keys the tile's rows hide, in the scratch; None where they hide none."""
+        if not self.causal:
+            return None
+        xp, ws, edge = self.xp, self.ws, i0 + self.offset - j0
+        window = self.form.window
+        if j1 - 1 <= i0 + self.offset and not (window and j0 <= i1 - 1 + self.offset - window):
+            return None
+        diff = ws["diff"][:i1 - i0, :j1 - j0]
+        hidden = flat(ws, "hidden", diff.shape)
+        xp.greater(diff, edge, out=hidden)
+        if window:
+            outside = flat(ws, "outside", diff.shape)
+            xp.less_equal(diff, edge - window, out=outside)
+            xp.logical_or(hidden, outside, out=hidden)
+        return hidden
+
+    def scores(self, q, k, b, hk, i0, i1, j0, j1, capped=None):
+        """(scores, hidden) for query rows [i0, i1) of the group's heads (loaded `q`, (G, n, D)) and keys
+        [j0, j1) (loaded `k`, (m, D)): scale Q K^T, soft-capped (its tanh kept in `capped` where given),
+        hidden keys filled by the form's mode and the bias added, (G, n, m) in the scratch; and the tile's
+        hidden mask (None: none hidden)."""
+        xp, form = self.xp, self.form
+        s = flat(self.ws, "s", (self.groups, i1 - i0, j1 - j0))
+        matmul(xp, q, k.T, s)
+        xp.multiply(s, self.scale, out=s)
+        if form.softcap:
+            xp.divide(s, form.softcap, out=s)
+            xp.tanh(s, out=s)
+            if capped is not None:
+                xp.copyto(capped, s)
+            xp.multiply(s, form.softcap, out=s)
+        hidden = self.hidden(i0, i1, j0, j1)
+        if hidden is not None and form.fill_mode != "set_after_bias":
+            self.fill(s, hidden)
+        if self.bias is not None:
+            xp.add(s, self.bias[b, self.heads(hk), i0:i1, j0:j1], out=s)
+        if hidden is not None and form.fill_mode == "set_after_bias":
+            self.fill(s, hidden)
+        return s, hidden
+
+    def fill(self, s, hidden):
+        if self.form.fill_mode == "add":
+            self.xp.add(s, self.form.fill, out=s, where=hidden)
+        else:
+            self.xp.copyto(s, self.form.fill, where=hidden)
+
+    def dropped(self, b, hk, i0, i1, j0, j1):
+        """The (G, n, m) mask of the probabilities dropout zeroes in the tile, None without dropout: element
+        ((b H + h) S + i) T + j of the (B, H, S, T) probabilities hashed as memplan.Dropout hashes it."""
+        if not self.form.dropout:
+            return None
+        xp, ws, t = self.xp, self.ws, self.t
+        shape = (self.groups, i1 - i0, j1 - j0)
+        h, spare, out = flat(ws, "hash", shape), flat(ws, "spare", shape), flat(ws, "dropped", shape)
+        rows, cols = ws["rows"][:shape[1]].view(np.uint32), ws["cols"][:shape[2]].view(np.uint32)
+        for g in range(self.groups):
+            head = hk * self.groups + g
+            start = (((b * self.heads_total + head) * self.s + i0) * t + j0) % 2**32
+            xp.multiply(rows[:, None], np.uint32(t % 2**32), out=h[g])
+            xp.add(h[g], cols[None, :], out=h[g])
+            xp.add(h[g], np.uint32(start), out=h[g])
+        xp.bitwise_xor(h, np.uint32(self.key), out=h)
+        mix(xp, h, spare)
+        xp.less(h, np.uint32(min(int(self.form.dropout * 2**32), 2**32 - 1)), out=out)
+        return out
+
+    def drop(self, p, dropped):
+        """p with the dropped probabilities zeroed and the kept ones scaled by 1 / (1 - dropout)."""
+        if dropped is not None:
+            self.xp.copyto(p, 0, where=dropped)
+            self.xp.multiply(p, 1 / (1 - self.form.dropout), out=p)
+        return p
+
+    def online(self, s, m, m_new):
+        """The online softmax's step on scores `s`: m_new = max(m, row max of s) (never below the dtype's
+        lowest, so that a row masked so far stays finite), s = exp(s - m_new); returns alpha = exp(m - m_new)
+        by which the running sums shrink (in the scratch)."""
+        xp = self.xp
+        xp.max(s, axis=-1, keepdims=True, out=m_new)
+        xp.maximum(m_new, m, out=m_new)
+        alpha = flat(self.ws, "alpha", m.shape)
+        xp.subtract(m, m_new, out=alpha)
+        xp.exp(alpha, out=alpha)
+        xp.subtract(s, m_new, out=s)
+        xp.exp(s, out=s)
+        return alpha
+
+    def statistics(self, n):
+        """The running max m (at the lowest value) and sum l (0) of n rows of the group, and m's spare."""
+        shape = (self.groups, n, 1)
+        m, spare, total = (flat(self.ws, name, shape) for name in ("m", "m_new", "l"))
+        m.fill(self.low)
+        total.fill(0)
+        return m, spare, total
+
+    def add_row_sums(self, total, s, alpha):
+        """l = alpha l + the row sums of s."""
+        xp = self.xp
+        sums = flat(self.ws, "sums", total.shape)
+        xp.sum(s, axis=-1, keepdims=True, out=sums)
+        xp.multiply(total, alpha, out=total)
+        xp.add(total, sums, out=total)
+
+    def log_sum_exp(self, m, total, out):
+        """out = m + log(l): -inf for a row with nothing to attend (l = 0)."""
+        xp = self.xp
+        with np.errstate(divide="ignore"):
+            xp.log(total, out=out)
+        xp.add(out, m, out=out)

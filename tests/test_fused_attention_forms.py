@@ -194,3 +194,78 @@ def test_torch_form_matches(form):
     want_y, want_lse = reference(*feeds[:4], step=1.0, **attrs)
     np.testing.assert_allclose(got["y"].numpy(), want_y, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got["lse"].numpy(), want_lse, rtol=1e-10, atol=1e-12)
+
+
+def relative_terms(b=2, h=4, s=9, t=13, widths=(5, 6)):
+    """DeBERTa's terms: tables (B, H, S, R) and (B, H, T, R') and their indices of S + T - 1 positions."""
+    rows, cols = RNG.standard_normal((b, h, s, widths[0])), RNG.standard_normal((b, h, t, widths[1]))
+    return rows, RNG.integers(0, widths[0], s + t - 1), cols, RNG.integers(0, widths[1], s + t - 1)
+
+
+def with_relative(bias, rows, rows_index, cols, cols_index):
+    """The bias plus the relative terms, whole, as the export computes them (float64)."""
+    s, t = rows.shape[2], cols.shape[2]
+    i, j = np.arange(s)[:, None], np.arange(t)[None, :]
+    gathered = np.take_along_axis(rows, np.broadcast_to(rows_index[i - j + t - 1], (*rows.shape[:2], s, t)), -1)
+    crossed = np.take_along_axis(cols, np.broadcast_to(cols_index[(j - i + s - 1).T], (*cols.shape[:2], t, s)), -1)
+    return (0 if bias is None else bias) + gathered + crossed.swapaxes(-1, -2)
+
+
+def relative_model(shapes, terms, **attrs):
+    """SDPA over inputs q, k, v, rows, cols (float64) with the two indices as initializers; outputs y, lse."""
+    node = helper.make_node("ScaledDotProductAttention", ["q", "k", "v", "", "", "rows", "ri", "cols", "ci"],
+                            ["y", "lse"], domain="memplan", **attrs)
+    inputs = [helper.make_tensor_value_info(n, TensorProto.DOUBLE, s) for n, s in
+              zip(["q", "k", "v", "rows", "cols"], [*shapes, terms[0].shape, terms[2].shape])]
+    graph = helper.make_graph([node], "relative", inputs, [helper.make_tensor_value_info(n, 0, None) for n in node.output],
+                              [numpy_helper.from_array(terms[1], "ri"), numpy_helper.from_array(terms[3], "ci")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("memplan", 1)])
+
+
+@pytest.mark.parametrize("config", [None, SMALL], ids=["default tiles", "small tiles"])
+@pytest.mark.parametrize("form", ["plain", "window, finite fill", "fill set after the bias"])
+def test_relative_position_terms_match_the_formula(form, config, backend):
+    feeds, terms = qkv(h=4, hkv=2, s=9, t=13), relative_terms()
+    attrs = FORMS.get(form, {})
+    m = relative_model([x.shape for x in feeds], terms, **attrs)
+    got = run_on(backend, planner.compile(m, config=config),
+                 dict(zip(["q", "k", "v", "rows", "cols"], [*feeds, terms[0], terms[2]])))
+    want_y, want_lse = reference(*feeds, with_relative(None, *terms), **attrs)
+    np.testing.assert_allclose(got["y"], want_y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got["lse"], want_lse, rtol=1e-12, atol=1e-12)
+
+
+def test_relative_position_gradients_match_finite_differences():
+    """dRows and dCols (scattered from dS) and dQ against central differences, in small tiles."""
+    b, h, s, t, d = 1, 2, 5, 7, 3
+    terms = relative_terms(b, h, s, t, (4, 3))
+    node = helper.make_node("ScaledDotProductAttention", ["x", "k", "v", "", "", "rows", "ri", "cols", "ci"], ["a"],
+                            domain="memplan", causal=1, fill=-3.0)
+    weight = helper.make_node("Mul", ["a", "w"], ["y"])
+    params = {"k": RNG.standard_normal((b, h, t, d)), "v": RNG.standard_normal((b, h, t, 2)),
+              "w": RNG.standard_normal((b, h, s, 2)), "rows": terms[0], "ri": terms[1], "cols": terms[2], "ci": terms[3]}
+    graph = helper.make_graph([node, weight], "grad", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, (b, h, s, d))],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)],
+                              [numpy_helper.from_array(v, k) for k, v in params.items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
+    x = RNG.standard_normal((b, h, s, d))
+    trained, grads = backward(planner.load(m), "y", wrt=["x", "rows", "cols"])
+    got = run_on("numpy", planner.compile(trained, schedule="file", config=SMALL), {"x": x})
+    values = {i.name: numpy_helper.to_array(i).copy() for i in m.graph.initializer}
+    for name in ("x", "rows", "cols"):
+        np.testing.assert_allclose(got[grads[name]], numeric_gradient(m, x, values, name, 1e-6), rtol=1e-5,
+                                   atol=1e-7, err_msg=name)
+
+
+@pytest.mark.torch
+def test_relative_position_torch_form_matches():
+    torch = pytest.importorskip("torch")
+    from frontends.torch_module import to_torch
+    feeds, terms = qkv(h=4, hkv=2, s=6, t=9), relative_terms(s=6, t=9)
+    m = relative_model([x.shape for x in feeds], terms, causal=1)
+    with torch.no_grad():
+        got = to_torch(m)(**{n: torch.tensor(x) for n, x in zip(["q", "k", "v", "rows", "cols"],
+                                                               [*feeds, terms[0], terms[2]])})
+    want_y, want_lse = reference(*feeds, with_relative(None, *terms), causal=1)
+    np.testing.assert_allclose(got["y"].numpy(), want_y, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got["lse"].numpy(), want_lse, rtol=1e-10, atol=1e-12)

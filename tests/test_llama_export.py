@@ -98,7 +98,7 @@ def test_scalars_of_the_code_stay_constants_and_the_class_axis_is_the_last(expor
     module, path, found = exported
     frozen = folded_buffers(path, found)
     plan = compiled(path, frozen=frozen, fuse_attention=False, fuse_norm=False)  # the export's form, scalars and all
-    assert sorted(plan.training["params"]) == sorted(n for n, _ in found.values())
+    assert sorted(plan.training["params"]) == sorted(n for n, _, _ in found.values())
     assert sorted(n for n, why in plan.training["constants"].items() if why == "frozen") == frozen
     assert len(plan.training["params"]) == len(list(module.parameters())) == 21
     numbers = {n: why for n, why in plan.training["constants"].items() if why != "frozen"}
@@ -115,7 +115,7 @@ def test_scalars_of_the_code_stay_constants_and_the_class_axis_is_the_last(expor
                    "buffers or computed values: memplan trains the rotary tables and the causal mask unless frozen")
 def test_folded_buffers_stay_constants_without_frozen(exported):
     _, path, found = exported
-    assert sorted(compiled(path).training["params"]) == sorted(n for n, _ in found.values())
+    assert sorted(compiled(path).training["params"]) == sorted(n for n, _, _ in found.values())
 
 
 def test_the_report_warns_when_more_initializers_train_than_the_export_lists(exported):

@@ -83,7 +83,8 @@ def attention(cupy):
         y, lse = [*outs, None][:2]
         batch, heads, s, d = q.shape
         dv = v.shape[-1]
-        if q.dtype not in C_TYPES or max(d, dv) > HEAD_SIZES or not d or not y.size or not Form.of(step.attrs).plain:
+        if q.dtype not in C_TYPES or max(d, dv) > HEAD_SIZES or not d or not y.size or not Form.of(step.attrs).plain \
+                or any(x is not None for x in ins[4:]):
             ops.of(step).kernel(xp, step, ins, outs, ws)
             return
         kind = q.dtype.type

@@ -2,7 +2,7 @@
 planned scratch, with the online softmax of a tile (scale, softcap, masks, bias, row maximum, exponentials, row
 sums) one compiled pass over its scores instead of a dozen NumPy calls per (image, head). The products
 Q K^T and P V are BLAS GEMMs (executor/jit/blas.py: MKL's, else numba's np.dot), so the loop runs on one
-thread and the GEMMs on BLAS's. Dropout is left to the shared kernel."""
+thread and the GEMMs on BLAS's. Dropout and relative-position terms are left to the shared kernel."""
 import math
 
 import numpy as np
@@ -95,12 +95,15 @@ def attention(gemm, q, k, v, bias, y, lse, form, causal, window, mode, empty_nan
 
 
 def scaled_dot_product_attention(generic):
-    """The ScaledDotProductAttention kernel for float32 arrays of C layout without dropout; `generic` for the rest."""
+    """The ScaledDotProductAttention kernel for float32 arrays of C layout without dropout or relative-position
+    terms; `generic` for the rest."""
     def run(xp, step, ins, outs, ws):
         q, k, v, bias = (list(ins) + [None])[:4]
         y, lse = (list(outs) + [None])[:2]
         form = Form.of(step.attrs, q.shape[-1])
-        if not takes(q, k, v, y, lse) or not y.size or form.dropout or bias is not None and bias.dtype != np.float32:
+        relative = any(x is not None for x in ins[5:])
+        if not takes(q, k, v, y, lse) or not y.size or form.dropout or relative or \
+                bias is not None and bias.dtype != np.float32:
             return generic(xp, step, ins, outs, ws)
         bias = NO_BIAS if bias is None else np.broadcast_to(bias, (*q.shape[:3], k.shape[2]))
         numbers = np.array([form.scale, form.softcap, form.fill], np.float32)

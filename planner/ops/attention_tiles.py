@@ -1,6 +1,7 @@
 """The walk over query and key tiles that memplan.ScaledDotProductAttention and its gradient share: the
 attention's form (its attributes), the tile sizes the workspace limit allows, the scratch layout, and one
-tile's scores (scaled, soft-capped, masked, biased) and dropout mask, all in the planned scratch."""
+tile's scores (scaled, soft-capped, masked, biased, relative-position terms added) and dropout mask, all in
+the planned scratch."""
 import math
 from dataclasses import dataclass
 
@@ -109,16 +110,21 @@ def tiles(s, t, layout, limit):
     return layout(tq, tk)
 
 
-def tile_layout(groups, tq, tk, d, wide, form, *parts):
+def tile_layout(groups, tq, tk, d, wide, form, *parts, relative=(0, 0)):
     """The scratch every tiled kernel shares (score tile, loaded Q and K tiles, row statistics, the masks of
-    `form`), then `parts`: (name, elements) of more flat slices of `wide`."""
+    `form`, the gathers of relative-position tables of `relative` (R_rows, R_cols) columns), then `parts`:
+    (name, elements) of more flat slices of `wide`."""
     rows, pairs = groups * tq, groups * tq * tk
-    dropping = form.dropout > 0
+    dropping, gathers = form.dropout > 0, any(relative)
     return Layout.pack(("s", (rows * tk,), wide), ("q", (rows * d,), wide), ("k", (tk * d,), wide),
                        *[(name, (rows,), wide) for name in ("m", "m_new", "l", "alpha", "sums")],
                        *[(name, (count,), wide) for name, count in filter(None, parts)],
+                       ("rel_vals", (pairs,), wide) if gathers else None,
+                       ("rel_table", (groups * max(tq, tk) * max(relative),), wide) if gathers else None,
+                       *[(name, (tq * tk,), np.int64) for name in ("rel_pos", "rel_sel", "rel_line") if gathers],
+                       ("rel_flat", (pairs,), np.int64) if gathers else None,
                        ("rows", (tq,), np.int32), ("cols", (tk,), np.int32),
-                       ("diff", (tq, tk), np.int32) if form.causal else None,
+                       ("diff", (tq, tk), np.int32) if form.causal or gathers else None,
                        ("hidden", (tq * tk,), np.bool_) if form.causal else None,
                        ("outside", (tq * tk,), np.bool_) if form.window else None,
                        ("hash", (pairs,), np.uint32) if dropping else None,
@@ -160,8 +166,9 @@ class Tiles:
     """One run's walk over tiles: the inputs, the form, the tile sizes, and the scores of a tile pair (scaled,
     soft-capped, masked and biased) into the scratch."""
 
-    def __init__(self, xp, step, q, k, v, bias, ws, step_count=None):
+    def __init__(self, xp, step, q, k, v, bias, ws, step_count=None, relative=(None,) * 4):
         self.xp, self.ws = xp, ws
+        self.relative = relative
         self.batch, self.heads_total, self.hkv, self.s, self.t, d, self.dv = sizes(q.shape, k.shape, v.shape)
         self.groups = self.heads_total // self.hkv
         self.form = Form.of(step.attrs, d)
@@ -174,7 +181,7 @@ class Tiles:
         rows, cols = ws["rows"], ws["cols"]
         iota(xp, cols)
         iota(xp, rows)
-        if self.causal:  # diff[r, c] = c - r: a key c of a tile is hidden from row r when c - r > i0 + offset - j0
+        if "diff" in ws:  # diff[r, c] = c - r: a key c of a tile is hidden from row r when c - r > i0 + offset - j0
             xp.subtract(cols[None, :], rows[:, None], out=ws["diff"])
 
     def heads(self, hk):
@@ -239,9 +246,42 @@ class Tiles:
             self.fill(s, hidden)
         if self.bias is not None:
             xp.add(s, self.bias[b, self.heads(hk), i0:i1, j0:j1], out=s)
+        for term in self.terms():
+            vals = flat(self.ws, "rel_vals", s.shape)
+            table = self.relative[2 * term][b, self.heads(hk)]
+            lines = (i0, i1) if term == 0 else (j0, j1)
+            xp.take(self.load("rel_table", table[:, lines[0]:lines[1]]).reshape(-1),
+                    self.gathered(term, (i0, i1, j0, j1), (lines[1] - lines[0], table.shape[-1]), lines[0]), out=vals)
+            xp.add(s, vals, out=s)
         if hidden is not None and form.fill_mode == "set_after_bias":
             self.fill(s, hidden)
         return s, hidden
+
+    def terms(self):
+        """The relative-position terms given: 0, rows[i, rows_index[i - j + T - 1]]; 1, cols[j, cols_index[j - i +
+        S - 1]]."""
+        return [term for term in (0, 1) if self.relative[2 * term] is not None]
+
+    def gathered(self, term, box, shape, first):
+        """For the tile `box` (i0, i1, j0, j1), the (G, n, m) flat indices into the group's relative table of
+        `term` held from its line `first` on, of `shape` (lines, R): where each score's term is."""
+        xp, ws, (i0, i1, j0, j1) = self.xp, self.ws, box
+        n, m = i1 - i0, j1 - j0
+        diff, (lines, width) = ws["diff"][:n, :m], shape
+        pos, sel, line = (flat(ws, name, (n, m)) for name in ("rel_pos", "rel_sel", "rel_line"))
+        if term == 0:  # i - j + T - 1 = (i0 - j0 + T - 1) - (c - r)
+            xp.subtract(i0 - j0 + self.t - 1, diff, out=pos)
+            xp.add(ws["rows"][:n, None], i0 - first, out=line)
+        else:  # j - i + S - 1 = (j0 - i0 + S - 1) + (c - r)
+            xp.add(diff, j0 - i0 + self.s - 1, out=pos)
+            xp.add(ws["cols"][None, :m], j0 - first, out=line)
+        xp.take(self.relative[2 * term + 1], pos, out=sel)
+        xp.multiply(line, width, out=line)
+        xp.add(line, sel, out=line)
+        out = flat(ws, "rel_flat", (self.groups, n, m))
+        for g in range(self.groups):
+            xp.add(line, g * lines * width, out=out[g])
+        return out
 
     def fill(self, s, hidden):
         if self.form.fill_mode == "add":

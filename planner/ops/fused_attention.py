@@ -18,8 +18,11 @@ class ScaledDotProductAttention(Schema):
     """Y = softmax(mask(cap(scale Q K^T)) + bias) V, per head, computed in tiles (attention_tiles.Form).
 
     Inputs Q (B, H, S, D), K (B, Hkv, T, D), V (B, Hkv, T, Dv), an optional additive `bias` that broadcasts
-    to (B, H, S, T), and `step` (a float64 scalar), which dropout needs; query head h reads kv head
-    h // (H / Hkv) (grouped-query attention, K and V never copied). `scale`: 0 (default) is 1/sqrt(D);
+    to (B, H, S, T), `step` (a float64 scalar), which dropout needs, and relative-position terms added to the
+    scores (DeBERTa's), each a table and an int64 index of S + T - 1: `rows` (B, H, S, R) adds
+    rows[i, rows_index[i - j + T - 1]], `cols` (B, H, T, R') adds cols[j, cols_index[j - i + S - 1]], so that
+    the (S, T) terms are never held; query head h reads kv head h // (H / Hkv) (grouped-query attention, K
+    and V never copied). `scale`: 0 (default) is 1/sqrt(D);
     `softcap` > 0: scores become softcap tanh(scores / softcap); `causal`: query i sees keys
     j <= i + T - S, and with `window` > 0 only the last `window` of those; hidden keys' scores take
     `fill` (-inf by default) by `fill_mode`; a row whose every score is -inf gives zeros or NaN
@@ -29,14 +32,15 @@ class ScaledDotProductAttention(Schema):
     inputs): what the gradient reads instead of the scores."""
 
     defaults = dict(DEFAULTS)
-    types = (("T", "T", "T", "T", "S"), {"T": FLOATS, "S": FLOATS})
+    types = (("T", "T", "T", "T", "S", "T", "I", "T", "I"), {"T": FLOATS, "S": FLOATS, "I": ("tensor(int64)",)})
     mirror = False
 
     def infer(self, node, ins):
         check_attributes(node, self.attr)
         q, k, v, bias, step = (list(ins) + [None, None])[:5]
-        batch, heads, _, s, _, _, dv = sizes(q.shape, k.shape, v.shape, None if bias is None else bias.shape)
+        batch, heads, _, s, t, _, dv = sizes(q.shape, k.shape, v.shape, None if bias is None else bias.shape)
         check_step(self.attr(node, "dropout"), step)
+        check_relative(ins[5:9], batch, heads, s, t)
         return [((batch, heads, s, dv), q.dtype), ((batch, heads, s), self.accumulation(q.dtype))]
 
     def workspace(self, node, ins, outs, limit):
@@ -46,8 +50,9 @@ class ScaledDotProductAttention(Schema):
         q, k, v = ins[:3]
         _, heads, hkv, s, t, d, dv = sizes(q.shape, k.shape, v.shape)
         wide, form, g = self.accumulation(q.dtype), Form.of(self.normalize(node)), heads // hkv
-        return tiles(s, t, lambda tq, tk: tile_layout(g, tq, tk, d, wide, form, ("v", tk * dv),
-                                                      ("acc", g * tq * dv), ("pv", g * tq * dv)), limit)
+        relative = widths(*(list(ins) + [None] * 9)[5:9:2])
+        return tiles(s, t, lambda tq, tk: tile_layout(g, tq, tk, d, wide, form, ("v", tk * dv), ("acc", g * tq * dv),
+                                                      ("pv", g * tq * dv), relative=relative), limit)
 
     def flops(self, node, ins, outs):
         """2 (D + Dv) per (query, key) pair computed (Q K^T and P V; with hidden keys skipped, the visible
@@ -58,7 +63,7 @@ class ScaledDotProductAttention(Schema):
     def kernel(self, xp, step, ins, outs, ws):
         q, k, v, bias, count = (list(ins) + [None, None])[:5]
         y, lse = (list(outs) + [None])[:2]
-        at = Tiles(xp, step, q, k, v, bias, ws, count)
+        at = Tiles(xp, step, q, k, v, bias, ws, count, (list(ins[5:9]) + [None] * 4)[:4])
         g = at.groups
         for b in range(at.batch):
             for hk in range(at.hkv):
@@ -92,17 +97,22 @@ class ScaledDotProductAttention(Schema):
         memplan.ScaledDotProductAttentionGrad, which recomputes the scores tile by tile from Q, K and the
         saved LSE (recomputed by that op when the node does not output it); LSE's gradient is its dLSE."""
         dy, dlse = (list(dys) + [None])[:2]
-        q, k, v, bias, step = (list(node.inputs) + ["", ""])[:5]
+        q, k, v, bias, step, rows, rows_index, cols, cols_index = (list(node.inputs) + [""] * 6)[:9]
         lse = node.outputs[1] if len(node.outputs) > 1 else ""
         y = node.outputs[0] if dy else ""
-        wanted = 4 if bias and b.needed(bias) else 3
-        grads = b.op("ScaledDotProductAttentionGrad", q, k, v, bias, y, lse, dy or "", dlse or "",
-                     *([step] if step else []), outputs=wanted, domain="memplan", **node.attrs)
-        return [*grads, None, None][:len(node.inputs)]
+        wanted = (True, True, True, bool(bias) and b.needed(bias), bool(rows) and b.needed(rows),
+                  bool(cols) and b.needed(cols))
+        relative = (rows, rows_index, cols, cols_index) if rows or cols else ()
+        dq, dk, dv, dbias, drows, dcols = (*b.op("ScaledDotProductAttentionGrad", q, k, v, bias, y, lse, dy or "",
+                                                 dlse or "", step, *relative, outputs=wanted[:max(
+                                                     k + 1 for k, w in enumerate(wanted) if w)], domain="memplan",
+                                                 **node.attrs), None, None, None)[:6]
+        return [dq, dk, dv, dbias, None, drows, None, dcols, None][:len(node.inputs)]
 
-    def torch(self, torch, q, k, v, bias=None, step=None, **attrs):
-        """Y and the LSE by the formula in the accumulation dtype (F.scaled_dot_product_attention for the plain
-        form), K and V repeated per query head; dropout draws memplan's own mask."""
+    def torch(self, torch, q, k, v, bias=None, step=None, rows=None, rows_index=None, cols=None, cols_index=None,
+              **attrs):
+        """Y and the LSE by the formula in the accumulation dtype, K and V repeated per query head, the relative
+        terms gathered whole; dropout draws memplan's own mask."""
         form = Form.of(attrs, q.shape[-1])
         heads, s, t = q.shape[1], q.shape[2], k.shape[2]
         k, v = (x.repeat_interleave(heads // k.shape[1], 1) for x in (k, v))
@@ -121,6 +131,13 @@ class ScaledDotProductAttention(Schema):
                 scores = torch.where(hidden, scores + fill, scores)
         if bias is not None:
             scores = scores + bias.to(wide)
+        i, j = torch.arange(s, device=q.device)[:, None], torch.arange(t, device=q.device)[None, :]
+        if rows is not None:
+            at = rows_index[i - j + t - 1].expand(*rows.shape[:2], s, t)
+            scores = scores + torch.gather(rows.to(wide), -1, at)
+        if cols is not None:
+            at = cols_index[(j - i + s - 1).T].expand(*cols.shape[:2], t, s)
+            scores = scores + torch.gather(cols.to(wide), -1, at).transpose(-1, -2)
         if hidden is not None and form.fill_mode == "set_after_bias":
             scores = torch.where(hidden, torch.tensor(form.fill, dtype=wide, device=q.device), scores)
         lse = torch.logsumexp(scores, -1)
@@ -132,6 +149,28 @@ class ScaledDotProductAttention(Schema):
             keep = dropout_keep(np, p.numel(), form.seed, float(step), form.dropout).reshape(tuple(p.shape))
             p = p * torch.from_numpy(keep).to(p.device) / (1 - form.dropout)
         return [torch.matmul(p, v.to(wide)).to(q.dtype), lse]
+
+
+def widths(rows, cols):
+    """(R, R') of the relative-position tables given (0 for one not given)."""
+    return tuple(0 if table is None else table.shape[-1] for table in (rows, cols))
+
+
+def check_relative(ins, batch, heads, s, t):
+    """Each relative-position table of (B, H, lines, R) (S lines for rows, T for cols) comes with its int64 index
+    of S + T - 1 values in [0, R)."""
+    ins = (list(ins) + [None] * 4)[:4]
+    for name, table, index, lines in (("rows", ins[0], ins[1], s), ("cols", ins[2], ins[3], t)):
+        if (table is None) != (index is None):
+            raise ShapeError(f"{name} and {name}_index come together")
+        if table is None:
+            continue
+        if len(table.shape) != 4 or tuple(table.shape[:3]) != (batch, heads, lines) or not table.shape[3]:
+            raise ShapeError(f"{name} must have shape ({batch}, {heads}, {lines}, R), got {tuple(table.shape)}")
+        if tuple(index.shape) != (s + t - 1,) or index.dtype != np.int64:
+            raise ShapeError(f"{name}_index must be int64 of shape ({s + t - 1},), got {index.dtype} {tuple(index.shape)}")
+        if index.value is not None and index.value.size and not (0 <= index.value.min() <= index.value.max() < table.shape[3]):
+            raise ShapeError(f"{name}_index must be within [0, {table.shape[3]}), its table's columns")
 
 
 def check_step(ratio, step):

@@ -6,7 +6,7 @@ import math
 from . import schema
 from .base import FLOATS, Schema
 from .attention_tiles import DEFAULTS, Form, Tiles, check_attributes, flat, sizes, tile_layout, tiles
-from .fused_attention import check_step
+from .fused_attention import check_relative, check_step, widths
 from .into import matmul
 from ..errors import ShapeError
 
@@ -14,39 +14,44 @@ from ..errors import ShapeError
 @schema("ScaledDotProductAttentionGrad", domain="memplan")
 class ScaledDotProductAttentionGrad(Schema):
     """Inputs Q, K, V, bias (or ""), Y, LSE (or "": recomputed here, one more pass of Q K^T), dY as
-    memplan.ScaledDotProductAttention's, the optional dLSE (Y and dY may be "" where dLSE is given) and
-    the step (which dropout needs); outputs dQ, dK, dV and, when asked for (a bias that needs a gradient),
-    dBias of the bias's shape. Per kv head, for each key tile (its dK and dV summed in the scratch over the
+    memplan.ScaledDotProductAttention's, the optional dLSE (Y and dY may be "" where dLSE is given), the
+    step (which dropout needs) and the relative-position tables with their indices; outputs dQ, dK, dV and,
+    where asked for (an input that needs a gradient), dBias, dRows and dCols of their inputs' shapes. Per kv head, for each key tile (its dK and dV summed in the scratch over the
     query tiles of every head of its group) and each query tile: P = exp(S - LSE) and its dropped form Pd,
     dV += Pd^T dY, dP = dY V^T (dropped as P was), dS = P (dP - D) with D = rowsum(dY Y) - dLSE
     (d lse_i / d s_ij = p_ij), dBias += dS summed over the axes the bias broadcasts along (hidden keys
     excluded where the fill was set after the bias), dS zeroed where a set fill hid the key and times
-    1 - tanh^2 under a softcap, dQ += scale dS K, dK += scale dS^T Q. dQ and dBias sum in their outputs,
-    or for 16-bit floats in float32 scratch (dQ's of the group's (G, S, D) rows, dBias's of its whole
-    shape where it broadcasts)."""
+    1 - tanh^2 under a softcap, dQ += scale dS K, dK += scale dS^T Q; dS scattered into the relative tables'
+    sums, (G, S, R) and (G, T, R') a group. dQ and dBias sum in their outputs, or for 16-bit floats in float32
+    scratch (dQ's of the group's (G, S, D) rows, dBias's of its whole shape where it broadcasts)."""
 
     defaults = dict(DEFAULTS)
-    types = (("T", "T", "T", "T", "T", "L", "T", "L", "S"), {"T": FLOATS, "L": FLOATS, "S": FLOATS})
+    types = (("T", "T", "T", "T", "T", "L", "T", "L", "S", "T", "I", "T", "I"),
+             {"T": FLOATS, "L": FLOATS, "S": FLOATS, "I": ("tensor(int64)",)})
     mirror = False
 
     def infer(self, node, ins):
         check_attributes(node, self.attr)
-        if len(ins) not in (7, 8, 9):
-            raise ShapeError(f"takes 7 to 9 inputs (Q, K, V, bias, Y, LSE, dY, dLSE and step; bias, LSE and dLSE "
-                             f"may be empty), got {len(ins)}")
+        if not 7 <= len(ins) <= 13:
+            raise ShapeError(f"takes 7 to 13 inputs (Q, K, V, bias, Y, LSE, dY, dLSE, step, rows, rows_index, cols "
+                             f"and cols_index; all but Q, K, V and dY or dLSE may be empty), got {len(ins)}")
         q, k, v, bias, y, lse, dy, dlse, step = (list(ins) + [None, None])[:9]
         check_step(self.attr(node, "dropout"), step)
         if dy is None and dlse is None or (dy is None) != (y is None):
             raise ShapeError("takes dY with Y, or dLSE, or both")
-        batch, heads, _, s, _, _, dv = sizes(q.shape, k.shape, v.shape, None if bias is None else bias.shape)
+        batch, heads, _, s, t, _, dv = sizes(q.shape, k.shape, v.shape, None if bias is None else bias.shape)
+        tables = (list(ins[9:13]) + [None] * 4)[:4]
+        check_relative(tables, batch, heads, s, t)
         for name, info, shape in (("Y", y, (batch, heads, s, dv)), ("dY", dy, (batch, heads, s, dv)),
                                   ("LSE", lse, (batch, heads, s)), ("dLSE", dlse, (batch, heads, s))):
             if info is not None and tuple(info.shape) != shape:
                 raise ShapeError(f"{name} must have shape {shape}, got {tuple(info.shape)}")
             if info is not None and "LSE" in name and info.dtype != self.accumulation(q.dtype):
                 raise ShapeError(f"{name} must be {self.accumulation(q.dtype)} for {q.dtype} inputs, got {info.dtype}")
-        grads = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)]
-        return grads + ([(bias.shape, bias.dtype)] if bias is not None else [])
+        grads = [(x.shape, x.dtype) for x in (q, k, v, bias, tables[0], tables[2]) if x is not None]
+        if len(node.outputs) > len(grads):  # what an omitted output of an input not given would be
+            grads = [(x.shape, x.dtype) if x is not None else ((), q.dtype) for x in (q, k, v, bias, tables[0], tables[2])]
+        return grads
 
     def workspace(self, node, ins, outs, limit):
         """One tile pair as the forward's (scores, Q, K and V tiles, row statistics), dP, the dY tile and
@@ -58,21 +63,24 @@ class ScaledDotProductAttentionGrad(Schema):
         batch, heads, hkv, s, t, d, dv = sizes(q.shape, k.shape, v.shape)
         wide, form, g = self.accumulation(q.dtype), Form.of(self.normalize(node)), heads // hkv
         narrow = wide != q.dtype
-        asked = outs is not None and len(outs) > 3 and outs[3] is not None
-        dbias = asked and sums_apart(narrow, bias.shape, (batch, heads, s, t))
+        asked = [outs is not None and len(outs) > k and outs[k] is not None for k in (3, 4, 5)]
+        dbias = asked[0] and sums_apart(narrow, bias.shape, (batch, heads, s, t))
+        relative = widths(*(list(ins) + [None] * 13)[9:13:2])
 
         def layout(tq, tk, *accumulators):
             return tile_layout(g, tq, tk, d, wide, form, ("v", tk * dv), ("dp", g * tq * tk), ("dy", g * tq * dv),
                                ("capped", g * tq * tk) if form.softcap else None,
                                ("dq", g * tq * d), ("dk", tk * d), ("dv", tk * dv), ("dk_sum", tk * d),
                                ("dv_sum", tk * dv), ("lse", g * s), ("delta", g * s), ("prod", g * tq * dv),
-                               *accumulators)
+                               *accumulators, relative=relative)
         tile = tiles(s, t, layout, limit)
-        if not narrow:
+        if not narrow and not any(asked[1:]):
             return tile
         shapes = {c.name: c.shape for c in tile.slices}
-        return layout(shapes["rows"][0], shapes["cols"][0], ("dq_sum", g * s * d),
-                      ("dbias_sum", math.prod(bias.shape)) if dbias else None)
+        return layout(shapes["rows"][0], shapes["cols"][0], ("dq_sum", g * s * d) if narrow else None,
+                      ("dbias_sum", math.prod(bias.shape)) if dbias else None,
+                      ("drows_sum", g * s * relative[0]) if asked[1] else None,
+                      ("dcols_sum", g * t * relative[1]) if asked[2] else None)
 
     def flops(self, node, ins, outs):
         """2 (3 D + 2 Dv) per attending (query, key) pair: Q K^T again, dY V^T, P^T dY, dS K and dS^T Q
@@ -83,8 +91,10 @@ class ScaledDotProductAttentionGrad(Schema):
 
     def kernel(self, xp, step, ins, outs, ws):
         q, k, v, bias, y, lse_in, dy, dlse, count = (list(ins) + [None, None])[:9]
-        dq, dk, dv, dbias = (list(outs) + [None])[:4]
-        at = Tiles(xp, step, q, k, v, bias, ws, count)
+        dq, dk, dv, dbias, drows, dcols = (list(outs) + [None] * 3)[:6]
+        at = Tiles(xp, step, q, k, v, bias, ws, count, (list(ins[9:13]) + [None] * 4)[:4])
+        sums = [None if out is None else flat(ws, name, (at.groups, *out.shape[2:]))
+                for out, name in ((drows, "drows_sum"), (dcols, "dcols_sum"))]
         g, d = at.groups, q.shape[-1]
         narrow = at.wide != dq.dtype
         if not narrow:
@@ -116,21 +126,27 @@ class ScaledDotProductAttentionGrad(Schema):
                     if dlse is not None:
                         xp.subtract(rows, dlse[b, heads, i0:i1, None], out=rows)
                 dq_sum = flat(ws, "dq_sum", (g, at.s, d)) if narrow else dq[b, heads]
-                if narrow:
-                    dq_sum.fill(0)
+                for total in (dq_sum if narrow else None, *sums):
+                    if total is not None:
+                        total.fill(0)
                 for j0, j1 in [(j, min(j + at.tk, at.t)) for j in range(0, at.t, at.tk)]:
-                    self.key_tile(at, (q, k, v, dy), (b, hk, j0, j1), lse, delta, dq_sum, bias_sum)
+                    self.key_tile(at, (q, k, v, dy), (b, hk, j0, j1), lse, delta, dq_sum, (bias_sum, *sums))
                     xp.copyto(dk[b, hk, j0:j1], flat(ws, "dk_sum", (j1 - j0, d)))
                     xp.copyto(dv[b, hk, j0:j1], flat(ws, "dv_sum", (j1 - j0, at.dv)))
                 if narrow:
                     xp.copyto(dq[b, heads], dq_sum)
+                for out, total in zip((drows, dcols), sums):
+                    if out is not None:
+                        xp.copyto(out[b, heads], total)
         if apart:
             xp.copyto(dbias.reshape(bias_sum.shape), bias_sum)
 
     @staticmethod
-    def key_tile(at, arrays, where, lse, delta, dq_sum, bias_sum):
+    def key_tile(at, arrays, where, lse, delta, dq_sum, totals):
         """dK and dV of keys [j0, j1) of batch b and kv head hk (`where`) summed over the query tiles that
-        see them; their dQ added to `dq_sum`, their dS to `bias_sum` (None: no dBias)."""
+        see them; their dQ added to `dq_sum`, their dS to the `totals` of dBias and of the relative tables
+        (each None where not asked for)."""
+        bias_sum = totals[0]
         (q, k, v, dy), (b, hk, j0, j1) = arrays, where
         xp, ws, g, d, m = at.xp, at.ws, at.groups, q.shape[-1], j1 - j0
         kt, vt = at.load("k", k[b, hk, j0:j1]), at.load("v", v[b, hk, j0:j1])
@@ -165,6 +181,9 @@ class ScaledDotProductAttentionGrad(Schema):
                 xp.copyto(ds, 0, where=hidden)
             if bias_sum is not None:
                 add_bias_grad(at, ds, bias_sum, b, hk, (i0, i1, j0, j1))
+            for term, total in enumerate(totals[1:]):
+                if total is not None:
+                    xp.add.at(total.reshape(-1), at.gathered(term, (i0, i1, j0, j1), total.shape[1:], 0), ds)
             if hidden is not None and form.fill_mode == "set":
                 xp.copyto(ds, 0, where=hidden)
             if capped is not None:
@@ -190,15 +209,19 @@ class ScaledDotProductAttentionGrad(Schema):
                 m, m_new = m_new, m
             at.log_sum_exp(m, total, out[:, i0:i1])
 
-    def torch(self, torch, q, k, v, bias, y, lse, dy, dlse=None, step=None, **attrs):
-        """PyTorch's own gradient of the forward's form: dQ, dK, dV, and dBias where there is a bias."""
+    def torch(self, torch, q, k, v, bias, y, lse, dy, dlse=None, step=None, rows=None, rows_index=None, cols=None,
+              cols_index=None, **attrs):
+        """PyTorch's own gradient of the forward's form: dQ, dK, dV, dBias, dRows and dCols (None for an input
+        not given), in the outputs' places."""
         from . import get
         with torch.enable_grad():
-            inputs = [x.detach().requires_grad_() for x in (q, k, v, bias) if x is not None]
-            outs = get("ScaledDotProductAttention", "memplan").torch(torch, *inputs[:3], inputs[3] if bias is not None
-                                                                     else None, step, **attrs)
+            given = [None if x is None else x.detach().requires_grad_() for x in (q, k, v, bias, rows, cols)]
+            outs = get("ScaledDotProductAttention", "memplan").torch(torch, *given[:4], step, given[4], rows_index,
+                                                                     given[5], cols_index, **attrs)
             pairs = [(out, grad) for out, grad in zip(outs, (dy, dlse)) if grad is not None]
-            return list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs]))
+            wanted = [x for x in given if x is not None]
+            grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs]))
+            return [None if x is None else next(grads) for x in given]
 
 
 def sums_apart(narrow, bias, full):

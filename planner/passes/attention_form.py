@@ -146,15 +146,15 @@ def _scores(graph, name, found, phase):
         return _layout(found, graph.tensors[node.inputs[0]].shape, shape) and \
             _scores(graph, node.inputs[0], found, phase)
     if node.op in SCALES:
-        scaled = _scaled(graph, node)
-        if scaled is None:
+        factor = scaled(graph, node)
+        if factor is None:
             return False
         cap = _softcap(graph, node, found) if phase == 0 else None
         if cap is not None:
             return _scores(graph, cap, found, 1)
         found.take(node)
-        found.scale *= scaled[1]
-        return _scores(graph, scaled[0], found, 2)
+        found.scale *= factor[1]
+        return _scores(graph, factor[0], found, 2)
     if phase or node.op not in ("Add", "Where"):
         return False
     found.take(node)
@@ -176,7 +176,7 @@ def _scores(graph, name, found, phase):
     return False
 
 
-def _scaled(graph, node):
+def scaled(graph, node):
     """(x, factor) where `node` is x times or over a one-value constant (factor: what x is multiplied by) and
     x has the output's shape; else None."""
     if node.op not in SCALES or node.domain:
@@ -190,18 +190,18 @@ def _scaled(graph, node):
 
 def _softcap(graph, mul, found):
     """Where `mul` is c * Tanh(x / c) (or Tanh(x * (1/c))), notes softcap c and returns x; else None."""
-    outer = _scaled(graph, mul)
+    outer = scaled(graph, mul)
     tanh = None if outer is None else graph.producers.get(outer[0])
     if tanh is None or tanh.op != "Tanh" or tanh.domain or outer[1] <= 0 or _sole(graph, outer[0]) is None:
         return None
     inner = graph.producers.get(tanh.inputs[0])
-    scaled = None if inner is None or _sole(graph, tanh.inputs[0]) is None else _scaled(graph, inner)
-    if scaled is None or not math.isclose(scaled[1], 1 / outer[1], rel_tol=1e-6):
+    factor = None if inner is None or _sole(graph, tanh.inputs[0]) is None else scaled(graph, inner)
+    if factor is None or not math.isclose(factor[1], 1 / outer[1], rel_tol=1e-6):
         return None
     for n in (mul, tanh, inner):
         found.take(n)
     found.softcap = outer[1]
-    return scaled[0]
+    return factor[0]
 
 
 def _products(graph, matmul, found):
@@ -210,11 +210,11 @@ def _products(graph, matmul, found):
     sides = []
     for name in matmul.inputs:
         node = graph.producers.get(name)
-        scaled = None if node is None or _sole(graph, name) is not matmul else _scaled(graph, node)
-        if scaled is not None:
+        factor = None if node is None or _sole(graph, name) is not matmul else scaled(graph, node)
+        if factor is not None:
             found.take(node)
-            found.scale *= scaled[1]
-            name = scaled[0]
+            found.scale *= factor[1]
+            name = factor[0]
         sides.append(name)
     found.q, found.kt = sides
     q, kt = (graph.tensors[n].shape for n in sides)

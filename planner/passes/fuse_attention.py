@@ -20,6 +20,7 @@ from ..ir import Node, Tensor
 from ..ops import Info
 from ..training import STEP
 from .attention_form import read
+from .attention_relative import gathers
 from .base import TYPED, Pass, Result
 from .pattern import Match, constant, exclusive, replace_matches
 
@@ -117,15 +118,17 @@ class _Fuser:
             attrs["softcap"] = a.softcap
         attrs.update(dropout)
         attrs.update(form[0])
-        bias = [form[1]] if form[1] or dropout else []
-        step = [STEP] if dropout else []
+        bias, relative = form[1], form[2]
+        optional = [bias or "", STEP if dropout else "", *relative]
+        while optional and not optional[-1]:
+            optional.pop()
         key = self.key(kt, batch, heads)
         value = self.as4(a.v, (batch, heads, t, v.shape[-1]) if len(v.shape) == 3 else v.shape)
         if self.shape(key)[1] != self.shape(value)[1]:
             return None
         out = a.root.outputs[0] if len(y.shape) == 4 else self.activation(f"{a.root.name}/fused")
         name = a.root.name
-        inputs = (self.as4(a.q, (batch, heads, s, d)), key, value, *[b or "" for b in bias], *step)
+        inputs = (self.as4(a.q, (batch, heads, s, d)), key, value, *optional)
         self.nodes.append(Node(FUSED, inputs, (out,), attrs, name, a.root.notes, "memplan"))
         if len(y.shape) == 3:
             self.nodes.append(Node("Reshape", (out,), a.root.outputs, {"shape": list(y.shape)}, f"{name}/as_3d"))
@@ -157,10 +160,11 @@ class _Fuser:
                 "seed": int(seed) if seed is not None else self.graph.nodes.index(node)}
 
     def terms(self, terms, s, t, heads, dtype):
-        """(mask attributes, the one bias tensor or None) of the terms (attention_form.Term, in the order they
-        apply): the first band mask becomes causal and window with its fill and mode, the rest the bias;
-        None where a term cannot be read alike."""
-        found, biases, where = {}, [], None
+        """(mask attributes, the one bias tensor or None, the relative-position inputs) of the terms
+        (attention_form.Term, in the order they apply): the first band mask becomes causal and window with its
+        fill and mode, the first relative-position terms the op's rows and cols, the rest the bias; None where
+        a term cannot be read alike."""
+        found, biases, where, relative = {}, [], None, ["", "", "", ""]
         for term in terms:
             read = self.term(term, s, t, dtype)
             if read is None:
@@ -174,7 +178,7 @@ class _Fuser:
                 if bias is None:
                     return None
                 biases.append(self.bias4(bias, term.shape, heads))
-            elif kind == "bias":
+            elif kind == "bias" and not self.relative(value, term.shape, heads, relative):
                 biases.append(self.bias4(value, term.shape, heads))
         if None in biases:
             return None
@@ -183,7 +187,28 @@ class _Fuser:
                 found["fill_mode"] = "set_after_bias"
             elif where and found["fill"] != -math.inf:
                 return None
-        return found, self.summed(biases)
+        return found, self.summed(biases), relative
+
+    def relative(self, bias, shape, heads, relative):
+        """Whether the bias is relative-position terms (attention_relative) that the op's free rows and cols
+        inputs take; if so, fills `relative` (rows, rows index, cols, cols index)."""
+        parts = gathers(self.graph, bias, lambda graph, name: self.mask(name))
+        slots = [2 * part.crossed for part in parts or ()]
+        if not parts or len(set(slots)) != len(slots) or any(relative[k] for k in slots):
+            return False
+        for part, k in zip(parts, slots):
+            table = self.graph.tensors[part.table]
+            if table.dtype != self.graph.tensors[bias].dtype or table.shape[:-2] != shape[:-2]:
+                return False
+        for part, k in zip(parts, slots):
+            table = self.graph.tensors[part.table]
+            lines = table.shape[-2:]
+            name = self.as4(part.table, (*heads, *lines) if len(shape) == 3 else table.shape)
+            if part.scale != 1:
+                name = self.node("Mul", (name, self.const(np.array(part.scale, table.dtype))), {}, self.shape(name),
+                                 table.dtype)
+            relative[k:k + 2] = [name, self.const(part.index)]
+        return True
 
     def term(self, term, s, t, dtype):
         """("band", (window, fill, mode)), ("bias", tensor) or ("none", None) for one Term; None where it cannot
@@ -292,7 +317,7 @@ class _Fuser:
         return name
 
     def const(self, value):
-        name = f"fused_attention/bias{len(self.fresh)}"
+        name = f"fused_attention/const{len(self.fresh)}"
         self.fresh[name] = Tensor(name, value.shape, value.dtype, "const", value)
         return name
 

@@ -14,13 +14,15 @@ import numpy as np
 from planner import heap
 from planner.config import Config
 from planner.dtypes import from_onnx, is_float  # noqa: F401  (registers ml_dtypes' names with NumPy)
-from planner.errors import MemplanError
+from planner.errors import MemplanError, OutOfMemoryError
 from planner.ir import op_name
+from planner.units import format_bytes
 
 from . import backends, kernels
 from .arena import Arena
 from .collectives import groups_for, shards, stage_feeds
 from .backends import numpy_backend
+from .backends.memory import first_line
 from .profile import Profile
 
 POISON = 0xFF
@@ -73,11 +75,12 @@ class Executor:
         self.groups = groups_for(plan, group)
         if cuda_graph:
             _check_graphable(self.backend, plan, poison, profile, self.groups["world"].size)
-        self.backend.check_room(plan.arena_bytes, "the arena", config or Config.from_env())
+        self.config = config or Config.from_env()
+        check_memory(plan, self.backend, self.config, cuda_graph=cuda_graph)
         plan.check_values()
         heap.trim()
         values, plan = plan.data, replace(plan, data={})
-        self.plan, self.poison = plan, poison
+        self.plan, self.poison, self.copies = plan, poison, _outputs(plan)
         foreign = sorted({t.dtype for t in plan.tensors.values() if not self.backend.holds(np.dtype(t.dtype))})
         if foreign:
             raise MemplanError(f"backend {self.backend.NAME!r} cannot hold tensors of dtype {', '.join(foreign)}")
@@ -89,8 +92,11 @@ class Executor:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.runtime = self.backend.runtime(tf32)
         self.libraries = self.runtime.libraries
-        self.arena = Arena(plan, self.backend.xp)
-        self.arena.load(shards(plan, values, self.groups))
+        with self.backend.allocating(plan.arena_bytes, "the arena", self.config):
+            self.arena = Arena(plan, self.backend.xp)
+        with self.backend.allocating(sum(plan.tensors[n].nbytes for n in values), "the params' and consts' values",
+                                     self.config):
+            self.arena.load(shards(plan, values, self.groups))
         del values
         heap.trim()
         for t in plan.tensors.values():
@@ -133,10 +139,12 @@ class Executor:
 
     def _bind(self, k, step):
         """(kernel, step, input views, output views, {scratch slice name: view}), or None for a step whose
-        outputs are all views of its input: its bytes are already in place. The kernel of step `k` is
-        timed when profiling."""
-        views = self._view
-        if step.outputs and all(not o or self.plan.tensors[o].view for o in step.outputs):
+        outputs are all views of its input (its bytes are already in place) or empty (a zero-size batch:
+        nothing to write), unless it communicates (its peers wait for it). The kernel of step `k` is timed
+        when profiling."""
+        views, tensors = self._view, self.plan.tensors
+        if step.outputs and all(not o or tensors[o].view or not tensors[o].nbytes for o in step.outputs) and \
+                not getattr(kernels.find(self.kernels, step), "collective", False):
             return None
         ws, region = {}, None
         if step.workspace:
@@ -179,11 +187,13 @@ class Executor:
                     self.replay.capture(self.program, self._call)
             if self.replay:
                 self.replay.stream.synchronize()
-                return {name: self.arena.view(name).get() for name in self.plan.outputs}
+                with numpy_backend.allocating(self.copies[1], self.copies[0]):
+                    return {name: self.arena.view(name).get() for name in self.plan.outputs}
         for group in {id(g): g for g in self.groups.values()}.values():
             group.flush()
         self.backend.synchronize()
-        return {name: self.arena.view(name).copy() for name in self.plan.outputs}
+        with self.backend.allocating(self.copies[1], self.copies[0], self.config):
+            return {name: self.arena.view(name).copy() for name in self.plan.outputs}
 
     def _steps(self):
         """Every step's kernel in order, skipping the optimizer steps a failed amp-fp16 finite check gates, and
@@ -203,6 +213,9 @@ class Executor:
             fn(self.runtime.xp, step, ins, outs, ws)
         except (IndexError, ValueError) as e:
             raise RunError(f"step {k} ({step.op} {step.name!r}) cannot run on these feeds: {e}") from e
+        except MemoryError as e:
+            raise OutOfMemoryError(f"not enough memory to run step {k} ({step.op} {step.name!r}): "
+                                   f"{first_line(e) or 'the allocation failed'}") from None
 
     def train_step(self, feeds):
         """One training step of a plan compiled with training=True: forward, backward and the optimizer
@@ -253,7 +266,8 @@ class Executor:
         missing = [n for n in expected if n not in feeds]
         if unknown or missing:
             raise FeedError(f"feeds must name exactly the inputs {expected}; missing {missing}, unknown {unknown}")
-        checked = {name: self._feed(name, feeds[name]) for name in expected}
+        with numpy_backend.allocating(sum(self.plan.tensors[n].nbytes for n in expected), "the feeds' arrays"):
+            checked = {name: self._feed(name, feeds[name]) for name in expected}
         for name, (classes, ignore) in self.labels.items():
             _check_labels(name, checked[name], classes, ignore)
         return checked
@@ -341,14 +355,53 @@ def _dead_after(plan):
 def random_feeds(plan, seed=0):
     """{input: host array} for every input a run or training step takes (not a training step's lr and
     step): floats from a standard normal, ints zero (valid labels and indices), bools at random. Each
-    is made in its own dtype, never through float64; raises MemplanError first when they cannot fit in
-    the host's available memory."""
+    is made in its own dtype, never through float64; raises OutOfMemoryError first when they cannot fit in
+    the memory the process can allocate."""
+    what, nbytes, names = _random_inputs(plan)
+    numpy_backend.check_room(nbytes, what)
+    rng = np.random.default_rng(seed)
+    with numpy_backend.allocating(nbytes, what):
+        return {n: _random(rng, plan.tensors[n].shape, np.dtype(plan.tensors[n].dtype)) for n in names}
+
+
+def _random_inputs(plan):
+    """(what they are, their bytes, their names) of the inputs random_feeds makes."""
     info = plan.training
     names = [n for n in plan.inputs if n not in (info.get("lr"), info.get("step"))]
-    total = sum(plan.tensors[n].nbytes for n in names)
-    numpy_backend.check_room(total, f"random feeds of the inputs {', '.join(names)}")
-    rng = np.random.default_rng(seed)
-    return {n: _random(rng, plan.tensors[n].shape, np.dtype(plan.tensors[n].dtype)) for n in names}
+    what = f"random feeds of the inputs {', '.join(names)}" if len(names) <= 3 else \
+        f"random feeds of {len(names)} inputs"
+    return what, sum(plan.tensors[n].nbytes for n in names), names
+
+
+def _outputs(plan):
+    """(what they are, their bytes) of the copies of its outputs each run returns."""
+    return "the copies of the outputs a run returns", sum(plan.tensors[n].nbytes for n in plan.outputs)
+
+
+def check_memory(plan, backend="numpy", config=None, feeds=False, cuda_graph=False):
+    """Raise OutOfMemoryError when running `plan` on `backend` (a name or a backend module) cannot fit in the
+    memory the process can allocate: with `feeds` the random feeds as random_feeds makes them, then the arena, then
+    the copies of the outputs each run returns, each sum in turn. Each part is counted on the memory that holds it:
+    the host holds the feeds, and the outputs of a CUDA graph's replay. An Executor checks its arena and outputs when
+    made; `memplan run` checks the feeds with them before it makes any."""
+    backend = backends.get(backend) if isinstance(backend, str) else backend
+    config = config or Config.from_env()
+    device = [("the arena", plan.arena_bytes)] + ([] if cuda_graph else [_outputs(plan)])
+    host = ([_random_inputs(plan)[:2]] if feeds else []) + ([_outputs(plan)] if cuda_graph else [])
+    if backend is numpy_backend:
+        device, host = host + device, []
+    _check_sums(backend, device, config)
+    _check_sums(numpy_backend, host, config)
+
+
+def _check_sums(backend, parts, config):
+    """Check on `backend` each growing sum of `parts` ([(what, bytes)]), so that the first that does not fit is
+    named with its parts and their sizes."""
+    total, named = 0, []
+    for what, nbytes in [part for part in parts if part[1]]:
+        total += nbytes
+        named.append(f"{what} ({format_bytes(nbytes)})")
+        backend.check_room(total, what if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}", config)
 
 
 def _random(rng, shape, dtype):
@@ -368,7 +421,7 @@ def _type_name(value):
     return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__.split('.')[0]}.{kind.__name__}"
 
 
-__all__ = ["BusyError", "Executor", "FeedError", "RunError", "random_feeds"]
+__all__ = ["BusyError", "Executor", "FeedError", "OutOfMemoryError", "RunError", "check_memory", "random_feeds"]
 
 
 def _check_graphable(backend, plan, poison, profile, ranks):

@@ -43,12 +43,18 @@ class Builder:
                 return name
 
     def op(self, op_type, *inputs, outputs=1, domain="", **attrs):
+        """A new node's output name(s): `outputs` of them, or, for a sequence of bools, those it marks (the others
+        omitted: None here, "" in the node). A Reshape's shape holds its dims as they are (allowzero): a built
+        shape's 0 is a dim of 0 (a zero-size batch), never ONNX's mark for "copy the input's dim"."""
+        if op_type == "Reshape" and not domain:
+            attrs.setdefault("allowzero", 1)
         name = self._fresh(op_type)
-        outs = tuple(f"{name}:{k}" for k in range(outputs))
+        marks = (True,) * outputs if isinstance(outputs, int) else tuple(outputs)
+        outs = tuple(f"{name}:{k}" if kept else "" for k, kept in enumerate(marks))
         self.nodes.append(Node(op_type, tuple(inputs), outs, attrs, name, Annotations(self.phase), domain))
-        for out in outs:
+        for out in filter(None, outs):
             self.tensors[out] = Tensor(out, None, None, "activation")
-        return outs[0] if outputs == 1 else outs
+        return outs[0] if outputs == 1 else tuple(out or None for out in outs)
 
     def cast(self, name, dtype):
         """`name` cast to `dtype`, its dtype known at once (so that constants can be made like it)."""

@@ -6,8 +6,12 @@ import os
 import re
 import sys
 import time
+import warnings
+from pathlib import Path
 
 from .errors import SURFACE, MemplanError
+from .interrupt import interruptible
+from .outputs import as_csv, check_output, emit, written
 from .progress import Progress
 from .units import format_bytes, parse_bytes
 
@@ -167,10 +171,12 @@ def plan(args):
     check_output(args.output)
     result = compile_args(args, load_graph(args))
     try:
-        path = result.to_json(args.output)
+        with written(args.output) as path:
+            result.to_json(path)
     except OSError as e:
         raise MemplanError(f"-o {args.output}: cannot write the plan ({e.strerror})") from None
-    print(f"{path}: {result.strategy}, {result.schedule} schedule, arena {format_bytes(result.arena_bytes)} "
+    print(f"{Path(args.output)}: {result.strategy}, {result.schedule} schedule, "
+          f"arena {format_bytes(result.arena_bytes)} "
           f"(LOAD {format_bytes(result.lower_bound_bytes)}), {len(result.steps)} steps, {len(result.tensors)} tensors")
     return 0
 
@@ -180,11 +186,12 @@ def run(args):
     the arena and the memory the run grew by."""
     import resource
 
-    from executor import Executor, backends, random_feeds
+    from executor import Executor, backends, check_memory, random_feeds
     graph = load_graph(args)
     backend = backends.get(args.backend)
     # a GPU plan leaves out the rewrites for the CPU's kernels (inverted_residual, winograd, batch_conv)
     plan = compile_args(args, graph, device="cuda" if backend.NAME == "cupy" else "any")
+    check_memory(plan, backend, config_of(args), feeds=True, cuda_graph=args.cuda_graph)
     feeds = random_feeds(plan, seed=0)
     shapes = ", ".join(f"{n} {value.shape} {value.dtype}" for n, value in feeds.items())
     what = f"training step with {plan.training['optimizer']}" if plan.training else "inference"
@@ -240,12 +247,15 @@ def viz(args):
         check_output(path)
     result = compile_args(args, load_graph(args))
     try:
-        written = [pictures.timeline(result, args.output)]
+        with written(args.output) as path:
+            pictures.timeline(result, path)
         if args.graph:
-            written.append(pictures.graph_view(result, args.graph, max_nodes=args.max_nodes))
+            with written(args.graph) as path:
+                pictures.graph_view(result, path, max_nodes=args.max_nodes)
     except OSError as e:
         raise MemplanError(f"cannot write the picture ({e.strerror}: {e.filename})") from None
-    print(f"{', '.join(written)}: {result.strategy}, {result.schedule} schedule, arena "
+    pictures_written = ", ".join(filter(None, (args.output, args.graph)))
+    print(f"{pictures_written}: {result.strategy}, {result.schedule} schedule, arena "
           f"{format_bytes(result.arena_bytes)} (LOAD {format_bytes(result.lower_bound_bytes)}), {len(result.steps)} steps")
     return 0
 
@@ -356,44 +366,6 @@ def check_free_batch(raw, given):
                                f"of every input ({shapes}){hint}")
         raise MemplanError("max-batch varies the first dim of the inputs, but no input has a free first dim with "
                            "its other dims fixed: give the other dims with --input NAME:DIMS")
-
-
-def check_output(path):
-    """Refuse, before any work, an output path that cannot be written: a missing directory, a directory,
-    or a file without write permission."""
-    if path is None:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise MemplanError(f"-o {path}: is a directory; give a file name")
-    if not os.path.isdir(folder):
-        raise MemplanError(f"-o {path}: the directory {folder} does not exist")
-    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
-        raise MemplanError(f"-o {path}: no permission to write there")
-
-
-def emit(args, text):
-    """Print the command's result, or write it to -o when given."""
-    if not getattr(args, "output", None):
-        print(text)
-        return
-    try:
-        with open(args.output, "w") as f:
-            f.write(text + "\n")
-    except OSError as e:
-        raise MemplanError(f"-o {args.output}: cannot write ({e.strerror})") from None
-    print(f"wrote {args.output}")
-
-
-def as_csv(rows):
-    """Rows (flat dicts with the same keys) as CSV text."""
-    import csv
-    import io
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue().rstrip("\n")
 
 
 def count(least):
@@ -564,15 +536,27 @@ def main(argv=None):
         args.batch = 1
     surface = SURFACE.set("cli")
     try:
-        return args.run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line
+            return interruptible(lambda: args.run(args))
     except MemplanError as e:
         print(f"memplan: error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError as e:  # an allocation no check foresaw: NumPy's ArrayMemoryError names the array
+        print(f"memplan: error: not enough memory: {(str(e).strip().splitlines() or ['an allocation failed'])[0]}",
+              file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader (head, less) stopped early; Python docs' recipe for a quiet exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     finally:
         SURFACE.reset(surface)
+
+
+def _one_line(message, category, filename, lineno, file=None, line=None):
+    """A warning as the command prints it: one line, without the source line Python shows."""
+    text = " ".join(str(message).split())
+    print(f"memplan: warning: {text}", file=file or sys.stderr)
 
 
 if __name__ == "__main__":

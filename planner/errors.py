@@ -63,3 +63,8 @@ def require(module, feature, package, extra):
 
 class ConfigError(MemplanError):
     """A setting (argument or environment variable) has an invalid value; names it and what it accepts."""
+
+
+class OutOfMemoryError(MemplanError):
+    """What a run needs (its arena, feeds or output copies) does not fit in the memory the process can still
+    allocate; names the bytes needed and the bytes available."""

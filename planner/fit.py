@@ -11,6 +11,7 @@ uses more than one core."""
 import multiprocessing
 import pickle
 import queue as queues
+import signal
 from dataclasses import replace
 
 from . import maxbatch
@@ -171,7 +172,9 @@ def _searched(compile_at, memory, chains, progress, forked):
 
 
 def _worker(compile_at, memory, layouts, messages, k):
-    """A forked process's chain: its progress, then its rows or the error it met, on `messages`."""
+    """A forked process's chain: its progress, then its rows or the error it met, on `messages`. Ctrl-C is the
+    parent's to handle: it ends the workers (`_searched`), so a worker ignores it rather than print a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         rows = _chain(compile_at, memory, layouts, lambda label, batch: messages.put(("progress", k, (label, batch))))
         messages.put(("rows", k, rows))

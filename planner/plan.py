@@ -1,20 +1,17 @@
-"""The Plan: everything the executor needs to run a graph out of one arena, as plain data.
-
-`verify()` re-checks the invariants from the plan alone, independently of the passes that
-made it: aligned offsets inside the arena; no two buffers live at one step overlap in bytes;
-an in-place write never lands on bytes another tensor still needs (a graph output, a
-pending reader, a graph input, a param or a const); every tensor a step reads is live then. It
-also checks that each tensor's dtype, shape and bytes agree and that every name it uses has a place.
+"""The Plan: everything the executor needs to run a graph out of one arena, as plain data; `verify()`
+re-checks its invariants from the plan alone (planner/plan_checks.py).
 
 On disk a plan is JSON (`to_json`) with its params' and consts' values beside it, in an .npz of the same
-stem; the JSON records a digest of those values. `from_json` checks every field, then `verify()`, then
-that the values are complete, of the planned shapes and dtypes, and the very ones the digest names.
+stem. The JSON records a digest of those values, and one of itself: of every field, so of each step's op,
+version, tensors, attributes and scratch, each tensor's place, and the values' digest. `from_json` reads at
+most MAX_PLAN_BYTES, checks every field and each step's op against its schema, then `verify()`, then that the
+plan is the one written (its digest), then the values: each .npz member's header against its tensor before
+any value is read, and the values against the digest.
 """
-import bisect
 import hashlib
-import heapq
 import json
 import math
+import os
 import reprlib
 import zipfile
 import zlib
@@ -24,27 +21,24 @@ from pathlib import Path
 import numpy as np
 
 from . import dtypes  # noqa: F401  (registers ml_dtypes' names with NumPy)
+from . import plan_checks
 from .errors import PlanError
-from .ir import KINDS as GRAPH_KINDS
 from .ops.base import Slice
 from .parallel import Parallel, Whole, shard_size
+from .plan_checks import ALIGNMENT, check_op, is_int, numpy_dtype  # noqa: F401  (ALIGNMENT: planning's, from here)
 
-ALIGNMENT = 256
-FORMAT = "memplan-plan/4"
-PERSISTENT = ("param", "const", "state", "workspace_slot")
-KINDS = (*GRAPH_KINDS, "workspace", "workspace_slot")
+FORMAT = "memplan-plan/5"
 PHASES = ("", "backward", "recompute", "optimizer")
-ROLES = ("", "saved", "gradient", "update", "recomputed")
-"""A transient tensor's part in a training step: a forward value that backward reads ("saved"), a
-parameter's gradient, the new value of a param or state written over it ("update"), or a forward
-value computed again for backward ("recomputed")."""
+MAX_PLAN_BYTES = 1 << 28
+"""Most bytes of plan JSON `from_json` reads, far more than memplan writes for any model: a larger file, or a
+device (a link to /dev/zero), is refused, not read until memory runs out."""
 
 
 @dataclass(frozen=True)
 class PlannedTensor:
     """One tensor's place: `offset` into the arena, `lifetime` (first, last) steps inclusive (None
     for persistent tensors, alive the whole run), and `alias_of`, the tensor whose buffer it shares
-    (an in-place write, or a `view` that writes nothing); `role` as in ROLES."""
+    (an in-place write, or a `view` that writes nothing); `role` as in plan_checks.ROLES."""
 
     name: str
     shape: tuple
@@ -121,18 +115,13 @@ class Plan:
 
     def verify(self):
         """Raise PlanError naming the tensors of the first broken invariant; return self when sound."""
-        _check_tensors(self)
-        _check_training(self)
-        _check_names(self)
-        _check_places(self)
-        _check_overlaps(self)
-        _check_aliases(self)
-        _check_reads(self)
+        plan_checks.verify(self)
         return self
 
     def to_json(self, path):
         """Write the plan as JSON at `path` (not ending in .npz), and the params' and consts' values beside
-        it in an .npz of the same stem, whose digest the JSON records so that a stale .npz is refused."""
+        it in an .npz of the same stem, whose digest the JSON records so that a stale .npz is refused; and
+        the digest of the JSON itself, so that a plan changed after it was written is refused."""
         path = Path(path)
         if path.suffix.lower() == ".npz":
             raise PlanError(f"{path}: the plan's values are written beside it as .npz, so the plan itself "
@@ -143,19 +132,21 @@ class Plan:
             "training", "opsets", "device", "rank")},
             "tensors": [asdict(t) for t in self.tensors.values()],
             "steps": [{**asdict(s), "attrs": {k: _encode(v) for k, v in s.attrs.items()}} for s in self.steps],
-            "values_digest": _digest(values) if values else None}
-        path.write_text(json.dumps(doc, indent=1))
+            "values_digest": _values_digest(values) if values else None}
+        doc = json.loads(json.dumps(doc))  # as from_json will read it
+        path.write_text(json.dumps({**doc, "digest": document_digest(doc)}, indent=1))
         if values:
             np.savez(_data_path(path), **values)
         return path
 
     @classmethod
     def from_json(cls, path):
-        """Read a plan written by `to_json`, checking every field, the values beside it and `verify()`;
-        anything amiss is a PlanError naming the file and the field."""
+        """Read a plan written by `to_json`, checking every field, each step's op, `verify()`, the digests of the
+        plan and of the values beside it; anything amiss is a PlanError naming the file and the field."""
         path = Path(path)
-        doc = _fields(_read_json(path), TOP_FIELDS, str(path))
-        del doc["format"]
+        written = _read_json(path)
+        doc = _fields(written, TOP_FIELDS, str(path))
+        del doc["format"], doc["digest"]
         tensors = {}
         for k, t in enumerate(doc.pop("tensors")):
             t = _fields(t, TENSOR_FIELDS, f"{path}: tensors[{k}]")
@@ -171,27 +162,28 @@ class Plan:
             plan.verify()
         except PlanError as e:
             raise PlanError(f"{path}: {e}") from None
+        if document_digest(written) != written["digest"]:
+            raise PlanError(f"{path}: the plan was changed after it was written (its digest differs from the one it "
+                            "recorded); plan the model again rather than editing the plan")
         plan.data = {} if digest is None else _read_npz(_data_path(path), plan)
         plan.check_values(f"{path} (saved without values)" if digest is None else str(_data_path(path)))
-        if digest is not None and _digest(plan.data) != digest:
+        if digest is not None and _values_digest(plan.data) != digest:
             raise PlanError(f"{_data_path(path)}: these values do not belong to {path} (their digest differs from "
                             "the one the plan recorded): save the plan and its values together again with to_json")
+        try:
+            plan_checks.check_rules(plan)
+        except PlanError as e:
+            raise PlanError(f"{path}: {e}") from None
         return plan
 
     def check_values(self, where="Plan.data"):
         """Raise PlanError unless `data` holds a value of the planned shape and dtype for every param and
         const buffer, and nothing else (`where` names the values in the message); return self."""
         for name, value in self.data.items():
-            t = self.tensors.get(name)
-            if t is None or t.kind not in ("param", "const"):
-                raise PlanError(f"{where}: holds a value for {name!r}, which is not a param or const of the plan")
             if value is None:
-                raise PlanError(f"{where}: {t.kind} {name!r} has no value")
+                raise PlanError(f"{where}: {_valued(self, name, where).kind} {name!r} has no value")
             dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
-            shape = _rank_shape(self.training or {}, name, np.shape(_whole(value)))
-            if tuple(shape) != tuple(t.shape) or dtype != _dtype(t):
-                raise PlanError(f"{where}: {t.kind} {name!r} is {np.shape(value)} {dtype}, but "
-                                f"the plan places it as {tuple(t.shape)} {t.dtype}")
+            _check_value(self, name, np.shape(_whole(value)), dtype, where)
         missing = [t for t in self.tensors.values() if t.kind in ("param", "const") and t.alias_of is None
                    and t.name not in self.data]
         if missing:
@@ -200,29 +192,25 @@ class Plan:
         return self
 
 
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 TYPES = {  # name: (what the field must be, its test)
     "str": ("a string", lambda v: isinstance(v, str)),
-    "int": ("an int", _is_int),
+    "int": ("an int", is_int),
     "bool": ("true or false", lambda v: isinstance(v, bool)),
     "object": ("an object", lambda v: isinstance(v, dict)),
     "list": ("a list", lambda v: isinstance(v, list)),
     "names": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
-    "shape": ("a list of ints", lambda v: isinstance(v, list) and all(map(_is_int, v))),
+    "shape": ("a list of ints", lambda v: isinstance(v, list) and all(map(is_int, v))),
     "lifetime": ("null or two ints", lambda v: v is None or (isinstance(v, list) and len(v) == 2
-                                                             and all(map(_is_int, v)))),
+                                                             and all(map(is_int, v)))),
     "name?": ("null or a string", lambda v: v is None or isinstance(v, str)),
-    "int?": ("null or an int", lambda v: v is None or _is_int(v)),
+    "int?": ("null or an int", lambda v: v is None or is_int(v)),
     "phase": (f"one of {PHASES}", lambda v: v in PHASES),
-    "opsets": ("an object of domain: version", lambda v: isinstance(v, dict) and all(map(_is_int, v.values()))),
+    "opsets": ("an object of domain: version", lambda v: isinstance(v, dict) and all(map(is_int, v.values()))),
 }
 TOP_FIELDS = {"format": "str", "strategy": "str", "schedule": "str", "arena_bytes": "int", "lower_bound_bytes": "int",
               "breakdown": "object", "inputs": "names", "outputs": "names", "stats": "object", "training": "object",
               "tensors": "list", "steps": "list", "values_digest": "name?", "opsets": "opsets", "device": "str",
-              "rank": "int"}
+              "rank": "int", "digest": "str"}
 TENSOR_FIELDS = {"name": "str", "shape": "shape", "dtype": "str", "kind": "str", "nbytes": "int", "offset": "int",
                  "lifetime": "lifetime", "alias_of": "name?", "view": "bool", "role": "str"}
 STEP_FIELDS = {"name": "str", "op": "str", "inputs": "names", "outputs": "names", "attrs": "object",
@@ -231,11 +219,19 @@ SLICE_FIELDS = {"name": "str", "offset": "int", "shape": "shape", "dtype": "str"
 
 
 def _read_json(path):
-    """The JSON document at `path`, checked to be a plan of this FORMAT."""
+    """The JSON document at `path`, of at most MAX_PLAN_BYTES (a larger file is not read), checked to be a
+    plan of this FORMAT."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            text = f.read(MAX_PLAN_BYTES + 1) if size <= MAX_PLAN_BYTES else b""
     except OSError as e:
         raise PlanError(f"{path}: cannot read the plan ({e.strerror})") from None
+    if max(size, len(text)) > MAX_PLAN_BYTES:
+        raise PlanError(f"{path}: not a plan (it holds more than {MAX_PLAN_BYTES:,} bytes, the most a plan may hold: "
+                        "planner.plan.MAX_PLAN_BYTES)")
+    try:
+        doc = json.loads(text.decode("utf-8"))
     except UnicodeDecodeError:
         raise PlanError(f"{path}: not a plan (the file is not UTF-8 text)") from None
     except json.JSONDecodeError as e:
@@ -265,12 +261,15 @@ def _fields(obj, spec, where):
 
 
 def _step(obj, where):
-    """The Step a JSON object describes, its array attributes decoded and its scratch made Slices."""
+    """The Step a JSON object describes, its array attributes decoded, its scratch made Slices, its op checked
+    against its schema."""
     s = _fields(obj, STEP_FIELDS, where)
     scratch = [_fields(c, SLICE_FIELDS, f"{where}: scratch[{k}]") for k, c in enumerate(s["scratch"])]
-    return Step(**{**s, "inputs": tuple(s["inputs"]), "outputs": tuple(s["outputs"]),
+    step = Step(**{**s, "inputs": tuple(s["inputs"]), "outputs": tuple(s["outputs"]),
                    "attrs": {k: _decode(v, f"{where}: attribute {k!r}") for k, v in s["attrs"].items()},
                    "scratch": tuple(Slice(**{**c, "shape": tuple(c["shape"])}) for c in scratch)})
+    check_op(step, where)
+    return step
 
 
 def _data_path(path):
@@ -295,30 +294,86 @@ def _decode(value, where):
 
 
 def _read_npz(npz, plan):
-    """{name: array} stored in `npz`, ml_dtypes' arrays (stored as raw bytes) viewed as their planned dtype."""
+    """{name: array} stored in `npz`, every member's .npy header checked against its tensor before any value
+    is read (`_check_member`); ml_dtypes' arrays (stored as raw bytes) viewed as their planned dtype."""
     if not npz.is_file():
         raise PlanError(f"{npz}: missing; it holds the values of the plan's params and consts (to_json writes "
                         "it beside the plan)")
     try:
-        loaded = np.load(npz, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
+        if not zipfile.is_zipfile(npz):
             raise ValueError("not an .npz archive")
-        with loaded:
+        with zipfile.ZipFile(npz) as archive:
+            for member in archive.infolist():
+                _check_member(archive, member, plan, str(npz))
+        with np.load(npz, allow_pickle=False) as loaded:
             return {k: _restore(loaded[k], plan.tensors.get(k)) for k in loaded.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise PlanError(f"{npz}: cannot read the values ({e})") from None
+    except MemoryError:
+        raise PlanError(f"{npz}: not enough memory to read the values of the plan's params and consts") from None
+
+
+def _check_member(archive, member, plan, where):
+    """Refuse a member of the values' archive that is not the .npy of a param or const of the plan, of its
+    planned shape and dtype with as many bytes as they take, reading its header alone."""
+    name = member.filename[:-4] if member.filename.endswith(".npy") else member.filename
+    _valued(plan, name, where)
+    with archive.open(member) as f:
+        version = np.lib.format.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"{member.filename} is an .npy of version {version}, not 1.0 or 2.0")
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)
+        start = f.tell()
+    _check_value(plan, name, shape, _stored(dtype, plan.tensors[name]), where)
+    if member.file_size - start != math.prod(shape) * dtype.itemsize:
+        raise PlanError(f"{where}: {name!r} holds {member.file_size - start:,} bytes of values, where its shape "
+                        f"{tuple(shape)} and dtype {dtype} take {math.prod(shape) * dtype.itemsize:,}")
+
+
+def _valued(plan, name, where):
+    """The planned tensor `name` that values are given for: a param or const of the plan."""
+    t = plan.tensors.get(name)
+    if t is None or t.kind not in ("param", "const"):
+        raise PlanError(f"{where}: holds a value for {name!r}, which is not a param or const of the plan")
+    return t
+
+
+def _check_value(plan, name, shape, dtype, where):
+    """Refuse a value of `shape` (the whole of a rank's part) and `dtype` for a tensor it does not fit."""
+    t = _valued(plan, name, where)
+    try:
+        part = _rank_shape(plan.training or {}, name, tuple(shape))
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as e:  # a training dict written by hand
+        raise PlanError(f"{where}: the plan's training facts do not say how {name!r} is split or sharded "
+                        f"({type(e).__name__}: {e})") from None
+    if part != tuple(t.shape) or dtype != numpy_dtype(t):
+        raise PlanError(f"{where}: {t.kind} {name!r} is {tuple(shape)} {dtype}, but the plan places it as "
+                        f"{tuple(t.shape)} {t.dtype}")
+
+
+def _stored(dtype, tensor):
+    """The dtype of a value .npz stored as `dtype`: its tensor's where .npz stored that as raw bytes of the
+    same size (bfloat16 as V2)."""
+    planned = numpy_dtype(tensor)
+    raw = dtype.kind == "V" and not dtype.fields and planned is not None and planned.kind == "V"
+    return planned if raw and planned.itemsize == dtype.itemsize else dtype
 
 
 def _restore(value, tensor):
-    """`value` in its tensor's dtype when .npz stored that dtype as raw bytes of the same size (bfloat16 as V2)."""
-    if tensor is None or value.dtype.kind != "V" or value.dtype.fields:
-        return value
-    dtype = _dtype(tensor)
-    return value.view(dtype) if dtype is not None and dtype.kind == "V" and dtype.itemsize == value.itemsize \
-        else value
+    """`value` in its tensor's dtype when .npz stored that dtype as raw bytes (see _stored)."""
+    dtype = value.dtype if tensor is None else _stored(value.dtype, tensor)
+    return value if dtype == value.dtype else value.view(dtype)
 
 
-def _digest(values):
+def document_digest(doc):
+    """A hash of every field of a plan's JSON document but its `digest`: its steps' ops, versions, tensors,
+    attributes and scratch, its tensors' places, and (through `values_digest`) its values."""
+    text = json.dumps({k: v for k, v in doc.items() if k != "digest"}, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _values_digest(values):
     """A hash of the values' names, shapes, dtypes and bytes: the plan records it to tie its .npz to it."""
     h = hashlib.blake2b(digest_size=16)
     for name in sorted(values):
@@ -347,164 +402,3 @@ def _rank_shape(training, name, shape):
         return tuple(shape)
     rule = Parallel(dp=facts["dp"], zero=facts["zero"], shard=facts.get("shard", "flat"))
     return (shard_size(math.prod(shape), rule.dp, rule.unit(shape)),)
-
-
-def _dtype(t):
-    """The NumPy dtype of a tensor, or None when its dtype names no numeric or bool dtype."""
-    try:
-        dtype = np.dtype(t.dtype)
-    except TypeError:
-        return None
-    return None if dtype.kind in "OSU" or dtype.fields or dtype.subdtype else dtype
-
-
-def _check_tensors(plan):
-    """Each tensor is filed under its name, has a known kind, role and dtype, no negative dimension or
-    size, and exactly the bytes its shape and dtype make."""
-    itemsizes = {}
-    for name, t in plan.tensors.items():
-        if t.name != name:
-            raise PlanError(f"tensor {t.name!r} is filed under the name {name!r}")
-        if t.kind not in KINDS or t.role not in ROLES:
-            bad, choices = ("kind", KINDS) if t.kind not in KINDS else ("role", ROLES)
-            raise PlanError(f"tensor {name!r}: {bad} {getattr(t, bad)!r} is not one of {choices}")
-        if t.dtype not in itemsizes:
-            dtype = _dtype(t)
-            if dtype is None:
-                raise PlanError(f"tensor {name!r}: dtype {t.dtype!r} is not a numeric or bool NumPy dtype")
-            itemsizes[t.dtype] = dtype.itemsize
-        if any(d < 0 for d in t.shape) or t.nbytes < 0:
-            raise PlanError(f"tensor {name!r}: shape {tuple(t.shape)} and nbytes {t.nbytes} must not be negative")
-        if t.nbytes != math.prod(t.shape) * itemsizes[t.dtype]:
-            raise PlanError(f"tensor {name!r}: nbytes {t.nbytes} differs from its shape {tuple(t.shape)} of "
-                            f"{t.dtype} ({math.prod(t.shape) * itemsizes[t.dtype]} bytes)")
-
-
-def _check_names(plan):
-    """The graph's inputs and outputs, and the tensors a training step names, all have a place."""
-    info = plan.training
-    named = [("graph input", n) for n in plan.inputs] + [("graph output", n) for n in plan.outputs]
-    if info:
-        keys = ("loss", "lr", "step") if info.get("loss") is not None else ("lr", "step")  # (an early pipeline stage)
-        named += [(f"training {key}", info.get(key)) for key in keys]
-        named += [("trained param", n) for n in info.get("params", ())]
-    for what, name in named:
-        if not isinstance(name, str) or name not in plan.tensors:
-            raise PlanError(f"{what} {reprlib.repr(name)} has no place in the plan")
-
-
-def _check_training(plan):
-    """A training step's info holds what the executor reads: a list of params and a numeric 'lr' argument."""
-    info = plan.training
-    if info and not isinstance(info.get("params", ()), (list, tuple)):
-        raise PlanError(f"training params must be a list of names, got {reprlib.repr(info['params'])}")
-    if info and not (isinstance(info.get("args"), dict) and isinstance(info["args"].get("lr"), (int, float))):
-        raise PlanError(f"training args {reprlib.repr(info.get('args'))} must give the learning rate 'lr' as a number")
-
-
-def _span(plan, t):
-    """The steps a tensor occupies its bytes: its lifetime, or every step and the return when persistent."""
-    return t.lifetime if t.lifetime is not None else (0, len(plan.steps))
-
-
-def _check_places(plan):
-    for t in plan.tensors.values():
-        if t.offset % ALIGNMENT:
-            raise PlanError(f"tensor {t.name!r}: offset {t.offset} is not a multiple of {ALIGNMENT}")
-        if t.offset < 0 or t.offset + t.nbytes > plan.arena_bytes:
-            raise PlanError(f"tensor {t.name!r}: bytes [{t.offset}, {t.offset + t.nbytes}) fall outside the "
-                            f"arena of {plan.arena_bytes} bytes")
-        if (t.lifetime is None) != (t.kind in PERSISTENT):
-            raise PlanError(f"tensor {t.name!r} ({t.kind}) has lifetime {t.lifetime}")
-        if t.lifetime is not None and not 0 <= t.lifetime[0] <= t.lifetime[1] <= len(plan.steps):
-            raise PlanError(f"tensor {t.name!r}: lifetime {tuple(t.lifetime)} is not within steps 0 to "
-                            f"{len(plan.steps)}")
-    base = plan.stats.get("persistent_bytes", 0)
-    if not _is_int(base) or not 0 <= base <= plan.arena_bytes:
-        raise PlanError(f"stats.persistent_bytes {base!r} must be an int within the arena of {plan.arena_bytes} bytes")
-
-
-def _groups(plan):
-    """Root tensor -> its alias group (the root first), checking every alias points at a root."""
-    groups = {}
-    for t in plan.tensors.values():
-        root = plan.tensors.get(t.alias_of) if t.alias_of else t
-        if root is None or root.alias_of:
-            raise PlanError(f"tensor {t.name!r} is an alias of {t.alias_of!r}, which is not a planned root tensor")
-        if t is not root and (t.offset != root.offset or t.nbytes > root.nbytes):
-            raise PlanError(f"tensor {t.name!r} lies outside the buffer of {root.name!r} that it aliases")
-        groups.setdefault(root.name, []).append(t)
-    return groups
-
-
-def _check_overlaps(plan):
-    """Sweep the steps; at each buffer's first step, compare its bytes with the buffers live then."""
-    buffers = []
-    for root, members in _groups(plan).items():
-        spans = [_span(plan, t) for t in members]
-        buffers.append((min(s for s, _ in spans), max(e for _, e in spans), root))
-    buffers.sort()
-    live, ends = [], []
-    for first, last, root in buffers:
-        while ends and ends[0][0] < first:
-            _, gone = heapq.heappop(ends)
-            live.pop(bisect.bisect_left(live, (plan.tensors[gone].offset, gone)))
-        t = plan.tensors[root]
-        if not t.nbytes:
-            continue
-        k = bisect.bisect_left(live, (t.offset, root))
-        for other in (live[k - 1:k] + live[k:k + 1]):
-            o = plan.tensors[other[1]]
-            if t.offset < o.offset + o.nbytes and o.offset < t.offset + t.nbytes:
-                raise PlanError(f"tensors {root!r} and {o.name!r} are live at the same step and overlap in the arena "
-                                f"([{t.offset}, {t.offset + t.nbytes}) and [{o.offset}, {o.offset + o.nbytes}))")
-        live.insert(k, (t.offset, root))
-        heapq.heappush(ends, (last, root))
-
-
-def _check_aliases(plan):
-    """A member written in place must find every earlier member of its buffer dead, a graph input or
-    const buffer never written, and a param or state only by its update, after its last reader."""
-    reads = {}
-    for k, step in enumerate(plan.steps):
-        for name in step.inputs:
-            t = plan.tensors.get(name)
-            reads[name] = k
-            if t is not None and t.view and t.alias_of:
-                reads[t.alias_of] = k
-    for root, members in _groups(plan).items():
-        kind = plan.tensors[root].kind
-        longest = None
-        for m in sorted(members, key=lambda t: _span(plan, t)):
-            first = _span(plan, m)[0]
-            if m.name != root and not m.view:
-                if m.role == "update" and kind in ("param", "state"):
-                    if reads.get(root, -1) > first:
-                        raise PlanError(f"update {m.name!r} overwrites {kind} {root!r} at step {first}, before its "
-                                        f"reader at step {reads[root]}")
-                    continue
-                if kind in ("input", "param", "const", "state"):
-                    raise PlanError(f"tensor {m.name!r} is written in place into {kind} {root!r}")
-                if longest is not None and _span(plan, longest)[0] < first < _span(plan, longest)[1]:
-                    what = "graph output" if longest.name in plan.outputs else "tensor"
-                    raise PlanError(f"tensor {m.name!r} is written in place at step {first} over {what} "
-                                    f"{longest.name!r}, which is still needed until step {_span(plan, longest)[1]}")
-            if longest is None or _span(plan, m)[1] > _span(plan, longest)[1]:
-                longest = m
-
-
-def _check_reads(plan):
-    for step_no, step in enumerate(plan.steps):
-        names = [*step.inputs, *step.outputs, *([step.workspace] if step.workspace else [])]
-        for name in filter(None, names):
-            t = plan.tensors.get(name)
-            if t is None:
-                raise PlanError(f"step {step_no} ({step.name!r}) uses {name!r}, which the plan does not place")
-            first, last = _span(plan, t)
-            if not first <= step_no <= last:
-                raise PlanError(f"step {step_no} ({step.name!r}) uses {name!r} outside its lifetime {t.lifetime}")
-        room = plan.tensors[step.workspace].nbytes if step.workspace else 0
-        for c in step.scratch:
-            if _dtype(c) is None or min(c.shape, default=0) < 0 or c.offset < 0 or c.offset + c.nbytes > room:
-                raise PlanError(f"step {step_no} ({step.name!r}): scratch {c.name!r} ({c.dtype}, bytes {c.offset} to "
-                                f"{c.offset + c.nbytes}) does not lie in its workspace of {room} bytes")

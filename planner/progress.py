@@ -12,6 +12,8 @@ class Progress:
         self.stream = stream or sys.stderr
         self.shown = self.stream.isatty()
         self.start = time.perf_counter()
+        self.width = 79
+        """The widest line shown, which each later one pads to so that it covers it."""
 
     def update(self, done=None, detail=""):
         if not self.shown:
@@ -19,12 +21,15 @@ class Progress:
         elapsed = time.perf_counter() - self.start
         count = "" if done is None else f" {done}" + ("" if self.total is None else f"/{self.total}")
         rate = f", {done / elapsed:.2f}/s" if done and elapsed > 0 else ""
-        line = f"\r{self.label}:{count} [{elapsed:.1f} s{rate}] {detail}"
-        print(f"{line:<79}", end="", file=self.stream, flush=True)
+        line = f"{self.label}:{count} [{elapsed:.1f} s{rate}] {detail}"
+        self.width = max(self.width, len(line))
+        print(f"\r{line:<{self.width}}", end="", file=self.stream, flush=True)
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, *exc):
+        """End the line; on Ctrl-C wipe it, so that the command's last word is its one line on the interrupt."""
         if self.shown:
-            print(file=self.stream, flush=True)
+            wipe = f"\r{'':<{self.width}}\r"
+            print(wipe if kind is KeyboardInterrupt else "\n", end="", file=self.stream, flush=True)

@@ -14,6 +14,7 @@ from .errors import ModelError, ShapeError, UnsupportedOpError, say
 from .ir import Tensor, check_size, op_name, validate
 from .onnx_types import check_types
 from .ops import Info
+from .ops.control_flow import check_unrolled
 from .ops.detection import LENGTH
 
 FOLD_LIMIT = 1 << 16
@@ -44,6 +45,7 @@ def _infer(graph, input_shapes, previous=None):
     infos, dims = _bind_inputs(graph, input_shapes)
     tensors = dict(graph.tensors)
     nodes, folded, changed, missing, unread, lengths = [], {}, set(), [], [], []
+    unrolled = 0  # nodes control flow added so far
     kept = {*graph.outputs, *(new for new, _ in graph.updates)}
     earlier = {}
     if previous is not None:  # its nodes by name; params and state the rewrite retyped (ZeRO-3's shards)
@@ -67,7 +69,8 @@ def _infer(graph, input_shapes, previous=None):
             outs = [(v.shape, v.dtype) if v is not None else None for v in values]
         else:
             if getattr(schema, "expand", None):
-                inlined, made = _expanded(schema, node, infos, graph.opsets)
+                inlined, made = _expanded(schema, node, infos, graph.opsets, unrolled)
+                unrolled += len(inlined)
                 tensors.update(made)
                 infos.update((t.name, _source_info(t)) for t in made.values() if t.kind in ("param", "const"))
                 todo.extendleft(reversed(inlined))
@@ -143,10 +146,13 @@ def _typed(schema, node, graph, tensors, infos):
     return node, outs, values
 
 
-def _expanded(schema, node, infos, opsets):
-    """The nodes and new tensors that replace a control-flow node, its errors named by the node."""
+def _expanded(schema, node, infos, opsets, unrolled):
+    """The nodes and new tensors that replace a control-flow node, its errors named by the node; refused when
+    they would take the nodes control flow added (`unrolled` before it) past the bound."""
     try:
-        return schema.expand(node, [infos[i] if i else None for i in node.inputs], opsets)
+        nodes, made = schema.expand(node, [infos[i] if i else None for i in node.inputs], opsets)
+        check_unrolled(unrolled + len(nodes))
+        return nodes, made
     except ShapeError as e:
         raise ShapeError(f"node {node.name!r} ({op_name(node.domain, node.op)}): {e}") from None
 

@@ -150,8 +150,8 @@ def training_mode(graph):
                 lse = f"{node.outputs[0]}/lse"
                 tensors[lse] = Tensor(lse, None, None, "activation")
                 node = replace(node, outputs=(node.outputs[0], lse))
-            if node.attrs.get("dropout") and len(node.inputs) < 5:
-                node = replace(node, inputs=(*node.inputs, "", "")[:4] + (STEP,),
+            if node.attrs.get("dropout") and (len(node.inputs) < 6 or not node.inputs[5]):
+                node = replace(node, inputs=(*(*node.inputs, "", "")[:5], STEP, *node.inputs[6:]),
                                attrs={"seed": len(nodes), **node.attrs})
         elif node.op == "Dropout" and ops.get("Dropout").attr(node, "ratio"):
             mask = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] else f"{node.outputs[0]}/mask"

@@ -10,11 +10,12 @@ from .ops import Info
 
 def layouts(graph, steps, limit):
     """{node name: workspace Layout} for the nodes of `steps` whose op needs scratch, each of at most
-    `limit` bytes (see the op's `workspace` for the one exception)."""
+    `limit` bytes (see the op's `workspace` for the one exception). A layout of empty slices (scratch
+    shaped by a dim of 0) is kept: it takes no bytes, but its kernel still finds its slices."""
     asked = {}
     for node in steps:
         layout = ops.of(node, graph.opsets).workspace(node, *infos(graph, node), limit)
-        if layout.nbytes > 0:
+        if layout.nbytes > 0 or layout.slices:
             asked[node.name] = layout
     return asked
 

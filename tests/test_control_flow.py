@@ -1,11 +1,15 @@
-"""If, Loop and Scan planned statically (their subgraphs inlined), and ops that fold away before support
-is checked: each model runs like onnxruntime, or is refused with the reason."""
+"""If, Loop and Scan planned statically (their subgraphs inlined), within a bound on what unrolling adds, and
+ops that fold away before support is checked: each model runs like onnxruntime, or is refused with the reason."""
+import re
+
 import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T, helper, numpy_helper
 
 import planner
+from isolation import isolated
+from planner.ops import control_flow
 from zoo_cases import run_on
 
 F = T.FLOAT
@@ -145,3 +149,64 @@ def test_an_op_refused_by_design_says_why():
     with pytest.raises(planner.UnsupportedOpError, match=r"NonZero \(x1\); NonZero: the length of its output depends "
                                                          r"on the input's values"):
         planner.compile(nonzero_model("x"))
+
+
+def nested_loops(outer, inner, inner_from_outer=False):
+    """y = x + outer * inner by a Loop of `outer` iterations around a Loop of `inner` adding one each time;
+    with `inner_from_outer`, the inner trip count is the outer iteration plus `inner`, so known only as each
+    outer iteration is unrolled."""
+    add_one = helper.make_graph([helper.make_node("Add", ["a", "one"], ["a2"]),
+                                 helper.make_node("Identity", ["c"], ["c2"])],
+                                "inner", [value("j", T.INT64, []), value("c", T.BOOL, []), value("a", F, [1])],
+                                [value("c2", T.BOOL, []), value("a2", F, [1])])
+    count = ([const("k", np.int64(inner)), helper.make_node("Add", ["i", "k"], ["m"])] if inner_from_outer
+             else [const("m", np.int64(inner))])
+    body = helper.make_graph([*count, helper.make_node("Loop", ["m", "", "b"], ["b2"], body=add_one),
+                              helper.make_node("Identity", ["c"], ["c2"])],
+                             "outer", [value("i", T.INT64, []), value("c", T.BOOL, []), value("b", F, [1])],
+                             [value("c2", T.BOOL, []), value("b2", F, [1])])
+    nodes = [const("one", np.ones(1, np.float32)), const("n", np.int64(outer)),
+             helper.make_node("Loop", ["n", "", "x"], ["y"], body=body, name="outer")]
+    return model(nodes, [value("x", F, [1])], [value("y")])
+
+
+def scan_of_loops(length, inner):
+    """A Scan over the `length` rows of x whose body adds one `inner` times (a Loop) to its state."""
+    loop_body = nested_loops(1, inner).graph.node[2].attribute[0].g
+    body = helper.make_graph(list(loop_body.node[:-1]), "scan", [value("b", F, [1]), value("row", F, [1])],
+                             [value("b2", F, [1])])
+    nodes = [const("one", np.ones(1, np.float32)),
+             helper.make_node("Scan", ["x0", "x"], ["y"], body=body, num_scan_inputs=1, name="scan")]
+    return model(nodes, [value("x0", F, [1]), value("x", F, [length, 1])], [value("y")])
+
+
+def test_nested_loops_within_the_bound_plan_and_run(backend):
+    plan = runs_like_onnxruntime(backend, nested_loops(3, 4), {"x": np.zeros(1, np.float32)})
+    assert sum(s.op == "Add" for s in plan.steps) == 12
+    feeds = {"x0": np.zeros(1, np.float32), "x": np.ones((3, 1), np.float32)}
+    runs_like_onnxruntime(backend, scan_of_loops(3, 2), feeds)
+
+
+def planned_steps(m):
+    return len(planner.compile(m).steps)
+
+
+@pytest.mark.parametrize("m,pattern", [
+    (nested_loops(1024, 1024), r"node 'outer' \(Loop\): unrolling it \(1,024 iterations of a body of 2,050 nodes, "
+                               r"nested Loops and Scans multiplied\) makes at least 2,099,200 nodes, more than the "
+                               r"65,536 memplan unrolls \(planner.ops.control_flow.MAX_UNROLLED\)"),
+    (nested_loops(2000, 1), r"node 'outer' \(Loop\): it runs 2,000 iterations, more than the 1024 memplan unrolls"),
+    (scan_of_loops(1000, 1000), r"node 'scan' \(Scan\): unrolling it \(1,000 iterations of a body of 2,001 nodes"),
+])
+def test_nested_loops_past_the_bound_are_refused_before_any_copy(m, pattern):
+    # Unrolled, the first would add two million nodes and plan for many minutes (the child's time cap is 60 s).
+    kind, detail = isolated(planned_steps, m)
+    assert kind == "error" and detail.startswith("ShapeError: ") and re.search(pattern, detail), detail
+
+
+def test_loops_whose_counts_are_known_late_are_counted_as_they_unroll(monkeypatch):
+    monkeypatch.setattr(control_flow, "MAX_UNROLLED", 300)
+    planner.compile(nested_loops(4, 10, inner_from_outer=True))  # 10 + 11 + 12 + 13 inner iterations: within it
+    with pytest.raises(planner.ShapeError, match=r"node 'outer/\d+/Loop_\d' \(Loop\): unrolling the model's control "
+                                                 r"flow makes 30\d nodes, more than the 300 memplan unrolls"):
+        planner.compile(nested_loops(16, 10, inner_from_outer=True))

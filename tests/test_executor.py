@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import planner
-from executor import BusyError, Executor, FeedError, random_feeds
-from executor.backends import cupy_backend, numpy_backend
+from executor import BusyError, Executor, FeedError, OutOfMemoryError, random_feeds
+from executor.backends import cupy_backend, memory, numpy_backend
 from planner import Config
 from planner.compiler import STRATEGIES
 from zoo_cases import CASES, assert_program_allocates_nothing, input_shapes, reference, rel_l2, small_model
@@ -218,23 +218,22 @@ def test_one_executor_per_thread_is_right():
     assert len(errors) == 40 and max(errors) < 1e-5
 
 
-def test_host_memory_is_what_the_system_reports():
-    free = numpy_backend.free_bytes()
-    assert 0 < free <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+def test_host_memory_is_the_tightest_limit_the_system_reports():
+    free, where = numpy_backend.room()
+    assert 0 < free <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") and where.startswith("available ")
 
 
 def test_host_memory_falls_back_to_sysconf_then_unknown(monkeypatch):
-    def no_meminfo(*args, **kw):
-        raise OSError("no /proc")
-
-    monkeypatch.setattr(numpy_backend, "open", no_meminfo, raising=False)
-    assert numpy_backend.free_bytes() == os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    monkeypatch.setattr(memory, "_fields", lambda path: {})
+    for name in ("_committable", "_cgroup", "_rlimit"):
+        monkeypatch.setattr(memory, name, lambda *args: None)
+    assert numpy_backend.room() == (os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "available on the host")
 
     def no_sysconf(name):
         raise ValueError(name)
 
-    monkeypatch.setattr(numpy_backend.os, "sysconf", no_sysconf)
-    assert numpy_backend.free_bytes() is None
+    monkeypatch.setattr(memory.os, "sysconf", no_sysconf)
+    assert numpy_backend.room() is None
     plan = planner.compile(small_model("mlp"), input_shapes(small_model("mlp"), BATCH))
     Executor(plan, backend="numpy")
 
@@ -242,23 +241,29 @@ def test_host_memory_falls_back_to_sysconf_then_unknown(monkeypatch):
 def test_an_arena_larger_than_the_host_fails_before_allocating(monkeypatch):
     plan = planner.compile(small_model("mlp"), input_shapes(small_model("mlp"), BATCH))
     huge = replace(plan, arena_bytes=2**60)
-    with pytest.raises(planner.MemplanError, match=r"not enough memory for the arena: 1.00 EiB "
-                                                   r"\(1,152,921,504,606,846,976 bytes\) needed, .* available on the "
-                                                   r"host; use a smaller batch$"):
+    with pytest.raises(OutOfMemoryError, match=r"not enough memory for the arena: 1.00 EiB "
+                                               r"\(1,152,921,504,606,846,976 bytes\) needed, .* available .*; use a "
+                                               r"smaller batch$"):
         Executor(huge, backend="numpy")
-    monkeypatch.setattr(numpy_backend, "free_bytes", lambda: plan.arena_bytes - 1)
-    with pytest.raises(planner.MemplanError, match=rf"\({plan.arena_bytes:,} bytes\) needed, .* "
-                                                   rf"\({plan.arena_bytes - 1:,} bytes\) available on the host"):
+    outputs = sum(plan.tensors[n].nbytes for n in plan.outputs)
+    monkeypatch.setattr(numpy_backend, "room", lambda config=None: (plan.arena_bytes - 1, "available on the host"))
+    with pytest.raises(OutOfMemoryError, match=rf"\({plan.arena_bytes:,} bytes\) needed, .* "
+                                               rf"\({plan.arena_bytes - 1:,} bytes\) available on the host"):
         Executor(plan, backend="numpy")
-    monkeypatch.setattr(numpy_backend, "free_bytes", lambda: plan.arena_bytes)
+    monkeypatch.setattr(numpy_backend, "room", lambda config=None: (plan.arena_bytes, "available on the host"))
+    with pytest.raises(OutOfMemoryError, match=r"for the arena \(.*\) and the copies of the outputs a run returns "
+                                               rf"\(.*\): .* \({plan.arena_bytes + outputs:,} bytes\) needed"):
+        Executor(plan, backend="numpy")
+    enough = plan.arena_bytes + outputs
+    monkeypatch.setattr(numpy_backend, "room", lambda config=None: (enough, "available on the host"))
     Executor(plan, backend="numpy")
 
 
 def test_the_device_keeps_its_pool_reserve(monkeypatch):
     monkeypatch.setattr(cupy_backend, "free_bytes", lambda: 1000)
     cupy_backend.check_room(950, "the arena", Config())
-    with pytest.raises(planner.MemplanError, match=r"\(951 bytes\) needed, .* \(950 bytes\) usable on the device "
-                                                   r"\(1,000 free less MXNET_GPU_MEM_POOL_RESERVE=5%\)"):
+    with pytest.raises(OutOfMemoryError, match=r"\(951 bytes\) needed, .* \(950 bytes\) usable on the device "
+                                               r"\(1,000 free less MXNET_GPU_MEM_POOL_RESERVE=5%\)"):
         cupy_backend.check_room(951, "the arena", Config())
 
 
@@ -303,8 +308,8 @@ def test_random_feeds_never_draw_float64_for_float32():
 
 def test_random_feeds_that_cannot_fit_are_refused(monkeypatch):
     plan = planner.compile("zoo:mlp", {"input": (2, 784)})
-    monkeypatch.setattr(numpy_backend, "free_bytes", lambda: 1000)
-    with pytest.raises(planner.MemplanError, match=r"not enough memory for random feeds of the inputs input: "
+    monkeypatch.setattr(numpy_backend, "room", lambda config=None: (1000, "available on the host"))
+    with pytest.raises(OutOfMemoryError, match=r"not enough memory for random feeds of the inputs input: "
                                                    r".*\(6,272 bytes\) needed, .*\(1,000 bytes\) available on the "
                                                    "host; use a smaller batch"):
         random_feeds(plan)

@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import planner
 from executor import Executor, FeedError
+from pass_properties import assert_same, onnxruntime
 from zoo_cases import feeds, input_shapes, small_model
 
 RNG = np.random.default_rng(7)
@@ -91,3 +92,28 @@ def test_zoo_networks_fold_every_batchnorm_with_the_same_outputs(case):
     outs = [Executor(p, backend="numpy", poison=True).run(inputs) for p in plans]
     for name in outs[1]:
         np.testing.assert_allclose(outs[0][name], outs[1][name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("change, epsilon, folds", [
+    ({"var": 0.0}, 0.0, False), ({"var": -0.5}, 1e-5, False), ({"var": -1e-3}, 1e-3, False),
+    ({"s": 3e38, "var": 0.01, "mean": 0.0}, 0.0, False), ({"mean": np.inf}, 1e-3, False),
+    ({"beta": np.nan}, 1e-3, False), ({"var": np.inf}, 1e-3, False),
+    ({"var": 1e-12}, 0.0, True), ({"s": 0.0}, 0.0, True), ({"s": -1.5}, 0.0, True)])
+def test_odd_statistics_fold_only_where_the_results_stay_ieee(change, epsilon, folds):
+    """Epsilon 0 and a variance 0 (or one epsilon cancels), a variance below 0, statistics that are not finite,
+    a scale over the variance's root past float32's range: the unfolded op's infinities and NaNs, where
+    onnxruntime has them (the BatchNormalization stays); a tiny variance, a scale 0 or below folds. The feeds
+    hold NaN and both infinities."""
+    model = conv_bn(bias=False, epsilon=epsilon)
+    for init in model.graph.initializer:
+        if init.name in change:
+            array = numpy_helper.to_array(init).copy()
+            array[3] = change[init.name]
+            init.CopyFrom(numpy_helper.from_array(array, init.name))
+    x = RNG.standard_normal((2, 4, 9, 9)).astype(np.float32)
+    x[0, 1, 2, 3], x[1, 2, 5, 5], x[1, 0, 0, 8] = np.nan, np.inf, -np.inf
+    plans = [planner.compile(model, {"x": x.shape}, fold_batchnorm=f) for f in (True, False)]
+    assert ("BatchNormalization" not in [s.op for s in plans[0].steps]) == folds
+    want = onnxruntime(model, {"x": x})["y"]
+    for plan in plans:
+        assert_same(Executor(plan, backend="numpy").run({"x": x})["y"], want, atol=1e-4, scaled=True)

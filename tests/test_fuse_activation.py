@@ -14,6 +14,7 @@ from planner import ops, passes
 from planner.autodiff import backward
 from planner.errors import ShapeError
 from planner.ops import Info
+from pass_properties import JITS, assert_same, onnxruntime
 from test_autodiff import numeric_gradient
 from test_fused_attention import cut
 from test_no_hidden_allocations import BOUND, allocations
@@ -332,3 +333,20 @@ def test_the_float32_normal_cdf_follows_scipys(bound, rtol):
     normal_cdf(np, x, out, spare)
     want = ndtr(x.astype(np.float64))
     assert out[50_000] == 0.5 and np.all(np.abs(out - want) <= rtol * want)
+
+
+@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("name", ["gelu_new", "erf gelu", "silu", "quick gelu", "onnx gelu", "relu", "sigmoid", "tanh"])
+def test_nan_infinities_and_huge_values_keep_their_results(name, jit):
+    """Rows of x W + b that are NaN, +-inf or +-1e30 (an input row holding one): the fused op, NumPy's and the
+    compiled one (whose arithmetic may not take NaN or inf for anything: Sigmoid(NaN) was 0 there, Gelu(inf)
+    NaN), gives onnxruntime's results, as the pieces do."""
+    x = RNG.standard_normal((2, 5, H)).astype(np.float32)
+    x[0, :, 0] = [np.nan, np.inf, -np.inf, 1e30, -1e30]
+    x[1, 1, 3] = 1e-40
+    m = form_model(name)
+    plans = [planner.compile(m, {"input": x.shape}, fuse_activation=f) for f in (True, False)]
+    assert plans[0].stats["fused_activation"] == 1
+    want = onnxruntime(m, {"input": x})["y"]
+    for plan in plans:
+        assert_same(Executor(plan, backend="numpy", jit=jit).run({"input": x})["y"], want)

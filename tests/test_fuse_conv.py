@@ -7,6 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import planner
 from executor import Executor
+from pass_properties import JITS, assert_same, onnxruntime
 from zoo_cases import reference
 
 RNG = np.random.default_rng(5)
@@ -103,3 +104,60 @@ def test_zoo_networks_fuse_with_onnxruntimes_outputs(case):
     got = Executor(plan, backend="numpy", poison=True).run(inputs)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+def salted():
+    """x with NaN, both infinities and a huge value, for the outputs whose windows hold them."""
+    x = np.random.default_rng(0).standard_normal(X, dtype=np.float32)
+    x[0, 1, 2, 3], x[0, 3, 7, 7], x[1, 0, 4, 4], x[1, 2, 0, 8] = np.nan, np.inf, -np.inf, 1e30
+    return x
+
+
+@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("form", FORMS)
+def test_nan_and_infinities_reach_the_outputs_they_reach_unfused(form, jit):
+    """NaN, inf and huge values in X: the FusedConv's epilogue, NumPy's and the compiled one (whose arithmetic
+    may not take NaN or inf for anything: Sigmoid(NaN) was 0 there), gives onnxruntime's results."""
+    m, x = conv_then(*FORMS[form]), salted()
+    plans = [planner.compile(m, {"x": X}, fuse_conv=f) for f in (True, False)]
+    assert [s.op for s in plans[0].steps] == ["FusedConv"]
+    want = onnxruntime(m, {"x": x})["y"]
+    for plan in plans:
+        assert_same(Executor(plan, backend="numpy", jit=jit).run({"x": x})["y"], want, scaled=True)
+
+
+@pytest.mark.parametrize("after, inits", [
+    ([helper.make_node("Add", ["c", "c"], ["y"])], {}),
+    ([helper.make_node("Add", ["c", "c"], ["s"]), helper.make_node("Relu", ["s"], ["y"])], {}),
+    ([helper.make_node("Clip", ["c", "nan", "high"], ["y"])], {"nan": np.array(np.nan)}),
+    ([helper.make_node("HardSigmoid", ["c"], ["y"], alpha=float("nan"))], {})])
+def test_what_the_fused_conv_cannot_compute_stays(after, inits):
+    """An Add of the convolution to itself (Z would be the output the FusedConv drops), a Clip of a NaN bound
+    (which onnxruntime's ignores), a HardSigmoid of a NaN alpha: no FusedConv, the results as unfused."""
+    m = conv_then(*after)
+    m.graph.initializer.extend(numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items())
+    x = salted()
+    plans = [planner.compile(m, {"x": X}, fuse_conv=f) for f in (True, False)]
+    assert "FusedConv" not in {s.op for s in plans[0].steps}
+    got, want = (Executor(p, backend="numpy").run({"x": x})["y"] for p in plans)
+    assert_same(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("kernel, pads", [(3, 1), (5, 2), (5, 1)])
+def test_a_depthwise_conv_keeps_nan_and_infinities_in_their_rows(kernel, pads, jit):
+    """A stride-1 depthwise FusedConv as wide as its input, NaN and infinities at the rows' ends: the compiled
+    kernel's flat loop over the plane reads the next row's values for the edge columns, and its outputs there
+    are those of their own windows, as onnxruntime's."""
+    x = np.random.default_rng(1).standard_normal((2, 6, 7, 13), dtype=np.float32)
+    x[0, 1, 3, 0], x[0, 2, 4, 12], x[1, 4, 2, 12], x[1, 5, 5, 0] = np.inf, np.nan, -np.inf, 1e30
+    w = RNG.standard_normal((6, 1, kernel, kernel)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], group=6, pads=[pads] * 4), helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "depthwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    plan = planner.compile(m, {"x": x.shape})
+    assert [s.op for s in plan.steps] == ["FusedConv"]
+    assert_same(Executor(plan, backend="numpy", jit=jit).run({"x": x})["y"], onnxruntime(m, {"x": x})["y"],
+                scaled=True)

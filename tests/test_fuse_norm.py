@@ -11,6 +11,7 @@ from planner import ops
 from planner.autodiff import backward
 from planner.config import Config
 from planner.ops import Info
+from pass_properties import assert_same, onnxruntime
 from test_autodiff import numeric_gradient
 from test_fused_attention import cut
 from test_no_hidden_allocations import BOUND, allocations
@@ -359,3 +360,53 @@ def test_torch_forms_match_the_kernels(rms):
     dx, dscale, dbias = _grad(dy, outs[1], w, rms=rms)
     for got, want in zip(grads, (dx + dsum, dscale, dbias)):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("form", ["ln_pow_div", "rms_mul_div", "ln_node"])
+@pytest.mark.parametrize("eps", [np.nan, np.inf, -1e-5])
+def test_an_epsilon_the_fused_op_does_not_take_keeps_the_norm(form, eps):
+    """An epsilon that is NaN, infinite or below 0 (the fused op takes a finite one >= 0): no fused op, no
+    error, and onnxruntime's results, NaN where it has them."""
+    model, feeds = pieces_model(form, eps=eps)
+    plan, fused, plain = with_and_without(model, feeds)
+    assert plan.stats["fused_norm"] == 0
+    for got in (fused, plain):
+        assert_same(got["y"], onnxruntime(model, feeds)["y"])
+
+
+def test_a_numerator_centred_by_another_mean_is_no_norm():
+    """x - mean(x) over the last axis squared for the variance, x - mean(x) over the last two in the numerator:
+    two Subs the pattern's one centring Op would both match, were an Op not held to one node."""
+    node = helper.make_node
+    nodes = [node("ReduceMean", ["x"], ["m"], axes=[-1]), node("Sub", ["x", "m"], ["d"]),
+             node("ReduceMean", ["x"], ["m2"], axes=[-2, -1]), node("Sub", ["x", "m2"], ["d2"]),
+             node("Mul", ["d", "d"], ["sq"]), node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+             node("Add", ["var", "eps"], ["v"]), node("Sqrt", ["v"], ["sd"]), node("Div", ["d2", "sd"], ["xh"]),
+             node("Mul", ["xh", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "two means", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (3, 4, 16))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.float32(1e-5), "eps"),
+                               numpy_helper.from_array(RNG.standard_normal(16).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": RNG.standard_normal((3, 4, 16)).astype(np.float32)}
+    plan, fused, plain = with_and_without(model, feeds)
+    assert plan.stats["fused_norm"] == 0
+    np.testing.assert_array_equal(fused["y"], plain["y"])
+    like_onnxruntime(model, feeds, fused)
+
+
+def test_a_weight_that_is_the_normalised_rows_is_no_norm():
+    """x^ * x^ over a vector: the weight variable would bind x^, which the fused op's rewrite drops."""
+    node = helper.make_node
+    nodes = [node("ReduceMean", ["x"], ["m"], axes=[-1]), node("Sub", ["x", "m"], ["d"]),
+             node("Mul", ["d", "d"], ["sq"]), node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+             node("Add", ["var", "eps"], ["v"]),
+             node("Sqrt", ["v"], ["sd"]), node("Div", ["d", "sd"], ["xh"]), node("Mul", ["xh", "xh"], ["y"])]
+    graph = helper.make_graph(nodes, "squared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (16,))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.float32(1e-5), "eps")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": RNG.standard_normal(16).astype(np.float32)}
+    plan, fused, _ = with_and_without(model, feeds)
+    assert plan.stats["fused_norm"] == 0
+    like_onnxruntime(model, feeds, fused)

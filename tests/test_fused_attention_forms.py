@@ -69,7 +69,7 @@ def run(feeds, config=None, backend="numpy", step=None, **attrs):
     m = sdpa_model(shapes["q"], shapes["k"], shapes["v"], shapes.get("bias"), lse=True, **attrs)
     if step is not None:
         node = m.graph.node[0]
-        node.input[:] = [*node.input[:3], node.input[3] if shapes.get("bias") else "", "step"]
+        node.input[:] = [*node.input[:3], node.input[3] if shapes.get("bias") else "", "", "step"]
         m.graph.input.append(helper.make_tensor_value_info("step", TensorProto.DOUBLE, ()))
     got = run_on(backend, planner.compile(m, config=config),
                  {**dict(zip(names, feeds)), **({"step": np.array(step)} if step is not None else {})})
@@ -130,7 +130,7 @@ def test_dropout_draws_memplan_dropouts_mask(config, backend):
 
 def test_dropout_without_its_step_is_a_shape_error():
     m = sdpa_model(((1, 2, 4, 3), np.float32), ((1, 2, 4, 3), np.float32), ((1, 2, 4, 3), np.float32), dropout=0.1)
-    with pytest.raises(planner.ShapeError, match="dropout needs input 4, the step"):
+    with pytest.raises(planner.ShapeError, match="dropout needs input 5, the step"):
         planner.load(m)
 
 
@@ -151,7 +151,7 @@ GRAD_FORMS = {**FORMS, "dropout": dict(causal=1, dropout=0.25, seed=3)}
 def grad_model(attrs, biased):
     """y = sum(w * SDPA(x, k, v[, bias][, step])) over the input x (Q) and params K, V, bias, float64."""
     b, h, hkv, s, t, d, dv = 1, 4, 2, 5, 7, 3, 2
-    inputs = ["x", "k", "v", "bias" if biased else ""] + (["step"] if attrs.get("dropout") else [])
+    inputs = ["x", "k", "v", "bias" if biased else ""] + (["", "step"] if attrs.get("dropout") else [])
     node = helper.make_node("ScaledDotProductAttention", inputs, ["a"], domain="memplan", **attrs)
     weight = helper.make_node("Mul", ["a", "w"], ["y"])
     params = {"k": RNG.standard_normal((b, hkv, t, d)), "v": RNG.standard_normal((b, hkv, t, dv)),
@@ -186,7 +186,7 @@ def test_torch_form_matches(form):
     m = sdpa_model(*[(x.shape, x.dtype) for x in feeds], lse=True, **attrs)
     names = ["q", "k", "v", "bias"]
     if attrs.get("dropout"):
-        m.graph.node[0].input.append("step")
+        m.graph.node[0].input.extend(["", "step"])
         m.graph.input.append(helper.make_tensor_value_info("step", TensorProto.DOUBLE, ()))
         feeds, names = [*feeds, np.array(1.0)], [*names, "step"]
     with torch.no_grad():
@@ -213,7 +213,7 @@ def with_relative(bias, rows, rows_index, cols, cols_index):
 
 def relative_model(shapes, terms, **attrs):
     """SDPA over inputs q, k, v, rows, cols (float64) with the two indices as initializers; outputs y, lse."""
-    node = helper.make_node("ScaledDotProductAttention", ["q", "k", "v", "", "", "rows", "ri", "cols", "ci"],
+    node = helper.make_node("ScaledDotProductAttention", ["q", "k", "v", "", "", "", "rows", "ri", "cols", "ci"],
                             ["y", "lse"], domain="memplan", **attrs)
     inputs = [helper.make_tensor_value_info(n, TensorProto.DOUBLE, s) for n, s in
               zip(["q", "k", "v", "rows", "cols"], [*shapes, terms[0].shape, terms[2].shape])]
@@ -239,7 +239,7 @@ def test_relative_position_gradients_match_finite_differences():
     """dRows and dCols (scattered from dS) and dQ against central differences, in small tiles."""
     b, h, s, t, d = 1, 2, 5, 7, 3
     terms = relative_terms(b, h, s, t, (4, 3))
-    node = helper.make_node("ScaledDotProductAttention", ["x", "k", "v", "", "", "rows", "ri", "cols", "ci"], ["a"],
+    node = helper.make_node("ScaledDotProductAttention", ["x", "k", "v", "", "", "", "rows", "ri", "cols", "ci"], ["a"],
                             domain="memplan", causal=1, fill=-3.0)
     weight = helper.make_node("Mul", ["a", "w"], ["y"])
     params = {"k": RNG.standard_normal((b, h, t, d)), "v": RNG.standard_normal((b, h, t, 2)),

@@ -1,6 +1,8 @@
 """Small hostile models, each seen to crash, exhaust memory or plan silently wrong before: each now
 plans within a memory cap and a time cap, or fails with one MemplanError that names the node. The
-invalid ones are also refused by onnxruntime, the oracle for what a valid model is."""
+invalid ones are also refused by onnxruntime, the oracle for what a valid model is. Valid ones that
+describe absurd sizes plan without making what they describe, or are refused where planning would have to
+build a constant past planner.ops.base.CONST_LIMIT or unroll past control_flow.MAX_UNROLLED."""
 import re
 
 import numpy as np
@@ -41,6 +43,10 @@ PLANNED = {  # name: (model, bytes of its output y); planning must not allocate 
                                       2**42),
     "Tile 2**30 times": (model([("Tile", ["c", "r"], ["y"], {})], inits={"c": np.ones(4, np.float32),
                                                                          "r": i64(2**30)}), 2**34),
+    "HannWindow of 2**40": (model([("HannWindow", ["n"], ["y"], {})], inits={"n": i64(2**40)}), 2**42),
+    "MelWeightMatrix of 2**20 bins": (model([("MelWeightMatrix", ["a", "b", "c", "d", "e"], ["y"], {})], inits={
+        "a": i64(2**20), "b": i64(2**20), "c": i64(16000), "d": np.float32(0), "e": np.float32(8000)}),
+        (2**19 + 1) * 2**20 * 4),
 }
 
 REFUSED = {  # name: (model, error class, message pattern)
@@ -81,6 +87,29 @@ REFUSED = {  # name: (model, error class, message pattern)
                              "ShapeError", r"Mod on floats needs fmod=1 before opset 28"),
     "Add of float32 and int64": (model([("Add", ["x", "k"], ["y"], {})], {"x": [2]}, {"k": i64(1, 2)}),
                                  "ShapeError", r"inputs 'x' \(float32\) and 'k' \(int64\) must have one dtype"),
+    "DFT of length 2**40": (model([("DFT", ["x", "n"], ["y"], {"axis": 1})], {"x": [1, 8, 2]}, {"n": i64(2**40)}),
+                            "ShapeError", r"node 'DFT_0' \(DFT\): its DFT matrix would hold 35,184,372,088,832 "
+                                          r"elements \(16, 2199023255552\), more than the 16,777,216 memplan builds"),
+    "STFT of frames of 2**20": (model([("STFT", ["x", "s", "", "l"], ["y"], {})], {"x": [1, 2**21, 1]},
+                                      {"s": i64(1), "l": i64(2**20)}),
+                                "ShapeError", r"node 'STFT_0' \(STFT\): the indices of its frames would hold "
+                                              r"1,099,512,676,352 elements \(1048577, 1048576\)"),
+    "AffineGrid of 2**15 x 2**15": (model([("AffineGrid", ["t", "s"], ["y"], {})], {"t": [1, 2, 3]},
+                                          {"s": i64(1, 1, 2**15, 2**15)}, opset=20),
+                                    "ShapeError", r"\(AffineGrid\): its grid of coordinates would hold 3,221,225,472"),
+    "Resize of one axis to 2**39": (model([("Resize", ["x", "", "s"], ["y"], {"mode": "linear"})], {"x": [1, 1, 1, 2]},
+                                          {"s": np.array([1, 1, 1, 2.0**38], np.float32)}),
+                                    "ShapeError", r"\(Resize\): the table of its pass along axis 3 would hold "
+                                                  r"1,099,511,627,776 elements \(2, 549755813888\)"),
+    "LpPool of a 2**13 x 2**13 kernel": (model([("LpPool", ["x"], ["y"], {"kernel_shape": [2**13, 2**13]})],
+                                               {"x": [1, 1, 2**13, 2**13]}),
+                                         "ShapeError", r"\(LpPool\): its kernel of ones would hold 67,108,864"),
+    "LinearAttention over 2**30 steps": (
+        model([("LinearAttention", ["q", "q", "q"], ["y", "state"], {"q_num_heads": 1, "kv_num_heads": 1,
+                                                                      "update_rule": "linear"})],
+              {"q": [1, 2**30, 2]}, opset=27, outputs=("y", "state")),
+        "ShapeError", r"\(LinearAttention\): unrolling it over 1,073,741,824 time steps makes at least 1,073,741,824 "
+                      r"nodes, more than the 65,536 memplan unrolls"),
     "a constant Gather index out of range": (
         model([("Gather", ["x", "i"], ["y"], {})], {"x": [4, 2]}, {"i": i64(7)}),
         "ShapeError", r"\(Gather\): index 7 is out of range for a dimension of size 4 \(indices go from -4 to 3\)"),
@@ -113,6 +142,46 @@ def test_onnxruntime_refuses_them_too(name):
     with pytest.raises(Exception):
         session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
         session.run(None, {i.name: np.ones(i.shape, np.float32) for i in session.get_inputs()})
+
+
+W2 = {"w": np.ones(2, np.float32)}
+XW = ("Mul", ["x", "w"], ["xw"], {})  # x times a weight, for training to differentiate
+LSTM = {"W": np.ones((1, 8, 2), np.float32), "R": np.ones((1, 8, 2), np.float32)}
+
+TRAINED = {  # name: (model, error class or None where it plans, message pattern); planned with training=True
+    "CumProd over 2**20": (model([XW, ("CumProd", ["xw", "a"], ["y"], {})], {"x": [2**20, 2]}, {**W2, "a": i64(0)},
+                                 opset=26),
+                           "ShapeError", r"node 'CumProd_1' \(CumProd\): its gradient's triangle mask would hold "
+                                         r"1,099,511,627,776 elements"),
+    "Det of 2**10 x 2**10": (model([XW, ("Det", ["xw"], ["y"], {})], {"x": [2**10, 2**10]},
+                                   {"w": np.ones(2**10, np.float32)}),
+                             "ShapeError", r"\(Det\): the indices of its gradient's minors would hold "
+                                           r"1,097,365,192,704 elements \(1024, 1024, 1046529\)"),
+    "GridSample of 2**15 x 2**15 images": (model([XW, ("GridSample", ["xw", "g"], ["y"], {})],
+                                                 {"x": [2**15, 2**15, 2, 2], "g": [2**15, 1, 1, 2]}, W2),
+                                           "ShapeError", r"\(GridSample\): the offsets of its gradient's images would "
+                                                         r"hold 1,073,741,824"),
+    "LSTM over 2**30 steps": (model([("LSTM", ["x", "W", "R"], ["y"], {"hidden_size": 2})], {"x": [2**30, 1, 2]}, LSTM),
+                              "ShapeError", r"node 'LSTM_0' \(LSTM\): unrolling its recurrence over 1,073,741,824 "
+                                            r"time steps in 1 direction\(s\) makes at least"),
+    "LSTM of a batch of 2**36": (model([("LSTM", ["x", "W", "R"], ["y"], {"hidden_size": 2})], {"x": [2, 2**36, 2]},
+                                       LSTM), None, ""),
+}
+
+
+def train_bytes(data):
+    """The arena bytes of a training step of the serialized model `data` (mean square of its output y)."""
+    return planner.compile(onnx.load_from_string(data), training=True, loss="mse").arena_bytes
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_gradients_bound_the_constants_they_build(name):
+    m, error, pattern = TRAINED[name]
+    kind, detail = isolated(train_bytes, m.SerializeToString())
+    if error is None:
+        assert kind == "ok", detail
+    else:
+        assert kind == "error" and detail.startswith(f"{error}: ") and re.search(pattern, detail), detail
 
 
 def test_running_a_plan_larger_than_the_host_fails_before_allocating():

@@ -281,6 +281,7 @@ def test_a_numba_that_cannot_set_up_the_kernels_leaves_the_numpy_ones(monkeypatc
         raise RuntimeError("cannot cache function 'depthwise': no locator available")
     monkeypatch.setattr(compiled, "overrides", broken)
     monkeypatch.setattr(numpy_backend, "_compiled", {})
+    monkeypatch.setattr(compiled, "BROKEN", [])
     plan = planner.compile("zoo:mlp", {"input": (2, 784)})
     with pytest.warns(RuntimeWarning, match=r"no locator available\); running the NumPy kernels"):
         assert not Executor(plan, backend="numpy").jit

@@ -1,9 +1,13 @@
-"""Plan files refused with one clear PlanError: broken JSON, fields of the wrong type, plans that
-verify() rejects (negative or inconsistent sizes, unknown dtypes, names without a place, tensors
-outside the arena) and params' values missing, incomplete or from another plan."""
+"""Plan files refused with one clear PlanError: broken JSON, files too large to be a plan, fields of the wrong
+type, plans that verify() rejects (negative or inconsistent sizes, unknown dtypes, names without a place,
+tensors outside the arena), plans changed after they were written, steps that do not fit their op, and
+params' values missing, incomplete, with headers that do not fit, or from another plan."""
+import io
 import json
+import re
 import shutil
 import time
+import zipfile
 from dataclasses import replace
 
 import ml_dtypes
@@ -13,8 +17,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import planner
 from executor import Executor
+from isolation import isolated
 from planner import Plan, PlanError
-from planner.plan import PlannedTensor, Step
+from planner import plan as plan_module
+from planner.plan import PlannedTensor, Step, document_digest
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +33,13 @@ def saved(mlp, tmp_path):
     return mlp.to_json(tmp_path / "plan.json")
 
 
-def edit(path, change):
-    """Rewrite the JSON at `path` with `change(doc)` applied."""
+def edit(path, change, signed=False):
+    """Rewrite the JSON at `path` with `change(doc)` applied; `signed`: with its digest made anew, as a plan
+    written by hand would have."""
     doc = json.loads(path.read_text())
     change(doc)
+    if signed:
+        doc["digest"] = document_digest(doc)
     path.write_text(json.dumps(doc))
     return path
 
@@ -97,7 +106,7 @@ def test_an_unused_negative_tensor_no_longer_hides_an_overlap(mlp, saved):
      r"steps\[0\]: attribute 'value' is not an encoded array"),
     (lambda d: d["steps"][0].update(attrs={"value": {"ndarray": [1, 2], "dtype": "<f4", "shape": [3]}}),
      "attribute 'value' is not an encoded array"),
-    (lambda d: d["steps"][0].update(inputs=["nope"]), "uses 'nope', which the plan does not place"),
+    (lambda d: d["steps"][0]["inputs"].__setitem__(2, "nope"), "uses 'nope', which the plan does not place"),
     (lambda d: d["steps"][0].update(scratch=[{"name": "rows"}]),
      r"steps\[0\]: scratch\[0\]: field 'offset' is missing"),
     (lambda d: d["steps"][0].update(scratch=[{"name": "rows", "offset": 0, "shape": [4], "dtype": "float32"}]),
@@ -113,8 +122,9 @@ def test_an_unused_negative_tensor_no_longer_hides_an_overlap(mlp, saved):
     (lambda d: d.update(inputs=["ghost"]), "graph input 'ghost' has no place in the plan"),
     (lambda d: d.update(arena_bytes=d["arena_bytes"] - 256), "fall outside the arena"),
     (lambda d: d["stats"].update(persistent_bytes="all"), "stats.persistent_bytes 'all' must be an int"),
-    (lambda d: d.update(format="memplan-plan/2"), "not a memplan plan of format 'memplan-plan/4'"),
+    (lambda d: d.update(format="memplan-plan/2"), "not a memplan plan of format 'memplan-plan/5'"),
     (lambda d: d.update(values_digest=5), "field 'values_digest' must be null or a string"),
+    (lambda d: d.pop("digest"), "field 'digest' is missing"),
 ])
 def test_a_broken_field_is_named(saved, change, message):
     with pytest.raises(PlanError, match=message) as caught:
@@ -131,13 +141,19 @@ def test_an_unused_tensor_must_lie_inside_the_arena(saved):
 
 
 def test_training_names_are_checked(tmp_path):
-    path = planner.compile("zoo:mlp", {"input": (2, 784)}, training=True).to_json(tmp_path / "step.json")
+    plan = planner.compile("zoo:mlp", {"input": (2, 784)}, training=True)
+    path = plan.to_json(tmp_path / "step.json")
     with pytest.raises(PlanError, match="training loss 'nope' has no place in the plan"):
         Plan.from_json(edit(path, lambda d: d["training"].update(loss="nope")))
     with pytest.raises(PlanError, match="training args .* must give the learning rate 'lr' as a number"):
         Plan.from_json(edit(path, lambda d: d["training"].update(args={})))
     with pytest.raises(PlanError, match="training params must be a list of names"):
         Plan.from_json(edit(path, lambda d: d["training"].update(params=3)))
+    sharded = edit(plan.to_json(tmp_path / "sharded.json"),
+                   lambda d: d["training"].update(parallel={"sharded": ["layers.0.bias"]}), signed=True)
+    with pytest.raises(PlanError, match=r"sharded.npz: the plan's training facts do not say how 'layers.0.bias' is "
+                                        r"split or sharded \(KeyError: 'dp'\)"):
+        Plan.from_json(sharded)
 
 
 @pytest.mark.parametrize("content,message", [
@@ -147,8 +163,8 @@ def test_training_names_are_checked(tmp_path):
     ("", "invalid JSON: Expecting value at line 1 column 1"),
     ("{", "invalid JSON"),
     ("[" * 100000, "invalid JSON"),
-    ("[]", "not a memplan plan of format 'memplan-plan/4' \\(found 'list'\\)"),
-    ('{"format": "memplan-plan/4"}', "field 'strategy' is missing"),
+    ("[]", "not a memplan plan of format 'memplan-plan/5' \\(found 'list'\\)"),
+    ('{"format": "memplan-plan/5"}', "field 'strategy' is missing"),
 ])
 def test_an_unreadable_file_is_a_plan_error(tmp_path, content, message):
     path = tmp_path / "plan.json"
@@ -241,7 +257,7 @@ def test_a_npy_in_place_of_the_npz(saved):
 def test_a_plan_saved_without_values_cannot_run(saved):
     with pytest.raises(PlanError, match=r"saved without values\): no value for param 'layers.0.weight' "
                                         r"\(and 5 more\)"):
-        Plan.from_json(edit(saved, lambda d: d.update(values_digest=None)))
+        Plan.from_json(edit(saved, lambda d: d.update(values_digest=None), signed=True))
 
 
 def test_a_plan_path_ending_in_npz_is_refused(mlp, tmp_path):
@@ -283,3 +299,91 @@ def test_bfloat16_values_round_trip(tmp_path):
     again = Plan.from_json(plan.to_json(tmp_path / "bf16.json"))
     assert again.data["w"].dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(again.data["w"], w)
+
+
+def relu_to(op, **changes):
+    """An edit of the first Relu step (step 1 of zoo:mlp) into `op`, its other fields changed as given."""
+    return lambda d: d["steps"][1].update(op=op, **changes)
+
+
+def moved_output(doc):
+    """The graph output moved to the end of an arena grown for it: a plan verify() accepts."""
+    tensor(doc, "output")["offset"] = doc["arena_bytes"]
+    doc["arena_bytes"] += 256
+
+
+@pytest.mark.parametrize("change", [relu_to("Sigmoid"), lambda d: d["steps"][0]["attrs"].update(alpha=2.0),
+                                    lambda d: d["steps"][4]["inputs"].__setitem__(2, "layers.0.bias"),
+                                    moved_output, lambda d: d.update(values_digest="0" * 32),
+                                    lambda d: d["breakdown"].update(params=0)])
+def test_a_plan_changed_after_it_was_written_is_refused(saved, change):
+    with pytest.raises(PlanError, match=r"plan.json: the plan was changed after it was written \(its digest differs"):
+        Plan.from_json(edit(saved, change))
+
+
+@pytest.mark.parametrize("change,message", [
+    (relu_to("Add"), r"steps\[1\]: Add needs input 1 \(B\), which the step leaves out"),
+    (relu_to("Softmax"), r"steps\[1\]: Softmax needs attribute 'axis', which the step lacks"),
+    (relu_to("Frobnicate"), r"steps\[1\]: op Frobnicate at version 17 is not one memplan has a schema for"),
+    (relu_to("Relu", domain="memplan"), r"steps\[1\]: op memplan.Relu at version 17 is not one memplan has"),
+    (relu_to("CumProd"), r"steps\[1\]: op CumProd at version 17 is not one memplan has a schema for"),
+    (lambda d: d["steps"][1]["inputs"].append("input"), r"steps\[1\]: Relu takes at most 1 input\(s\), the step "
+                                                         "gives 2"),
+    (lambda d: d["steps"][1]["outputs"].append("output"), r"steps\[1\]: Relu takes at most 1 output\(s\)"),
+    (lambda d: d["steps"][0]["attrs"].update(transB=0), r"step 0 \('/layers/0/Gemm'\): Gemm does not take these "
+                                                        r"inputs \(ShapeError: .*\(2, 784\).*\(512, 784\)"),
+    (lambda d: d["steps"][4]["attrs"].update(transA=1), r"step 4 \('/layers/2/Gemm'\): Gemm does not take"),
+    (relu_to("Shape", attrs={"start": 0, "end": None}), r"step 1 \('/layers/0/Relu'\): Shape gives \(2,\) int64 "
+                                                        r"for output 0 '/layers/0/Relu_output_0', which the plan "
+                                                        r"places as \(2, 512\) float32"),
+    (relu_to("Select", domain="memplan", version=1), r"step 1 \('/layers/0/Relu'\): memplan.Select does not take "
+                                                     r"these inputs \(ValueError: not enough values to unpack"),
+])
+def test_a_written_step_must_fit_its_op(saved, change, message):
+    """Even with its digest made anew (a plan written by hand), a step whose op memplan has no schema for,
+    or that the op's schema, arity or shape rule refuses, is one line, not a TypeError in a kernel."""
+    with pytest.raises(PlanError, match=message) as caught:
+        Plan.from_json(edit(saved, change, signed=True))
+    assert str(caught.value).startswith(str(saved)) and "\n" not in str(caught.value)
+
+
+def test_a_plan_larger_than_the_cap_is_not_read(saved, tmp_path):
+    endless = tmp_path / "endless.json"
+    endless.symlink_to("/dev/zero")
+    kind, detail = isolated(Plan.from_json, endless)
+    assert kind == "error" and re.search(r"endless.json: not a plan \(it holds more than 268,435,456 bytes, the most "
+                                         r"a plan may hold: planner.plan.MAX_PLAN_BYTES\)", detail), detail
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:  # sparse: its size alone refuses it
+        f.truncate(plan_module.MAX_PLAN_BYTES + 1)
+    with pytest.raises(PlanError, match=r"huge.json: not a plan \(it holds more than"):
+        Plan.from_json(huge)
+
+
+def npy(shape, dtype="<f4", data=b""):
+    """The bytes of an .npy whose header says `shape` and `dtype`, followed by `data`."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": dtype, "fortran_order": False, "shape": shape})
+    return header.getvalue() + data
+
+
+@pytest.mark.parametrize("member,message", [
+    (npy((2**40,)), r"param 'layers.0.bias' is \(1099511627776,\) float32, but the plan places it as \(512,\)"),
+    (npy((512,), "<f8"), r"param 'layers.0.bias' is \(512,\) float64, but the plan places it as \(512,\) float32"),
+    (npy((512,), data=b"\0" * 1000), r"'layers.0.bias' holds 1,000 bytes of values, where its shape \(512,\) and "
+                                      r"dtype float32 take 2,048"),
+    (npy((512,), data=b"\0" * 4096), r"'layers.0.bias' holds 4,096 bytes of values"),
+    (b"\x93NUMPY\x03\x00" + b"\0" * 64, r"cannot read the values \(layers.0.bias.npy is an .npy of version \(3, 0\)"),
+    (b"not an npy at all", r"cannot read the values \(.*magic"),
+])
+def test_a_values_member_is_checked_by_its_header_before_it_is_read(saved, member, message):
+    values = npz_of(saved)
+    with zipfile.ZipFile(saved.with_suffix(".npz"), "w") as archive:
+        for name, value in values.items():
+            if name == "layers.0.bias":
+                archive.writestr(name + ".npy", member)
+            else:
+                with archive.open(name + ".npy", "w") as f:
+                    np.lib.format.write_array(f, value)
+    kind, detail = isolated(Plan.from_json, saved)
+    assert kind == "error" and detail.startswith("PlanError: ") and re.search(message, detail), detail

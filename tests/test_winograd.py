@@ -12,6 +12,7 @@ from executor import jit as compiled
 from executor.backends import cupy_backend
 from planner.config import Config
 from planner.errors import ShapeError
+from pass_properties import assert_same
 from zoo_cases import run_on
 
 RNG = np.random.default_rng(11)
@@ -207,3 +208,27 @@ def test_a_winograd_conv_of_another_kernel_is_refused_by_name(attrs, message):
                           (1, 16, 8, 8), np.zeros((16, 16, 3, 3)))
     with pytest.raises(ShapeError, match=message):
         planner.compile(model, {"x": (1, 16, 8, 8)})
+
+
+@pytest.mark.parametrize("engine", ENGINES[:2])
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize("odd", ["nan", "infinities", "huge", "past float32's squares", "weight"])
+def test_values_the_transforms_would_smear_are_convolved_directly(odd, tile, engine):
+    """A NaN, an infinity or a value far above the others mixes into every output of its tile under the
+    transforms (NaN, or its rounding); a chunk of images holding one (the others take the transforms), or
+    weights holding one, are convolved directly: onnxruntime's NaN, infinities and finite values, output by
+    output."""
+    x_shape, w = (5, 16, 9, 10), RNG.standard_normal((24, 16, 3, 3)) * 0.1
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    if odd == "weight":
+        w[3, 2, 1, 1] = np.inf
+    else:
+        x[2, 3, 4, 5], x[4, 0, 0, 9] = {"nan": (np.nan, np.nan), "infinities": (np.inf, -np.inf),
+                                        "huge": (1e12, -1e15), "past float32's squares": (1e30, -3e38)}[odd]
+    node = helper.make_node("WinogradConv", ["x", "w"], ["y"], domain="memplan", pads=[1, 1, 1, 1], tile=tile,
+                            images=2, block=16)
+    model = memplan_model(node, x_shape, w)
+    got = run(model, x, engine)[1]
+    model.graph.node[0].CopyFrom(helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]))
+    model.opset_import.pop()
+    assert_same(got, onnxruntime(model, x), atol=1e-4)

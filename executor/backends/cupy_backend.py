@@ -6,9 +6,9 @@ from functools import lru_cache
 import numpy as np
 
 from planner.errors import MemplanError
-from planner.units import format_bytes
 
 from ..kernels import KERNELS
+from . import memory
 from .cuda_graph import Replay  # noqa: F401  (the executor's cuda_graph mode)
 
 NAME = "cupy"
@@ -48,15 +48,23 @@ def free_bytes():
     return xp.cuda.runtime.memGetInfo()[0]
 
 
-def check_room(nbytes, what, config):
-    """Raise MemplanError when `what` (its `nbytes`) cannot fit in the device's free memory less the
-    pool reserve of `config`."""
+def room(config):
+    """(bytes, where) of the device memory a new allocation can take: the free memory less the pool reserve of
+    `config`."""
     free = free_bytes()
-    usable = int(free * (1 - config.pool_reserve_percent / 100))
-    if nbytes > usable:
-        raise MemplanError(f"not enough memory for {what}: {format_bytes(nbytes)} ({nbytes:,} bytes) needed, "
-                           f"{format_bytes(usable)} ({usable:,} bytes) usable on the device ({free:,} free less "
-                           f"MXNET_GPU_MEM_POOL_RESERVE={config.pool_reserve_percent:g}%)")
+    return int(free * (1 - config.pool_reserve_percent / 100)), (
+        f"usable on the device ({free:,} free less MXNET_GPU_MEM_POOL_RESERVE={config.pool_reserve_percent:g}%)")
+
+
+def check_room(nbytes, what, config):
+    """Raise OutOfMemoryError when `what` (its `nbytes`) cannot fit in the device's room."""
+    memory.check(nbytes, what, room(config))
+
+
+def allocating(nbytes, what, config):
+    """A block allocating `what` (`nbytes`) on the device: CuPy's OutOfMemoryError (a MemoryError) becomes the
+    one-line one of memplan."""
+    return memory.allocating(nbytes, what, lambda: room(config))
 
 
 def copy_in(view, value):

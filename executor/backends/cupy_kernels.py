@@ -1,5 +1,6 @@
 """GPU overrides: fused CuPy kernels for ops whose NumPy form needs temporaries, which would allocate
 device memory while a plan runs: the `cuda` bodies of op entries, and the kernels below."""
+import math
 import zlib
 from functools import lru_cache
 
@@ -102,7 +103,7 @@ def _label_losses(cupy, sum_exp):
     def take_labels(xp, step, log_prob, labels, class_weights, ws):
         ignore = step.attrs["ignore_index"]
         take(log_prob, labels, log_prob if class_weights is None else class_weights, log_prob.shape[1],
-             labels.size // labels.shape[0], 0 if ignore is None else ignore, ignore is not None,
+             math.prod(labels.shape[1:]), 0 if ignore is None else ignore, ignore is not None,
              class_weights is not None, ws["losses"], ws["weights"])
 
     def cross_entropy(xp, step, ins, outs, ws):

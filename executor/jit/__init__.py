@@ -5,8 +5,13 @@ the float32 arrays of C layout it was written for and hands anything else to the
 into the same arena views and allocate nothing. Their loops run on every core with TBB (see threads.py).
 
 Compiled on first use and cached beside this package (numba's cache), so a process pays the compilation
-once per machine, not once per run.
+once per machine, not once per run. Where numba cannot import, compile or start its threads (TBB under a low
+address-space limit: "No threading layer could be loaded"), the steps run their shared kernels, with one warning.
 """
+import re
+import warnings
+from importlib.util import find_spec
+
 import numpy as np
 
 from planner.threads import jit_wanted as wanted
@@ -14,13 +19,14 @@ from planner.threads import jit_wanted as wanted
 from ..kernels import KERNELS, find
 
 
+BROKEN = []
+"""The numba failure that stopped the compiled kernels in this process, if one has: from then on every step runs
+its shared kernel."""
+
+
 def available():
-    """Whether numba imports."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether numba is installed (whether it imports is for `overrides` to find)."""
+    return find_spec("numba") is not None
 
 
 def takes(*arrays):
@@ -34,9 +40,11 @@ def generic(xp, step, ins, outs, ws):
 
 
 def overrides():
-    """{(domain, op): kernel} of the compiled kernels."""
-    from . import attention, conv, elementwise, inverted_residual, winograd
-    return {("memplan", "BiasActivation"): elementwise.bias_activation(generic),
+    """{(domain, op): kernel} of the compiled kernels, numba's threading layer started first (else numba starts it
+    in the first parallel loop), so that one that cannot start fails here; each kernel guarded by `_guarded`."""
+    from . import attention, conv, elementwise, inverted_residual, threads, winograd
+    threads.start()
+    made = {("memplan", "BiasActivation"): elementwise.bias_activation(generic),
             ("memplan", "ScaledDotProductAttention"): attention.scaled_dot_product_attention(generic),
             ("", "Conv"): conv.conv(generic),
             ("com.microsoft", "FusedConv"): conv.conv(generic),
@@ -44,6 +52,46 @@ def overrides():
             ("memplan", "WinogradConv"): winograd.winograd_conv(generic),
             ("memplan", "BatchedConv"): conv.batched(generic),
             ("memplan", "InvertedResidual"): inverted_residual.inverted_residual(generic)}
+    return {key: _guarded(kernel) for key, kernel in made.items()}
+
+
+def _guarded(kernel):
+    """`kernel`, giving the compiled kernels up for the step's shared one the first time numba fails to compile or
+    launch a loop: that fails before the loop runs, and a kernel writing over its input does so in one loop, so
+    the shared kernel computes the step whole."""
+    def run(xp, step, ins, outs, ws):
+        if not BROKEN:
+            try:
+                return kernel(xp, step, ins, outs, ws)
+            except Exception as e:
+                if not _numba_failure(e):
+                    raise
+                give_up(e)
+        return generic(xp, step, ins, outs, ws)
+    return run
+
+
+def _numba_failure(error):
+    """Whether `error` is numba's own, not the data's: a compilation error, memory the compiler could not get (the
+    compiled kernels allocate nothing, NumPy's little), a threading layer that cannot start."""
+    from numba.core.errors import NumbaError
+    return isinstance(error, (NumbaError, MemoryError)) or \
+        isinstance(error, ValueError) and "threading layer" in str(error)
+
+
+def describe(error):
+    """One line on a numba failure (its messages run to several lines of hints)."""
+    from ..backends.memory import first_line
+    message = re.sub(r"\x1b\[[0-9;]*m", "", first_line(error))  # numba highlights its messages for a terminal
+    return f"the compiled CPU kernels cannot be set up ({type(error).__name__}{': ' + message if message else ''})"
+
+
+def give_up(error, stacklevel=2):
+    """Stop the compiled kernels for the rest of the process after `error`, with one warning line (shown at the
+    caller `stacklevel` frames up)."""
+    if not BROKEN:
+        BROKEN.append(error)
+        warnings.warn(f"{describe(error)}; running the NumPy kernels", RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 def limit_threads(n):

@@ -2,13 +2,13 @@
 planned scratch, with the online softmax of a tile (scale, softcap, masks, bias, row maximum, exponentials, row
 sums) one compiled pass over its scores instead of a dozen NumPy calls per (image, head). The products
 Q K^T and P V are BLAS GEMMs (executor/jit/blas.py: MKL's, else numba's np.dot), so the loop runs on one
-thread and the GEMMs on BLAS's. Dropout and relative-position terms are left to the shared kernel."""
+thread and the GEMMs on BLAS's. Dropout, mask inputs and relative-position terms are left to the shared kernel."""
 import math
 
 import numpy as np
 from numba import njit
 
-from planner.ops.attention_tiles import FILL_MODES, Form
+from planner.ops.attention_tiles import FILL_MODES, Form, finite
 from . import takes
 from .blas import dot, sgemm
 from .scalar import FASTMATH, exp_nonpositive, f32
@@ -19,11 +19,13 @@ SET, ADD, SET_AFTER_BIAS = (FILL_MODES.index(mode) for mode in ("set", "add", "s
 
 
 @njit(fastmath=FASTMATH, cache=True)
-def attention(gemm, q, k, v, bias, y, lse, form, causal, window, mode, empty_nan, tq, tk, scores, acc, pv, top, sums):
+def attention(gemm, q, k, v, bias, y, lse, form, causal, window, mode, empty_nan, finite_bias, tq, tk, scores, acc, pv,
+              top, sums):
     """y (B, H, S, Dv) = softmax(fill(cap(scale q k^T)) + bias) v, query head h reading kv head h // (H / Hkv);
     lse (B, H, S) the rows' log-sum-exp (or NO_LSE); bias broadcast to (B, H, S, T) (or NO_BIAS); `form` the
     float32 (scale, softcap, fill) and the ints the masks (attention_tiles.Form). scores, acc, pv, top and
-    sums are the planned scratch (flat float32), for tq by tk tiles."""
+    sums are the planned scratch (flat float32), for tq by tk tiles. Hidden keys are skipped where the fill is -inf
+    and every value they meet is finite (attention_tiles.Tiles.group; `finite_bias` says the bias's part)."""
     batch, heads, s, dv = y.shape
     t, groups = k.shape[2], heads // k.shape[1]
     scale, softcap, fill = form[0], form[1], form[2]
@@ -32,6 +34,8 @@ def attention(gemm, q, k, v, bias, y, lse, form, causal, window, mode, empty_nan
     for b in range(batch):
         for h in range(heads):
             hk = h // groups
+            skip = skips and finite_bias and np.isfinite(np.sum(v[b, hk])) and \
+                (mode != ADD or np.isfinite(np.sum(k[b, hk])))
             for i0 in range(0, s, tq):
                 n = min(i0 + tq, s) - i0
                 m, total, out = top[:n], sums[:n], acc[:n * dv].reshape(n, dv)
@@ -39,7 +43,7 @@ def attention(gemm, q, k, v, bias, y, lse, form, causal, window, mode, empty_nan
                 total[:] = 0
                 out[:, :] = 0
                 first, last = 0, t
-                if causal and skips:
+                if causal and skip:
                     last = max(0, min(t, i0 + n + offset))
                     if window:
                         first = min(last, max(0, i0 + offset - window + 1))
@@ -84,30 +88,35 @@ def attention(gemm, q, k, v, bias, y, lse, form, causal, window, mode, empty_nan
                             out[r, c] += product[r, c]
                 for r in range(n):
                     if logs:
-                        lse[b, h, i0 + r] = m[r] + math.log(total[r]) if total[r] > 0 else -np.inf
-                    if total[r] > 0 or not empty_nan:
-                        inverse = f32(1) / max(total[r], np.finfo(np.float32).tiny)
+                        lse[b, h, i0 + r] = m[r] + math.log(total[r]) if total[r] > 0 else \
+                            -np.inf if total[r] == 0 else np.nan
+                    if total[r] > 0:
+                        inverse = f32(1) / total[r]
                         for c in range(dv):
                             y[b, h, i0 + r, c] = out[r, c] * inverse
-                    else:
+                    else:  # every score -inf, or a NaN: NaN, or zero probabilities times V (NaN where V is not finite)
                         for c in range(dv):
-                            y[b, h, i0 + r, c] = np.nan
+                            y[b, h, i0 + r, c] = np.nan if empty_nan else f32(0)
+                            for j in range(t):
+                                if not np.isfinite(v[b, hk, j, c]):
+                                    y[b, h, i0 + r, c] = np.nan
 
 
 def scaled_dot_product_attention(generic):
-    """The ScaledDotProductAttention kernel for float32 arrays of C layout without dropout or relative-position
-    terms; `generic` for the rest."""
+    """The ScaledDotProductAttention kernel for float32 arrays of C layout without dropout, a mask input or
+    relative-position terms; `generic` for the rest."""
     def run(xp, step, ins, outs, ws):
         q, k, v, bias = (list(ins) + [None])[:4]
         y, lse = (list(outs) + [None])[:2]
         form = Form.of(step.attrs, q.shape[-1])
-        relative = any(x is not None for x in ins[5:])
+        relative = any(x is not None for x in ins[4:])  # a mask input, dropout's step, relative-position terms
         if not takes(q, k, v, y, lse) or not y.size or form.dropout or relative or \
                 bias is not None and bias.dtype != np.float32:
             return generic(xp, step, ins, outs, ws)
         bias = NO_BIAS if bias is None else np.broadcast_to(bias, (*q.shape[:3], k.shape[2]))
         numbers = np.array([form.scale, form.softcap, form.fill], np.float32)
+        finite_bias = bias is NO_BIAS or form.fill_mode == "set_after_bias" or finite(np, ins[3])
         attention(sgemm(), q, k, v, bias, y, NO_LSE if lse is None else lse, numbers, form.causal, form.window,
-                  FILL_MODES.index(form.fill_mode), form.empty_rows == "nan", ws["rows"].shape[0], ws["cols"].shape[0],
-                  ws["s"], ws["acc"], ws["pv"], ws["m"], ws["l"])
+                  FILL_MODES.index(form.fill_mode), form.empty_rows == "nan", finite_bias, ws["rows"].shape[0],
+                  ws["cols"].shape[0], ws["s"], ws["acc"], ws["pv"], ws["m"], ws["l"])
     return run

@@ -15,7 +15,7 @@ from planner.ops import mkl
 from ..kernels import batched_conv, nn
 from . import takes
 from .blas import dot, one_thread, sgemm
-from .scalar import ACTIVATIONS, NO_BIAS, activate_row, f32
+from .scalar import ACTIVATIONS, FASTMATH, NO_BIAS, activate_row, f32
 from .threads import PARALLEL
 
 NO_Z = np.zeros((1, 1, 1, 0), np.float32)
@@ -29,7 +29,7 @@ def _span(offset, stride, size, count):
     return lo, max(lo, min(count, (size - 1 - offset) // stride + 1))
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def finish_row(row, bias, z, code, p0, p1):
     """row = activation(row + bias + z), z a row of Z or empty."""
     if z.shape[0]:
@@ -38,11 +38,12 @@ def finish_row(row, bias, z, code, p0, p1):
     activate_row(row, bias, code, p0, p1)
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def _same_plane(src, out, w, o, pads, dilations):
     """A stride-1 depthwise plane whose output is as wide as its input (rows align), tap by tap as one
-    loop over the flattened plane: a tap's contributions to the columns whose source lies off the row
-    (which the flat loop takes from the next or previous row) are subtracted again, a rounding apart."""
+    loop over the flattened plane; then the columns where a tap's source lies off the row (which the flat loop
+    takes from the next or previous row) summed again from their own window: subtracting the stray products
+    would not undo a NaN, an infinity or a huge value of the other row."""
     height, width = src.shape
     flat, source = out.reshape(-1), src.reshape(-1)
     flat[:] = 0
@@ -58,21 +59,37 @@ def _same_plane(src, out, w, o, pads, dilations):
             part, line = flat[lo:hi], source[lo + reach:hi + reach]
             for k in range(hi - lo):
                 part[k] += line[k] * weight
-            off_row = range(0, min(-shift, width)) if shift < 0 else range(max(width - shift, 0), width)
-            for r in range(first, end):
-                for col in off_row:
-                    p = r * width + col
-                    if lo <= p < hi:
-                        flat[p] -= source[p + reach] * weight
+    left = min(width, max(0, pads[1]))
+    right = max(left, width - max(0, (w.shape[3] - 1) * dilations[1] - pads[1]))
+    for r in range(out.shape[0]):
+        for col in range(left):
+            out[r, col] = _window_sum(src, w, o, r, col, pads, dilations)
+        for col in range(right, width):
+            out[r, col] = _window_sum(src, w, o, r, col, pads, dilations)
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
+def _window_sum(src, w, o, r, col, pads, dilations):
+    """The stride-1 depthwise output (r, col) of filter o: its taps' products on the image, in the flat loop's
+    order."""
+    total = f32(0)
+    for a in range(w.shape[2]):
+        row = r + a * dilations[0] - pads[0]
+        if 0 <= row < src.shape[0]:
+            for e in range(w.shape[3]):
+                at = col + e * dilations[1] - pads[1]
+                if 0 <= at < src.shape[1]:
+                    total += src[row, at] * w[o, 0, a, e]
+    return total
+
+
+@njit(inline="always", fastmath=FASTMATH)
 def padded_tap(row, col, weight):
     """row[col] * weight, 0 off the row (padding)."""
     return row[col] * weight if 0 <= col < row.shape[0] else f32(0)
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def same_row(dst, r0, r1, r2, w):
     """dst[k] = the 3x3 window of rows r0..r2 at columns k - 1.. times w, for a stride-1 conv padded by one
     column each side: the nine taps in one pass over the row, each of its loads a slice's element from 0 on
@@ -92,7 +109,7 @@ def same_row(dst, r0, r1, r2, w):
         dst[k] = total
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def halving_row(dst, r0, r1, r2, w, pad):
     """dst[k] = the 3x3 window of rows r0..r2 at columns 2k - pad.. times w, for a stride-2 depthwise conv whose
     three input rows all lie on the image: its nine taps in one pass, with a stride the compiler sees (it loads
@@ -114,7 +131,7 @@ def halving_row(dst, r0, r1, r2, w, pad):
         dst[k] = total
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def depthwise(x, w, bias, z, y, strides, pads, dilations, code, p0, p1):
     """y = activation(depthwise conv(x, w) + bias + z) for x (N, C, H, W), w (M, 1, kh, kw), y and z (N, M,
     OH, OW), output channel o reading input channel o // (M / C); pads are the leading ones. A 3x3 stride-1
@@ -160,7 +177,7 @@ def depthwise(x, w, bias, z, y, strides, pads, dilations, code, p0, p1):
             finish_row(dst, b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def _window_rows(image, cols, ch, a, first_row, strides, pads, dilations):
     """cols[ch, a, e, r] for each kernel column e and row r = channel ch of `image` (C, H, W) under kernel row a
     of the windows of output rows first_row on, zeros where they lie on padding. Indexed element by element,
@@ -206,7 +223,7 @@ def im2col(x, cols, first_row, strides, pads, dilations):
         _window_rows(x[i], cols[i], ch, a, first_row, strides, pads, dilations)
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def banded(gemm, x, w, bias, z, y, columns, rows, strides, pads, dilations, code, p0, p1):
     """y = activation(conv(x, w) + bias + z) for a conv of one group, in jobs of one image by `rows` output rows
     shared among the lanes (columns' rows, one per thread): a job's im2col into its lane's columns, one
@@ -233,7 +250,7 @@ def banded(gemm, x, w, bias, z, y, columns, rows, strides, pads, dilations, code
                     finish_row(y[i, o, r], b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def pointwise(gemm, x, w, bias, z, y, lanes, pixels, code, p0, p1):
     """y = activation(w x + bias + z) for a 1x1 stride-1 conv of one group, x (N, C, P) and y, z (N, M, P), in
     jobs of one image by `pixels` columns shared among `lanes` threads: one single-threaded GEMM into those
@@ -252,7 +269,7 @@ def pointwise(gemm, x, w, bias, z, y, lanes, pixels, code, p0, p1):
                            z[i, o, q0:q1] if z.shape[2] else z[0, 0, :0], code, p0, p1)
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def epilogue(y, bias, z, code, p0, p1):
     """y = activation(y + bias + z) for a block y (N, M, rows, OW) of the output, z the same block of Z or
     empty, bias one value per channel or none."""
@@ -264,7 +281,7 @@ def epilogue(y, bias, z, code, p0, p1):
             finish_row(y[i, o, r], b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def write_back(output, y, bias, z, code, p0, p1):
     """y (N, M, rows, OW) = activation(output + bias + z) for a BatchedConv's output (M, N, rows, OW)."""
     n, m, rows = y.shape[0], y.shape[1], y.shape[2]
@@ -277,7 +294,7 @@ def write_back(output, y, bias, z, code, p0, p1):
             finish_row(row, b, z[i, o, r] if z.shape[3] else z[0, 0, 0], code, p0, p1)
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def max_pool(x, y, kernel, strides, pads, dilations):
     """y = the maximum over each window of x (N, C, H, W), row by row of the output: a 3x3 stride-2 row whose
     input rows lie on the image in one pass (_halving_max_row), the others tap by tap."""
@@ -307,7 +324,7 @@ def max_pool(x, y, kernel, strides, pads, dilations):
                             part[k] = max(part[k], line[k])
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def _halving_max_row(dst, r0, r1, r2, pad):
     """dst[k] = the maximum of the 3x3 window of rows r0..r2 at columns 2k - pad.., in one pass with a stride
     the compiler sees (as halving_row); the columns whose window reaches the padding apart."""
@@ -345,7 +362,7 @@ def images(generic, body):
     def run(xp, step, ins, outs, ws):
         x, w, b, z = (list(ins) + [None] * 3)[:4]
         y = outs[0]
-        if x.ndim != 4 or not takes(x, w, b, z, y) or not y.size:
+        if x.ndim != 4 or not takes(x, w, b, z, y) or not x.size or not y.size:
             return generic(xp, step, ins, outs, ws)
         body(xp, step, ins, outs, ws, epilogue_of(step, b, z))
     return run

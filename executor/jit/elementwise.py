@@ -2,11 +2,11 @@
 from numba import njit, prange
 
 from . import takes
-from .scalar import ACTIVATIONS, NO_BIAS, activate_row, f32
+from .scalar import ACTIVATIONS, FASTMATH, NO_BIAS, activate_row, f32
 from .threads import PARALLEL
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def bias_activation_rows(x, bias, y, code, p0, p1):
     """y[r] = activation(x[r] + bias) for each row r of the (rows, width) arrays, where bias holds width
     values, one added to all, or none; y may be x."""

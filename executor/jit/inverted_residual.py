@@ -15,11 +15,11 @@ from ..kernels import inverted_residual as shared
 from . import takes
 from .blas import dot, one_thread, sgemm
 from .conv import NO_Z, halving_row, same_row
-from .scalar import ACTIVATIONS, NO_BIAS, activate_row, f32
+from .scalar import ACTIVATIONS, FASTMATH, NO_BIAS, activate_row, f32
 from .threads import PARALLEL
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=FASTMATH, cache=True)
 def _widen(gemm, x, w1, b1, code, p0, p1, columns, rows, i0, count, top, t0, t1):
     """rows (held rows, count images * W, E) = activation(the job's input pixels times W1^T + bias), zero off
     the image: the pixels gathered row by row, each row's images side by side, so that one GEMM writes every
@@ -50,7 +50,7 @@ def _widen(gemm, x, w1, b1, code, p0, p1, columns, rows, i0, count, top, t0, t1)
         activate_row(row, f32(0), code, p0, p1)
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def _quad(rows, taps, b2, out, r, s, o, left, right):
     """out[o..o + 3] = bias + the stride-1 3x3 windows from rows r.., columns s.. (column s on the padding
     where `left`, s + 5 where `right`), channel by channel innermost: each tap row's six columns loaded once
@@ -70,7 +70,7 @@ def _quad(rows, taps, b2, out, r, s, o, left, right):
         out[o, ch], out[o + 1, ch], out[o + 2, ch], out[o + 3, ch] = s0, s1, s2, s3
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def _pair(rows, taps, b2, out, r, s, o):
     """out[o..o + 1] = bias + the stride-2 3x3 windows from rows 2r.., columns s..: each tap row's five columns
     loaded once for both pixels."""
@@ -85,7 +85,7 @@ def _pair(rows, taps, b2, out, r, s, o):
         out[o, ch], out[o + 1, ch] = s0, s1
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def _edge(rows, taps, b2, out, first_row, s, e, o):
     """out[o] = bias + taps e, e + 1 of each tap row times columns s, s + 1 from row `first_row`: a window with
     its third column on the padding (e = 1: the left one, e = 0: the right one)."""
@@ -97,7 +97,7 @@ def _edge(rows, taps, b2, out, first_row, s, e, o):
         out[o, ch] = total
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def _pixel(rows, taps, b2, out, stride, r, c, o, left, width):
     """out[o] = bias + the 3x3 window at output row r, column c, at `stride`, of the image whose columns are
     rows[:, left:left + width], its columns off the image (the padding) skipped: the columns of rows too
@@ -113,7 +113,7 @@ def _pixel(rows, taps, b2, out, stride, r, c, o, left, width):
                     out[o, ch] += taps[a, e, ch] * p[left + col, ch]
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=FASTMATH, cache=True)
 def _depthwise(rows, k, width, taps, b2, code, p0, p1, out, stride, band, out_width):
     """out (band * OW, E) = activation(the 3x3 depthwise conv, padded by one, at `stride` + bias) of image k of
     `rows` (held rows, images * W, E), channel by channel in the innermost loop, several output columns at
@@ -141,7 +141,7 @@ def _depthwise(rows, k, width, taps, b2, code, p0, p1, out, stride, band, out_wi
         activate_row(out[first:first + out_width].reshape(-1), f32(0), code, p0, p1)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=FASTMATH, cache=True)
 def _narrow(gemm, out, w3, b3, z, y, projected, i0, count, r0, band, code, p0, p1):
     """Y's rows r0.. of images i0.. = activation(W3 out^T + bias + Z), `out` the job's depthwise outputs: the GEMM
     channels-last (out W3^T: 15 to 60% faster than W3 out^T on these shapes), transposed as Y's rows are written
@@ -179,7 +179,7 @@ def _job(job, n, out_height, images, rows):
     return i0, r0, min(n, i0 + images) - i0, min(out_height, r0 + rows) - r0
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def block(gemm, x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, taps, columns, widened,
           depthwise, projected):
     """y = the InvertedResidual of x (executor.kernels.inverted_residual's arithmetic) for a block that widens,
@@ -208,7 +208,7 @@ def block(gemm, x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, pa
             _narrow(gemm, out, w3, b3, z, y, projected[lane], i0, count, r0, band, codes[2], params[4], params[5])
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def separable(gemm, x, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, depthwise, projected):
     """y = the InvertedResidual of x for a block that does not widen (a depthwise-separable conv), on rows of
     planes as X and Y are, with none of `block`'s transposes: per job, each channel's depthwise rows from X's

@@ -12,6 +12,10 @@ from numba import njit
 from planner.ops.activation import ERFC_FIT
 
 f32 = np.float32
+FASTMATH = {"nsz", "arcp", "contract", "reassoc"}
+"""numba's fastmath flags for the compiled kernels: those of fastmath=True but nnan, ninf and afn, so that NaN and
+inf flow through as IEEE has them (under nnan or ninf LLVM takes them for poison, and a NaN in gives anything out:
+Sigmoid(NaN) was 0, Gelu(inf) NaN); the loops still vectorise and contract."""
 NO_BIAS = np.zeros(0, np.float32)
 """The bias of a kernel without one."""
 ACTIVATIONS = ("Identity", "Relu", "Sigmoid", "Tanh", "Gelu", "GeluTanh", "Swish", "Clip", "HardSigmoid")
@@ -31,7 +35,7 @@ TWO_TANH_C, TANH_K = f32(2 * math.sqrt(2 / math.pi)), f32(0.044715)
 """The tanh Gelu x (1 + tanh(u)) / 2 = x sigmoid(2u), u = sqrt(2 / pi) (x + 0.044715 x^3)."""
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def horner(coefficients, x):
     """The polynomial of `coefficients` (highest power first) at x."""
     p = coefficients[0]
@@ -40,20 +44,20 @@ def horner(coefficients, x):
     return p
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def exp_nonpositive(x):
     """exp(x) for x <= 0, within 2e-7 of it relative: e^r by its Taylor series on |r| <= ln 2 / 2, times
-    2^-n by the bits of n (n < 127, where float32 stays normal); 0 below -87."""
+    2^-n by the bits of n (n < 127, where float32 stays normal); 0 below -87, NaN for NaN."""
     clamped = max(x, f32(-87.0))
     k = np.floor(clamped * LOG2E + f32(0.5))
     p = horner(EXP, clamped - k * LN2_HI - k * LN2_LO)
     n = np.int32(-k)
     for bit in range(len(HALVINGS)):
         p *= HALVINGS[bit] if n >> bit & 1 else f32(1)
-    return p if x > f32(-87.0) else f32(0)
+    return p if x > f32(-87.0) else f32(0) if x <= f32(-87.0) else x  # NaN stays NaN
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def sigmoid(x):
     """1 / (1 + e^-x) from e^-|x|, accurate on both tails."""
     e = exp_nonpositive(-abs(x))
@@ -61,7 +65,7 @@ def sigmoid(x):
     return s if x >= f32(0) else e * s
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def normal_cdf(x):
     """Phi(x) by the erfc fit of planner.ops.activation.normal_cdf (the NumPy kernel's), within 2e-6 of it
     relative for |x| < 6."""
@@ -71,7 +75,7 @@ def normal_cdf(x):
     return half_erfc if x < f32(0) else f32(1) - half_erfc
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def activate_row(row, shift, code, p0, p1):
     """row = activation(row + shift) in place, for the activation of `code` (see ACTIVATIONS) with its
     parameters p0, p1. One loop per code, so that each vectorises alone: a loop choosing by code would

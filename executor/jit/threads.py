@@ -19,3 +19,11 @@ PARALLEL = _tbb()
 """Whether the kernels compile with parallel=True."""
 if PARALLEL:
     numba.config.THREADING_LAYER = "tbb"
+
+
+def start():
+    """Start numba's threading layer now (numba starts it at the first parallel loop or question about threads),
+    raising its error here where it cannot: TBB's library does not load under a low address-space limit. Without
+    TBB the loops are serial and numba chooses its layer when a kernel asks for the thread count."""
+    if PARALLEL:
+        numba.get_num_threads()

@@ -9,7 +9,7 @@ from planner import ops
 
 from ..kernels import winograd
 from .conv import finish_row, images
-from .scalar import f32
+from .scalar import FASTMATH, f32
 from .threads import PARALLEL
 
 
@@ -43,7 +43,7 @@ def _row(src, row, col):
     return _bt(_load(src, row, col), _load(src, row, col + 1), _load(src, row, col + 2), _load(src, row, col + 3))
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def tiles(x, v, pad_rows, pad_cols, grid_rows, grid_cols):
     """v[4a + e, c * T + t] = (B^T d B)[a, e] for tile t of channel c of the images x (N, C, H, W), its 4x4
     inputs d from (2 row - pad_rows, 2 col - pad_cols), T = N * grid_rows * grid_cols."""
@@ -66,7 +66,7 @@ def tiles(x, v, pad_rows, pad_cols, grid_rows, grid_cols):
                     v[e, at], v[4 + e, at], v[8 + e, at], v[12 + e, at] = r
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def weights(w, u):
     """u[4a + e, o * C + i] = (G g G^T)[a, e] for the filter g = w[o, i] (M, C, 3, 3)."""
     m, c = w.shape[0], w.shape[1]
@@ -79,7 +79,7 @@ def weights(w, u):
                 u[4 * a, at], u[4 * a + 1, at], u[4 * a + 2, at], u[4 * a + 3, at] = _g(c0[a], c1[a], c2[a])
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def outputs(p, y, bias, z, code, p0, p1, grid_rows, grid_cols):
     """y (N, M, OH, OW) = activation(A^T m A + bias + z) for each tile's products m = p[:, o * T + t], each
     pair of output rows finished once its tiles are written."""
@@ -132,7 +132,7 @@ def _at6(m0, m1, m2, m3, m4, m5):
     return m0 + a + c, b + f32(2) * d, a + f32(4) * c, b + f32(8) * d + m5
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def tiles4(x, v, pad_rows, pad_cols, grid_rows, grid_cols):
     """v[6a + e, c * T + t] = (B^T d B)[a, e] of F(4x4, 3x3) for tile t of channel c of the images x, its 6x6
     inputs d from (4 row - pad_rows, 4 col - pad_cols), T = N * grid_rows * grid_cols: row of tiles by row
@@ -148,7 +148,7 @@ def tiles4(x, v, pad_rows, pad_cols, grid_rows, grid_cols):
             _tile_row4(x[i, ch], 4 * tr - pad_rows, pad_cols, line, phases, zero, v[:, at:at + grid_cols])
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def _tile_row4(src, row, pad_cols, line, phases, zero, v):
     """v[6a + e, t] = (B^T d B)[a, e] for the row of tiles whose inputs start at row `row` of src, in loops
     the compiler vectorizes (each indexes arrays sliced to start at 0): B^T over the six input rows, column
@@ -176,7 +176,7 @@ def _row_or(src, row, zero):
     return src[row] if 0 <= row < src.shape[0] else zero
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def weights4(w, u):
     """u[6a + e, o * C + i] = (G g G^T)[a, e] of F(4x4, 3x3) for the filter g = w[o, i] (M, C, 3, 3)."""
     m, c = w.shape[0], w.shape[1]
@@ -191,7 +191,7 @@ def weights4(w, u):
                     u[6 * a + e, at] = r[e]
 
 
-@njit(parallel=PARALLEL, fastmath=True, cache=True)
+@njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def outputs4(p, y, bias, z, code, p0, p1, grid_rows, grid_cols):
     """y (N, M, OH, OW) = activation(A^T m A + bias + z) of F(4x4, 3x3) for each tile's products
     m = p[:, o * T + t]: per row of tiles, the row transform over the row of tiles at once, then each output

@@ -206,7 +206,10 @@ def convolve(xp, step, x, w, y, ws, finish, fill=fill_columns, by_channel=depthw
     images and rows (the columns' walk), else the whole of Y. `fill` writes a chunk's columns (as
     `fill_columns`); a depthwise conv (a `product` scratch) is `by_channel`'s (as `depthwise`)."""
     group, chunks = step.attrs["group"], _chunks(ws)
-    if "product" in ws:
+    if not x.size:  # no input channels or pixels: every output is an empty sum (or one over padding)
+        y.fill(0)
+        finish(y)
+    elif "product" in ws:
         by_channel(xp, step, x, w, y, ws, finish)
     elif chunks is None:
         _pointwise(xp, x, w, y, group, transposed=False)
@@ -252,7 +255,9 @@ def conv_transpose(xp, step, ins, outs, ws):
     x, w, b = _padded(ins, 3)
     y, group = outs[0], step.attrs["group"]
     chunks = _chunks(ws)
-    if "product" in ws:
+    if not x.size:  # no input channels or pixels: every output is an empty sum
+        y.fill(0)
+    elif "product" in ws:
         _depthwise(xp, step, x, w, y, ws["product"])
     elif chunks is None:
         _pointwise(xp, x, w, y, group, transposed=True)
@@ -456,12 +461,13 @@ def _running_statistics(xp, step, outs, mean, var, batch_mean, batch_var):
 def _batch_statistics(xp, x, y, mean, var, partial):
     """The per-channel mean and (population) variance of x, leaving Y = X - mean: the squares are
     summed by a batched GEMV per image and channel, which needs no temporary."""
-    n, c = x.shape[:2]
-    count = x.size // c
-    xp.mean(x, axis=(0, *range(2, x.ndim)), out=mean, dtype=mean.dtype)
+    (n, c), pixels = x.shape[:2], math.prod(x.shape[2:])
+    count = n * pixels
+    xp.sum(x, axis=(0, *range(2, x.ndim)), out=mean, dtype=mean.dtype)
+    xp.divide(mean, count, out=mean)  # NaN for an empty batch, as onnxruntime's (np.mean would warn)
     xp.subtract(x, _per_channel(mean, x.ndim), out=y)
-    flat = y.reshape(n, c, 1, -1)
-    xp.matmul(flat, flat.reshape(n, c, -1, 1), out=partial)
+    flat = y.reshape(n, c, 1, pixels)
+    xp.matmul(flat, flat.reshape(n, c, pixels, 1), out=partial)
     xp.sum(partial.reshape(n, c), axis=0, out=var)
     xp.divide(var, count, out=var)
 

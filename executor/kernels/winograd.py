@@ -2,7 +2,12 @@
 (m+2)^2 inputs of each tile gathered into `products` (zeros where a tile lies on padding), transformed into
 `tiles` by one GEMM with B^T (x) B^T; per block of output channels, the filters transformed into `weights`
 by one GEMM with G (x) G, and the (m+2)^2 GEMMs of the block into `products`; the products transformed back
-into `tiles` by one GEMM with A^T (x) A^T and scattered into Y's m x m tiles; then FusedConv's epilogue."""
+into `tiles` by one GEMM with A^T (x) A^T and scattered into Y's m x m tiles; then FusedConv's epilogue.
+
+The transforms mix each tile's inputs (and each filter's taps): a NaN or an infinity would make NaN of every
+output of its tile, where the convolution has it in the outputs whose window holds it alone, and a huge value
+would round its neighbours' outputs by its own size. A chunk of images holding one (past HUGE), or weights
+holding one (past WEIGHTS), is convolved directly instead, tap by tap in the same scratch."""
 from functools import cache
 
 import numpy as np
@@ -12,6 +17,12 @@ from planner.ops.into import matmul
 
 from . import kernel
 from .nn import epilogue, span
+
+HUGE = 2.0 ** 16
+"""The largest magnitude of an image the transforms take: no network that runs in float16 (whose largest value is
+65504) meets more, and past it a value's rounding in its tile's transforms would drown its neighbours' outputs."""
+WEIGHTS = 2.0 ** 64
+"""The largest magnitude of a weight the transforms take: their products stay far inside float32's range."""
 
 TRANSFORMS = {
     2: ([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
@@ -84,11 +95,16 @@ def convolve(xp, step, ins, outs, ws, stages):
     images = max(1, min(n, ws["tiles"].shape[1] // (max(c, m) * per_image)))
     block = max(1, min(m, ws["weights"].shape[1] // c))
     pads = ops.of(step).padding(step, x, y)
-    if block >= m:  # one block: its weights transformed once for every chunk
+    weighted = transformable(xp, w, WEIGHTS)
+    if block >= m and weighted:  # one block: its weights transformed once for every chunk
         stages.weights(w, ws)
     for n0 in range(0, n, images):
         n1 = min(n, n0 + images)
         cols = (n1 - n0) * per_image
+        if not (weighted and transformable(xp, x[n0:n1], HUGE)):
+            direct(xp, x[n0:n1], w, y[n0:n1], ws, pads)
+            epilogue(xp, step, *[*ins, None, None][2:4])(y[n0:n1], (slice(n0, n1),))
+            continue
         stages.tiles(x[n0:n1], ws, grid, pads)
         for m0 in range(0, m, block):
             m1 = min(m, m0 + block)
@@ -97,6 +113,39 @@ def convolve(xp, step, ins, outs, ws, stages):
             matmul(xp, planes(ws["weights"], m1 - m0, c), planes(ws["tiles"], c, cols),
                    ws["products"][:, m0 * cols:m1 * cols].reshape(-1, m1 - m0, cols))
         stages.outputs(ws, y[n0:n1], grid, (slice(n0, n1),))
+
+
+def transformable(xp, a, limit):
+    """Whether the transforms keep the convolution's results on `a` (a chunk of images, or the weights): every
+    value finite and of a magnitude below `limit` (a NaN fails the comparisons)."""
+    return not a.size or -limit < float(xp.min(a)) and float(xp.max(a)) < limit
+
+
+def direct(xp, x, w, y, ws, pads):
+    """y = conv(x, w) of the 3x3 stride-1 window, without the transforms: per image and tap, the tap's shifted
+    image (zeros on padding) in `tiles`, each block of the tap's filters after it, their GEMM in `products`,
+    added into y. The products hold any output channels' rows, the tiles the image and a filter at least."""
+    (c, height, width), m, out = x.shape[1:], w.shape[0], y.shape[2:]
+    pixels = out[0] * out[1]
+    room = ws["tiles"].reshape(-1)
+    shifted = room[:c * pixels].reshape(c, *out)
+    block = max(1, min(m, (room.size - c * pixels) // c))
+    for image, target in zip(x, y.reshape(len(y), m, pixels)):
+        target.fill(0)
+        for a in range(3):
+            rows = span(a - pads[0], 1, height, 0, out[0])
+            for e in range(3):
+                cols = span(e - pads[1], 1, width, 0, out[1])
+                shifted.fill(0)
+                if rows is not None and cols is not None:
+                    xp.copyto(shifted[:, rows[0], cols[0]], image[:, rows[1], cols[1]])
+                for m0 in range(0, m, block):
+                    m1 = min(m, m0 + block)
+                    taps = room[c * pixels:c * pixels + (m1 - m0) * c].reshape(m1 - m0, c)
+                    product = ws["products"].reshape(-1)[:(m1 - m0) * pixels].reshape(m1 - m0, pixels)
+                    xp.copyto(taps, w[m0:m1, :, a, e])
+                    matmul(xp, taps, shifted.reshape(c, pixels), product)
+                    xp.add(target[m0:m1], product, out=target[m0:m1])
 
 
 def gather(xp, x, tiles, grid, pads, tile):

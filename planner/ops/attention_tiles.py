@@ -18,7 +18,8 @@ FILL_MODES = ("set", "add", "set_after_bias")
 """How a hidden score takes `fill`: set to it before the bias is added (Where on the scores, then the bias),
 added to it (an additive mask), or set to it after the bias (Where on the biased scores)."""
 EMPTY_ROWS = ("zero", "nan")
-"""What a row whose every score is -inf gives: zeros (SDPA's exports guard it) or NaN (as Softmax does)."""
+"""What a row whose softmax is NaN (every score -inf, or one NaN or +inf) gives: NaN, as Softmax does, or the
+product of zero probabilities with V, as SDPA's exports guard it (Where(IsNaN(P), 0, P))."""
 DEFAULTS = {"scale": 0.0, "causal": 0, "window": 0, "softcap": 0.0, "fill": -math.inf, "fill_mode": "set",
             "empty_rows": "zero", "dropout": 0.0, "seed": 0}
 
@@ -110,14 +111,15 @@ def tiles(s, t, layout, limit):
     return layout(tq, tk)
 
 
-def tile_layout(groups, tq, tk, d, wide, form, *parts, relative=(0, 0)):
+def tile_layout(groups, tq, tk, d, wide, form, *parts, relative=(0, 0), masked=False):
     """The scratch every tiled kernel shares (score tile, loaded Q and K tiles, row statistics, the masks of
-    `form`, the gathers of relative-position tables of `relative` (R_rows, R_cols) columns), then `parts`:
-    (name, elements) of more flat slices of `wide`."""
+    `form` and of a mask input where `masked`, the gathers of relative-position tables of `relative` (R_rows,
+    R_cols) columns), then `parts`: (name, elements) of more flat slices of `wide`."""
     rows, pairs = groups * tq, groups * tq * tk
     dropping, gathers = form.dropout > 0, any(relative)
     return Layout.pack(("s", (rows * tk,), wide), ("q", (rows * d,), wide), ("k", (tk * d,), wide),
                        *[(name, (rows,), wide) for name in ("m", "m_new", "l", "alpha", "sums")],
+                       ("empty", (rows,), np.bool_),
                        *[(name, (count,), wide) for name, count in filter(None, parts)],
                        ("rel_vals", (pairs,), wide) if gathers else None,
                        ("rel_table", (groups * max(tq, tk) * max(relative),), wide) if gathers else None,
@@ -125,8 +127,9 @@ def tile_layout(groups, tq, tk, d, wide, form, *parts, relative=(0, 0)):
                        ("rel_flat", (pairs,), np.int64) if gathers else None,
                        ("rows", (tq,), np.int32), ("cols", (tk,), np.int32),
                        ("diff", (tq, tk), np.int32) if form.causal or gathers else None,
-                       ("hidden", (tq * tk,), np.bool_) if form.causal else None,
+                       ("band", (tq * tk,), np.bool_) if form.causal else None,
                        ("outside", (tq * tk,), np.bool_) if form.window else None,
+                       ("hidden", (pairs,), np.bool_) if masked else None,
                        ("hash", (pairs,), np.uint32) if dropping else None,
                        ("spare", (pairs,), np.uint32) if dropping else None,
                        ("dropped", (pairs,), np.bool_) if dropping else None, align=64)
@@ -162,18 +165,27 @@ def sizes(q, k, v, bias=None):
     return batch, heads, hkv, s, t, d, dv
 
 
+def finite(xp, x):
+    """Whether every value of x is finite, by its sum (no temporary; an overflow says no)."""
+    with np.errstate(all="ignore"):
+        return math.isfinite(float(xp.sum(x)))
+
+
 class Tiles:
     """One run's walk over tiles: the inputs, the form, the tile sizes, and the scores of a tile pair (scaled,
     soft-capped, masked and biased) into the scratch."""
 
-    def __init__(self, xp, step, q, k, v, bias, ws, step_count=None, relative=(None,) * 4):
+    def __init__(self, xp, step, q, k, v, bias, ws, step_count=None, relative=(None,) * 4, mask=None):
         self.xp, self.ws = xp, ws
         self.relative = relative
         self.batch, self.heads_total, self.hkv, self.s, self.t, d, self.dv = sizes(q.shape, k.shape, v.shape)
         self.groups = self.heads_total // self.hkv
         self.form = Form.of(step.attrs, d)
         self.scale, self.causal, self.offset = self.form.scale, self.form.causal, self.t - self.s
-        self.bias = None if bias is None else xp.broadcast_to(bias, (self.batch, self.heads_total, self.s, self.t))
+        self.bias, self.mask = (None if x is None else xp.broadcast_to(x, (self.batch, self.heads_total, self.s, self.t))
+                                for x in (bias, mask))
+        self.k, self.v, self.skip = k, v, self.form.skips
+        self.finite_bias = bias is None or self.form.fill_mode == "set_after_bias" or finite(xp, bias)
         self.tq, self.tk = ws["rows"].shape[0], ws["cols"].shape[0]
         self.wide = ws["s"].dtype
         self.low = float(np.finfo(self.wide).min)
@@ -191,17 +203,25 @@ class Tiles:
     def queries(self):
         return [(i, min(i + self.tq, self.s)) for i in range(0, self.s, self.tq)]
 
+    def group(self, b, hk):
+        """Starts kv head hk of batch b: hidden keys are skipped (fill -inf) only where every value they meet is
+        finite, as the export's 0 * V and -inf + score are then 0 and -inf: V, K where the fill is added, the
+        bias where it is added after the fill (a sum is finite only if each term is; an overflow merely skips
+        nothing)."""
+        meets = [self.v[b, hk], *([self.k[b, hk]] if self.form.fill_mode == "add" else [])]
+        self.skip = self.form.skips and self.finite_bias and all(finite(self.xp, x) for x in meets)
+
     def keys(self, i0, i1):
         """The key tiles of query tile [i0, i1): those some row sees where hidden keys are skipped, else all."""
         lo, hi = (self.form.seen(i0, self.offset, self.t)[0], self.form.seen(i1 - 1, self.offset, self.t)[1]) \
-            if self.form.skips else (0, self.t)
+            if self.skip else (0, self.t)
         return [(j, min(j + self.tk, hi)) for j in range(lo, hi, self.tk)]
 
     def sees(self, i0, i1, j0, j1):
         """Whether the walk computes the tile of queries [i0, i1) and keys [j0, j1) (some pair is seen, or
         hidden keys count)."""
         lo, hi = self.form.seen(i0, self.offset, self.t)[0], self.form.seen(i1 - 1, self.offset, self.t)[1]
-        return not self.form.skips or (j0 < hi and j1 > lo)
+        return not self.skip or (j0 < hi and j1 > lo)
 
     def load(self, name, src):
         """`src` copied into the scratch slice `name` in the accumulation dtype (contiguous, for matmul)."""
@@ -209,8 +229,20 @@ class Tiles:
         self.xp.copyto(view, src)
         return view
 
-    def hidden(self, i0, i1, j0, j1):
-        """The (n, m) mask of the keys the tile's rows hide, in the scratch; None where they hide none."""
+    def hidden(self, b, hk, i0, i1, j0, j1):
+        """The mask of the keys the tile's rows hide, in the scratch: (n, m) of the band, (G, n, m) with a mask
+        input; None where they hide none."""
+        band = self.band(i0, i1, j0, j1)
+        if self.mask is None:
+            return band
+        hidden = flat(self.ws, "hidden", (self.groups, i1 - i0, j1 - j0))
+        self.xp.logical_not(self.mask[b, self.heads(hk), i0:i1, j0:j1], out=hidden)
+        if band is not None:
+            self.xp.logical_or(hidden, band, out=hidden)
+        return hidden
+
+    def band(self, i0, i1, j0, j1):
+        """The (n, m) mask of the keys that `causal` and `window` hide from the tile's rows; None for none."""
         if not self.causal:
             return None
         xp, ws, edge = self.xp, self.ws, i0 + self.offset - j0
@@ -218,19 +250,19 @@ class Tiles:
         if j1 - 1 <= i0 + self.offset and not (window and j0 <= i1 - 1 + self.offset - window):
             return None
         diff = ws["diff"][:i1 - i0, :j1 - j0]
-        hidden = flat(ws, "hidden", diff.shape)
-        xp.greater(diff, edge, out=hidden)
+        band = flat(ws, "band", diff.shape)
+        xp.greater(diff, edge, out=band)
         if window:
             outside = flat(ws, "outside", diff.shape)
             xp.less_equal(diff, edge - window, out=outside)
-            xp.logical_or(hidden, outside, out=hidden)
-        return hidden
+            xp.logical_or(band, outside, out=band)
+        return band
 
     def scores(self, q, k, b, hk, i0, i1, j0, j1, capped=None):
         """(scores, hidden) for query rows [i0, i1) of the group's heads (loaded `q`, (G, n, D)) and keys
         [j0, j1) (loaded `k`, (m, D)): scale Q K^T, soft-capped (its tanh kept in `capped` where given),
-        hidden keys filled by the form's mode and the bias added, (G, n, m) in the scratch; and the tile's
-        hidden mask (None: none hidden)."""
+        hidden keys (the band's and the mask input's) filled by the form's mode and the bias added, (G, n, m)
+        in the scratch; and the tile's hidden mask (None: none hidden)."""
         xp, form = self.xp, self.form
         s = flat(self.ws, "s", (self.groups, i1 - i0, j1 - j0))
         matmul(xp, q, k.T, s)
@@ -241,7 +273,7 @@ class Tiles:
             if capped is not None:
                 xp.copyto(capped, s)
             xp.multiply(s, form.softcap, out=s)
-        hidden = self.hidden(i0, i1, j0, j1)
+        hidden = self.hidden(b, hk, i0, i1, j0, j1)
         if hidden is not None and form.fill_mode != "set_after_bias":
             self.fill(s, hidden)
         if self.bias is not None:
@@ -345,6 +377,22 @@ class Tiles:
         xp.sum(s, axis=-1, keepdims=True, out=sums)
         xp.multiply(total, alpha, out=total)
         xp.add(total, sums, out=total)
+
+    def zero_empty_rows(self, acc, total, v):
+        """Rows of `acc` whose running sum `total` is not positive (0: every score -inf; NaN) become 0 V (zeros,
+        NaN in a column of V that is not finite), what zero probabilities give."""
+        xp = self.xp
+        empty = flat(self.ws, "empty", total.shape)
+        xp.greater(total, 0, out=empty)
+        xp.logical_not(empty, out=empty)
+        if empty.any():  # 0 V = 0 (max V) + 0 (min V): NaN in a column holding NaN or an infinity
+            zero, low = self.ws["v_max"], self.ws["v_min"]
+            xp.max(v, axis=0, out=zero)
+            xp.min(v, axis=0, out=low)
+            xp.multiply(zero, 0, out=zero)
+            xp.multiply(low, 0, out=low)
+            xp.add(zero, low, out=zero)
+            xp.copyto(acc, zero, where=empty)
 
     def log_sum_exp(self, m, total, out):
         """out = m + log(l): -inf for a row with nothing to attend (l = 0)."""

@@ -4,7 +4,7 @@ axis is a negative stride), so they need no temporaries."""
 import numpy as np
 
 from . import register
-from .base import Info, Schema, axis, no_flops, per_input_element, same_as_input
+from .base import Info, Schema, axis, constant_shape, no_flops, per_input_element, same_as_input
 from .shape_ops import zeros
 from ..dtypes import to_onnx
 from ..errors import ShapeError
@@ -98,6 +98,7 @@ class CumProd(CumSum):
         exclusive, reverse = self.attr(node, "exclusive"), self.attr(node, "reverse")
         if exclusive and n == 1:
             return [zeros(b, shape, b.dtype(x))]
+        constant_shape(node, "its gradient's triangle mask", n, n)
 
         def flip(t):
             return b.op("Slice", t, starts=[-1], ends=[-n - 1], axes=[a], steps=[-1]) if reverse else t

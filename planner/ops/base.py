@@ -7,6 +7,12 @@ import numpy as np
 
 from ..dtypes import is_float
 from ..errors import ShapeError
+from ..ir import op_name
+
+CONST_LIMIT = 1 << 24
+"""Most elements of a constant that planning builds from sizes the model gives (a DFT's matrix, a gradient's
+index table), checked before it is made: a model describes tensors of up to 2**48 bytes that are never made
+when planning, and a constant shaped by one would exhaust the host."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +241,17 @@ def elements(outs):
     return sum(math.prod(o[0]) for o in outs if o is not None)
 
 
+def constant_shape(node, what, *shape):
+    """`shape`, that of a constant planning is about to build for `node` (`what` it holds), once it is seen to
+    hold at most CONST_LIMIT elements; ShapeError naming the node otherwise."""
+    count = math.prod(shape)
+    if count > CONST_LIMIT:
+        raise ShapeError(f"node {node.name!r} ({op_name(node.domain, node.op)}): {what} would hold {count:,} elements "
+                         f"{tuple(shape)}, more than the {CONST_LIMIT:,} memplan builds when planning "
+                         "(planner.ops.base.CONST_LIMIT)")
+    return tuple(shape)
+
+
 def no_flops(node, ins, outs):
     """The cost of ops that only describe or fill values (Shape, ConstantOfShape, Range): none."""
     return 0
@@ -250,6 +267,15 @@ def no_gradient(node):
     """What a gradient rule does for a form of its op it cannot differentiate (yet)."""
     from ..errors import ModelError
     raise ModelError(f"node {node.name!r} ({node.op}) has no gradient rule")
+
+
+def normalised_dims(shape, first):
+    """The dims from `first` on, which a normalisation takes its statistics over; ShapeError where they hold
+    no values (the mean of an empty set has none; onnxruntime refuses it too)."""
+    dims = tuple(shape[first:])
+    if not math.prod(dims):
+        raise ShapeError(f"it normalises over dims {dims} of its input {tuple(shape)}, which hold no values")
+    return dims
 
 
 def same_as_input(node, ins):

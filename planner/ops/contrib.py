@@ -7,7 +7,7 @@ import numpy as np
 
 from . import register, schema
 from .attention import given, output, wants, widening
-from .base import FLOATS, Schema, axis as to_axis, broadcast
+from .base import FLOATS, Schema, axis as to_axis, broadcast, constant_shape, normalised_dims
 from .composite import Composite
 from ..dtypes import to_onnx
 from ..errors import ShapeError
@@ -75,6 +75,7 @@ class SkipNormalization(Schema):
         x = t["input"]
         if x.rank not in (2, 3):
             raise ShapeError(f"the input must be 2-D or 3-D, got shape {x.shape}")
+        normalised_dims(x.shape, x.rank - 1)
         if broadcast(x.shape, t["skip"].shape) != x.shape:
             raise ShapeError(f"skip of shape {t['skip'].shape} does not broadcast to the input's {x.shape}")
         for name in set(t) - {"input", "skip"}:
@@ -124,8 +125,9 @@ class SimplifiedLayerNormalization(Schema):
     def infer(self, node, ins):
         x, scale = ins
         first = to_axis(self.attr(node, "axis"), x.rank)
-        if broadcast(x.shape[first:], scale.shape) != tuple(x.shape[first:]):
-            raise ShapeError(f"scale of shape {scale.shape} does not broadcast to the normalised dims {x.shape[first:]}")
+        dims = normalised_dims(x.shape, first)
+        if broadcast(dims, scale.shape) != dims:
+            raise ShapeError(f"scale of shape {scale.shape} does not broadcast to the normalised dims {dims}")
         if self.attr(node, "stash_type") not in (1, 11):
             raise ShapeError(f"stash_type must be 1 (float) or 11 (double), got {self.attr(node, 'stash_type')}")
         stash = np.dtype(np.float64 if self.attr(node, "stash_type") == 11 else np.float32)
@@ -182,7 +184,9 @@ class EmbedLayerNormalization(Schema):
         t = given(self.names, node.inputs)
         ids = t["input_ids"]
         batch, seq = b.shape(ids)
-        positions = t.get("position_ids") or b.const(np.arange(seq)[None], ids)
+        positions = t.get("position_ids")
+        if not positions:
+            positions = b.const(np.arange(constant_shape(node, "its positions", seq)[0])[None], ids)
         total = b.op("Add", b.op("Gather", t["word_embedding"], ids, axis=0),
                      b.op("Gather", t["position_embedding"], positions, axis=0))
         if "segment_ids" in t:

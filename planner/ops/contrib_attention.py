@@ -350,7 +350,8 @@ class GroupQueryAttention(ContribAttention):
         seq = q[1]
         past = [0] * q[0] if seq == total else [n - seq for n in lengths]
         present = max(total, cache)
-        if len(lengths) != q[0] or min(past) < 0 or max(past) > cache or max(past) + seq > present:
+        if len(lengths) != q[0] or min(past, default=0) < 0 or max(past, default=0) > cache or \
+                max(past, default=0) + seq > present:
             raise ShapeError(f"seqlens_k {[n - 1 for n in lengths]} and total_sequence_length {total} do not fit "
                              f"{seq} new tokens after a past of {cache}")
         d = dict(B=q[0], Hq=heads, Hk=kv_heads, Sq=seq, Skv=seq, Sk=present, D=size, Dv=size, past=past,
@@ -407,7 +408,7 @@ class GroupQueryAttention(ContribAttention):
 
     def cached(self, b, past, new, d):
         """present (B, Nkv, T, H): each batch's valid past, its new tokens, then zeros."""
-        rows = sorted(set(d["past"]))
+        rows = sorted(set(d["past"])) or [0]  # an empty batch: its empty past and new tokens as one
         if len(rows) == 1:
             chunks = [[past, new]]
             valid = rows

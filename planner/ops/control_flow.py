@@ -2,7 +2,9 @@
 of its subgraphs (`expand`), renamed into the outer graph. An If whose condition is known takes one
 branch; otherwise both run and `Select` keeps the taken one's outputs (so the arena holds both
 branches' outputs, and the larger branch's temporaries). A Loop is unrolled one iteration at a time
-while its trip count and condition are known; a Scan, over the static length of its scan inputs."""
+while its trip count and condition are known; a Scan, over the static length of its scan inputs. What
+unrolling adds is bounded by MAX_UNROLLED nodes, nested Loops and Scans multiplied: each Loop or Scan is
+measured before its first copy is made (`unrolled`), and shape inference counts what they all add."""
 from dataclasses import replace
 
 import numpy as np
@@ -15,6 +17,77 @@ from ..ir import Graph, Node, Tensor, captured
 
 MAX_ITERATIONS = 1024
 """Most iterations a Loop or Scan is unrolled to: each one is a copy of its body in the plan."""
+MAX_UNROLLED = 1 << 16
+"""Most nodes unrolling a model's control flow may add, in all: each is planned (a Loop of 1,024 inside a
+Loop of 1,024 would add a million and plan for many minutes)."""
+
+
+def check_unrolled(count, what="unrolling the model's control flow makes"):
+    """Raise ShapeError when `count` nodes of unrolled control flow are more than MAX_UNROLLED."""
+    if count > MAX_UNROLLED:
+        raise ShapeError(f"{what} {count:,} nodes, more than the {MAX_UNROLLED:,} memplan unrolls "
+                         "(planner.ops.control_flow.MAX_UNROLLED)")
+
+
+def unrolled(graph, scope):
+    """At least how many nodes `graph` becomes once its control flow is unrolled, without unrolling it: its
+    nodes, and for each Loop or Scan the nodes of its body times the iterations known now (a Loop's trip
+    count when `scope`, {name: Tensor or Info} of the names it sees, or the graph's constants give it and its
+    body passes the condition on unchanged; else one), for an If its smaller branch."""
+    defined = {*graph.inputs, *(o for n in graph.nodes for o in n.outputs)}
+    scope = {**{k: v for k, v in scope.items() if k not in defined},
+             **{t.name: t for t in graph.tensors.values() if t.kind in ("param", "const")}}
+    total = 0
+    for node in graph.nodes:
+        total += 1
+        if node.domain:
+            continue
+        if node.op == "If":
+            total += min(unrolled(node.attrs["then_branch"], scope), unrolled(node.attrs["else_branch"], scope))
+        elif node.op in ("Loop", "Scan"):
+            trips = _trips(node, [scope.get(i) for i in node.inputs[:2]]) if node.op == "Loop" else 1
+            total += trips * unrolled(node.attrs["body"], scope)
+    return total
+
+
+def _trips(node, known):
+    """The iterations a Loop runs at least: its trip count M when it and the condition are known (`known`,
+    the Tensor or Info of each input, None where unknown) and its body passes the condition on unchanged;
+    else one."""
+    count, going = (_known(node.inputs[k] if k < len(node.inputs) else "", known[k] if k < len(known) else None)
+                    for k in (0, 1))
+    if going is not None and not going:
+        return 0
+    return 1 if count is None or not _keeps_going(node.attrs["body"]) else max(int(count), 0)
+
+
+def _known(name, source):
+    """The one value of input `name` from its Tensor's data or Info's value, or None where unknown."""
+    data = None if not name or source is None else source.data if isinstance(source, Tensor) else source.value
+    return None if data is None or np.size(data) != 1 else np.ravel(np.asarray(data))[0]
+
+
+def _keeps_going(body):
+    """Whether a Loop body gives back its condition unchanged (through Identity nodes) or a true constant,
+    so that only the trip count ends the loop."""
+    if not body.outputs or len(body.inputs) < 2:
+        return False
+    cond, made = body.outputs[0], {o: n for n in body.nodes for o in n.outputs}
+    while cond in made and made[cond].op == "Identity" and not made[cond].domain:
+        cond = made[cond].inputs[0]
+    t = body.tensors.get(cond)
+    value = _known(cond, t) if t is not None and t.kind == "const" else None
+    return cond == body.inputs[1] or bool(value is not None and value)
+
+
+def _check_copies(node, ins, iterations):
+    """Refuse a Loop or Scan whose `iterations` copies of its body unroll to more than MAX_UNROLLED nodes,
+    before any is made; `ins` the Infos of its inputs, among them the names its body captures."""
+    names = captures(node)
+    scope = dict(zip(names, ins[len(ins) - len(names):]))
+    body = unrolled(node.attrs["body"], scope)
+    check_unrolled(iterations * body, f"unrolling it ({iterations:,} iterations of a body of {body:,} nodes, "
+                                      "nested Loops and Scans multiplied) makes at least")
 
 
 def inline(body, prefix, bound, node, targets=()):
@@ -154,6 +227,11 @@ class Loop(Schema):
                     {k: t for _, ts in scans for k, t in ts.items()})
         if i >= MAX_ITERATIONS:
             raise ShapeError(f"it runs more than {MAX_ITERATIONS} iterations, the most memplan unrolls")
+        if i == 0:
+            counted = trip is not None and _keeps_going(body)
+            if counted and trip > MAX_ITERATIONS:
+                raise ShapeError(f"it runs {trip:,} iterations, more than the {MAX_ITERATIONS} memplan unrolls")
+            _check_copies(node, ins, trip if counted else 1)
         prefix = f"{node.name}/{i}/"
         tensors = {prefix + "iteration": _const(prefix + "iteration", np.array(i, np.int64)),
                    prefix + "condition": _const(prefix + "condition", np.array(True))}
@@ -185,6 +263,7 @@ class Scan(Schema):
         length = lengths.pop()
         if length > MAX_ITERATIONS:
             raise ShapeError(f"it runs {length} iterations, more than the {MAX_ITERATIONS} memplan unrolls")
+        _check_copies(node, ins, length)
         nodes, tensors, state, parts = [], {}, list(node.inputs[:n]), []
         for t in range(length):
             prefix = f"{node.name}/{t}/"

@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from . import schema
-from .base import Layout, Schema, same_dtype
+from .base import Layout, Schema, constant_shape, same_dtype
 from .sampling import front, take_columns, work_dtype
 from ..errors import ShapeError, UnsupportedOpError
 
@@ -63,6 +63,8 @@ class DeformConv(Schema):
             raise ShapeError(f"mask {mask.shape} must be {(n, taps, *out)}")
         if bias is not None and bias.shape != (m,):
             raise ShapeError(f"B {bias.shape} must have one value per output channel {m}")
+        if c and n * m * math.prod(out) and not math.prod(x.shape[2:]):
+            raise ShapeError(f"X {x.shape} has no pixels to sample (onnxruntime refuses it too)")
         return [((n, m, *out), same_dtype(ins))]
 
     def workspace(self, node, ins, outs, limit):
@@ -203,6 +205,7 @@ class DeformConv(Schema):
         kernel, strides, dilations, pads, out = self.geometry(node, b.shape(x), b.shape(w))
         r, k, positions = len(kernel), math.prod(kernel), math.prod(out)
         groups, group, m = self.attr(node, "offset_group"), self.attr(node, "group"), b.shape(w)[0]
+        constant_shape(node, "the places of its taps", k, r, positions)
         taps = np.stack(np.meshgrid(*(np.arange(s) * t for s, t in zip(kernel, dilations)), indexing="ij"), -1)
         starts = np.stack(np.meshgrid(*(np.arange(o) * s - e for o, s, e in zip(out, strides, pads)), indexing="ij"),
                           -1)

@@ -7,7 +7,7 @@ import numpy as np
 
 from . import schema
 from .attention_tiles import DEFAULTS, Form, Tiles, check_attributes, flat, sizes, tile_layout, tiles
-from .base import FLOATS, Schema
+from .base import FLOATS, Schema, broadcast
 from .into import matmul
 from ..errors import ShapeError
 
@@ -17,30 +17,33 @@ from ..errors import ShapeError
 class ScaledDotProductAttention(Schema):
     """Y = softmax(mask(cap(scale Q K^T)) + bias) V, per head, computed in tiles (attention_tiles.Form).
 
-    Inputs Q (B, H, S, D), K (B, Hkv, T, D), V (B, Hkv, T, Dv), an optional additive `bias` that broadcasts
-    to (B, H, S, T), `step` (a float64 scalar), which dropout needs, and relative-position terms added to the
-    scores (DeBERTa's), each a table and an int64 index of S + T - 1: `rows` (B, H, S, R) adds
+    Inputs Q (B, H, S, D), K (B, Hkv, T, D), V (B, Hkv, T, Dv), an optional additive `bias` and bool `mask`
+    (False hides a key, as the band does) that broadcast to (B, H, S, T), `step` (a float64 scalar), which
+    dropout needs, and relative-position terms added to the scores (DeBERTa's), each a table and an int64 index of S + T - 1: `rows` (B, H, S, R) adds
     rows[i, rows_index[i - j + T - 1]], `cols` (B, H, T, R') adds cols[j, cols_index[j - i + S - 1]], so that
     the (S, T) terms are never held; query head h reads kv head h // (H / Hkv) (grouped-query attention, K
     and V never copied). `scale`: 0 (default) is 1/sqrt(D);
     `softcap` > 0: scores become softcap tanh(scores / softcap); `causal`: query i sees keys
     j <= i + T - S, and with `window` > 0 only the last `window` of those; hidden keys' scores take
-    `fill` (-inf by default) by `fill_mode`; a row whose every score is -inf gives zeros or NaN
-    (`empty_rows`); `dropout` drops probabilities with a counter-based hash of (`seed`, step, element).
+    `fill` (-inf by default) by `fill_mode`; a row whose softmax is NaN (every score -inf, or a NaN or +inf
+    score) gives NaN or, as SDPA's exports guard it, zero probabilities (0 V: zeros, NaN where V is not
+    finite) (`empty_rows`); `dropout` drops probabilities with a counter-based hash of (`seed`, step, element).
     Outputs Y (B, H, S, Dv) of Q's dtype and the optional LSE (B, H, S), each row's log-sum-exp of its
     scores (-inf for a row that sees nothing), in the accumulation dtype (float32, float64 for float64
     inputs): what the gradient reads instead of the scores."""
 
     defaults = dict(DEFAULTS)
-    types = (("T", "T", "T", "T", "S", "T", "I", "T", "I"), {"T": FLOATS, "S": FLOATS, "I": ("tensor(int64)",)})
+    types = (("T", "T", "T", "T", "B", "S", "T", "I", "T", "I"),
+             {"T": FLOATS, "B": ("tensor(bool)",), "S": FLOATS, "I": ("tensor(int64)",)})
     mirror = False
 
     def infer(self, node, ins):
         check_attributes(node, self.attr)
-        q, k, v, bias, step = (list(ins) + [None, None])[:5]
+        q, k, v, bias, mask, step = (list(ins) + [None] * 3)[:6]
         batch, heads, _, s, t, _, dv = sizes(q.shape, k.shape, v.shape, None if bias is None else bias.shape)
+        check_mask(mask, (batch, heads, s, t))
         check_step(self.attr(node, "dropout"), step)
-        check_relative(ins[5:9], batch, heads, s, t)
+        check_relative(ins[6:10], batch, heads, s, t)
         return [((batch, heads, s, dv), q.dtype), ((batch, heads, s), self.accumulation(q.dtype))]
 
     def workspace(self, node, ins, outs, limit):
@@ -50,9 +53,10 @@ class ScaledDotProductAttention(Schema):
         q, k, v = ins[:3]
         _, heads, hkv, s, t, d, dv = sizes(q.shape, k.shape, v.shape)
         wide, form, g = self.accumulation(q.dtype), Form.of(self.normalize(node)), heads // hkv
-        relative = widths(*(list(ins) + [None] * 9)[5:9:2])
+        relative, masked = widths(*(list(ins) + [None] * 10)[6:10:2]), len(ins) > 4 and ins[4] is not None
         return tiles(s, t, lambda tq, tk: tile_layout(g, tq, tk, d, wide, form, ("v", tk * dv), ("acc", g * tq * dv),
-                                                      ("pv", g * tq * dv), relative=relative), limit)
+                                                      ("pv", g * tq * dv), ("v_max", dv), ("v_min", dv),
+                                                      relative=relative, masked=masked), limit)
 
     def flops(self, node, ins, outs):
         """2 (D + Dv) per (query, key) pair computed (Q K^T and P V; with hidden keys skipped, the visible
@@ -61,12 +65,13 @@ class ScaledDotProductAttention(Schema):
         return 2 * (d + dv) * batch * heads * Form.of(self.normalize(node)).visible(s, t)
 
     def kernel(self, xp, step, ins, outs, ws):
-        q, k, v, bias, count = (list(ins) + [None, None])[:5]
+        q, k, v, bias, mask, count = (list(ins) + [None] * 3)[:6]
         y, lse = (list(outs) + [None])[:2]
-        at = Tiles(xp, step, q, k, v, bias, ws, count, (list(ins[5:9]) + [None] * 4)[:4])
+        at = Tiles(xp, step, q, k, v, bias, ws, count, (list(ins[6:10]) + [None] * 4)[:4], mask)
         g = at.groups
         for b in range(at.batch):
             for hk in range(at.hkv):
+                at.group(b, hk)
                 for i0, i1 in at.queries():
                     n = i1 - i0
                     qt = at.load("q", q[b, at.heads(hk), i0:i1])
@@ -86,10 +91,10 @@ class ScaledDotProductAttention(Schema):
                         sums = flat(ws, "sums", (g, n, 1))
                         at.log_sum_exp(m, total, sums)
                         xp.copyto(lse[b, at.heads(hk), i0:i1], sums[..., 0])
-                    if at.form.empty_rows == "zero":
-                        xp.maximum(total, np.finfo(at.wide).tiny, out=total)  # a row that saw nothing: 0 / tiny
-                    with np.errstate(invalid="ignore"):
+                    with np.errstate(invalid="ignore", divide="ignore"):
                         xp.divide(acc, total, out=acc)
+                    if at.form.empty_rows == "zero":
+                        at.zero_empty_rows(acc, total, v[b, hk])
                     xp.copyto(y[b, at.heads(hk), i0:i1], acc)
 
     def gradient(self, b, node, dys):
@@ -97,20 +102,20 @@ class ScaledDotProductAttention(Schema):
         memplan.ScaledDotProductAttentionGrad, which recomputes the scores tile by tile from Q, K and the
         saved LSE (recomputed by that op when the node does not output it); LSE's gradient is its dLSE."""
         dy, dlse = (list(dys) + [None])[:2]
-        q, k, v, bias, step, rows, rows_index, cols, cols_index = (list(node.inputs) + [""] * 6)[:9]
+        q, k, v, bias, mask, step, rows, rows_index, cols, cols_index = (list(node.inputs) + [""] * 7)[:10]
         lse = node.outputs[1] if len(node.outputs) > 1 else ""
         y = node.outputs[0] if dy else ""
         wanted = (True, True, True, bool(bias) and b.needed(bias), bool(rows) and b.needed(rows),
                   bool(cols) and b.needed(cols))
         relative = (rows, rows_index, cols, cols_index) if rows or cols else ()
         dq, dk, dv, dbias, drows, dcols = (*b.op("ScaledDotProductAttentionGrad", q, k, v, bias, y, lse, dy or "",
-                                                 dlse or "", step, *relative, outputs=wanted[:max(
+                                                 dlse or "", mask, step, *relative, outputs=wanted[:max(
                                                      k + 1 for k, w in enumerate(wanted) if w)], domain="memplan",
                                                  **node.attrs), None, None, None)[:6]
-        return [dq, dk, dv, dbias, None, drows, None, dcols, None][:len(node.inputs)]
+        return [dq, dk, dv, dbias, None, None, drows, None, dcols, None][:len(node.inputs)]
 
-    def torch(self, torch, q, k, v, bias=None, step=None, rows=None, rows_index=None, cols=None, cols_index=None,
-              **attrs):
+    def torch(self, torch, q, k, v, bias=None, mask=None, step=None, rows=None, rows_index=None, cols=None,
+              cols_index=None, **attrs):
         """Y and the LSE by the formula in the accumulation dtype, K and V repeated per query head, the relative
         terms gathered whole; dropout draws memplan's own mask."""
         form = Form.of(attrs, q.shape[-1])
@@ -120,35 +125,47 @@ class ScaledDotProductAttention(Schema):
         scores = torch.matmul(q.to(wide), k.to(wide).transpose(-1, -2)) * form.scale
         if form.softcap:
             scores = torch.tanh(scores / form.softcap) * form.softcap
-        hidden = None
-        if form.causal:
-            i, j = torch.arange(s, device=q.device)[:, None], torch.arange(t, device=q.device)[None, :]
-            hidden = (j > i + t - s) | ((j <= i + t - s - form.window) if form.window else False)
-            fill = torch.tensor(form.fill, dtype=wide, device=q.device)
-            if form.fill_mode == "set":
-                scores = torch.where(hidden, fill, scores)
-            elif form.fill_mode == "add":
-                scores = torch.where(hidden, scores + fill, scores)
+        i, j = torch.arange(s, device=q.device)[:, None], torch.arange(t, device=q.device)[None, :]
+        hidden = ((j > i + t - s) | ((j <= i + t - s - form.window) if form.window else False)) if form.causal \
+            else torch.zeros((s, t), dtype=torch.bool, device=q.device)
+        if mask is not None:
+            hidden = hidden | ~mask
+        fill = torch.tensor(form.fill, dtype=wide, device=q.device)
+        if form.fill_mode == "set":
+            scores = torch.where(hidden, fill, scores)
+        elif form.fill_mode == "add":
+            scores = torch.where(hidden, scores + fill, scores)
         if bias is not None:
             scores = scores + bias.to(wide)
-        i, j = torch.arange(s, device=q.device)[:, None], torch.arange(t, device=q.device)[None, :]
         if rows is not None:
             at = rows_index[i - j + t - 1].expand(*rows.shape[:2], s, t)
             scores = scores + torch.gather(rows.to(wide), -1, at)
         if cols is not None:
             at = cols_index[(j - i + s - 1).T].expand(*cols.shape[:2], t, s)
             scores = scores + torch.gather(cols.to(wide), -1, at).transpose(-1, -2)
-        if hidden is not None and form.fill_mode == "set_after_bias":
-            scores = torch.where(hidden, torch.tensor(form.fill, dtype=wide, device=q.device), scores)
+        if form.fill_mode == "set_after_bias":
+            scores = torch.where(hidden, fill, scores)
         lse = torch.logsumexp(scores, -1)
         p = torch.softmax(scores, -1)
         if form.empty_rows == "zero":
-            p = p.masked_fill(torch.isneginf(lse)[..., None], 0)
+            p = torch.where(torch.isnan(p), 0, p)
         if form.dropout:
             from .misc import dropout_keep
             keep = dropout_keep(np, p.numel(), form.seed, float(step), form.dropout).reshape(tuple(p.shape))
             p = p * torch.from_numpy(keep).to(p.device) / (1 - form.dropout)
         return [torch.matmul(p, v.to(wide)).to(q.dtype), lse]
+
+
+def check_mask(mask, scores):
+    """A mask input is bool and broadcasts to the scores' (B, H, S, T)."""
+    if mask is None:
+        return
+    try:
+        fits = mask.dtype == np.bool_ and len(mask.shape) <= 4 and broadcast(tuple(mask.shape), scores) == scores
+    except ShapeError:
+        fits = False
+    if not fits:
+        raise ShapeError(f"mask must be bool and broadcast to the scores' {scores}, got {mask.dtype} {tuple(mask.shape)}")
 
 
 def widths(rows, cols):
@@ -176,7 +193,7 @@ def check_relative(ins, batch, heads, s, t):
 def check_step(ratio, step):
     """Dropout needs the step, a scalar (its count, which keys the mask)."""
     if ratio and step is None:
-        raise ShapeError("dropout needs input 4, the step (a scalar that keys each step's mask)")
+        raise ShapeError("dropout needs input 5, the step (a scalar that keys each step's mask)")
     if step is not None and step.shape != ():
         raise ShapeError(f"step must be a scalar, got shape {step.shape}")
 

@@ -6,7 +6,7 @@ import math
 from . import schema
 from .base import FLOATS, Schema
 from .attention_tiles import DEFAULTS, Form, Tiles, check_attributes, flat, sizes, tile_layout, tiles
-from .fused_attention import check_relative, check_step, widths
+from .fused_attention import check_mask, check_relative, check_step, widths
 from .into import matmul
 from ..errors import ShapeError
 
@@ -15,7 +15,7 @@ from ..errors import ShapeError
 class ScaledDotProductAttentionGrad(Schema):
     """Inputs Q, K, V, bias (or ""), Y, LSE (or "": recomputed here, one more pass of Q K^T), dY as
     memplan.ScaledDotProductAttention's, the optional dLSE (Y and dY may be "" where dLSE is given), the
-    step (which dropout needs) and the relative-position tables with their indices; outputs dQ, dK, dV and,
+    mask, the step (which dropout needs) and the relative-position tables with their indices; outputs dQ, dK, dV and,
     where asked for (an input that needs a gradient), dBias, dRows and dCols of their inputs' shapes. Per kv head, for each key tile (its dK and dV summed in the scratch over the
     query tiles of every head of its group) and each query tile: P = exp(S - LSE) and its dropped form Pd,
     dV += Pd^T dY, dP = dY V^T (dropped as P was), dS = P (dP - D) with D = rowsum(dY Y) - dLSE
@@ -26,21 +26,22 @@ class ScaledDotProductAttentionGrad(Schema):
     scratch (dQ's of the group's (G, S, D) rows, dBias's of its whole shape where it broadcasts)."""
 
     defaults = dict(DEFAULTS)
-    types = (("T", "T", "T", "T", "T", "L", "T", "L", "S", "T", "I", "T", "I"),
-             {"T": FLOATS, "L": FLOATS, "S": FLOATS, "I": ("tensor(int64)",)})
+    types = (("T", "T", "T", "T", "T", "L", "T", "L", "B", "S", "T", "I", "T", "I"),
+             {"T": FLOATS, "L": FLOATS, "B": ("tensor(bool)",), "S": FLOATS, "I": ("tensor(int64)",)})
     mirror = False
 
     def infer(self, node, ins):
         check_attributes(node, self.attr)
-        if not 7 <= len(ins) <= 13:
-            raise ShapeError(f"takes 7 to 13 inputs (Q, K, V, bias, Y, LSE, dY, dLSE, step, rows, rows_index, cols "
-                             f"and cols_index; all but Q, K, V and dY or dLSE may be empty), got {len(ins)}")
-        q, k, v, bias, y, lse, dy, dlse, step = (list(ins) + [None, None])[:9]
+        if not 7 <= len(ins) <= 14:
+            raise ShapeError(f"takes 7 to 14 inputs (Q, K, V, bias, Y, LSE, dY, dLSE, mask, step, rows, rows_index, "
+                             f"cols and cols_index; all but Q, K, V and dY or dLSE may be empty), got {len(ins)}")
+        q, k, v, bias, y, lse, dy, dlse, mask, step = (list(ins) + [None] * 3)[:10]
         check_step(self.attr(node, "dropout"), step)
         if dy is None and dlse is None or (dy is None) != (y is None):
             raise ShapeError("takes dY with Y, or dLSE, or both")
         batch, heads, _, s, t, _, dv = sizes(q.shape, k.shape, v.shape, None if bias is None else bias.shape)
-        tables = (list(ins[9:13]) + [None] * 4)[:4]
+        tables = (list(ins[10:14]) + [None] * 4)[:4]
+        check_mask(mask, (batch, heads, s, t))
         check_relative(tables, batch, heads, s, t)
         for name, info, shape in (("Y", y, (batch, heads, s, dv)), ("dY", dy, (batch, heads, s, dv)),
                                   ("LSE", lse, (batch, heads, s)), ("dLSE", dlse, (batch, heads, s))):
@@ -65,14 +66,14 @@ class ScaledDotProductAttentionGrad(Schema):
         narrow = wide != q.dtype
         asked = [outs is not None and len(outs) > k and outs[k] is not None for k in (3, 4, 5)]
         dbias = asked[0] and sums_apart(narrow, bias.shape, (batch, heads, s, t))
-        relative = widths(*(list(ins) + [None] * 13)[9:13:2])
+        relative, masked = widths(*(list(ins) + [None] * 14)[10:14:2]), len(ins) > 8 and ins[8] is not None
 
         def layout(tq, tk, *accumulators):
             return tile_layout(g, tq, tk, d, wide, form, ("v", tk * dv), ("dp", g * tq * tk), ("dy", g * tq * dv),
                                ("capped", g * tq * tk) if form.softcap else None,
                                ("dq", g * tq * d), ("dk", tk * d), ("dv", tk * dv), ("dk_sum", tk * d),
                                ("dv_sum", tk * dv), ("lse", g * s), ("delta", g * s), ("prod", g * tq * dv),
-                               *accumulators, relative=relative)
+                               *accumulators, relative=relative, masked=masked)
         tile = tiles(s, t, layout, limit)
         if not narrow and not any(asked[1:]):
             return tile
@@ -90,9 +91,9 @@ class ScaledDotProductAttentionGrad(Schema):
         return per_pair * batch * heads * Form.of(self.normalize(node)).visible(s, t)
 
     def kernel(self, xp, step, ins, outs, ws):
-        q, k, v, bias, y, lse_in, dy, dlse, count = (list(ins) + [None, None])[:9]
+        q, k, v, bias, y, lse_in, dy, dlse, mask, count = (list(ins) + [None] * 3)[:10]
         dq, dk, dv, dbias, drows, dcols = (list(outs) + [None] * 3)[:6]
-        at = Tiles(xp, step, q, k, v, bias, ws, count, (list(ins[9:13]) + [None] * 4)[:4])
+        at = Tiles(xp, step, q, k, v, bias, ws, count, (list(ins[10:14]) + [None] * 4)[:4], mask)
         sums = [None if out is None else flat(ws, name, (at.groups, *out.shape[2:]))
                 for out, name in ((drows, "drows_sum"), (dcols, "dcols_sum"))]
         g, d = at.groups, q.shape[-1]
@@ -107,6 +108,7 @@ class ScaledDotProductAttentionGrad(Schema):
             bias_sum.fill(0)
         for b in range(at.batch):
             for hk in range(at.hkv):
+                at.group(b, hk)
                 heads = at.heads(hk)
                 lse = flat(ws, "lse", (g, at.s, 1))
                 if lse_in is not None:
@@ -209,14 +211,14 @@ class ScaledDotProductAttentionGrad(Schema):
                 m, m_new = m_new, m
             at.log_sum_exp(m, total, out[:, i0:i1])
 
-    def torch(self, torch, q, k, v, bias, y, lse, dy, dlse=None, step=None, rows=None, rows_index=None, cols=None,
-              cols_index=None, **attrs):
+    def torch(self, torch, q, k, v, bias, y, lse, dy, dlse=None, mask=None, step=None, rows=None, rows_index=None,
+              cols=None, cols_index=None, **attrs):
         """PyTorch's own gradient of the forward's form: dQ, dK, dV, dBias, dRows and dCols (None for an input
         not given), in the outputs' places."""
         from . import get
         with torch.enable_grad():
             given = [None if x is None else x.detach().requires_grad_() for x in (q, k, v, bias, rows, cols)]
-            outs = get("ScaledDotProductAttention", "memplan").torch(torch, *given[:4], step, given[4], rows_index,
+            outs = get("ScaledDotProductAttention", "memplan").torch(torch, *given[:4], mask, step, given[4], rows_index,
                                                                      given[5], cols_index, **attrs)
             pairs = [(out, grad) for out, grad in zip(outs, (dy, dlse)) if grad is not None]
             wanted = [x for x in given if x is not None]

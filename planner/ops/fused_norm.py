@@ -5,7 +5,7 @@ besides dX. Statistics are taken in float32 for 16-bit floats (in float64 for fl
 import math
 
 from . import schema
-from .base import FLOATS, Layout, Schema, axis as to_axis
+from .base import FLOATS, Layout, Schema, axis as to_axis, normalised_dims
 from ..errors import ShapeError
 
 CHUNK = 1 << 16
@@ -32,7 +32,7 @@ def check(node, attr, x, scale, bias, skip=None):
     if not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon < 0:
         raise ShapeError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
     first = to_axis(attr(node, "axis"), x.rank)
-    normalised = tuple(x.shape[first:])
+    normalised = normalised_dims(x.shape, first)
     for name, p in (("scale", scale), ("bias", bias)):
         if p is None:
             continue

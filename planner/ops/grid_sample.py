@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from . import register
-from .base import Layout, Schema
+from .base import Layout, Schema, constant_shape
 from .sampling import front, take_columns, work_dtype
 from .shape_ops import scatter_add_flat
 from ..errors import ShapeError
@@ -79,7 +79,10 @@ class GridSample(Schema):
         if x.rank < 3 or grid.rank != x.rank or grid.shape[0] != x.shape[0] or grid.shape[-1] != x.rank - 2:
             raise ShapeError(f"grid {grid.shape} must be (N, out..., {x.rank - 2}) with N = {x.shape[0]} for X "
                              f"{x.shape} (N, C, in...)")
-        return [((x.shape[0], x.shape[1], *grid.shape[1:-1]), x.dtype)]
+        out = (x.shape[0], x.shape[1], *grid.shape[1:-1])
+        if math.prod(out) and not math.prod(x.shape[2:]):
+            raise ShapeError(f"X {x.shape} has no pixels to sample (onnxruntime refuses it too)")
+        return [(out, x.dtype)]
 
     def chunk(self, node, ins, limit):
         """Points per chunk: as many as `limit` holds (at least one), at most one image's."""
@@ -222,9 +225,10 @@ class GridSample(Schema):
         x, grid = node.inputs
         xs, gs, dtype = b.shape(x), b.shape(grid), b.dtype(x)
         (n, c, *spatial), points, rank = xs, math.prod(gs[1:-1]), len(xs) - 2
+        constant_shape(node, "the offsets of its gradient's images", n, c, 1)
         g = grid if b.dtype(grid) == dtype else b.cast(grid, dtype)
         g = b.op("Reshape", g, shape=[n, 1, points, rank])
-        dims = [self.interpolation_taps(b, node, g, j, spatial, x) for j in range(rank)]
+        dims = [self.interpolation_taps(b, node, g, j, spatial, x, (n, 1, points)) for j in range(rank)]
         dy = b.op("Reshape", dys[0], shape=[n, c, points])
         flat_x = b.op("Reshape", x, shape=[-1])
         flats, updates, sums = [], [], [None] * rank
@@ -246,12 +250,14 @@ class GridSample(Schema):
         dg = b.op("Reshape", b.op("Concat", *(b.op("Unsqueeze", d, axes=[3]) for d in dg), axis=3), shape=list(gs))
         return [dx, dg if b.dtype(grid) == dtype else b.cast(dg, b.dtype(grid))]
 
-    def interpolation_taps(self, b, node, g, j, spatial, like):
+    def interpolation_taps(self, b, node, g, j, spatial, like, taps_shape):
         """Spatial dim j's (d coordinate / d grid, [(index times stride, weight, d weight / d coordinate)
-        of each tap]) for the grid g (N, 1, points, rank), each (N, 1, points), as the kernel's `taps`."""
+        of each tap]) for the grid g (N, 1, points, rank), each of `taps_shape` (N, 1, points), as the kernel's
+        `taps`."""
         size, rank, align = spatial[j], len(spatial), self.attr(node, "align_corners")
         scale = (size - 1) / 2 if align else size / 2
-        part = b.op("Reshape", b.op("Slice", g, starts=[rank - 1 - j], ends=[rank - j], axes=[3]), shape=[0, 1, -1])
+        part = b.op("Reshape", b.op("Slice", g, starts=[rank - 1 - j], ends=[rank - j], axes=[3]),
+                    shape=list(taps_shape))
         u = b.op("Add", b.op("Mul", part, b.const(scale, like)), b.const(scale if align else scale - 0.5, like))
         mode = self.mode(node)
         if mode == "nearest":

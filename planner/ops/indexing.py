@@ -73,7 +73,7 @@ class GatherND(Schema):
         return [self.compute(np, node, data, indices, np.empty(shape, data.dtype), rows, term)]
 
     def kernel(self, xp, step, ins, outs, ws):
-        self.compute(xp, step, *ins, outs[0], ws.get("rows"), ws.get("term"))
+        self.compute(xp, step, *ins, outs[0], ws["rows"], ws["term"])
 
     def gradient(self, b, node, dys):
         """dY added into zeros at the gathered slices (ScatterND with add), for batch_dims 0."""

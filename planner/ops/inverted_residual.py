@@ -56,6 +56,7 @@ def banding(batch, channels, expanded, filters, in_spatial, out_spatial, stride,
     of images than lanes, the rows split among them. Under a `budget` of bytes, a lane's scratch is halved
     until the whole fits (None where one row of one image does not). `lanes` is capped at the jobs."""
     (height, width), (out_height, out_width) = in_spatial, out_spatial
+    batch = max(batch, 1)  # an empty batch, which has no job to run, is banded as one image
 
     def layout(images, rows, lanes):
         held = min(height, (rows - 1) * stride + 3)

@@ -4,11 +4,11 @@ Mul, Exp, Conv, Concat, Split, Slice and Reshape, the recurrence unrolled over t
 so that they run and differentiate with nothing of their own. Narrow floats are computed in float32."""
 import math
 
-import numpy as np
-
 from . import schema
 from .attention import output, widening
 from .base import Schema, same_dtype
+from .control_flow import check_unrolled
+from .shape_ops import zeros
 from ..errors import ShapeError
 
 RULES = {"linear": (False, False), "gated": (True, False), "delta": (False, True), "gated_delta": (True, True)}
@@ -89,6 +89,7 @@ class LinearAttention(Schema):
         q, k, v, state, decay, beta = (None if not n else b.cast(n, wide) if b.dtype(n) != wide else n
                                         for n in names)
         batch, count, hk = d["B"], d["T"], d["Hk"]
+        check_unrolled(count, f"node {node.name!r} ({self.op}): unrolling it over {count:,} time steps makes at least")
         scale = self.attr(node, "scale") or 1 / math.sqrt(d["dk"])
         qs, ks, vs = (steps(b, x, count) for x in (b.op("Mul", q, b.const(scale, q)), k, v))
         gates = steps(b, b.op("Exp", decay), count) if decay else None
@@ -142,7 +143,7 @@ class CausalConvWithState(Schema):
         widen = widening(self, b, dtype)
         x, w, bias, past = (widen(n) if n else None for n in names)
         if size > 1 and past is None:
-            past = b.const(np.zeros((batch, channels, size - 1)), x)
+            past = zeros(b, (batch, channels, size - 1), b.dtype(x))
         padded = b.op("Concat", past, x, axis=2) if size > 1 else x
         y = b.op("Conv", padded, w, *[bias] * (bias is not None), group=channels, kernel_shape=[size])
         if self.attr(node, "activation") != "none":

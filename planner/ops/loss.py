@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import get, schema
-from .base import Layout, Schema
+from .base import Layout, Schema, constant_shape
 from .. import dtypes
 from ..errors import ShapeError
 
@@ -72,7 +72,8 @@ class LabelLoss(Schema):
         factor = b.op("Mul", taken, dy)
         if self.attr(node, "reduction") == "mean":
             factor = b.op("Div", factor, b.op("ReduceSum", taken, keepdims=0))
-        classes = b.const(np.arange(shape[1]).reshape(1, -1, *(1 for _ in shape[2:])), labels)
+        classes = b.const(np.arange(constant_shape(node, "its classes", shape[1])[0]).reshape(
+            1, -1, *(1 for _ in shape[2:])), labels)
         onehot = b.op("Cast", b.op("Equal", b.op("Unsqueeze", safe, axes=[1]), classes),
                       to=dtypes.to_onnx(b.dtype(scores)))
         return onehot, b.op("Unsqueeze", factor, axes=[1])

@@ -194,9 +194,14 @@ def dropout_keep(xp, size, seed, step, ratio):
     """The keep mask of `size` elements: murmur3's 32-bit finaliser of (index ^ key) at or above
     ratio * 2^32 (the GPU kernel computes the same)."""
     h = xp.arange(size, dtype=np.uint32) ^ np.uint32(dropout_key(seed, step))
-    for shift, multiplier in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
-        h ^= h >> np.uint32(shift)
-        h *= np.uint32(multiplier)
-    h ^= h >> np.uint32(16)
+    mix(xp, h, xp.empty_like(h))
     return h >= np.uint32(min(int(ratio * 2**32), 2**32 - 1))
 
+
+def mix(xp, h, spare):
+    """murmur3's 32-bit finaliser of the uint32 array h, in place (spare: scratch of h's shape)."""
+    for shift, multiplier in ((16, 0x85EBCA6B), (13, 0xC2B2AE35), (16, None)):
+        xp.right_shift(h, np.uint32(shift), out=spare)
+        xp.bitwise_xor(h, spare, out=h)
+        if multiplier:
+            xp.multiply(h, np.uint32(multiplier), out=h)

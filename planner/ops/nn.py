@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import schema
-from .base import Layout, Schema, axis, broadcast, no_gradient, per_input_element
+from .base import Layout, Schema, axis, broadcast, constant_shape, no_gradient, normalised_dims, per_input_element
 from .fused_norm import layer_norm_gradient
 from .reduce import max_gradient
 from .shape_ops import scatter_add_flat
@@ -323,7 +323,9 @@ class AveragePool(_Pool):
         include, counts = self.attr(node, "count_include_pad"), []
         for k, s, dil, b, e, i, o in zip(kernel, *win, in_spatial, out_spatial):
             low, high = (-b, i + e) if include else (0, i)
-            counts.append([sum(low <= p * s + t * dil - b < high for t in range(k)) for p in range(o)])
+            start = np.arange(o) * s - b  # the taps t from 0 to k - 1 with low <= start + t * dil < high
+            first, end = np.maximum(0, -((start - low) // dil)), np.minimum(k, -((start - high) // dil))
+            counts.append(np.clip(end - first, 0, None))
         return counts
 
     def gradient(self, b, node, dys):
@@ -332,6 +334,8 @@ class AveragePool(_Pool):
         x = node.inputs[0]
         xs, ys, kernel = b.shape(x), b.shape(node.outputs[0]), self.attr(node, "kernel_shape")
         win = window(self, node, xs[2:], kernel, ys[2:])
+        constant_shape(node, "the counts of its windows", *ys[2:])
+        constant_shape(node, "its gradient's kernel of ones", *kernel)
         counts = functools.reduce(np.multiply, np.ix_(*self.counts(node, win, kernel, xs[2:], ys[2:])))
         folded = b.op("Mul", b.op("Reshape", dys[0], shape=[xs[0] * xs[1], 1, *ys[2:]]), b.const(1 / counts, x))
         dx = _spread(b, folded, b.const(np.ones((1, 1, *kernel)), x), win, _overhang(win, kernel, ys[2:], xs[2:]), 1)
@@ -378,6 +382,8 @@ class GlobalPool(Schema):
 
     def infer(self, node, ins):
         x = ins[0]
+        if not math.prod(x.shape[2:]) and math.prod(x.shape[:2]):
+            raise ShapeError(f"it pools each channel over spatial dims {x.shape[2:]}, which hold no values")
         return [((*x.shape[:2], *(1 for _ in _spatial_input(x))), x.dtype)]
 
     def gradient(self, b, node, dys):
@@ -504,7 +510,7 @@ class LayerNormalization(Schema):
     def infer(self, node, ins):
         x, scale, bias = [*ins, None][:3]
         a = axis(self.attr(node, "axis"), x.rank)
-        normalised = x.shape[a:]
+        normalised = normalised_dims(x.shape, a)
         for p in (scale, bias):
             if p is not None and broadcast(normalised, p.shape) != normalised:
                 raise ShapeError(f"scale or bias of shape {p.shape} does not broadcast to {normalised}")

@@ -1,8 +1,10 @@
 """Normalisations made of reductions and elementwise ops (composites, planner/ops/composite.py):
 InstanceNormalization, GroupNormalization, RMSNormalization, MeanVarianceNormalization and
 LpNormalization. Statistics of narrow floats are taken in float32, as every composite computes."""
+import math
+
 from . import register
-from .base import axis as to_axis, same_as_input
+from .base import axis as to_axis, normalised_dims, same_as_input
 from .composite import Composite
 from ..errors import ShapeError
 
@@ -13,6 +15,7 @@ class Normalization(Composite):
 
     arity = None
     per_channel = False
+    from_axis = False
 
     def infer(self, node, ins):
         x, *weights = ins
@@ -27,6 +30,8 @@ class Normalization(Composite):
             groups = self.attr(node, "num_groups")
             if not groups or x.shape[1] % groups:
                 raise ShapeError(f"num_groups {groups} must divide the {x.shape[1]} channels")
+        if self.from_axis:
+            normalised_dims(x.shape, to_axis(self.attr(node, "axis"), x.rank))
         return same_as_input(node, ins)
 
 
@@ -52,7 +57,7 @@ def _instance(b, node, x, scale, bias, epsilon):
 
 def _group(b, node, x, scale, bias, epsilon, num_groups, stash_type):
     shape = list(b.shape(x))
-    grouped = b.op("Reshape", x, shape=[shape[0], num_groups, -1])
+    grouped = b.op("Reshape", x, shape=[shape[0], num_groups, math.prod(shape[1:]) // num_groups])
     y = b.op("Reshape", _standardised(b, grouped, [2], epsilon, like=x), shape=shape)
     return b.op("Add", b.op("Mul", y, _per_channel(b, scale, len(shape))), _per_channel(b, bias, len(shape)))
 
@@ -99,6 +104,6 @@ EPSILON = 9.999999747378752e-06
 register(Normalization("InstanceNormalization", _instance, {"epsilon": EPSILON}, per_channel=True))
 register(Normalization("GroupNormalization", _group, {"epsilon": EPSILON, "num_groups": None, "stash_type": 1},
                        since=21, per_channel=True))
-register(Normalization("RMSNormalization", _rms, {"axis": -1, "epsilon": EPSILON, "stash_type": 1}))
+register(Normalization("RMSNormalization", _rms, {"axis": -1, "epsilon": EPSILON, "stash_type": 1}, from_axis=True))
 register(Normalization("MeanVarianceNormalization", _mean_variance, {"axes": [0, 2, 3]}))
 register(LpNormalization("LpNormalization", _lp, {"axis": -1, "p": 2}))

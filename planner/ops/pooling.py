@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from . import get, register, schema
-from .base import Layout, Schema, no_flops
+from .base import Layout, Schema, constant_shape, no_flops
 from .composite import Composite
 from .nn import WINDOW, window
 from ..errors import ShapeError
@@ -60,7 +60,8 @@ class LpPool(Pool):
         end = [max(0, (o - 1) * s + (k - 1) * d + 1 - i - start)
                for o, s, k, d, i, start in zip(ys[2:], win.strides, kernel_shape, win.dilations, xs[2:], win.begin)]
         folded = b.op("Reshape", _powered(b, x, p), shape=[xs[0] * xs[1], 1, *xs[2:]])
-        sums = b.op("Conv", folded, b.const(np.ones((1, 1, *kernel_shape)), x), strides=list(win.strides),
+        ones = np.ones(constant_shape(node, "its kernel of ones", 1, 1, *kernel_shape))
+        sums = b.op("Conv", folded, b.const(ones, x), strides=list(win.strides),
                     dilations=list(win.dilations), pads=[*win.begin, *end])
         return _root(b, b.op("Reshape", sums, shape=list(ys)), p)
 
@@ -87,7 +88,9 @@ class LRN(Composite):
 
 def _lrn(b, node, x, alpha, beta, bias, size):
     shape = list(b.shape(x))
-    squares = b.op("Reshape", b.op("Mul", x, x), shape=[shape[0], 1, shape[1], -1])
+    if not shape[1]:  # no channels: no window to average (the pool would refuse it), nothing to scale
+        return b.op("Identity", x)
+    squares = b.op("Reshape", b.op("Mul", x, x), shape=[shape[0], 1, shape[1], math.prod(shape[2:])])
     before = (size - 1) // 2
     means = b.op("AveragePool", squares, kernel_shape=[size, 1], pads=[before, 0, size - 1 - before, 0],
                  count_include_pad=1)

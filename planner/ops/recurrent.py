@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from . import schema
 from .base import Layout, Schema, same_dtype
+from .control_flow import check_unrolled
 from .recurrent_parts import (ACTIVATIONS, Built, Settings, Torch, activations, batch_major, gru_cell, lstm_cell,
                               rnn_cell, time_major, unroll)
 from ..errors import ModelError, ShapeError
@@ -162,6 +163,8 @@ class Recurrent(Schema):
             raise ModelError(f"node {node.name!r} ({self.op}) has no gradient with sequence_lens; leave the input "
                              "out where every sequence has the full length")
         s = self.settings(self.arguments(node), b.shape(x), b.shape(r))
+        check_unrolled(s.T * s.D, f"node {node.name!r} ({self.op}): unrolling its recurrence over {s.T:,} time steps "
+                                  f"in {s.D} direction(s) makes at least")
         m = Built(b, x)
         x, h0, c0 = time_major(m, s, x, h0, c0)
         want = [bool(o) for o in node.outputs]

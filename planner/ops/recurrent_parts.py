@@ -4,9 +4,8 @@ over time, written once for two algebras: the Builder's ops (the decomposition t
 differentiates through) and PyTorch's (the op's torch form)."""
 from dataclasses import dataclass
 
-import numpy as np
-
 from . import get
+from .shape_ops import zeros
 from ..errors import ShapeError
 from ..ir import Tensor
 
@@ -143,7 +142,7 @@ class Built:
         return self.op("Concat", *parts, axis=axis) if len(parts) > 1 else parts[0]
 
     def zeros(self, shape):
-        return self.b.const(np.zeros(shape), self.like)
+        return zeros(self.b, shape, self.b.dtype(self.like))
 
 
 class Torch:

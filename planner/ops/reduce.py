@@ -2,6 +2,7 @@
 ReduceProd compute with one NumPy/CuPy reduction into the output; ReduceSumSquare, ReduceL1, ReduceL2,
 ReduceLogSum and ReduceLogSumExp are composites of those (planner/ops/composite.py)."""
 import math
+import warnings
 
 import numpy as np
 
@@ -66,7 +67,9 @@ class Reduction(AxesRule):
             return [x]
         keep = bool(self.attr(node, "keepdims"))
         extra = {} if self.empty is None else {"initial": self.empty(x.dtype)}
-        return [np.asarray(getattr(np, self.fn)(x, axes, keepdims=keep, **extra)).astype(x.dtype)]
+        with warnings.catch_warnings():  # the mean of an empty set is NaN (ONNX leaves it undefined); no warning
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return [np.asarray(getattr(np, self.fn)(x, axes, keepdims=keep, **extra)).astype(x.dtype)]
 
     def kernel(self, xp, step, ins, outs, ws):
         """The output is seen with the reduced axes kept (size 1), so one `out=` call fills it; sums,

@@ -5,7 +5,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import schema
-from .base import Layout, Schema, axis
+from .base import Layout, Schema, axis, constant_shape
 from .shape_ops import transposed_along
 from ..errors import ShapeError
 
@@ -35,6 +35,11 @@ class Resize(Schema):
                 shape[a] = int(np.floor(shape[a] * s))
             return [(tuple(shape), ins[0].dtype)]
         policy = self.attr(node, "keep_aspect_ratio_policy")
+        empty = [(a, n) for a, n in zip(axes, sizes) if not shape[a] and (n or policy != "stretch")]
+        if empty:
+            ratio = "" if policy == "stretch" else " or take a ratio from"
+            raise ShapeError(f"axis {empty[0][0]} of the input {tuple(shape)} holds no values to resize to "
+                             f"{empty[0][1]}{ratio}")
         if policy != "stretch":
             pick = {"not_larger": min, "not_smaller": max}.get(policy)
             if pick is None:
@@ -51,7 +56,7 @@ class Resize(Schema):
         scales, sizes = self.attr(node, "scales") or None, self.attr(node, "sizes") or None
         axes = self.resized_axes(node, len(in_shape))
         if scales is None:
-            scales = [n / in_shape[a] for a, n in zip(axes, sizes)]
+            scales = [n / in_shape[a] if in_shape[a] else 1.0 for a, n in zip(axes, sizes)]  # 0 stays 0
             pick = {"not_larger": min, "not_smaller": max}.get(self.attr(node, "keep_aspect_ratio_policy"))
             scales = [pick(scales)] * len(axes) if pick else scales
         full = [1.0] * len(in_shape)
@@ -71,6 +76,7 @@ class Resize(Schema):
         for a, scale in enumerate(self.scales(node, in_shape)):
             kept = math.isclose(scale, 1) and in_shape[a] == out_shape[a]
             if not (kept and (not crop or math.isclose(lows[a], 0) and math.isclose(highs[a], 1))):
+                constant_shape(node, f"the table of its pass along axis {a}", _taps(self, node, scale), out_shape[a])
                 out.append(_resize_pass(self, node, a, in_shape[a], out_shape[a], scale, (lows[a], highs[a])))
         return out
 
@@ -163,6 +169,15 @@ def _source_coordinates(transform, n_in, n_out, scale, roi):
     raise ShapeError(f"coordinate_transformation_mode {transform!r} is not one of {', '.join(_TRANSFORMS)}")
 
 
+def _taps(schema, node, scale):
+    """How many taps `_filter` gives each output position, without making them."""
+    mode = schema.attr(node, "mode")
+    if mode not in ("linear", "cubic"):
+        return 2
+    s = min(scale, 1.0) if schema.attr(node, "antialias") else 1.0
+    return 2 - 2 * (math.floor(-(1 if mode == "linear" else 2) / s) + 1)
+
+
 def _filter(schema, node, ratio, scale):
     """(offsets, weights): the taps around each source coordinate, at offsets from the neighbour left
     of it (`ratio` in (0, 1] away), and their weights; antialiasing widens the filter by 1/scale
@@ -177,7 +192,7 @@ def _filter(schema, node, ratio, scale):
         raise ShapeError(f"mode {mode!r} is not nearest, linear or cubic")
     antialias = schema.attr(node, "antialias")
     s = min(scale, 1.0) if antialias else 1.0
-    start = int(np.floor(-(1 if mode == "linear" else 2) / s)) + 1
+    start = 1 - _taps(schema, node, scale) // 2
     offsets = np.arange(start, 2 - start)[:, None]
     d = np.abs((offsets - ratio) * s)
     if mode == "linear":

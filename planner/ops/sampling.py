@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from . import register
-from .base import Layout, Schema, no_gradient
+from .base import Layout, Schema, constant_shape, no_gradient
 from .composite import Composite
 from .shape_ops import scatter_add_flat
 from ..dtypes import is_float
@@ -100,6 +100,9 @@ class RoiAlign(Schema):
         bad = [b for b in batch if not 0 <= b < n]
         if bad:
             raise IndexError(f"batch index {bad[0]} is out of range for {n} images")
+        if not height * width:  # every sample lies outside an image of no pixels: 0, as onnxruntime gives
+            y.fill(0)
+            return
         ramp = ws["ramp"]
         ramp.fill(1)
         xp.cumsum(ramp, out=ramp)
@@ -141,6 +144,7 @@ class RoiAlign(Schema):
         if self.attr(node, "mode") != "avg" or ratio < 1:
             return [no_gradient(node), None, None]
         (_, c, height, width), dtype = b.shape(x), b.dtype(x)
+        constant_shape(node, "the offsets of its gradient's channels", c)
         dy = b.op("Unsqueeze", b.op("Mul", dys[0], b.const(1 / ratio ** 2, x)), axes=[3, 5])  # (R, C, h, 1, w, 1)
         image = b.op("Mul", b.op("Reshape", batch, shape=[-1, 1, 1, 1, 1, 1]), b.const(c * height * width, batch))
         image = b.op("Add", image, b.const((np.arange(c) * height * width).reshape(1, c, 1, 1, 1, 1), batch))
@@ -170,6 +174,7 @@ class RoiAlign(Schema):
         extent = b.op("Sub", end, start)
         if not half:
             extent = b.op("Max", extent, b.const(1, like))
+        constant_shape(node, "the offsets of its samples", bins, ratio)
         offsets = (np.arange(bins)[:, None] + (np.arange(ratio) + 0.5) / ratio).reshape(1, -1)
         pos = b.op("Add", start, b.op("Mul", b.op("Div", extent, b.const(bins, like)), b.const(offsets, like)))
         outside = b.op("Or", b.op("Less", pos, b.const(-1, like)), b.op("Greater", pos, b.const(size, like)))
@@ -231,6 +236,7 @@ def grid_coordinates(spatial, align_corners):
 
 def _affine_grid(b, node, theta, size, align_corners):
     spatial = size[2:]
+    constant_shape(node, "its grid of coordinates", math.prod(spatial), len(spatial) + 1)
     base = b.const(grid_coordinates(spatial, align_corners), theta)
     grid = b.op("MatMul", base, b.op("Transpose", theta, perm=[0, 2, 1]))
     return b.op("Reshape", grid, shape=[size[0], *spatial, len(spatial)])

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from . import get, schema
-from .base import Schema, axis, no_flops, no_gradient
+from .base import Schema, axis, constant_shape, no_flops, no_gradient
 from .selection import count_into
 from .shape_ops import scatter_nd, zeros
 from ..errors import ShapeError
@@ -154,7 +154,8 @@ class TensorScatter(Schema):
         kept = b.op("TensorScatter", dys[0], zeros(b, shape, b.dtype(cache)), *write, **self.arguments(node))
         if not any(write):
             return [kept, b.op("Slice", dys[0], starts=[0], ends=[shape[a]], axes=[a]), *[None] * len(write)]
-        steps = np.arange(shape[a]).reshape([-1 if k == a else 1 for k in range(len(shape))])
+        steps = np.arange(constant_shape(node, "its gradient's steps", shape[a])[0])
+        steps = steps.reshape([-1 if k == a else 1 for k in range(len(shape))])
         places = b.op("Add", b.op("Reshape", write[0], shape=[-1] + [1] * (len(shape) - 1)), b.const(steps, write[0]))
         if self.attr(node, "mode") == "circular":
             places = b.op("Mod", places, b.const(b.shape(cache)[a], write[0]))

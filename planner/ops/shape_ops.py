@@ -308,9 +308,16 @@ class Pad(Schema):
     defaults = {"mode": "constant", "constant_value": 0, "axes": None}
 
     def infer(self, node, ins):
-        shape = tuple(d + b + e for d, (b, e) in zip(ins[0].shape, self.pad_widths(node, ins[0].rank)))
+        widths = self.pad_widths(node, ins[0].rank)
+        shape = tuple(d + b + e for d, (b, e) in zip(ins[0].shape, widths))
         if min(shape, default=0) < 0:
             raise ShapeError(f"pads {tuple(self.attr(node, 'pads'))} crop more than the input shape {ins[0].shape}")
+        mode = self.attr(node, "mode")
+        empty = [a for a, (d, (b, e)) in enumerate(zip(ins[0].shape, widths)) if d + min(b, 0) + min(e, 0) == 0
+                 and max(b, e) > 0]
+        if mode != "constant" and empty:
+            raise ShapeError(f"mode {mode!r} copies values along the axis it pads, but axis {empty[0]} of the input "
+                             f"{ins[0].shape} holds none")
         return [(shape, ins[0].dtype)]
 
     def evaluate(self, node, x):

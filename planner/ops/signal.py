@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from . import register
-from .base import Layout, Schema, axis as to_axis, no_flops
+from .base import Layout, Schema, axis as to_axis, constant_shape, no_flops
 from .composite import Composite
 from ..dtypes import from_onnx
 from ..errors import ShapeError
@@ -29,13 +29,13 @@ def int_const(b, value, like):
 
 class Generated(Schema):
     """An op whose inputs are all known when planning and whose output it computes on the host with
-    `values(**attributes)`: folded to a constant, or (past the folding limit) computed by its kernel
-    and copied to the device."""
+    `values(**attributes)`, of the shape `shape(**attributes)` gives without making it: folded to a
+    constant, or (past the folding limit) computed by its kernel and copied to the device."""
 
     flops = staticmethod(no_flops)
 
-    def __init__(self, op, values, inputs, since=17):
-        self.op, self.values, self.since = op, values, since
+    def __init__(self, op, shape, values, inputs, since=17):
+        self.op, self.shape, self.values, self.since = op, shape, values, since
         self.attr_inputs = tuple((name, k, since) for k, name in enumerate(inputs))
         self.defaults = {**dict.fromkeys(inputs), "output_datatype": 1, **({"periodic": 1} if len(inputs) == 1 else {})}
 
@@ -48,8 +48,7 @@ class Generated(Schema):
         return args
 
     def infer(self, node, ins):
-        value = self.values(**self.arguments(node))
-        return [(value.shape, from_onnx(self.attr(node, "output_datatype")))]
+        return [(self.shape(**self.arguments(node)), from_onnx(self.attr(node, "output_datatype")))]
 
     def evaluate(self, node):
         return [self.values(**self.arguments(node)).astype(from_onnx(self.attr(node, "output_datatype")))]
@@ -58,28 +57,39 @@ class Generated(Schema):
         self.evaluate_into(xp, step, ins, outs)
 
 
+def _window_shape(size, periodic, output_datatype):
+    """The shape (size,) of a window."""
+    if size < 0:
+        raise ShapeError(f"size {size} is negative")
+    return (size,)
+
+
 def _cosine_window(*coefficients):
     """values(size, periodic, output_datatype) of a window sum_k a_k cos(2 pi k n / N), N the size
     (periodic) or the size less one (symmetric)."""
     def values(size, periodic, output_datatype):
-        if size < 0:
-            raise ShapeError(f"size {size} is negative")
         angle = 2 * np.pi * np.arange(size) / (size if periodic else size - 1)
         return sum(a * np.cos(k * angle) for k, a in enumerate(coefficients))
     return values
 
 
+def _mel_shape(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz, output_datatype):
+    """The shape (dft_length // 2 + 1, num_mel_bins) of MelWeightMatrix, its arguments checked."""
+    if num_mel_bins < 0 or dft_length < 1 or sample_rate <= 0 or not 0 <= lower_edge_hertz < upper_edge_hertz:
+        raise ShapeError(f"num_mel_bins {num_mel_bins} must be at least 0, dft_length {dft_length} positive, sample_rate "
+                         f"{sample_rate} too, and 0 <= lower_edge_hertz {lower_edge_hertz} < upper_edge_hertz "
+                         f"{upper_edge_hertz}")
+    return (dft_length // 2 + 1, num_mel_bins)
+
+
 def _mel_weights(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz, output_datatype):
     """(dft_length // 2 + 1, num_mel_bins) triangular filters, evenly spaced in mel between the edges
     (the ONNX reference's construction)."""
-    if num_mel_bins < 1 or dft_length < 1 or sample_rate <= 0 or not 0 <= lower_edge_hertz < upper_edge_hertz:
-        raise ShapeError(f"num_mel_bins {num_mel_bins} and dft_length {dft_length} must be positive, sample_rate "
-                         f"{sample_rate} too, and 0 <= lower_edge_hertz {lower_edge_hertz} < upper_edge_hertz "
-                         f"{upper_edge_hertz}")
     low, high = (2595 * np.log10(1 + f / 700) for f in (lower_edge_hertz, upper_edge_hertz))
     mels = np.arange(num_mel_bins + 2) * ((high - low) / (num_mel_bins + 2)) + low
     edges = (((dft_length + 1) * (700 * (10 ** (mels / 2595) - 1))) // sample_rate).astype(int)
-    out = np.zeros((dft_length // 2 + 1, num_mel_bins))
+    out = np.zeros(_mel_shape(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz,
+                              output_datatype))
     for i, (left, centre, right) in enumerate(zip(edges, edges[1:], edges[2:])):
         if centre == left:
             out[centre, i] = 1
@@ -156,7 +166,8 @@ class DFT(Composite):
 
     def build(self, b, node, x, dft_length, axis, inverse, onesided):
         shape = b.shape(x)
-        a, n, length, _, channels = self.sizes(node, shape)
+        a, n, length, bins, channels = self.sizes(node, shape)
+        constant_shape(node, "its DFT matrix", shape[-1] * n, bins * channels)
         return transformed(b, x, shape, a, dft_matrix(shape[-1], n, length, inverse, onesided), channels, x)
 
 
@@ -201,7 +212,9 @@ class STFT(Composite):
         if wide != dtype:
             signal, window = b.cast(signal, wide), window and b.cast(window, wide)
         shape = b.shape(signal)
-        frames, length, _ = self.sizes(node, shape, window and b.shape(window))
+        frames, length, bins = self.sizes(node, shape, window and b.shape(window))
+        constant_shape(node, "the indices of its frames", frames, length)
+        constant_shape(node, "its DFT matrix", shape[-1] * length, 2 * bins)
         starts = np.arange(frames)[:, None] * scalar(self.attr(node, "frame_step"), "frame_step") + np.arange(length)
         picked = b.op("Gather", signal, int_const(b, starts, signal), axis=1)
         if window:
@@ -298,10 +311,11 @@ class Det(Schema):
         m = shape[-1]
         if not m:
             return [b.op("Mul", x, b.const(0, x))]  # an empty gradient
-        keep = [[[r * m + col for r in range(m) if r != i for col in range(m) if col != j] for j in range(m)]
-                for i in range(m)]
+        constant_shape(node, "the indices of its gradient's minors", m, m, (m - 1) ** 2)
+        others = np.arange(m - 1)[None] + (np.arange(m - 1)[None] >= np.arange(m)[:, None])  # row i: all but i
+        keep = (others[:, None, :, None] * m + others[None, :, None, :]).reshape(m, m, (m - 1) ** 2)
         flat = b.op("Reshape", x, shape=[*shape[:-2], m * m])
-        minors = b.op("Gather", flat, int_const(b, np.array(keep, np.int64).reshape(m, m, (m - 1) ** 2), x), axis=len(shape) - 2)
+        minors = b.op("Gather", flat, int_const(b, keep.astype(np.int64), x), axis=len(shape) - 2)
         minors = b.op("Reshape", minors, shape=[*shape[:-2], m, m, m - 1, m - 1])
         signs = (-1.0) ** np.add.outer(np.arange(m), np.arange(m))
         cofactors = b.op("Mul", b.op("Det", minors), b.const(signs, x))
@@ -315,8 +329,8 @@ register(DFT(17, 1, (("dft_length", 1, 17),)))
 register(DFT(20, -2, (("dft_length", 1, 17), ("axis", 2, 20))))
 register(STFT())
 register(Det())
-register(Generated("HannWindow", _cosine_window(0.5, -0.5), ["size"]))
-register(Generated("HammingWindow", _cosine_window(25 / 46, -21 / 46), ["size"]))
-register(Generated("BlackmanWindow", _cosine_window(0.42, -0.5, 0.08), ["size"]))
-register(Generated("MelWeightMatrix", _mel_weights,
+register(Generated("HannWindow", _window_shape, _cosine_window(0.5, -0.5), ["size"]))
+register(Generated("HammingWindow", _window_shape, _cosine_window(25 / 46, -21 / 46), ["size"]))
+register(Generated("BlackmanWindow", _window_shape, _cosine_window(0.42, -0.5, 0.08), ["size"]))
+register(Generated("MelWeightMatrix", _mel_shape, _mel_weights,
                    ["num_mel_bins", "dft_length", "sample_rate", "lower_edge_hertz", "upper_edge_hertz"]))

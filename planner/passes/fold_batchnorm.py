@@ -2,7 +2,10 @@
 + beta with s = scale / sqrt(var + epsilon) is conv(x, W * s) + (b - mean) * s + beta, one step and one
 pass over the output fewer, as onnxruntime and TensorRT fold it. Only in inference plans (training
 normalises by batch statistics), only where W, b and the statistics are constants of float32 or float64
-and the convolution's output is read by the BatchNormalization alone. The folded weights are new
+and the convolution's output is read by the BatchNormalization alone. Where a statistic, scale / sqrt(var +
+epsilon) in the statistics' dtype (as the unfolded op computes it) or the folded bias is not finite (epsilon 0
+and a variance 0, a variance below 0: the unfolded op's infinities and NaNs, which folded weights would spread
+otherwise), the BatchNormalization stays as it is: a check of C values. The folded weights are new
 tensors (`<W>/folded_bn`), so Executor.set_parameters of the old names is refused, never silently
 ignored. CompileOptions(fold_batchnorm=False) keeps the graph as it is."""
 import numpy as np
@@ -35,10 +38,16 @@ class _Folder:
         values = [constant(self.graph, m.bindings[k]) for k in ("scale", "beta", "mean", "var")]
         if b is None or any(v is None for v in values):
             return None
-        scale, beta, mean, var = (v.astype(np.float64) for v in values)
-        s = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
+        epsilon = bn.attrs.get("epsilon", 1e-5)
+        with np.errstate(all="ignore"):
+            factor = values[0] / np.sqrt(values[3] + values[3].dtype.type(epsilon))  # as the unfolded op has it
+            scale, beta, mean, var = (np.asarray(v, np.float64) for v in values)
+            s = scale / np.sqrt(var + epsilon)
+            shift = ((b - mean) * s + beta).astype(w.dtype)
+        if not all(np.isfinite(v).all() for v in (b, *values, factor, shift)):
+            return None
         weight = self.new(f"{m.bindings['w']}/folded_bn", computed(_scaled, w.shape, w.dtype, w, s))
-        bias = self.new(f"{m.bindings['w']}/folded_bn_bias", ((b - mean) * s + beta).astype(w.dtype))
+        bias = self.new(f"{m.bindings['w']}/folded_bn_bias", shift)
         self.count += 1
         return [Node("Conv", (m.bindings["x"], weight, bias), bn.outputs[:1], conv.attrs, conv.name, conv.notes)]
 

@@ -2,9 +2,9 @@
 its forms) replaced by one memplan.ScaledDotProductAttention, whose kernel works tile by tile and never holds
 the (S, T) scores (planner/ops/fused_attention.py). A fusion changes no result: a constant mask whose kept
 keys are the causal band (with or without a sliding window) becomes the op's `causal` and `window`, its
-hidden scores taking the export's own fill, set or added as the export does; other masks and biases stay
-the op's additive bias, a Where mask only where its fill makes the hidden scores vanish (-inf, or at most
-MASKED); a row that sees nothing gives NaN unless the export guards it to zeros. Attention of a 16-bit
+hidden scores taking the export's own fill, set or added as the export does; other Where masks become the
+op's mask input (their hidden scores set to the same fill), other additive terms its bias, DeBERTa's
+relative-position terms its rows and cols; a row whose softmax is NaN gives NaN unless the export guards it. Attention of a 16-bit
 export stays as it is, since the fused op accumulates in float32 where the export rounds each step in
 16 bits (so results would change); fp16 and bf16 plans of float32 models fuse first and lower after.
 planner.compile counts the fused ops in plan.stats["fused_attention"]; CompileOptions(fuse_attention=False)
@@ -18,6 +18,7 @@ from dataclasses import replace
 from .. import ops
 from ..ir import Node, Tensor
 from ..ops import Info
+from ..ops.base import broadcast
 from ..training import STEP
 from .attention_form import read
 from .attention_relative import gathers
@@ -28,9 +29,6 @@ FUSED = "ScaledDotProductAttention"
 PROBE_LIMIT = 1 << 25
 """Most elements of a mask built from constants alone (transformers' causal masks from index comparisons)
 that planning evaluates, to learn whether it is the causal one; larger masks stay an input of the op."""
-MASKED = -1e30
-"""A fill at or below this makes the scores it hides vanish (exp underflows to exactly 0 in float32), so
-that a Where mask filling it may be read as an additive bias."""
 
 
 def band(attend, s, t):
@@ -118,8 +116,8 @@ class _Fuser:
             attrs["softcap"] = a.softcap
         attrs.update(dropout)
         attrs.update(form[0])
-        bias, relative = form[1], form[2]
-        optional = [bias or "", STEP if dropout else "", *relative]
+        bias, mask, relative = form[1:]
+        optional = [bias or "", mask or "", STEP if dropout else "", *relative]
         while optional and not optional[-1]:
             optional.pop()
         key = self.key(kt, batch, heads)
@@ -160,34 +158,54 @@ class _Fuser:
                 "seed": int(seed) if seed is not None else self.graph.nodes.index(node)}
 
     def terms(self, terms, s, t, heads, dtype):
-        """(mask attributes, the one bias tensor or None, the relative-position inputs) of the terms
-        (attention_form.Term, in the order they apply): the first band mask becomes causal and window with its
-        fill and mode, the first relative-position terms the op's rows and cols, the rest the bias; None where
-        a term cannot be read alike."""
-        found, biases, where, relative = {}, [], None, ["", "", "", ""]
-        for term in terms:
-            read = self.term(term, s, t, dtype)
-            if read is None:
-                return None
-            kind, value = read
-            if kind == "band" and not found:
-                window, fill, mode = value
-                found, where = {"causal": 1, "window": window, "fill": fill, "fill_mode": mode}, len(biases)
-            elif kind == "band":
-                bias = self.band_bias(term, value, dtype)
-                if bias is None:
-                    return None
-                biases.append(self.bias4(bias, term.shape, heads))
-            elif kind == "bias" and not self.relative(value, term.shape, heads, relative):
-                biases.append(self.bias4(value, term.shape, heads))
-        if None in biases:
+        """(mask attributes, the one bias, the mask input, the relative-position inputs) of the terms
+        (attention_form.Term, in the order they apply): Where masks share the op's fill, the first band of them
+        becomes causal and window, the rest the mask input (their intersection); an additive band becomes causal
+        and window where no Where mask claims the fill; the first relative-position terms become the op's rows
+        and cols, the other additive terms the bias. None where a term cannot be read alike."""
+        reads = [self.term(term, s, t, dtype) for term in terms]
+        if None in reads:
             return None
-        if found.get("fill_mode") == "set" and biases:
-            if where == len(biases):
+        sets = [k for k, (kind, value) in enumerate(reads) if kind == "mask" or kind == "band" and value[2] == "set"]
+        added = [k for k, (kind, value) in enumerate(reads) if kind == "band" and value[2] == "add"]
+        if len({reads[k][1][1] for k in sets}) > 1:
+            return None
+        found, masks, biases, before, relative = {}, [], [], [], ["", "", "", ""]
+        for k, (term, (kind, value)) in enumerate(zip(terms, reads)):
+            if k in sets and kind == "band" and not found:
+                found = {"causal": 1, "window": value[0], "fill": value[1], "fill_mode": "set"}
+            elif k in sets:
+                masks.append(self.bias4(self.band_mask(term) if kind == "band" else value[2], term.shape, heads))
+            elif k in added and not sets and not found:
+                found = {"causal": 1, "window": value[0], "fill": value[1], "fill_mode": "add"}
+            elif kind in ("bias", "band"):
+                bias = value if kind == "bias" else term.value
+                if not self.relative(bias, term.shape, heads, relative):
+                    biases.append(self.bias4(bias, term.shape, heads))
+            before.append(len(biases) + sum(map(bool, relative)) // 2)
+        if None in biases or None in masks:
+            return None
+        if sets:
+            found.setdefault("fill", reads[sets[0]][1][1])
+            given = before[-1]  # every additive term
+            if given and all(before[k] == given for k in sets):
                 found["fill_mode"] = "set_after_bias"
-            elif where and found["fill"] != -math.inf:
+            elif any(before[k] for k in sets) and found["fill"] != -math.inf:
                 return None
-        return found, self.summed(biases), relative
+            found.setdefault("fill_mode", "set")
+        return found, self.summed(biases), self.combined(masks), relative
+
+    def band_mask(self, term):
+        """A Where band mask beyond the first, as a constant mask input."""
+        cond = self.mask(term.cond)
+        return self.const(cond if term.attends else ~cond)
+
+    def combined(self, masks):
+        """The intersection of the masks (None for none), by And nodes."""
+        total = masks[0] if masks else None
+        for mask in masks[1:]:
+            total = self.node("And", (total, mask), {}, broadcast(self.shape(total), self.shape(mask)), np.dtype(bool))
+        return total
 
     def relative(self, bias, shape, heads, relative):
         """Whether the bias is relative-position terms (attention_relative) that the op's free rows and cols
@@ -211,8 +229,8 @@ class _Fuser:
         return True
 
     def term(self, term, s, t, dtype):
-        """("band", (window, fill, mode)), ("bias", tensor) or ("none", None) for one Term; None where it cannot
-        be read alike."""
+        """("band", (window, fill, mode)), ("mask", (None, fill, the keys kept: a bool tensor)), ("bias", tensor)
+        or ("none", None) for one Term; None where it cannot be read alike."""
         g = self.graph
         if term.kind == "add":
             if g.tensors[term.value].dtype != dtype:
@@ -235,28 +253,16 @@ class _Fuser:
         if cond is None:
             if term.attends and _built_causal(g, term.cond, s, t):
                 return "band", (0, fill, "set")
-            return ("bias", self.where_bias(term.cond, term.attends, fill, dtype)) if fill <= MASKED else None
+            attend = term.cond if term.attends else self.node("Not", (term.cond,), {}, self.shape(term.cond),
+                                                                np.dtype(bool))
+            return "mask", (None, fill, attend)
         attend = cond if term.attends else ~cond
         if attend.all():
             return "none", None
         window = band(attend, s, t)
         if window is not None:
             return "band", (window, fill, "set")
-        return ("bias", self.const(np.where(attend, 0, fill).astype(dtype))) if fill <= MASKED else None
-
-    def band_bias(self, term, value, dtype):
-        """A second band mask as a bias: an additive one as it is, a Where one where its fill vanishes."""
-        window, fill, mode = value
-        if mode == "add":
-            return term.value
-        attend = self.mask(term.cond) if term.attends else ~self.mask(term.cond)
-        return self.const(np.where(attend, 0, fill).astype(dtype)) if fill <= MASKED else None
-
-    def where_bias(self, cond, attends, fill, dtype):
-        """A new tensor: 0 where `cond` attends, `fill` elsewhere, of cond's shape."""
-        zero, filled = self.const(np.zeros((), dtype)), self.const(np.array(fill, dtype))
-        return self.node("Where", (cond, zero, filled) if attends else (cond, filled, zero), {},
-                         self.shape(cond), dtype)
+        return "mask", (None, fill, self.const(attend))
 
     def bias4(self, bias, shape, heads):
         """`bias` (broadcasting to the scores' `shape` at its term) as a tensor that broadcasts to (B, H, S, T);
@@ -273,11 +279,7 @@ class _Fuser:
         """The sum of the biases (None for none), by Add nodes."""
         total = biases[0] if biases else None
         for bias in biases[1:]:
-            a, b = self.shape(total), self.shape(bias)
-            rank = max(len(a), len(b))
-            a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
-            total = self.node("Add", (total, bias), {}, tuple(max(x, y) for x, y in zip(a, b)),
-                              self.dtype(total))
+            total = self.node("Add", (total, bias), {}, broadcast(self.shape(total), self.shape(bias)), self.dtype(total))
         return total
 
     def dtype(self, name):

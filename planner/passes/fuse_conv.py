@@ -3,6 +3,8 @@
 typed), either or both, become one com.microsoft FusedConv, whose kernel applies them to each chunk of the
 output as the GEMM writes it (planner/ops/fused_conv.py): a pass over the output fewer for each. Inference
 plans only (FusedConv has no gradient); CompileOptions(fuse_conv=False) keeps the graph as it is."""
+import math
+
 import numpy as np
 
 from ..ir import Node
@@ -33,10 +35,15 @@ def _fuse(graph, m, act, adds):
     node = m.named.get("act")
     if act == "Clip":
         bounds = [node.attrs.get(k) for k in ("min", "max")]
-        attrs.update(activation="Clip", activation_params=[float(np.ravel(v)[0]) if v is not None else float(s)
-                                                           for v, s in zip(bounds, ("-inf", "inf"))])
+        params = [float(np.ravel(v)[0]) if v is not None else float(s) for v, s in zip(bounds, ("-inf", "inf"))]
+        if any(math.isnan(p) for p in params):  # Clip ignores a NaN bound, where the kernel's would make NaN
+            return None
+        attrs.update(activation="Clip", activation_params=params)
     elif act == "HardSigmoid":
-        attrs.update(activation=act, activation_params=[node.attrs.get("alpha", 0.2), node.attrs.get("beta", 0.5)])
+        params = [float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))]
+        if not all(map(math.isfinite, params)):
+            return None
+        attrs.update(activation=act, activation_params=params)
     elif act:
         attrs.update(activation=act)
     return [Node("FusedConv", tuple(inputs), m.root.outputs, attrs, conv.name, conv.notes, "com.microsoft")]

@@ -8,6 +8,7 @@ Constants (the exponent 2, epsilon, a numerator 1) are checked by value. Norms i
 stay as they are, since the fused op takes its statistics in float32 where the export rounds each step in 16
 bits. planner.compile counts the fused ops in plan.stats["fused_norm"]; CompileOptions(fuse_norm=False)
 keeps the exported form."""
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -69,7 +70,7 @@ def _norm(graph, m, rms):
     reduced = [m.named[k] for k in ("mean", "var") if k in m.named]
     first = {_first_axis(n, len(x.shape)) for n in reduced}
     eps = _scalar(graph, m.bindings["eps"])
-    if len(first) != 1 or None in first or eps is None or eps < 0:
+    if len(first) != 1 or None in first or eps is None or not 0 <= eps < math.inf:
         return None
     if "two" in m.bindings and _scalar(graph, m.bindings["two"]) != 2.0:
         return None
@@ -114,6 +115,8 @@ def _with_adds(graph):
             continue
         if plain:
             attrs = ops.of(node, graph.opsets).normalize(node)
+            if not 0 <= attrs["epsilon"] < math.inf:  # the fused op takes none other: the node stays, as ONNX has it
+                continue
             scale, bias = (list(node.inputs[1:]) + [""])[:2]
             attrs = {"axis": attrs["axis"], "epsilon": attrs["epsilon"], "rms": 0}
         else:

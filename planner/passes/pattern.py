@@ -6,9 +6,10 @@
     graph, modified = rewrite(graph, LINEAR, lambda m: [Node("Gemm", (a, b, c), m.root.outputs, ...)])
 
 An input of an Op is an Op, matched against the node writing that tensor (as its first output), or a
-variable (a str) that binds the tensor; a variable used twice binds the same tensor. Binary ops of
-COMMUTATIVE match their inputs in either order. A match is exclusive: what its inner nodes write is read
-by no node outside it and is no graph output or update, so replacing the match loses nothing.
+variable (a str) that binds the tensor; a variable used twice binds the same tensor, and an Op (the same
+object) used twice matches the same node. Binary ops of COMMUTATIVE match their inputs in either order. A
+match is exclusive: what its inner nodes write is read by no node outside it and is no graph output or
+update, and no variable binds it, so replacing the match loses nothing.
 """
 from dataclasses import dataclass, replace
 
@@ -68,10 +69,11 @@ def matches(graph, pattern):
         if (node.op, node.domain) != (pattern.op, pattern.domain):
             continue
         for bindings, nodes, named in _node(graph, pattern, node, {}, {}, {}):
-            if taken.isdisjoint(nodes) and _exclusive(graph, node, nodes, held):
+            variables = {k: v for k, v in bindings.items() if isinstance(k, str)}  # not the Ops' nodes (by id)
+            if taken.isdisjoint(nodes) and exclusive(graph, node, nodes, variables.values(), held):
                 position = position or {n.name: k for k, n in enumerate(graph.nodes)}
                 ordered = tuple(sorted(nodes.values(), key=lambda n: position[n.name]))
-                found.append(Match(node, ordered, bindings, named))
+                found.append(Match(node, ordered, variables, named))
                 taken.update(nodes)
                 break
     return found
@@ -83,7 +85,12 @@ def rewrite(graph, pattern, build, tensors=None):
     must write the root's outputs; the other tensors they write are new, described by `tensors`
     ({name: Tensor}) where they are constants. The result is typed again where it changed (shapes.retype)."""
     built = [(m, build(m)) for m in matches(graph, pattern)]
-    found = [(m, new) for m, new in built if new is not None]
+    return replace_matches(graph, [(m, new) for m, new in built if new is not None], tensors, pattern)
+
+
+def replace_matches(graph, found, tensors=None, what="a pattern"):
+    """(graph, modified): the typed `graph` with the nodes of each (Match, new nodes) of `found` replaced as
+    `rewrite` replaces them (`what` names the rewrite in its error)."""
     if not found:
         return graph, False
     instead, gone, tensors = {}, set(), {**graph.tensors, **(tensors or {})}
@@ -92,7 +99,7 @@ def rewrite(graph, pattern, build, tensors=None):
         written = {o for n in new for o in n.outputs if o}
         missing = [o for o in m.root.outputs if o and o not in written]
         if missing:
-            raise ModelError(f"the rewrite of {pattern} at node {m.root.name!r} does not write "
+            raise ModelError(f"the rewrite of {what} at node {m.root.name!r} does not write "
                              f"{', '.join(map(repr, missing))}")
         instead[m.root.name] = new
         gone.update(n.name for n in m.nodes)
@@ -102,13 +109,15 @@ def rewrite(graph, pattern, build, tensors=None):
 
 
 def _node(graph, pattern, node, bindings, nodes, named):
-    """Every way `node` matches the Op `pattern`, given what is bound so far: (bindings, nodes, named)."""
-    if (node.op, node.domain) != (pattern.op, pattern.domain) or len(node.inputs) != len(pattern.inputs):
+    """Every way `node` matches the Op `pattern`, given what is bound so far: (bindings, nodes, named), the
+    bindings holding, besides the variables' tensors, the node each Op matched (by the Op's id)."""
+    if (node.op, node.domain) != (pattern.op, pattern.domain) or len(node.inputs) != len(pattern.inputs) \
+            or bindings.get(id(pattern), node.name) != node.name:
         return
     defaults = ops.of(node, graph.opsets).defaults
     if any(node.attrs.get(key, defaults.get(key)) != value for key, value in pattern.attrs):
         return
-    nodes = {**nodes, node.name: node}
+    nodes, bindings = {**nodes, node.name: node}, {**bindings, id(pattern): node.name}
     named = {**named, pattern.name: node} if pattern.name else named
     orders = [pattern.inputs]
     if node.op in COMMUTATIVE and not node.domain and len(pattern.inputs) == 2:
@@ -137,8 +146,11 @@ def _value(graph, pattern, tensor, bindings, nodes, named):
         yield from _node(graph, pattern, producer, bindings, nodes, named)
 
 
-def _exclusive(graph, root, nodes, held):
-    """Whether every tensor the matched nodes but the root write is read only by matched nodes, and is
-    not `held` (a graph output or update)."""
-    inner = (o for n in nodes.values() if n is not root for o in n.outputs if o)
-    return all(o not in held and all(c.name in nodes for c in graph.consumers.get(o, ())) for o in inner)
+def exclusive(graph, root, nodes, bound=(), held=None):
+    """Whether every tensor the matched `nodes` ({name: Node}) but the root write is read only by matched
+    nodes, and is neither `held` (a graph output or update; by default the graph's) nor `bound` (a
+    variable's tensor, which the rewrite would read after the node writing it is gone)."""
+    held = {*graph.outputs, *(new for new, _ in graph.updates)} if held is None else held
+    inner = {o for n in nodes.values() if n is not root for o in n.outputs if o}
+    return inner.isdisjoint(bound) and \
+        all(o not in held and all(c.name in nodes for c in graph.consumers.get(o, ())) for o in inner)

@@ -13,6 +13,8 @@ x1024). The vision models (MobileViT, SegFormer) have no sequence to stretch: th
 Needs torch, transformers, onnxscript and onnxruntime.
 """
 import argparse
+import contextlib
+import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -70,7 +72,8 @@ def _archs():
 
     moe = dict(experts_implementation="batched_mm", num_experts_per_tok=2)
     return {
-        "phi3": (lm(T.Phi3ForCausalLM, T.Phi3Config, **layers, num_key_value_heads=2, pad_token_id=0), 2),
+        "phi3": (lm(T.Phi3ForCausalLM, T.Phi3Config, **layers, num_key_value_heads=2, pad_token_id=0, bos_token_id=1,
+                    eos_token_id=2), 2),
         "gemma2": (lm(T.Gemma2ForCausalLM, T.Gemma2Config, **layers, num_key_value_heads=2, head_dim=8,
                       sliding_window=64), 2),
         "gpt_neox": (lm(T.GPTNeoXForCausalLM, T.GPTNeoXConfig, **layers), 2),
@@ -107,13 +110,29 @@ def _positions(config_cls, seq):
     return {"max_position_embeddings": max(seq, 64)} if "max_position_embeddings" in config_cls().to_dict() else {}
 
 
+@contextlib.contextmanager
+def quiet():
+    """Standard output and error to /dev/null at the descriptors: the exporters' progress lines and graph dumps
+    (TorchScript's comes from C++)."""
+    saved = [os.dup(1), os.dup(2)]
+    with open(os.devnull, "w") as null:
+        try:
+            for fd in (1, 2):
+                os.dup2(null.fileno(), fd)
+            yield
+        finally:
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
 def export(build, seq, path, dynamo):
     """(inputs, None) of the model exported to `path`, or (None, the exporter's error)."""
     import torch
     torch.manual_seed(0)
     module, inputs = build(seq)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), quiet():
             warnings.simplefilter("ignore")
             torch.onnx.export(module.eval(), tuple(inputs.values()), str(path), input_names=list(inputs),
                               output_names=["out"], dynamo=dynamo, **({} if dynamo else {"opset_version": 17}))

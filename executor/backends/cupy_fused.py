@@ -3,6 +3,7 @@ host or chain NumPy calls: memplan.ScaledDotProductAttention of the plain form (
 query row, FlashAttention's online softmax over the keys, nothing in the scratch; other forms run the tiled
 kernel), memplan.AddLayerNormalization (a block per row) and memplan.BiasActivation with its gradient (one
 elementwise pass)."""
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -83,8 +84,10 @@ def attention(cupy):
         y, lse = [*outs, None][:2]
         batch, heads, s, d = q.shape
         dv = v.shape[-1]
-        if q.dtype not in C_TYPES or max(d, dv) > HEAD_SIZES or not d or not y.size or not Form.of(step.attrs).plain \
-                or any(x is not None for x in ins[4:]):
+        form = Form.of(step.attrs)
+        seen = bias is None and (not form.causal or k.shape[2] >= s)  # every row sees a key: zero and NaN rows agree
+        if q.dtype not in C_TYPES or max(d, dv) > HEAD_SIZES or not d or not y.size or any(x is not None for x in ins[4:]) \
+                or not (form.plain or seen and replace(form, empty_rows="zero").plain):
             ops.of(step).kernel(xp, step, ins, outs, ws)
             return
         kind = q.dtype.type

@@ -166,9 +166,9 @@ def sizes(q, k, v, bias=None):
 
 
 def finite(xp, x):
-    """Whether every value of x is finite, by its sum (no temporary; an overflow says no)."""
+    """Whether every value of x is finite, by its sum in float64 (no temporary; an overflow says no)."""
     with np.errstate(all="ignore"):
-        return math.isfinite(float(xp.sum(x)))
+        return math.isfinite(float(xp.sum(x, dtype=np.float64)))
 
 
 class Tiles:

@@ -22,13 +22,18 @@ class Gather:
 
 
 def gathers(graph, name, value=constant, scale=1.0, crossed=False):
-    """The Gathers whose sum is tensor `name` (Adds of them, each perhaps scaled by one-value constants and
-    transposed in its last two dims), or None where it is anything else; `value(graph, name)` gives a constant
+    """The Gathers whose sum is tensor `name` (Adds of them, or of one and zeros, each perhaps scaled by one-value
+    constants and transposed in its last two dims), or None where it is anything else; `value(graph, name)` gives a constant
     index's values (None where it has none)."""
     node = graph.producers.get(name)
     if node is None or node.domain:
         return None
     if node.op == "Add":
+        zero = [i for i in node.inputs if (lambda c: c is not None and not c.any())(constant(graph, i))]
+        if len(zero) == 1:  # TorchScript's score = 0 before the terms are added
+            other = node.inputs[1 - node.inputs.index(zero[0])]
+            if graph.tensors[other].shape == graph.tensors[name].shape:
+                return gathers(graph, other, value, scale, crossed)
         parts = [gathers(graph, i, value, scale, crossed) for i in node.inputs]
         return None if None in parts or graph.tensors[node.inputs[0]].shape != graph.tensors[node.inputs[1]].shape \
             else parts[0] + parts[1]

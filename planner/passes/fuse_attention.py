@@ -99,19 +99,28 @@ class _Fuser:
         return self.masks[name]
 
     def build(self, a):
-        g, self.nodes = self.graph, []
+        """The nodes that replace Attention `a`, or None (and nothing made for it kept)."""
+        made, fresh, self.nodes = dict(self.made), dict(self.fresh), []
+        nodes = self.nodes if self.replacement(a) else None
+        if nodes is None:
+            self.made, self.fresh = made, fresh
+        return nodes
+
+    def replacement(self, a):
+        """Whether `a` fuses, its fused node and the nodes it reads made in self.nodes."""
+        g = self.graph
         q, kt, v, y = (g.tensors[n] for n in (a.q, a.kt, a.v, a.root.outputs[0]))
         if not q.dtype.kind == "f" or q.dtype.itemsize < 4:  # a 16-bit export rounds its softmax in 16 bits
-            return None
+            return False
         s, d, t = q.shape[-2], q.shape[-1], kt.shape[-1]
         batch, heads = q.shape[:2] if len(q.shape) == 4 else a.heads or (q.shape[0], 1)
         if a.heads not in (None, (batch, heads)):
-            return None
+            return False
         attrs = {"scale": a.scale, "empty_rows": "zero" if a.guarded else "nan"}
         dropout = self.dropout(a.dropout)
         form = self.terms(a.terms, s, t, (batch, heads), q.dtype)
         if dropout is None or form is None:
-            return None
+            return False
         if a.softcap:
             attrs["softcap"] = a.softcap
         attrs.update(dropout)
@@ -123,14 +132,14 @@ class _Fuser:
         key = self.key(kt, batch, heads)
         value = self.as4(a.v, (batch, heads, t, v.shape[-1]) if len(v.shape) == 3 else v.shape)
         if self.shape(key)[1] != self.shape(value)[1]:
-            return None
+            return False
         out = a.root.outputs[0] if len(y.shape) == 4 else self.activation(f"{a.root.name}/fused")
         name = a.root.name
         inputs = (self.as4(a.q, (batch, heads, s, d)), key, value, *optional)
         self.nodes.append(Node(FUSED, inputs, (out,), attrs, name, a.root.notes, "memplan"))
         if len(y.shape) == 3:
             self.nodes.append(Node("Reshape", (out,), a.root.outputs, {"shape": list(y.shape)}, f"{name}/as_3d"))
-        return self.nodes
+        return True
 
     def shape(self, name):
         return (self.fresh[name] if name in self.fresh else self.graph.tensors[name]).shape

@@ -6,10 +6,10 @@ memplan.ScaledDotProductAttentionGrad (planner/ops/fused_attention_grad.py)."""
 import numpy as np
 
 from . import schema
-from .attention_tiles import DEFAULTS, Form, Tiles, check_attributes, flat, sizes, tile_layout, tiles
-from .base import FLOATS, Schema, broadcast
+from .attention_tiles import (DEFAULTS, Form, Tiles, check_attributes, check_mask, check_relative, check_step, flat,
+                              sizes, tile_layout, tiles, widths)
+from .base import FLOATS, Schema
 from .into import matmul
-from ..errors import ShapeError
 
 
 
@@ -154,48 +154,6 @@ class ScaledDotProductAttention(Schema):
             keep = dropout_keep(np, p.numel(), form.seed, float(step), form.dropout).reshape(tuple(p.shape))
             p = p * torch.from_numpy(keep).to(p.device) / (1 - form.dropout)
         return [torch.matmul(p, v.to(wide)).to(q.dtype), lse]
-
-
-def check_mask(mask, scores):
-    """A mask input is bool and broadcasts to the scores' (B, H, S, T)."""
-    if mask is None:
-        return
-    try:
-        fits = mask.dtype == np.bool_ and len(mask.shape) <= 4 and broadcast(tuple(mask.shape), scores) == scores
-    except ShapeError:
-        fits = False
-    if not fits:
-        raise ShapeError(f"mask must be bool and broadcast to the scores' {scores}, got {mask.dtype} {tuple(mask.shape)}")
-
-
-def widths(rows, cols):
-    """(R, R') of the relative-position tables given (0 for one not given)."""
-    return tuple(0 if table is None else table.shape[-1] for table in (rows, cols))
-
-
-def check_relative(ins, batch, heads, s, t):
-    """Each relative-position table of (B, H, lines, R) (S lines for rows, T for cols) comes with its int64 index
-    of S + T - 1 values in [0, R)."""
-    ins = (list(ins) + [None] * 4)[:4]
-    for name, table, index, lines in (("rows", ins[0], ins[1], s), ("cols", ins[2], ins[3], t)):
-        if (table is None) != (index is None):
-            raise ShapeError(f"{name} and {name}_index come together")
-        if table is None:
-            continue
-        if len(table.shape) != 4 or tuple(table.shape[:3]) != (batch, heads, lines) or not table.shape[3]:
-            raise ShapeError(f"{name} must have shape ({batch}, {heads}, {lines}, R), got {tuple(table.shape)}")
-        if tuple(index.shape) != (s + t - 1,) or index.dtype != np.int64:
-            raise ShapeError(f"{name}_index must be int64 of shape ({s + t - 1},), got {index.dtype} {tuple(index.shape)}")
-        if index.value is not None and index.value.size and not (0 <= index.value.min() <= index.value.max() < table.shape[3]):
-            raise ShapeError(f"{name}_index must be within [0, {table.shape[3]}), its table's columns")
-
-
-def check_step(ratio, step):
-    """Dropout needs the step, a scalar (its count, which keys the mask)."""
-    if ratio and step is None:
-        raise ShapeError("dropout needs input 5, the step (a scalar that keys each step's mask)")
-    if step is not None and step.shape != ():
-        raise ShapeError(f"step must be a scalar, got shape {step.shape}")
 
 
 from . import fused_attention_grad  # noqa: E402,F401  (registers the gradient op)

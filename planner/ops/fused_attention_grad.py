@@ -5,8 +5,8 @@ import math
 
 from . import schema
 from .base import FLOATS, Schema
-from .attention_tiles import DEFAULTS, Form, Tiles, check_attributes, flat, sizes, tile_layout, tiles
-from .fused_attention import check_mask, check_relative, check_step, widths
+from .attention_tiles import (DEFAULTS, Form, Tiles, check_attributes, check_mask, check_relative, check_step, flat,
+                              sizes, tile_layout, tiles, widths)
 from .into import matmul
 from ..errors import ShapeError
 

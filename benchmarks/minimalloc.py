@@ -20,7 +20,7 @@ sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."), 
 
 from planner.allocators import lower_bound  # noqa: E402
 from planner.allocators.bestfit import bestfit  # noqa: E402
-from planner.allocators.exact import exact_search  # noqa: E402
+from planner.allocators.exact import EFFORT_PER_SECOND, exact_search  # noqa: E402
 
 CAPACITY = 1_048_576
 
@@ -48,7 +48,8 @@ def solve(sizes, starts, ends, alignment, time_limit, capacity=CAPACITY):
     """One row: buffers, LOAD, best fit / LOAD, exact / LOAD, fits, optimal, seconds, and the check."""
     began = time.monotonic()
     _, fit = bestfit([-(-s // alignment) * alignment for s in sizes], starts, ends, alignment)
-    result = exact_search([-(-s // alignment) * alignment for s in sizes], starts, ends, alignment, time_limit)
+    result = exact_search([-(-s // alignment) * alignment for s in sizes], starts, ends, alignment,
+                          int(EFFORT_PER_SECOND * time_limit))
     seconds = time.monotonic() - began
     load = lower_bound(sizes, starts, ends, alignment)
     _verify(sizes, starts, ends, result.offsets, result.total)
@@ -67,7 +68,8 @@ def _verify(sizes, starts, ends, offsets, total):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir", nargs="?", help="a directory of id,lower,upper,size CSVs")
-    parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per instance (default 20)")
+    parser.add_argument("--time-limit", type=float, default=20.0,
+                        help="the search's effort per instance, in seconds of the 2-core box (default 20)")
     parser.add_argument("--zoo", action="store_true", help="the zoo models instead of CSVs")
     parser.add_argument("--batch", type=int, default=1, help="the zoo models' batch (default 1)")
     args = parser.parse_args()

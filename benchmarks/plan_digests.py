@@ -7,6 +7,10 @@ the outputs, losses and trained params on NumPy.
     python benchmarks/plan_digests.py before.json      # on the old tree
     python benchmarks/plan_digests.py after.json       # on the new one
     python benchmarks/plan_digests.py --diff before.json after.json
+    MEMPLAN_WORKSPACE_MODE=pool python benchmarks/plan_digests.py --strategy bestfit old-defaults.json
+
+--strategy plans the small cases under that strategy instead of the default (with the environment's
+workspace mode, the former defaults: a change of the defaults set aside).
 
 Names compare without a "memplan." prefix: memplan's own ops were once named "memplan.SGD" and are now
 SGD of the memplan domain, which renames the nodes and tensors training adds and nothing else.
@@ -42,12 +46,12 @@ def array_digest(a):
     return hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
 
 
-def collect():
+def collect(strategy=None):
     import planner
     import zoo_cases
     from executor import Executor
     from frontends import zoo
-    found = {}
+    found, options = {}, {} if strategy is None else {"strategy": strategy}
     for name in zoo.NAMES:
         model = zoo.build(name)
         for strategy in ("bestfit", "share", "naive"):
@@ -56,7 +60,7 @@ def collect():
     for case in zoo_cases.CASES:
         model = zoo_cases.small_model(case)
         for batch in (1, 3):
-            plan = planner.compile(model, zoo_cases.input_shapes(model, batch))
+            plan = planner.compile(model, zoo_cases.input_shapes(model, batch), **options)
             found[f"small/{case}/{batch}"] = plan_digest(plan)
             outputs = Executor(plan, backend="numpy").run(zoo_cases.feeds(model, batch))
             found[f"small/{case}/{batch}/out"] = {k: array_digest(v) for k, v in outputs.items()}
@@ -65,7 +69,7 @@ def collect():
         for optimizer in ("sgd", "adam", "momentum"):
             for remat in (None, "mirror", "sublinear"):
                 plan = planner.compile(model, zoo_cases.input_shapes(model, 2), training=True, optimizer=optimizer,
-                                       remat=remat)
+                                       remat=remat, **options)
                 key = f"train/{case}/{optimizer}/{remat}"
                 found[key] = plan_digest(plan)
                 if remat is None or optimizer == "adam":
@@ -90,5 +94,7 @@ def diff(before, after):
 if __name__ == "__main__":
     if sys.argv[1] == "--diff":
         diff(*sys.argv[2:4])
+    elif sys.argv[1] == "--strategy":
+        Path(sys.argv[3]).write_text(json.dumps(collect(sys.argv[2]), indent=0, sort_keys=True))
     else:
         Path(sys.argv[1]).write_text(json.dumps(collect(), indent=0, sort_keys=True))

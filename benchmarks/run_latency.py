@@ -7,7 +7,7 @@
 cpu: resnet50, mobilenet_v2 and bert_base (sequence 128) on the NumPy backend against onnxruntime (CPU
 provider), with the threads each uses: median latency with numba's compiled kernels (executor/jit, when
 numba is installed) and with the NumPy kernels alone (the GEMMs on MKL in both where it is installed,
-planner/ops/mkl.py), the three run in turn in each round, and how far a
+executor/mkl.py), the three run in turn in each round, and how far a
 fresh process's peak RSS rises while it plans (or loads) and runs the model. Run it on a quiet machine: a
 ratio taken beside other work is off by up to 1.5x.
 gpu: the same models on the CuPy backend, eager and replayed as one CUDA graph, against PyTorch eager and
@@ -25,10 +25,9 @@ import planner  # first: it sets OpenBLAS's thread timeout, which OpenBLAS reads
 import numpy as np
 import onnx
 
-from executor import Executor
+from executor import Executor, mkl
 from executor import jit as compiled
 from frontends import zoo
-from planner.ops import mkl
 
 MiB = 2 ** 20
 SEQ = 128

@@ -20,7 +20,7 @@ import numpy as np
 
 import planner
 from frontends import zoo
-from planner.training import OPTIMIZERS
+from planner.optimizers import OPTIMIZERS
 
 MiB = 2 ** 20
 LOSS_OF = {"resnet50": "cross_entropy", "bert_base": "mse"}
@@ -52,7 +52,7 @@ def torch_step(model, shapes, loss, optimizer, feeds, target, device, precision=
     precision, with a GradScaler for amp-fp16), as a function; and a function giving the bytes alive between
     steps (params, buffers, optimizer state, feeds, target)."""
     import torch
-    from frontends.torch_module import LOSSES, to_torch, torch_optimizer
+    from executor.torch_module import LOSSES, to_torch, torch_optimizer
     module = to_torch(model, shapes).to(device).train()
     opt = torch_optimizer(optimizer, list(module.graph_parameters().values()))
     feeds = {n: torch.as_tensor(v, device=device) for n, v in feeds.items()}

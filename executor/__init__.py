@@ -3,6 +3,7 @@
 Everything is decided before the first run: each step's kernel and the arena views it reads and
 writes. Running copies the feeds in, calls the kernels in order and copies the outputs out.
 """
+import planner  # noqa: F401  (first: it sets OpenBLAS's thread timeout before NumPy loads it)
 import threading
 from collections.abc import Mapping
 from contextlib import ExitStack, contextmanager, nullcontext

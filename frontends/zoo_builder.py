@@ -5,6 +5,7 @@ from contextlib import contextmanager
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from planner.builder import FreshNames
 from planner.errors import ModelError
 
 OPSET = 17
@@ -22,7 +23,7 @@ class Builder:
         self.name = name
         self.rng = np.random.Generator(np.random.SFC64(seed))
         self.inputs, self.nodes, self.params, self.outputs = [], [], [], []
-        self.scopes, self.used = [], set()
+        self.scopes, self.fresh = [], FreshNames(sep="_")
 
     @contextmanager
     def scope(self, *parts):
@@ -36,14 +37,6 @@ class Builder:
         """layer(*args) with its params and nodes under `scope`."""
         with self.scope(scope):
             return layer(*args)
-
-    def fresh(self, base):
-        name, k = base, 0
-        while name in self.used:
-            k += 1
-            name = f"{base}_{k}"
-        self.used.add(name)
-        return name
 
     # --- graph pieces ---
 

@@ -1,7 +1,7 @@
 """memplan's planner: from a model to a typed graph and a memory plan."""
-from .threads import quiet_blas
+from .config import quiet_blas
 
-quiet_blas()
+quiet_blas()  # before anything loads NumPy
 
 from .compiler import compile, compile_stages  # noqa: E402
 from .options import CompileOptions  # noqa: E402
@@ -20,7 +20,7 @@ def load(model, input_shapes=None):
     "zoo:NAME" (a built-in model, see frontends.zoo). `input_shapes` binds the inputs' dynamic
     dims, e.g. {"input": (8, 3, 224, 224)}; dims of the same name in other inputs follow. Composite
     ops (planner/ops/composite.py) come back as the ops they are made of. The graph is the model's own:
-    the rewrites (fusions, folding, precision) are compile's (planner.passes.REWRITES), so it still trains
+    the rewrites (fusions, folding, precision) are compile's (planner.passes.pipeline), so it still trains
     with the names it was exported with.
     """
     from frontends import read

@@ -1,5 +1,6 @@
 """What the arena holds, by purpose: one category per planned tensor (the report's breakdown and the
-timeline picture's colours both read it), and the arena's breakdown at its fullest step.
+timeline picture's colours both read it), the arena's breakdown at its fullest step, and a plan's account
+of itself as text (`describe`, Plan.report).
 
 Each field has one definition, whatever the strategy:
 
@@ -16,6 +17,7 @@ The fullest step is the first step where the transient buffers hold the most byt
 import numpy as np
 
 from .allocators import align
+from .units import format_bytes
 
 FIELDS = {"param": "params", "optimizer": "optimizer", "workspace": "workspace", "io": "io", "saved": "saved",
           "gradient": "grads", "activation": "activations", "recomputed": "activations"}
@@ -108,3 +110,39 @@ def _timeline(tensors, nsteps, key):
             live[row, t.lifetime[0]] += size
             live[row, max(stop, t.lifetime[0]) + 1] -= size
     return names, np.cumsum(live, axis=1)
+
+
+def fullest_step_line(label, plan):
+    """`plan`'s breakdown at its fullest step, and the graph inputs already freed by then."""
+    step = plan.stats["fullest_step"]
+    at = f"step {step} of {len(plan.steps)}" + (f", {plan.steps[step].op} {plan.steps[step].name!r}"
+                                                if step < len(plan.steps) else "")
+    parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in plan.breakdown.items())
+    line = f"{label} at its fullest step ({at}): {parts}"
+    freed = sum(plan.tensors[n].nbytes for n in plan.inputs if plan.tensors[n].lifetime[1] < step)
+    if freed * 100 >= plan.arena_bytes:
+        line += f"; the graph inputs' {format_bytes(freed)} are free by then (their bytes are reused once read)"
+    return line
+
+
+def dtype_line(plan):
+    """What the plan's arena holds at its fullest step, by element type."""
+    return f"{plan.strategy} at its fullest step, by element type: " + ", ".join(
+        f"{dtype} {format_bytes(nbytes)}" for dtype, nbytes in by_dtype(plan).items())
+
+
+def describe(plan):
+    """One plan's report as text (Plan.report): what was planned, the arena against LOAD, the breakdown at the
+    fullest step and by element type, and for a training step what trains and what is recomputed."""
+    stats = plan.stats
+    lines = [f"{plan.strategy} plan, {plan.schedule} schedule, {stats.get('precision', 'fp32')} (device "
+             f"{plan.device}): arena {format_bytes(plan.arena_bytes)}, LOAD {format_bytes(plan.lower_bound_bytes)} "
+             f"(x {plan.arena_bytes / max(plan.lower_bound_bytes, 1):.3f}); {len(plan.steps)} steps, "
+             f"{len(plan.tensors)} tensors", fullest_step_line(plan.strategy, plan), dtype_line(plan)]
+    if plan.training:
+        t = plan.training
+        remat = (t.get("remat") or {}).get("remat")
+        lines.append(f"training step with {t['optimizer']}: {len(t['params'])} params trained, forward "
+                     f"{stats['forward_flops'] / 1e9:.2f} GFLOP, backward {stats['backward_flops'] / 1e9:.2f} GFLOP"
+                     + (f"; {remat} recomputes {stats['recompute_flops'] / 1e9:.2f} GFLOP" if remat else ""))
+    return "\n".join(lines)

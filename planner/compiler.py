@@ -52,8 +52,7 @@ def compile(model, input_shapes=None, options=None, **keywords):
     from frontends import read
     start = time.perf_counter()
     options = _configured(CompileOptions.of(options, **keywords))
-    pipeline = passes.TRAINING if options.training else passes.INFERENCE
-    graph, facts = passes.run(pipeline, read(model), _context(options, input_shapes))
+    graph, facts = passes.run(passes.pipeline(options), read(model), _context(options, input_shapes))
     return _planned(graph, facts, options, start)
 
 
@@ -68,12 +67,13 @@ def compile_stages(model, input_shapes=None, options=None, *, stages=None, **key
     if not options.training or parallel is None or parallel.pp == 1:
         yield compile(model, input_shapes, options)
         return
-    cut = passes.TRAINING.index(passes.pipeline_stage)
-    whole, facts = passes.run(passes.TRAINING[:cut], read(model), _context(options, input_shapes))
+    pipeline = passes.pipeline(options)
+    cut = [p.name for p in pipeline].index("pipeline_stage")
+    whole, facts = passes.run(pipeline[:cut], read(model), _context(options, input_shapes))
     for stage in range(parallel.pp) if stages is None else stages:
         staged = replace(options, parallel=replace(parallel, stage=stage))
         context = replace(_context(staged, input_shapes), facts=MappingProxyType(facts))
-        graph, found = passes.run(passes.TRAINING[cut:], whole, context, STEP)
+        graph, found = passes.run(passes.pipeline(staged)[cut:], whole, context, STEP)
         yield _planned(graph, found, staged, start)
 
 
@@ -88,16 +88,15 @@ def _configured(options):
 
 def _context(options, input_shapes):
     """The passes' Context of `options`, whose `measure` plans a candidate graph as the rank's plan."""
-    config = options.config
-
     def measure(graph, facts):
         if options.parallel is not None:  # a candidate of recomputation, planned as the rank's plan it becomes
-            context = passes.Context(options, input_shapes, config, MappingProxyType(facts))
-            graph, found = passes.run([passes.data_parallel], graph, context, frozenset({passes.TYPED, passes.UPDATES}))
+            context = passes.Context(input_shapes, MappingProxyType(facts))
+            graph, found = passes.run([passes.data_parallel(options.parallel)], graph, context,
+                                      frozenset({passes.TYPED, passes.UPDATES}))
             facts = {**facts, **found}
-        return planning.measure(graph, options.strategy, options.orders, config, tuple(options.fetch), facts)
+        return planning.measure(graph, options.strategy, options.orders, options.config, tuple(options.fetch), facts)
 
-    return passes.Context(options, input_shapes, config, measure=measure)
+    return passes.Context(input_shapes, measure=measure)
 
 
 def _planned(graph, facts, options, start):
@@ -106,8 +105,8 @@ def _planned(graph, facts, options, start):
     fetch = tuple(options.fetch)
     _check_plannable(graph, fetch)
     plan = smallest_plan(graph, options.strategy, options.orders, config, fetch, facts)
-    plan.training, plan.device, plan.rank = facts, options.device, options.rank
-    plan.stats.update(_flops(graph), plan_seconds=time.perf_counter() - start, precision=options.precision,
+    plan.training, plan.device, plan.rank = facts, str(options.device), options.rank
+    plan.stats.update(_flops(graph), plan_seconds=time.perf_counter() - start, precision=options.precision.value,
                       fused_attention=sum(n.op == "ScaledDotProductAttention" for n in graph.nodes),
                       fused_activation=sum(n.op == "BiasActivation" and n.domain == "memplan" for n in graph.nodes),
                       fused_norm=sum(n.op == "AddLayerNormalization" and n.domain == "memplan" for n in graph.nodes),

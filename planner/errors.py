@@ -39,10 +39,13 @@ class InfeasibleBudgetError(MemplanError):
     """No plan fits the memory budget; carries the smallest feasible one."""
 
     def __init__(self, budget, minimum):
-        from .units import format_bytes
         self.budget, self.minimum = budget, minimum
-        super().__init__(f"no plan fits the budget of {format_bytes(budget)} ({budget:,} bytes); the smallest "
-                         f"arena found needs {format_bytes(minimum)} ({minimum:,} bytes)")
+        super().__init__(f"no plan fits the budget of {_mib(budget)}; the smallest arena found needs {_mib(minimum)}")
+
+
+def _mib(n):
+    """Bytes in MiB and in full, as the errors print them (planner.units, which raises these errors, sits above)."""
+    return f"{n / 2**20:,.2f} MiB ({n:,} bytes)"
 
 
 class PlanError(MemplanError):

@@ -14,8 +14,8 @@ import queue as queues
 import signal
 from dataclasses import replace
 
-from . import maxbatch
-from .errors import ConfigError, MemplanError
+from . import maxbatch, progress as progress_line
+from .errors import MemplanError
 from .parallel import STAGES, Parallel
 
 REMATS = (None, "sublinear")
@@ -33,7 +33,7 @@ at a smaller one), so the answers depend on the chains: they are the same howeve
 
 def model_parallel_sizes(compile_at, gpus):
     """([tp], [pp], [note]): the sizes of TENSOR_PARALLEL and PIPELINE that divide `gpus` and split the model
-    (planned once at batch 1), and why each other one that divides `gpus` does not."""
+    (planned once at batch 1), and why each other one that divides `gpus` does not (its planning's error)."""
     found, refused = {"tp": [], "pp": []}, {}
     for kind, sizes in (("tp", TENSOR_PARALLEL), ("pp", PIPELINE)):
         for size in sizes:
@@ -41,28 +41,30 @@ def model_parallel_sizes(compile_at, gpus):
                 try:
                     compile_at(1, parallel=_parallel(gpus, **{kind: size}), remat=None)
                     found[kind].append(size)
-                except ConfigError as e:
+                except MemplanError as e:
                     refused.setdefault((kind, str(e)), []).append(str(size))
     return found["tp"], found["pp"], [f"no {kind} {', '.join(sizes)}: {reason}"
                                       for (kind, reason), sizes in refused.items()]
 
 
-def _parallel(gpus, tp=1, pp=1, zero=None, shard="flat", prefetch=0, bucket_bytes=0):
+def _parallel(gpus, tp=1, pp=1, zero=None, shard="flat", prefetch=0, bucket_bytes=0, sync_batchnorm=False):
     """The Parallel of `gpus` ranks with `tp` and `pp` (ZeRO-1 over the data ranks where there are some
     beside them, unless `zero` says), MICROBATCHES a pipeline stage, and the rules that apply to it."""
     dp = gpus // tp // pp
     zero = (1 if dp > 1 else 0) if zero is None else zero
     return Parallel(dp=dp, tp=tp, pp=pp, microbatches=MICROBATCHES * pp if pp > 1 else 1, zero=zero,
                     shard=shard if zero else "flat", prefetch=prefetch if zero == 3 else 0,
-                    bucket_bytes=bucket_bytes if dp > 1 else 0)
+                    bucket_bytes=bucket_bytes if dp > 1 else 0, sync_batchnorm=sync_batchnorm and dp > 1)
 
 
-def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0, tps=(), pps=()):
+def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0, tps=(), pps=(), sync_batchnorm=False):
     """(label, compile options) of each layout of `gpus` ranks, neighbours alike (each search starts from
     the one before): data-parallel at each ZeRO stage, then `tps` tensor-parallel ranks and `pps` pipeline
     stages; their shards cut by `shard` where they have shards, ZeRO-3's gathers `prefetch` ahead, their
-    gradients reduced in buckets of `bucket_bytes` (planner.parallel)."""
-    rows, rules = [], {"shard": shard, "prefetch": prefetch, "bucket_bytes": bucket_bytes}
+    gradients reduced in buckets of `bucket_bytes`, BatchNormalization's statistics all-reduced over the data
+    ranks where `sync_batchnorm` (planner.parallel)."""
+    rows = []
+    rules = {"shard": shard, "prefetch": prefetch, "bucket_bytes": bucket_bytes, "sync_batchnorm": sync_batchnorm}
     for remat in REMATS:
         layouts = [_parallel(gpus, zero=zero, **rules) for zero in STAGES]
         layouts += [_parallel(gpus, tp=tp, **rules) for tp in tps] + [_parallel(gpus, pp=pp, **rules) for pp in pps]
@@ -76,26 +78,37 @@ def _label(p):
 
 
 def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), **rules):
-    """[(label, per-rank batch, global batch, the rank's arena bytes or None)], the largest global batch first;
+    """([(label, per-rank batch, global batch, the rank's arena bytes or None)], the largest global batch first;
+    [note]): a layout whose planning fails (a MemplanError other than no fit) is left out, a note saying why,
+    and the first error is raised where every layout fails.
     `compile_at(batch, **options)` plans one rank at a per-rank batch (a tensor-parallel rank's batch is its
     data rank's, a pipeline's its microbatch; a pipeline fits where its fullest stage does), `progress(label,
-    batch)` is told of each plan; `tps`, `pps` and `rules` (Parallel's shard, prefetch, bucket_bytes) are
-    `candidates`'. The layouts are dealt to CHAINS chains, every CHAINS-th to each, so that each chain's
-    layouts are neighbours as in one search; the layouts with recomputation are dealt in the opposite order,
-    so that the costliest layouts with and without it (the last: the most pipeline stages) go to different
-    chains, which take about as long. With `workers` > 1 each chain runs in a forked process (on Linux; the
+    batch)` is told of each plan; `tps`, `pps` and `rules` (Parallel's shard, prefetch, bucket_bytes and
+    sync_batchnorm) are `candidates`'. The layouts are dealt to CHAINS chains, every CHAINS-th to each, so
+    that each chain's layouts are neighbours as in one search; the layouts with recomputation are dealt in the
+    opposite order, so that the costliest layouts with and without it (the last: the most pipeline stages) go
+    to different chains, which take about as long. With `workers` > 1 each chain runs in a forked process (on Linux; the
     chains run one after the other in this process elsewhere)."""
     layouts, compile_at = candidates(gpus, tps=tps, pps=pps, **rules), _fullest_stage(compile_at, memory)
     per_remat = len(layouts) // len(REMATS)
     chains = [[layout for j, layout in enumerate(layouts) if _dealt(j % per_remat, j // per_remat) == k]
               for k in range(CHAINS)]
     forked = workers > 1 and "fork" in multiprocessing.get_all_start_methods()
-    found = {label: (batch, arena) for chain in _searched(compile_at, memory, [c for c in chains if c], progress,
-                                                          forked)
-             for label, batch, arena in chain}
-    rows = [(label, *found[label]) for label, _ in layouts]
+    found, failed = {}, {}
+    for rows, errors in _searched(compile_at, memory, [c for c in chains if c], progress, forked):
+        found.update((label, (batch, arena)) for label, batch, arena in rows)
+        failed.update(errors)
+    if not found:
+        raise MemplanError(f"no layout could be planned: {failed[layouts[0][0]]}")
+    rows = [(label, *found[label]) for label, _ in layouts if label in found]
     ranks = {label: options["parallel"].dp * options["parallel"].microbatches for label, options in layouts}
-    return sorted(((label, batch, batch * ranks[label], arena) for label, batch, arena in rows), key=lambda r: -r[2])
+    by_reason = {}
+    for label, _ in layouts:
+        if label in failed:
+            by_reason.setdefault(failed[label], []).append(label)
+    notes = [f"left out {'; '.join(labels)}: {reason}" for reason, labels in by_reason.items()]
+    return sorted(((label, batch, batch * ranks[label], arena) for label, batch, arena in rows),
+                  key=lambda r: -r[2]), notes
 
 
 def _dealt(index, group):
@@ -130,9 +143,11 @@ def _fullest_stage(compile_at, memory):
 
 
 def _chain(compile_at, memory, layouts, progress):
-    """[(label, largest batch, its arena bytes or None)] of one chain of layouts."""
-    return [(label, batch, plan.arena_bytes if plan else None)
-            for label, batch, plan in maxbatch.table(compile_at, memory, layouts, progress)]
+    """([(label, largest batch, its arena bytes or None)], {label: why it failed}) of one chain of layouts."""
+    failed = []
+    rows = [(label, batch, plan.arena_bytes if plan else None)
+            for label, batch, plan in maxbatch.table(compile_at, memory, layouts, progress, failed)]
+    return rows, {label: str(e) for label, e in failed}
 
 
 def _searched(compile_at, memory, chains, progress, forked):
@@ -161,6 +176,10 @@ def _searched(compile_at, memory, chains, progress, forked):
             if kind == "progress":
                 if progress:
                     progress(*payload)
+            elif kind == "show":
+                current = progress_line.CURRENT.get()
+                if current is not None:
+                    current.show(payload)
             else:
                 done[k] = payload
     finally:
@@ -171,10 +190,22 @@ def _searched(compile_at, memory, chains, progress, forked):
     return [done[k] for k in range(len(workers))]
 
 
+class _Sent:
+    """A worker's stand-in for the parent's progress line: what a search inside it shows goes to the parent,
+    which draws the one line."""
+
+    def __init__(self, messages, k):
+        self.messages, self.k = messages, k
+
+    def show(self, text):
+        self.messages.put(("show", self.k, text))
+
+
 def _worker(compile_at, memory, layouts, messages, k):
     """A forked process's chain: its progress, then its rows or the error it met, on `messages`. Ctrl-C is the
     parent's to handle: it ends the workers (`_searched`), so a worker ignores it rather than print a traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    progress_line.CURRENT.set(_Sent(messages, k))
     try:
         rows = _chain(compile_at, memory, layouts, lambda label, batch: messages.put(("progress", k, (label, batch))))
         messages.put(("rows", k, rows))

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import autodiff, shapes
-from .autodiff import Builder
+from .builder import Builder
 from .ir import Tensor
 
 SCALE_INIT, GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL = 2.0 ** 16, 2.0, 0.5, 2000

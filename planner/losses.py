@@ -17,12 +17,12 @@ from dataclasses import replace
 import numpy as np
 
 from . import shapes
-from .autodiff import Builder
+from .builder import Builder
 from .errors import ConfigError, ModelError, say
 from .ir import Phase, Tensor
+from .options import IGNORE_INDEX
 
 LOSSES = ("cross_entropy", "mse")
-IGNORE_INDEX = -100
 
 
 def append_loss(graph, kind, output=None, class_axis=None, ignore_index=IGNORE_INDEX):

@@ -3,7 +3,7 @@ so the search extrapolates and interpolates along that line from the plans it ha
 after each answer the line gives, and bisects where the line misleads it."""
 import math
 
-from .errors import InfeasibleBudgetError
+from .errors import InfeasibleBudgetError, MemplanError
 
 LIMIT = 1 << 20
 """No search goes past this batch."""
@@ -71,10 +71,12 @@ def _between(known, lo, hi, budget):
     return min(max(lo + math.floor((budget - low) * (hi - lo) / (high - low)), lo + 1), hi - 1)
 
 
-def table(compile_at, budget, rows, progress=None):
+def table(compile_at, budget, rows, progress=None, failed=None):
     """[(label, largest batch, its plan or None)] for each (label, compile options) row; `compile_at(b,
     **options)` plans the model at batch b. A plan fits when its arena is at most `budget` bytes. Each
-    row's search starts from the row before it: its answer, and its bytes per batch."""
+    row's search starts from the row before it: its answer, and its bytes per batch. A row whose planning
+    fails (a MemplanError other than no fit) is left out and (label, error) appended to `failed` where it
+    is a list; it is raised where `failed` is None."""
     out, start, slope = [], 1, None
     for label, options in rows:
         plans = {}
@@ -86,7 +88,13 @@ def table(compile_at, budget, rows, progress=None):
                 return math.inf
             return plans[batch].arena_bytes
 
-        batch, known = largest(size, budget, progress and (lambda b: progress(label, b)), start, slope)
+        try:
+            batch, known = largest(size, budget, progress and (lambda b: progress(label, b)), start, slope)
+        except MemplanError as e:
+            if failed is None:
+                raise
+            failed.append((label, e))
+            continue
         out.append((label, batch, plans.get(batch)))
         start, slope = max(batch, 1), line_slope(known, budget) or slope
     return out

@@ -1,21 +1,89 @@
 """CompileOptions: what planner.compile plans, as one checked value instead of a long keyword list."""
 from dataclasses import dataclass, fields, replace
+from enum import Enum
 
-from . import precision
+import ml_dtypes
+import numpy as np
+
 from .config import Config
 from .errors import ModelError, PlanError
-from .losses import IGNORE_INDEX
 from .parallel import Parallel
-from .training import UPDATES, optimizer_arguments
+from .optimizers import UPDATES, optimizer_arguments
 
 STRATEGIES = {  # name: (allocator, in-place allowed)
     "naive": ("naive", False),
     "inplace": ("naive", True),
     "share": ("share", True),
     "bestfit": ("bestfit", True),
+    "auto": ("auto", True),
     "optimal": ("optimal", True),
 }
 SCHEDULES = ("file", "memory", "auto")
+IGNORE_INDEX = -100
+"""The label a loss skips by default (PyTorch's ignore_index)."""
+DEVICE_KINDS = ("any", "cpu", "cuda")
+
+
+class Precision(str, Enum):
+    """The float types a plan computes in (planner.precision), parsed once by CompileOptions, so that what
+    a precision means is asked of it (`low`, `mixed`, `scales_loss`) rather than read from its name."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    AMP_FP16 = "amp-fp16"
+    AMP_BF16 = "amp-bf16"
+
+    def __str__(self):
+        return self.value
+
+    @classmethod
+    def parse(cls, value):
+        try:
+            return cls(value)
+        except ValueError:
+            raise PlanError(f"unknown precision {value!r}; choose one of {', '.join(p.value for p in cls)}") from None
+
+    @property
+    def low(self):
+        """The 16-bit float type the plan computes in (float16 or bfloat16), None for fp32."""
+        half = (Precision.FP16, Precision.AMP_FP16)
+        return None if self is Precision.FP32 else np.dtype(np.float16 if self in half else ml_dtypes.bfloat16)
+
+    @property
+    def mixed(self):
+        """Whether ops compute where autocast's policy puts them, rather than every one in `low`."""
+        return self in (Precision.AMP_FP16, Precision.AMP_BF16)
+
+    @property
+    def scales_loss(self):
+        """Whether gradients are of a scaled loss (float16's range needs it, as torch's GradScaler)."""
+        return self is Precision.AMP_FP16
+
+
+@dataclass(frozen=True)
+class Device:
+    """The device a plan's arena is for, parsed once by CompileOptions: "any" (whichever runs it), "cpu", or
+    "cuda" with an optional index ("cuda:1")."""
+
+    kind: str = "any"
+    index: int | None = None
+
+    def __str__(self):
+        return self.kind if self.index is None else f"{self.kind}:{self.index}"
+
+    @classmethod
+    def parse(cls, value):
+        if isinstance(value, cls):
+            return value
+        kind, colon, index = value.partition(":") if isinstance(value, str) else ("", "", "")
+        if kind not in DEVICE_KINDS or (colon and (kind == "any" or not (index.isascii() and index.isdigit()))):
+            raise PlanError(f"device must name a device (\"any\", \"cpu\", \"cuda\" or \"cuda:N\"), got {value!r}")
+        return cls(kind, int(index) if colon else None)
+
+    @property
+    def is_gpu(self):
+        return self.kind == "cuda"
 
 
 @dataclass(frozen=True)
@@ -23,10 +91,11 @@ class CompileOptions:
     """planner.compile's options (see its docstring), checked when made: an unknown strategy, schedule,
     optimizer, update or optimizer argument, and training options without `training=True`, are errors
     before any model is read. `device` and `rank` are recorded in the plan: which device its arena is
-    for ("any": whichever runs it) and which of several cooperating plans it is. None means the default: `loss` "cross_entropy", `optimizer` "sgd",
-    `config` Config.from_env() when compile runs."""
+    for ("any": whichever runs it) and which of several cooperating plans it is. `device` and `precision`
+    may be given by name ("cuda:0", "amp-fp16") and are held as a Device and a Precision. None means the
+    default: `loss` "cross_entropy", `optimizer` "sgd", `config` Config.from_env() when compile runs."""
 
-    strategy: str = "bestfit"
+    strategy: str = "auto"
     schedule: str = "auto"
     training: bool = False
     loss: str | None = None
@@ -42,9 +111,9 @@ class CompileOptions:
     trainable: tuple = ()
     class_axis: int | None = None
     ignore_index: int | None = IGNORE_INDEX
-    device: str = "any"
+    device: Device = Device()
     rank: int = 0
-    precision: str = "fp32"
+    precision: Precision = Precision.FP32
     fuse_attention: bool = True
     fold_batchnorm: bool = True
     fuse_conv: bool = True
@@ -58,11 +127,10 @@ class CompileOptions:
     parallel: Parallel | None = None
 
     def __post_init__(self):
-        if not isinstance(self.device, str) or not self.device:
-            raise PlanError(f"device must name a device (\"any\", \"cuda:0\", ...), got {self.device!r}")
+        object.__setattr__(self, "device", Device.parse(self.device))
+        object.__setattr__(self, "precision", Precision.parse(self.precision))
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
             raise PlanError(f"rank must be an int >= 0, got {self.rank!r}")
-        precision.check(self.precision)
         if self.strategy not in STRATEGIES:
             raise PlanError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if self.schedule not in SCHEDULES:

@@ -48,7 +48,9 @@ class Parallel:
     linear layers and attention heads (Megatron's tensor parallelism). `pp` stages run the layers in turn
     (pipeline parallelism, planner.pipeline), each step's batch in `microbatches` (the batch planned is one
     microbatch's; with pp 1, gradient accumulation), and the plan is stage `stage`'s. A step's ranks are
-    dp * tp * pp."""
+    dp * tp * pp. BatchNormalization normalises each data rank's rows by their own statistics (DDP's), unless
+    `sync_batchnorm`: then by those of the whole batch of the dp ranks, all-reduced (PyTorch's SyncBatchNorm;
+    planner/passes/sync_batchnorm.py)."""
 
     dp: int = 1
     zero: int = 0
@@ -59,6 +61,7 @@ class Parallel:
     shard: str = "flat"
     prefetch: int = 0
     bucket_bytes: int = 0
+    sync_batchnorm: bool = False
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "microbatches"):
@@ -82,6 +85,11 @@ class Parallel:
         if self.pp > 1 and self.zero > 1:
             raise ConfigError(f"ZeRO-{self.zero} shards the gradients, which pipeline stages accumulate over their "
                               "microbatches (DeepSpeed refuses it too): use zero 0 or 1 with pp > 1")
+        if not isinstance(self.sync_batchnorm, bool):
+            raise ConfigError(f"parallel sync_batchnorm must be True or False, got {self.sync_batchnorm!r}")
+        if self.sync_batchnorm and self.dp == 1:
+            raise ConfigError("parallel sync_batchnorm shares batch statistics among the data-parallel ranks: it "
+                              "applies with dp > 1")
         if self.microbatches > 1 and self.zero == 3:
             raise ConfigError("ZeRO-3 gathers each param once a pass, not once a microbatch: plan microbatches under "
                               "zero 0 to 2")

@@ -26,9 +26,13 @@ from .errors import PlanError
 from .ops.base import Slice
 from .parallel import Parallel, Whole, shard_size
 from .plan_checks import ALIGNMENT, check_op, is_int, numpy_dtype  # noqa: F401  (ALIGNMENT: planning's, from here)
+from .units import format_bytes
 
 FORMAT = "memplan-plan/5"
 PHASES = ("", "backward", "recompute", "optimizer")
+MEASURED = ("plan_seconds",)
+"""Stats a compile measured rather than decided, left out of the file: a plan is the same bytes wherever and
+whenever it was made."""
 MAX_PLAN_BYTES = 1 << 28
 """Most bytes of plan JSON `from_json` reads, far more than memplan writes for any model: a larger file, or a
 device (a link to /dev/zero), is refused, not read until memory runs out."""
@@ -109,6 +113,18 @@ class Plan:
                 spans[root] = (min(lo, t.lifetime[0]), max(hi, t.lifetime[1]))
         return {r: span for r, span in spans.items() if self.tensors[r].lifetime is not None}
 
+    def __repr__(self):
+        """One line: what was planned and its arena (the tensors and steps are many; `report()` says more)."""
+        what = f"training step with {self.training['optimizer']}" if self.training else "inference"
+        return (f"<Plan {self.strategy}, {self.schedule} schedule, {what}: arena {format_bytes(self.arena_bytes)}, "
+                f"LOAD {format_bytes(self.lower_bound_bytes)}, {len(self.steps)} steps, {len(self.tensors)} tensors>")
+
+    def report(self):
+        """The plan's report as text: what was planned, its arena against LOAD, the breakdown at its fullest step
+        and by element type, and for a training step what trains (planner.breakdown.describe)."""
+        from .breakdown import describe
+        return describe(self)
+
     @property
     def fragmentation_bytes(self):
         return self.arena_bytes - self.lower_bound_bytes
@@ -128,15 +144,15 @@ class Plan:
                             "must not end in .npz; name it .json")
         values = self.check_values().data
         doc = {"format": FORMAT, **{k: getattr(self, k) for k in (
-            "strategy", "schedule", "arena_bytes", "lower_bound_bytes", "breakdown", "inputs", "outputs", "stats",
-            "training", "opsets", "device", "rank")},
+            "strategy", "schedule", "arena_bytes", "lower_bound_bytes", "breakdown", "inputs", "outputs",
+            "training", "opsets", "device", "rank")}, "stats": {k: v for k, v in self.stats.items() if k not in MEASURED},
             "tensors": [asdict(t) for t in self.tensors.values()],
             "steps": [{**asdict(s), "attrs": {k: _encode(v) for k, v in s.attrs.items()}} for s in self.steps],
             "values_digest": _values_digest(values) if values else None}
         doc = json.loads(json.dumps(doc))  # as from_json will read it
         path.write_text(json.dumps({**doc, "digest": document_digest(doc)}, indent=1))
         if values:
-            np.savez(_data_path(path), **values)
+            np.savez(values_path(path), **values)
         return path
 
     @classmethod
@@ -165,10 +181,10 @@ class Plan:
         if document_digest(written) != written["digest"]:
             raise PlanError(f"{path}: the plan was changed after it was written (its digest differs from the one it "
                             "recorded); plan the model again rather than editing the plan")
-        plan.data = {} if digest is None else _read_npz(_data_path(path), plan)
-        plan.check_values(f"{path} (saved without values)" if digest is None else str(_data_path(path)))
+        plan.data = {} if digest is None else _read_npz(values_path(path), plan)
+        plan.check_values(f"{path} (saved without values)" if digest is None else str(values_path(path)))
         if digest is not None and _values_digest(plan.data) != digest:
-            raise PlanError(f"{_data_path(path)}: these values do not belong to {path} (their digest differs from "
+            raise PlanError(f"{values_path(path)}: these values do not belong to {path} (their digest differs from "
                             "the one the plan recorded): save the plan and its values together again with to_json")
         try:
             plan_checks.check_rules(plan)
@@ -272,8 +288,9 @@ def _step(obj, where):
     return step
 
 
-def _data_path(path):
-    return path.with_suffix(".npz")
+def values_path(path):
+    """Where to_json writes the values of the plan written at `path`, and from_json reads them: its .npz."""
+    return Path(path).with_suffix(".npz")
 
 
 def _encode(value):

@@ -4,8 +4,12 @@
 
 A search that only compares arenas (recomputation's candidates, the schedule orders of "auto") measures
 its candidates as far as their buffers (`measure`) and allocates them by rising LOAD, only while one can
-beat the best arena so far: no placement uses less than LOAD, so the others cannot win.
+beat the best arena so far: no placement uses less than LOAD, so the others cannot win. A candidate is
+planned in each schedule order, with its scratch pooled or as one-step tensors (workspace mode "auto":
+both, ties pooled); searches place the buffers of the "auto" strategy by best fit (SEARCHED_BY), and a plan
+is the smallest so placed, placed again by the strategy's allocator, whose exact search can only lower it.
 """
+import copy
 import math
 
 from . import allocators, ops, workspace
@@ -18,9 +22,16 @@ from .plan import ALIGNMENT, Plan, PlannedTensor, Step
 from .schedule import schedule as make_schedule
 
 
+SEARCHED_BY = {"auto": "bestfit"}
+"""{allocator: the allocator searches place its candidates with}, where that differs: "auto"'s exact search
+runs once, on the plan it makes."""
+MODES = ("pool", "tensor")
+"""The workspace modes "auto" plans, preferred in this order on a tie."""
+
+
 def plan_graph(graph, strategy, order, config, fetch=(), training=None):
     """One Plan of a typed graph for one strategy and one schedule order."""
-    return Buffers(graph, strategy, order, config, fetch, training, _scratch(graph, config)).plan()
+    return measure(graph, strategy, (order,), config, fetch, training).plan()
 
 
 def smallest_plan(graph, strategy, orders, config, fetch=(), training=None):
@@ -42,39 +53,59 @@ def smallest(loads, arena, below=math.inf):
 
 
 def measure(graph, strategy, orders, config, fetch=(), training=None):
-    """The graph's plans in the schedule `orders`, as far as their buffers (Measured)."""
+    """The graph's plans in the schedule `orders`, each in the Config's workspace modes, as far as their buffers
+    (Measured)."""
     scratch = _scratch(graph, config)
-    return Measured([Buffers(graph, strategy, order, config, fetch, training, scratch) for order in orders])
+    modes = MODES if config.workspace_mode == "auto" and scratch else (_mode(config),)
+    found = []
+    for order in orders:
+        first = Buffers(graph, strategy, order, config, fetch, training, scratch, modes[0])
+        found += [first, *(first.in_mode(mode) for mode in modes[1:])]
+    return Measured(found)
 
 
 class Measured:
-    """A candidate's plans, one per schedule order, before offsets: `load`, the least LOAD among them (no
-    arena of the candidate is smaller); `arena(below)` and `plan()` allocate them as `smallest` does."""
+    """A candidate's plans, one per schedule order and workspace mode, before offsets: `load`, the least LOAD
+    among them (no arena of the candidate is smaller); `arena(below)` allocates them as `smallest` does, as
+    searches place them; `plan()` is the smallest so placed, placed by the strategy's allocator (SEARCHED_BY)."""
 
     def __init__(self, buffers):
         self.buffers = buffers
         self.load = min(b.load for b in buffers)
-
-    def _smallest(self, below=math.inf):
-        return smallest([b.load for b in self.buffers], lambda k, _: self.buffers[k].arena(), below)
+        self._chosen = None
 
     def arena(self, below=math.inf):
-        """The smallest arena, or None where none is below `below` bytes."""
-        best = self._smallest(below)
+        """The smallest arena as searches place them, or None where none is below `below` bytes."""
+        best = _searched(self.buffers, below)
         return None if best is None else best[0]
 
+    def final_arena(self):
+        """The arena of `plan()`, without making the Plan."""
+        return self.chosen().arena()
+
     def plan(self):
-        """The Plan of the smallest arena (ties: the first order's)."""
-        return self.buffers[self._smallest()[1]].plan()
+        """The Plan of the smallest arena (ties: the first order's, pooled)."""
+        return self.chosen().plan()
+
+    def chosen(self):
+        """The Buffers `plan()` places."""
+        if self._chosen is None:
+            self._chosen = self.buffers[_searched(self.buffers)[1]]
+        return self._chosen
+
+
+def _searched(buffers, below=math.inf):
+    """`smallest` of `buffers` as searches place them."""
+    return smallest([b.load for b in buffers], lambda k, _: buffers[k].arena(final=False), below)
 
 
 class Buffers:
-    """A typed graph's tensors under one schedule order and strategy, before offsets: the steps, which
-    tensors share a buffer, each buffer's span of steps, the persistent bytes below the buffers (params,
-    state, pooled workspace slots) and `load`, the least arena any placement of them can have. `scratch`
-    is the nodes' workspaces (_scratch), the same in every order."""
+    """A typed graph's tensors under one schedule order, strategy and workspace mode ("pool" or "tensor"),
+    before offsets: the steps, which tensors share a buffer, each buffer's span of steps, the persistent bytes
+    below the buffers (params, state, pooled workspace slots) and `load`, the least arena any placement of them
+    can have. `scratch` is the nodes' workspaces (_scratch), the same in every order."""
 
-    def __init__(self, graph, strategy, order, config, fetch, training, scratch):
+    def __init__(self, graph, strategy, order, config, fetch, training, scratch, mode="pool"):
         self.graph, self.config, self.training = graph, config, training
         self.allocator, inplace_allowed = STRATEGIES[strategy]
         self.strategy, self.order = strategy, order
@@ -87,8 +118,19 @@ class Buffers:
         self.root_of, self.views = aliases(graph, self.steps, held, writes=inplace_allowed and config.enable_inplace)
         self.root_of.update(graph.updates)
         self.scratch = scratch
-        self.slots, self.slot_of = [], {}
-        if config.workspace_mode == "pool" and self.scratch:
+        self._arrange(mode)
+
+    def in_mode(self, mode):
+        """The same buffers with the scratch in workspace `mode`."""
+        other = copy.copy(self)
+        other._arrange(mode)
+        return other
+
+    def _arrange(self, mode):
+        """The buffers, their spans and LOAD with the scratch in workspace `mode`."""
+        graph, config = self.graph, self.config
+        self.mode, self.slots, self.slot_of, self._placed = mode, [], {}, {}
+        if mode == "pool" and self.scratch:
             self.slots, self.slot_of = workspace.pool(
                 self.steps, {name: layout.nbytes for name, layout in self.scratch.items()}, config.temp_slots)
         self.spans = {}
@@ -100,7 +142,7 @@ class Buffers:
         self.persistent = [(n, tensors[n].nbytes) for n in tensors if n not in self.life and n not in self.root_of]
         self.persistent += [(_slot(k), size) for k, size in enumerate(self.slots)]
         self.roots = [(n, tensors[n].nbytes) for n in tensors if n in self.life and n not in self.root_of]
-        if config.workspace_mode != "pool":
+        if mode != "pool":
             for step, node in enumerate(self.steps):
                 if node.name in self.scratch:
                     used = _own_workspace(node)
@@ -110,23 +152,26 @@ class Buffers:
         self.intervals = ([size for _, size in self.roots], [self.spans[n][0] for n, _ in self.roots],
                           [self.spans[n][1] for n, _ in self.roots])
         self.load = self.base + allocators.lower_bound(*self.intervals, ALIGNMENT)
-        self._placed = None
 
-    def arena(self):
-        """The arena's bytes once the allocator has placed the buffers."""
-        return self.base + self._offsets()[1]
+    def arena(self, final=True):
+        """The arena's bytes once the buffers are placed: by the strategy's allocator, or (not `final`) as
+        searches place them (SEARCHED_BY)."""
+        return self.base + self._offsets(final)[0][1]
 
-    def _offsets(self):
-        """(offsets of the buffers, bytes they span), placed once by the strategy's allocator."""
-        if self._placed is None:
-            self._options = _allocator_options(self.allocator, self.config, self.steps, *self.intervals[1:])
-            self._placed = allocators.allocate(self.allocator, *self.intervals, ALIGNMENT, **self._options)
-        return self._placed
+    def _offsets(self, final=True):
+        """((offsets of the buffers, bytes they span), the allocator's options), each allocator's placed once."""
+        name = self.allocator if final else SEARCHED_BY.get(self.allocator, self.allocator)
+        if name not in self._placed:
+            options = _allocator_options(name, self.config, self.steps, *self.intervals[1:])
+            if name in SEARCHED_BY and SEARCHED_BY[name] in self._placed:
+                options["initial"] = self._placed[SEARCHED_BY[name]][0]
+            self._placed[name] = allocators.allocate(name, *self.intervals, ALIGNMENT, **options), options
+        return self._placed[name]
 
     def plan(self):
         """The Plan: every tensor's place, and the steps with their workspaces."""
         graph, config = self.graph, self.config
-        offsets, total = self._offsets()
+        (offsets, total), options = self._offsets()
         where, base = {}, 0
         for name, size in self.persistent:
             where[name], base = base, base + allocators.align(size, ALIGNMENT)
@@ -141,14 +186,14 @@ class Buffers:
             name = _slot(k)
             places[name] = PlannedTensor(name, (size,), "uint8", "workspace_slot", size, where[name], None)
         asked = [layout.nbytes for layout in self.scratch.values()]
-        ws = {"mode": config.workspace_mode, "limit": config.workspace_limit, "requests": len(asked),
+        ws = {"mode": self.mode, "limit": config.workspace_limit, "requests": len(asked),
               "largest": max(asked, default=0), "total_requested": sum(asked),
-              **({"slots": list(self.slots)} if config.workspace_mode == "pool" and self.scratch else {})}
+              **({"slots": list(self.slots)} if self.mode == "pool" and self.scratch else {})}
         steps = []
         for step, node in enumerate(self.steps):
             used, layout = None, self.scratch.get(node.name)
             if layout is not None:
-                if config.workspace_mode == "pool":
+                if self.mode == "pool":
                     used = _slot(self.slot_of[node.name])
                 else:
                     used = _own_workspace(node)
@@ -164,7 +209,7 @@ class Buffers:
                            "persistent_bytes": self.base,
                            "inplace": sum(1 for n in self.root_of if n not in self.views),
                            "views": len(self.views), "workspace": ws, "fullest_step": fullest,
-                           **({"allocator_proof": self._options["report"]} if "report" in self._options else {})},
+                           **({"allocator_proof": options["report"]} if "report" in options else {})},
                     data={t.name: t.data for t in graph.tensors.values() if t.kind in ("param", "const")},
                     opsets=dict(graph.opsets))
 
@@ -172,6 +217,11 @@ class Buffers:
 def _scratch(graph, config):
     """{node name: workspace Layout} of the graph's nodes that need scratch."""
     return workspace.layouts(graph, graph.nodes, config.workspace_limit)
+
+
+def _mode(config):
+    """The workspace mode a plan of `config` takes where it has no choice to make: pooled, unless "tensor"."""
+    return "tensor" if config.workspace_mode == "tensor" else "pool"
 
 
 def _slot(k):
@@ -197,6 +247,8 @@ def _allocator_options(name, config, steps, starts, ends):
         return options
     if name == "optimal":  # `report` comes back filled with what the search proved
         return {"time_limit": config.time_limit, "report": {}}
+    if name == "auto":
+        return {"report": {}}
     return {}
 
 

@@ -14,13 +14,13 @@ norm, exp, log, pow, sum, prod, cumsum, cumprod, the losses and the reciprocal f
 memplan.BiasActivation (an activation and the bias Add before it) is in LOWER: autocast adds a Linear's
 bias in the low type (addmm) and runs Gelu, SiLU, ReLU on the low result as they come, so that the
 op's X and Y stay 16-bit (within the op, tiles compute in float32).
+
+What each precision means (its low type, whether it is mixed, whether it scales the loss) is
+planner.options.Precision's.
 """
-import ml_dtypes
-import numpy as np
+from .options import Precision
 
-from .errors import PlanError
-
-PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
+PRECISIONS = tuple(p.value for p in Precision)
 
 LOWER = frozenset({
     "Conv", "ConvTranspose", "ConvInteger", "DeformConv", "MatMul", "Gemm", "Einsum", "PRelu",
@@ -43,18 +43,3 @@ KEEPS_INPUT = frozenset({"BatchNormalization"})
 """Op types that compute in their data input's type whatever the type of their weights (cuDNN's batch
 norm takes half inputs with float32 statistics, and autocast leaves it alone)."""
 
-
-def check(precision):
-    if precision not in PRECISIONS:
-        raise PlanError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    return precision
-
-
-def low_dtype(precision):
-    """The 16-bit float type of a precision ("fp16" or "amp-fp16": float16), None for fp32."""
-    kind = check(precision).removeprefix("amp-")
-    return {"fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}.get(kind)
-
-
-def is_mixed(precision):
-    return check(precision).startswith("amp-")

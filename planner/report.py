@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from . import pools
-from .breakdown import by_dtype, fields
+from .breakdown import dtype_line, fields, fullest_step_line, peak
 from .config import Config
-from .errors import InfeasibleBudgetError, MissingDependencyError, PlanError, say
+from .errors import MemplanError, MissingDependencyError, say
 from .training import constant_kind
 from .units import format_bytes
 
@@ -19,6 +19,7 @@ ROWS = (  # label, strategy, Config changes
     ("share", "share", {}),
     ("share (auto search)", "share", {"auto_search_match_range": True}),
     ("bestfit", "bestfit", {}),
+    ("auto", "auto", {}),
     ("optimal", "optimal", {}),
 )
 
@@ -110,7 +111,7 @@ class Report:
         lines += [f"note: {n}" for n in d["notes"]]
         lines.append(_pools_line(d))
         lines.append(_breakdown_line(self))
-        lines.append(_dtype_line(self.plan("bestfit")))
+        lines.append(dtype_line(self.plan("bestfit")))
         lines.append(_workspace_line(d))
         if training:
             lines += _training_lines(self, d)
@@ -119,23 +120,27 @@ class Report:
         return "\n".join(line.rstrip() for line in lines)
 
 
-def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None, memory_budget=None, precisions=None,
-           **training):
+def report(graph, config=None, time_limit=None, schedule="auto", strategies=None, memory_budget=None,
+           precisions=None, **training):
     """The Report of a typed graph. `optimal` (the allocator, and each try of remat="optimal") searches
-    for at most `time_limit` seconds. `strategies`
+    for at most `time_limit` seconds (default the Config's, MEMPLAN_TIME_LIMIT). `strategies`
     keeps only those rows, and always naive and bestfit, which the savings and the baselines are
     measured against. `training` (training=True, loss=, optimizer=, ...) plans training steps, and then
     each update order and recomputation, under `memory_budget` (bytes) too when given. `precisions`
     adds the bestfit plan in each of those precisions (planner.precision), side by side. A row whose
-    optional dependency is missing is left out, with a note."""
+    optional dependency is missing, or whose planning fails (but naive's, bestfit's and the training step's
+    without recomputation, which the others are measured against), is left out, with a note."""
     from .compiler import compile, compile_stages
     config = config or Config.from_env()
+    time_limit = config.time_limit if time_limit is None else time_limit
     notes = []
 
-    def plan(label, **options):
+    def plan(label, needed=False, **options):
         try:
             return compile(graph, schedule=schedule, **{**training, **options})
-        except MissingDependencyError as e:
+        except MemplanError as e:
+            if needed and not isinstance(e, MissingDependencyError):
+                raise
             notes.append(f"row {label!r} left out: {e}")
             return None
 
@@ -146,7 +151,8 @@ def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None,
         changes = {**changes, "time_limit": time_limit} if strategy == "optimal" else changes
         if strategy == "share" and not changes and config.auto_search_match_range:
             changes = {"auto_search_match_range": False}
-        rows.append((label, plan(label, strategy=strategy, config=replace(config, **changes))))
+        rows.append((label, plan(label, strategy in ("naive", "bestfit"), strategy=strategy,
+                                 config=replace(config, **changes))))
     modes = {mode: compile(graph, schedule=schedule, config=replace(config, workspace_mode=mode), **training)
              for mode in ("pool", "tensor")}
     updates = remats = None
@@ -154,10 +160,11 @@ def report(graph, config=None, time_limit=2.0, schedule="auto", strategies=None,
         updates = {mode: compile(graph, schedule=schedule, config=config, **{**training, "update": mode})
                    for mode in ("eager", "after_backward")}
         timed = replace(config, time_limit=time_limit)
-        remats = _remats(lambda label, **o: plan(label, config=timed if o["remat"] == "optimal" else config, **o),
-                         memory_budget)
-    chosen = {name: compile(graph, schedule=schedule, config=config, **{**training, "precision": name})
+        remats = _remats(lambda label, needed, **o: plan(label, needed, config=timed if o["remat"] == "optimal"
+                                                         else config, **o), memory_budget)
+    chosen = {name: plan(f"precision {name}", name == "fp32", config=config, precision=name)
               for name in precisions or ()}
+    chosen = {name: p for name, p in chosen.items() if p is not None}
     parallel = training.get("parallel")
     unsharded = parallel and compile(graph, schedule=schedule, config=config, **{**training, "parallel": None})
     stages = parallel and parallel.pp > 1 and [
@@ -171,7 +178,7 @@ def _parallel(plan, unsharded, stages=None):
     model states beside the ZeRO paper's count, and each pipeline stage's arena bytes (`stages`); None for a
     plan of one device."""
     from .parallel import model_states
-    from .training import OPTIMIZERS
+    from .optimizers import OPTIMIZERS
     facts = plan.training.get("parallel")
     if not facts:
         return None
@@ -187,12 +194,22 @@ def _parallel(plan, unsharded, stages=None):
     return {**facts, "unsharded": {"arena_bytes": unsharded.arena_bytes, "breakdown": unsharded.breakdown},
             "model_states": {"plan": ours, "zero_paper": paper},
             "tensor_parallel": plan.training.get("tensor_parallel"),
-            "pipeline": plan.training.get("pipeline") and {**plan.training["pipeline"], "arena_bytes": stages}}
+            "pipeline": plan.training.get("pipeline") and {**plan.training["pipeline"], "arena_bytes": stages},
+            "batch_norms": _batch_norms(plan)}
+
+
+def _batch_norms(plan):
+    """{"alone": training BatchNormalizations normalising a data rank's own rows, "synchronised": those
+    normalising by the statistics of all the data ranks (planner/passes/sync_batchnorm.py)}."""
+    alone = sum(1 for s in plan.steps
+                if s.op == "BatchNormalization" and not s.domain and s.attrs.get("training_mode"))
+    return {"alone": alone, "synchronised": (plan.training.get("sync_batchnorm") or {}).get("layers", 0)}
 
 
 def _remats(plan, memory_budget):
     """{label: bestfit plan} of a training step without recomputation, under mirror and sublinear, and
-    under `memory_budget` by the budget planner and the optimal solver (the error where none fits)."""
+    under `memory_budget` by the budget planner and the optimal solver (the error where none fits or the
+    planning fails); `plan(label, needed, **options)` plans one, or None where it was left out."""
     modes = {"none": None, "mirror": "mirror", "sublinear": "sublinear"}
     if memory_budget is not None:
         modes.update({f"{remat}({format_bytes(memory_budget)})": remat for remat in ("budget", "optimal")})
@@ -200,8 +217,8 @@ def _remats(plan, memory_budget):
     for label, remat in modes.items():
         budget = memory_budget if remat in ("budget", "optimal") else None
         try:
-            result = plan(f"remat {label}", remat=remat, memory_budget=budget)
-        except (InfeasibleBudgetError, PlanError) as e:
+            result = plan(f"remat {label}", remat is None or budget is not None, remat=remat, memory_budget=budget)
+        except MemplanError as e:
             if budget is None:
                 raise
             result = e
@@ -225,7 +242,8 @@ def _remat_row(label, plan, load, step):
     if isinstance(plan, Exception):
         return {"remat": label, "error": str(plan)}
     row = {"remat": label, "arena_bytes": plan.arena_bytes, "x_load": plan.arena_bytes / load,
-           "saved_bytes": plan.breakdown["saved"], "recompute_flops": plan.stats["recompute_flops"],
+           "saved_bytes": plan.breakdown["saved"], "saved_most_bytes": peak(plan, ("saved",))[0],
+           "recompute_flops": plan.stats["recompute_flops"],
            "recompute_share": plan.stats["recompute_flops"] / step, "plan_seconds": plan.stats["plan_seconds"]}
     if "solver" in plan.training["remat"]:
         row["gap"] = plan.training["remat"]["solver"]["gap"]
@@ -241,12 +259,6 @@ def _title(graph, d, training):
             f"forward {d['forward_flops'] / 1e9:.2f} GFLOP, backward {d['backward_flops'] / 1e9:.2f} GFLOP")
 
 
-def _dtype_line(plan):
-    """What the bestfit arena holds at its fullest step, by element type."""
-    return "bestfit at its fullest step, by element type: " + ", ".join(
-        f"{dtype} {format_bytes(nbytes)}" for dtype, nbytes in by_dtype(plan).items())
-
-
 def _pools_line(d):
     naive, rounded = d["baselines"]["naive"], d["baselines"]["round"]
     bestfit = next(r for r in d["rows"] if r["strategy"] == "bestfit")
@@ -258,16 +270,7 @@ def _pools_line(d):
 
 def _breakdown_line(report):
     """The smallest plan's breakdown at its fullest step, and the graph inputs already freed by then."""
-    label, plan = min(report.rows, key=lambda row: row[1].arena_bytes)
-    step = plan.stats["fullest_step"]
-    at = f"step {step} of {len(plan.steps)}" + (f", {plan.steps[step].op} {plan.steps[step].name!r}"
-                                                if step < len(plan.steps) else "")
-    parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in plan.breakdown.items())
-    line = f"{label} at its fullest step ({at}): {parts}"
-    freed = sum(plan.tensors[n].nbytes for n in plan.inputs if plan.tensors[n].lifetime[1] < step)
-    if freed * 100 >= plan.arena_bytes:
-        line += f"; the graph inputs' {format_bytes(freed)} are free by then (their bytes are reused once read)"
-    return line
+    return fullest_step_line(*min(report.rows, key=lambda row: row[1].arena_bytes))
 
 
 def _workspace_line(d):
@@ -339,7 +342,22 @@ def _parallel_line(d):
             f"{format_bytes(ours['optimizer'])}, gradients {format_bytes(ours['gradients_at_peak'])} at the fullest "
             f"step; the ZeRO paper's count (DeepSpeed's estimators) of its "
             f"{'tensor-parallel piece' if tp else 'model'}: {format_bytes(paper['params'])}, "
-            f"{format_bytes(paper['optimizer'])}, {format_bytes(paper['gradients'])} held throughout"]
+            f"{format_bytes(paper['optimizer'])}, {format_bytes(paper['gradients'])} held throughout",
+            *_batch_norm_line(p)]
+
+
+def _batch_norm_line(p):
+    """Whether the data ranks' BatchNormalizations normalise by their own rows or by the whole batch's."""
+    norms, dp = p.get("batch_norms") or {}, p["dp"]
+    if dp == 1 or not (norms.get("alone") or norms.get("synchronised")):
+        return []
+    if norms["synchronised"]:
+        return [f"BatchNormalization: {norms['synchronised']} layers normalise by the statistics of the whole batch "
+                f"of the {dp} data-parallel ranks, all-reduced (PyTorch's SyncBatchNorm)"]
+    flag = say("Parallel(sync_batchnorm=True)", "--sync-batchnorm")
+    return [f"warning: BatchNormalization: each of the {dp} data-parallel ranks normalises its own rows "
+            f"({norms['alone']} layers, as DDP without SyncBatchNorm), so the ranks do not train as one process on "
+            f"the whole batch; {flag} all-reduces the statistics"]
 
 
 _GROUPS = {"dp": "data-parallel", "tp": "tensor-parallel", "pp": "pipeline", "world": "step's"}
@@ -385,7 +403,8 @@ def _training_lines(report, d):
              f"params updated as each gradient completes: arena {format_bytes(eager['arena_bytes'])} (gradients "
              f"{format_bytes(eager['breakdown']['grads'])} at the fullest step); all gradients, then the step: "
              f"{format_bytes(after['arena_bytes'])} (gradients {format_bytes(after['breakdown']['grads'])}) (bestfit)",
-             f"{'remat':<21} {'arena':>13} {'x LOAD':>7} {'saved':>12} {'recompute':>10} {'plan s':>7}"]
+             f"{'remat':<21} {'arena':>13} {'x LOAD':>7} {'saved at peak':>13} {'saved, most':>12} {'recompute':>10} "
+             f"{'plan s':>7}"]
     for r in d["remat"]:
         if "dtr" in d and r["remat"].startswith("optimal"):
             t = d["dtr"]
@@ -396,6 +415,10 @@ def _training_lines(report, d):
             lines.append(f"{r['remat']:<21} {r['error']}")
             continue
         lines.append(f"{r['remat']:<21} {format_bytes(r['arena_bytes']):>13} {r['x_load']:>7.3f} "
-                     f"{format_bytes(r['saved_bytes']):>12} {r['recompute_share']:>10.1%} {r['plan_seconds']:>7.2f}"
+                     f"{format_bytes(r['saved_bytes']):>13} {format_bytes(r['saved_most_bytes']):>12} "
+                     f"{r['recompute_share']:>10.1%} {r['plan_seconds']:>7.2f}"
                      + (f"  gap {r['gap']:.1%}" if "gap" in r else ""))
+    lines.append("saved at peak: the forward values kept for the backward pass that the arena holds at its fullest "
+                 "step (recomputed ones count as activations); saved, most: the most it holds at any step; "
+                 "recompute: the share of the step's FLOPs computed again")
     return lines

@@ -39,7 +39,10 @@ def schedule(graph, order="file", held=(), last=()):
     if order == "file" or not steps:
         return steps
     dag = _Dag.of(graph, held)
-    candidates = [steps] + [tuple(steps[k] for k in make(dag)) for make in (_greedy, _dfs)]
+    greedy = _greedy(dag)
+    if len(greedy) < len(steps):
+        raise PlanError(_cycle(graph, dag, set(greedy)))
+    candidates = [steps] + [tuple(steps[k] for k in order) for order in (greedy, _dfs(dag))]
     peaks = [peak_bytes(graph, c, held) for c in candidates]
     return candidates[peaks.index(min(peaks))]
 
@@ -85,6 +88,22 @@ class _Dag:
         outputs = [tuple(o for o in node.outputs if o) for node in graph.nodes]
         made = [sum(graph.tensors[o].nbytes for o in outs if readers[o] or o in keep) for outs in outputs]
         return cls(reads, deps, readers, writer, free, made, outputs)
+
+
+def _cycle(graph, dag, done):
+    """Why no order runs every node: the nodes of a cycle of dependencies among those not `done`, where an
+    update overwrites bytes a node that must run after it still reads (a param shared with the value that
+    overwrites it)."""
+    k, seen = next(k for k in range(len(dag.deps)) if k not in done), []
+    while k not in seen:
+        seen.append(k)
+        k = next(d for d in dag.deps[k] if d not in done)
+    cycle = seen[seen.index(k):]
+    names = [graph.nodes[k].name for k in reversed(cycle)]
+    shown = " -> ".join(names[:6]) + (f" -> ... ({len(names)} nodes)" if len(names) > 6 else "")
+    return (f"no order runs every node: {shown} -> {names[0]} wait on each other (a value that overwrites a "
+            f"tensor another of them still reads, such as an initializer the model shares between a trained "
+            f"weight and a running statistic)")
 
 
 def _readers_of_bytes(graph, name):

@@ -3,7 +3,7 @@ node per parameter whose results the plan writes over the parameter and its stat
 
     model -> training mode -> + loss -> + gradients -> + optimizer -> typed graph
 
-(the passes of planner.passes.TRAINING, each a function of this module, losses or autodiff).
+(the passes of planner.passes.pipeline, each a function of this module, losses or autodiff).
 
 Each parameter is updated as soon as its gradient is complete ("eager", so gradient buffers are
 transient), or after the whole backward pass ("after_backward", as `loss.backward(); opt.step()`).
@@ -18,43 +18,23 @@ reads (a Gemm bias of one output) trains, unless shape inference folded what rea
 folded from buffers (rotary tables, causal masks); the report warns when a torch.export signature
 lists fewer nn.Parameters than train.
 """
-import math
-import numbers
 from dataclasses import replace
 
 import numpy as np
 
 from . import ops, shapes
-from .autodiff import Builder
+from .builder import Builder
 from .dtypes import is_float
 from .errors import ConfigError, ModelError
 from .ir import Phase, Tensor
+from .optimizers import OPTIMIZERS
 
-OPTIMIZERS = {  # name: (op of the memplan domain, defaults of optimizer_args, state tensors per parameter)
-    "sgd": ("SGD", {"lr": 0.01, "weight_decay": 0.0}, ()),
-    "momentum": ("SGD", {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.0, "nesterov": False}, ("momentum",)),
-    "adam": ("Adam", {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}, ("exp_avg", "exp_avg_sq")),
-    "adamw": ("Adam", {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
-              ("exp_avg", "exp_avg_sq")),
-}
-UPDATES = ("eager", "after_backward")
 LR, STEP = "optimizer/lr", "optimizer/step"
 NUMBER_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Where", "Equal", "Less",
                         "LessOrEqual", "Greater", "GreaterOrEqual"})
 """Ops whose one-element initializer operand is a number of the model's code, not a weight."""
 SETTINGS = {("Pow", 1): "the exponent of a Pow"}
 """(op, input index) of the inputs that set how an op computes rather than being data it learns."""
-
-
-ARGUMENTS = {  # optimizer_args key: (accepts it, what it accepts)
-    "lr": (lambda v: _real(v) and v >= 0, "a finite number >= 0"),
-    "weight_decay": (lambda v: _real(v) and v >= 0, "a finite number >= 0"),
-    "momentum": (lambda v: _real(v) and v >= 0, "a finite number >= 0"),
-    "eps": (lambda v: _real(v) and v > 0, "a finite number > 0"),
-    "betas": (lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(_real(x) and 0 <= x < 1 for x in v),
-              "two numbers in [0, 1), as (0.9, 0.999)"),
-    "nesterov": (lambda v: isinstance(v, (bool, np.bool_)), "True or False"),
-}
 
 
 def choose_params(graph, frozen=(), trainable=()):
@@ -138,13 +118,20 @@ def training_mode(graph):
     nodes, tensors, updates = [], dict(graph.tensors), list(graph.updates)
     for node in graph.nodes:
         if node.op == "BatchNormalization":
-            outs = [*node.outputs, "", ""][:3]
+            outs, ins = [*node.outputs, "", ""][:3], list(node.inputs)
             for k, (stat, suffix) in enumerate(((node.inputs[3], "running_mean"), (node.inputs[4], "running_var")), 1):
+                label = f"{node.name or node.outputs[0]}/{suffix}"
+                if len(graph.consumers.get(stat, ())) > 1 or node.inputs.count(stat) > 1:
+                    # an exporter merged equal initializers (a running variance of ones and a scale of ones): the
+                    # statistic written back gets its own copy, so that no other reader sees it change
+                    stat = ins[2 + k] = f"{label}/own"
+                    tensors[stat] = replace(graph.tensors[node.inputs[2 + k]], name=stat)
                 if not outs[k]:
-                    outs[k] = f"{node.name or node.outputs[0]}/{suffix}"
+                    outs[k] = label
                     tensors[outs[k]] = Tensor(outs[k], None, None, "activation")
                 updates.append((outs[k], stat))
-            node = replace(node, attrs={**node.attrs, "training_mode": 1}, outputs=(*outs, *node.outputs[3:]))
+            node = replace(node, inputs=tuple(ins), attrs={**node.attrs, "training_mode": 1},
+                           outputs=(*outs, *node.outputs[3:]))
         elif node.domain == "memplan" and node.op == "ScaledDotProductAttention":
             if len(node.outputs) < 2:
                 lse = f"{node.outputs[0]}/lse"
@@ -164,39 +151,6 @@ def training_mode(graph):
     inputs = graph.inputs if STEP in graph.inputs else (*graph.inputs, STEP)
     return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates), inputs=inputs),
                          graph)
-
-
-def optimizer_arguments(optimizer, given):
-    """optimizer_args over the optimizer's defaults, as plain Python values; an unknown optimizer, unknown
-    keys and values outside what torch.optim accepts are errors, not left for the run to meet."""
-    if optimizer not in OPTIMIZERS:
-        raise ModelError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-    defaults = OPTIMIZERS[optimizer][1]
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        raise ConfigError(f"optimizer {optimizer!r} takes optimizer_args {', '.join(defaults)}; "
-                          f"got unknown {', '.join(unknown)}")
-    for key, value in given.items():
-        accepts, what = ARGUMENTS[key]
-        if not accepts(value):
-            raise ConfigError(f"optimizer_args {key}={value!r} is invalid; {key} takes {what}")
-    args = {**defaults, **given}
-    if args.get("nesterov") and args["momentum"] == 0:
-        raise ConfigError("optimizer_args nesterov=True needs a momentum > 0")
-    return {key: _plain(value) for key, value in args.items()}
-
-
-def _plain(value):
-    """A checked argument as a JSON-ready Python value (NumPy scalars and lists become float, bool, tuple)."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (tuple, list)):
-        return tuple(float(v) for v in value)
-    return float(value)
-
-
-def _real(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
 
 
 def append_optimizer(graph, grads, optimizer, args, update="eager", inplace_update=True):

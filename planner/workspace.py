@@ -28,10 +28,10 @@ def infos(graph, node):
 
 
 def room(graph, config):
-    """Bytes of scratch any one step may take without growing the arena: where the plan pools all scratch in
-    one slot (workspace_mode "pool", one temp slot), the slot its largest request sizes; else 0. Passes
-    choosing a faster kernel that needs more scratch (planner/passes/winograd.py) stay within it."""
-    if config.workspace_mode != "pool" or config.temp_slots != 1:
+    """Bytes of scratch any one step may take without growing the arena: where the plan may pool all scratch in
+    one slot (workspace_mode "pool" or "auto", one temp slot), the slot its largest request sizes; else 0.
+    Passes choosing a faster kernel that needs more scratch (planner/passes/winograd.py) stay within it."""
+    if config.workspace_mode == "tensor" or config.temp_slots != 1:
         return 0
     return max((layout.nbytes for layout in layouts(graph, graph.nodes, config.workspace_limit).values()), default=0)
 

@@ -10,7 +10,7 @@ from onnx import numpy_helper
 
 import planner
 from executor import Executor
-from frontends.torch_module import torch_optimizer
+from executor.torch_module import torch_optimizer
 from zoo_cases import rel_l2, run_on
 
 

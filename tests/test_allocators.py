@@ -12,7 +12,7 @@ from planner.errors import MissingDependencyError, PlanError, require
 
 U = 256
 NAMES = sorted(ALLOCATORS)
-OPTIONS = {"optimal": {"time_limit": 2.0}, "exact": {"time_limit": 2.0}}
+OPTIONS = {"optimal": {"time_limit": 2.0}, "exact": {"effort": 2_000_000}, "auto": {"effort": 2_000_000}}
 
 
 def check(sizes, starts, ends, offsets, total, alignment=U):

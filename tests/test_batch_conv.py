@@ -19,10 +19,10 @@ conv it was made from, in lanes; without it, by its own columns and write-back."
 
 
 def run(model, x, engine="numpy", **options):
-    """test_winograd.run, "numba, MKL off" the compiled kernels with planner.ops.mkl switched off."""
+    """test_winograd.run, "numba, MKL off" the compiled kernels with executor.mkl switched off."""
     from contextlib import nullcontext
 
-    from planner.ops import mkl
+    from executor import mkl
     with mkl.switched_off() if engine == "numba, MKL off" else nullcontext():
         return run_on_engine(model, x, "numba" if engine.startswith("numba") else engine, **options)
 

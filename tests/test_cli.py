@@ -8,7 +8,8 @@ import pytest
 
 import planner
 from planner import Plan, cli
-from planner.ops import mkl
+from planner.units import format_bytes
+from executor import mkl
 
 MLP = ["zoo:mlp", "--batch", "4"]
 
@@ -27,7 +28,8 @@ def test_report_keeps_the_rows_asked_for(capsys):
 def test_report_table_and_json(capsys):
     assert cli.main(["report", *MLP, "--time-limit", "1"]) == 0
     table = capsys.readouterr().out
-    for row in ("naive", "inplace", "share ", "share (auto search)", "bestfit", "optimal", "LOAD (lower bound)"):
+    for row in ("naive", "inplace", "share ", "share (auto search)", "bestfit", "auto", "optimal",
+                "LOAD (lower bound)"):
         assert row in table
     assert cli.main(["report", *MLP, "--time-limit", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -57,7 +59,7 @@ def test_run_on_numpy(capsys, monkeypatch):
     monkeypatch.setattr(mkl, "available", lambda: False)
     assert cli.main(["run", *MLP, "--backend", "numpy", "--repeat", "2", "--no-jit"]) == 0
     out = capsys.readouterr().out
-    assert "bestfit on numpy: median" in out and "arena" in out and "RSS grew" in out
+    assert "auto on numpy: median" in out and "arena" in out and "RSS grew" in out
 
 
 @pytest.mark.parametrize("backend, device", [("numpy", "any"), ("cupy", "cuda")])
@@ -81,7 +83,7 @@ def test_run_says_when_the_compiled_kernels_and_mkl_run(capsys):
     pytest.importorskip("numba")
     assert cli.main(["run", *MLP, "--backend", "numpy", "--repeat", "2"]) == 0
     engine = "compiled kernels and MKL's GEMMs" if mkl.available() else "compiled kernels"
-    assert f"bestfit on numpy with {engine}: median" in capsys.readouterr().out
+    assert f"auto on numpy with {engine}: median" in capsys.readouterr().out
 
 
 def test_run_profile_lists_time_per_op_type_and_the_slowest_steps(capsys):
@@ -196,7 +198,8 @@ def test_workspace_mode_flag(capsys, tmp_path):
     assert Plan.from_json(tmp_path / "p.json").stats["workspace"]["mode"] == "tensor"
     assert cli.main(["report", "zoo:lenet", "--batch", "8", "--strategy", "bestfit", "--workspace-mode", "tensor",
                      "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    out = capsys.readouterr().out
+    doc = json.loads(out[out.index("{"):])
     assert doc["rows"][-1]["arena_bytes"] == doc["workspace_modes"]["tensor"]["arena_bytes"]
 
 
@@ -274,7 +277,7 @@ def test_training_choices_reach_the_plan(tmp_path, capsys):
     (["--training", "--trainable", "nope"], "memplan: error: trainable names 'nope', which are not params"),
     (["--class-axis", "1"], "memplan: error: --loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, "
                             "--class-axis, --ignore-index, --dp, --zero, --tp, --pp, --microbatches, --stage, --shard, "
-                            "--prefetch and --bucket apply with --training"),
+                            "--prefetch, --bucket and --sync-batchnorm apply with --training"),
     (["--training", "--ignore-index", "x"], "argument --ignore-index: invalid value: 'x'; give an int or none"),
     (["--training", "--class-axis", "last"], "argument --class-axis: invalid int value: 'last'"),
 ])
@@ -318,3 +321,109 @@ def test_gpt2_small_training_step_report_and_max_batch(capsys):
         return planner.compile("zoo:gpt2_small", {"input_ids": (batch, 16)}, training=True).arena_bytes
     assert row["strategy"] == "bestfit" and row["max_batch"] >= 2
     assert arena(row["max_batch"]) == row["arena_bytes"] <= budget < arena(row["max_batch"] + 1)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["max-batch", "zoo:mlp", "--budget", "16"], "--budget '16': a number without a unit counts bytes; give a unit "
+                                                 "(B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB), e.g. 16GiB, or 16B"),
+    (["fit", "zoo:mlp", "--gpus", "2", "--memory", "80"], "--memory '80': a number without a unit counts bytes"),
+    (["report", *MLP, "--training", "--dp", "2", "--bucket", "0.5"], "--bucket '0.5': a number without a unit"),
+])
+def test_a_size_without_a_unit_below_1_kib_is_refused_naming_the_units(argv, message, capsys):
+    from planner.units import parse_bytes
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert [parse_bytes(t) for t in ("16B", "1024", "0", "2KiB", "1.5 KB")] == [16, 1024, 0, 2048, 1500]
+
+
+def test_batch_binds_the_first_dim_and_names_what_is_left(tmp_path, capsys):
+    """--batch on an input of shape (batch, seq) binds batch, and the error names seq and the --input to give;
+    max-batch without --input names the input and its shape; a misspelled --input lists the model's inputs."""
+    import onnx
+    from zoo_cases import small_model
+    gpt2 = str(tmp_path / "gpt2.onnx")
+    onnx.save(small_model("gpt2_small"), gpt2)
+    assert cli.main(["inspect", gpt2, "--batch", "2"]) == 2
+    assert capsys.readouterr().err == ("memplan: error: --batch 2 binds the first dim of input input_ids (batch, seq), "
+                                       "but dim 'seq' stays unbound: give its whole shape with --input "
+                                       "input_ids:2x128\n")
+    assert cli.main(["max-batch", gpt2, "--budget", "1GiB"]) == 2
+    assert "max-batch varies the first dim of input input_ids (batch, seq), but dim 'seq' stays unbound: give the " \
+           "other dims with --input input_ids:1x128" in capsys.readouterr().err
+    assert cli.main(["inspect", "zoo:mlp", "--input", "inptu:2x784"]) == 2
+    assert "the model has no input 'inptu'; its inputs are input (batch, 784)" in capsys.readouterr().err
+    assert cli.main(["inspect", gpt2, "--batch", "2", "--input", "input_ids:2x16"]) == 0
+
+
+def test_each_command_shows_its_own_examples_and_a_misspelled_flag_gets_a_suggestion(capsys):
+    from planner.cli_parser import EXAMPLES
+    commands = cli.build_parser().commands
+    assert set(commands) == set(EXAMPLES)
+    for name, parser in commands.items():
+        text = parser.format_help()
+        assert all(line in text for line in EXAMPLES[name]), name
+        assert not any(line in text for other, lines in EXAMPLES.items() if other != name for line in lines), name
+    assert all(lines[0] in cli.build_parser().format_help() for lines in EXAMPLES.values())
+    with pytest.raises(SystemExit):
+        cli.main(["report", *MLP, "--budgt", "1GiB"])
+    assert capsys.readouterr().err == ("memplan report: error: unrecognized arguments: --budgt 1GiB; did you mean "
+                                       "--budget? (see memplan report --help)\n")
+    with pytest.raises(SystemExit):
+        cli.main(["max-batch", *MLP, "--budget", "1MiB", "--stratgy=bestfit"])
+    assert "did you mean --strategy?" in capsys.readouterr().err
+
+
+def test_the_time_limit_default_is_the_configs_in_help_and_readme():
+    """One default for the optimal searches' seconds: Config.time_limit (MEMPLAN_TIME_LIMIT), which report's
+    --time-limit help and the README's settings table both state."""
+    import re
+    from pathlib import Path
+
+    from planner.config import Config
+    help_text = " ".join(cli.build_parser().commands["report"].format_help().split())
+    assert f"(default MEMPLAN_TIME_LIMIT or {Config.time_limit:g})" in help_text
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    stated = re.findall(r"time.limit`?[^|\n]*?(?:default[^|\n]*?| \| `MEMPLAN_TIME_LIMIT` \| )(\d+(?:\.\d+)?)", readme)
+    assert stated and {float(n) for n in stated} == {Config.time_limit}, stated
+
+
+def test_plan_names_the_values_it_writes_beside_the_json(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", *MLP, "-o", str(out)]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    size = (tmp_path / "plan.npz").stat().st_size
+    assert first.startswith(f"{out}: ") and second.startswith(f"{tmp_path / 'plan.npz'}: the params' and consts' "
+                                                               f"values, {format_bytes(size)}")
+
+
+def test_the_remat_table_says_what_saved_counts(capsys):
+    assert cli.main(["report", "zoo:lenet", "--batch", "8", "--training", "--strategy", "bestfit"]) == 0
+    out = capsys.readouterr().out
+    assert "saved at peak  saved, most" in out
+    assert "saved at peak: the forward values kept for the backward pass that the arena holds at its fullest " \
+           "step" in out
+    assert cli.main(["report", "zoo:lenet", "--batch", "8", "--training", "--strategy", "bestfit", "--json"]) == 0
+    rows = {r["remat"]: r for r in json.loads(capsys.readouterr().out)["remat"]}
+    assert rows["mirror"]["saved_bytes"] == 0 < rows["mirror"]["saved_most_bytes"]
+    assert all(r["saved_most_bytes"] >= r["saved_bytes"] for r in rows.values())
+
+
+def test_a_report_row_that_fails_is_left_out_with_a_note(monkeypatch, capsys):
+    """A strategy or recomputation whose planning fails drops its row, with a note, never the whole table; the
+    rows the others are measured against (naive, bestfit, no recomputation) still raise."""
+    from planner import compiler
+    from planner.errors import ConfigError
+    real = compiler.compile
+
+    def failing(graph, *args, **options):
+        if options.get("strategy") == "share" or options.get("remat") == "mirror":
+            raise ConfigError("not this one")
+        return real(graph, *args, **options)
+    monkeypatch.setattr(compiler, "compile", failing)
+    assert cli.main(["report", *MLP, "--training", "--strategy", "share", "bestfit"]) == 0
+    out = capsys.readouterr().out
+    assert "note: row 'share' left out: not this one" in out and "note: row 'remat mirror' left out" in out
+    assert "\nbestfit " in out and "\nsublinear " in out and "\nshare " not in out
+    monkeypatch.setattr(compiler, "compile", lambda graph, *a, **o: (_ for _ in ()).throw(ConfigError("never")))
+    assert cli.main(["report", *MLP, "--strategy", "bestfit"]) == 2

@@ -235,6 +235,91 @@ def test_amp_fp16_ranks_skip_a_step_together_when_one_overflows():
         np.testing.assert_array_equal(first0[name], first1[name])
 
 
+def bn_model():
+    """A convolution and a dense layer, each followed by a BatchNormalization (of 4-D and of 2-D input)."""
+    from frontends import symbol as S
+    rng = np.random.default_rng(0)
+
+    def norm(h, channels, name):
+        return S.batch_norm(h, S.param(f"{name}.gamma", rng.uniform(0.5, 1.5, channels).astype(np.float32)),
+                            S.param(f"{name}.beta", (rng.normal(size=channels) * 0.1).astype(np.float32)),
+                            S.param(f"{name}.mean", np.zeros(channels, np.float32)),
+                            S.param(f"{name}.var", np.ones(channels, np.float32)))
+    conv = S.conv2d(S.var("input", ("batch", 3, 6, 6)), S.param("conv.w", (rng.normal(size=(4, 3, 3, 3)) * 0.3)
+                                                                 .astype(np.float32)), pad=1)
+    dense = S.dense(S.flatten(S.relu(norm(conv, 4, "bn"))), S.param("fc.w", (rng.normal(size=(5, 144)) * 0.1)
+                                                                    .astype(np.float32)))
+    return norm(dense, 5, "bn2")
+
+
+RUNNING = ("bn.mean", "bn.var", "bn2.mean", "bn2.var")
+
+
+def bn_batches():
+    rng = np.random.default_rng(1)
+    return [{"input": rng.standard_normal((BATCH, 3, 6, 6), dtype=np.float32) * 2 + 1,
+             "labels": rng.integers(0, 5, BATCH)} for _ in range(STEPS)]
+
+
+def bn_trained(batch, parallel=None, share=lambda feeds: feeds):
+    """The losses, params and running statistics of the BatchNormalization model trained by sgd on `bn_batches`."""
+    plan = planner.compile(bn_model(), {"input": (batch, 3, 6, 6)}, training=True, optimizer="sgd",
+                           optimizer_args={"lr": 0.5}, parallel=parallel)
+    ex = Executor(plan, backend="numpy", poison=True)
+    losses = [ex.train_step(share(feeds)) for feeds in bn_batches()]
+    return losses, {**ex.parameters(), **{n: ex.arena.view(n).copy() for n in RUNNING}}
+
+
+def _bn_rank(rank, port, results):
+    """One of 2 data ranks trained on its half of each batch, with its BatchNormalizations synchronised and not."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        results.put((rank, *(bn_trained(BATCH // 2, planner.Parallel(dp=2, sync_batchnorm=sync),
+                                        lambda feeds: rank_share(feeds, rank, 2)) for sync in (True, False))))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.torch
+def test_ranks_with_synchronised_batch_statistics_train_as_one_process():
+    """With sync_batchnorm each data rank normalises by the whole batch's statistics, all-reduced forward and
+    backward (PyTorch's SyncBatchNorm): the ranks' mean loss, params and running statistics are the single
+    process's on the whole batch. Without it each rank normalises its own rows (DDP's) and they are not."""
+    got = spawned(_bn_rank, 2)
+    losses, values = bn_trained(BATCH)
+    synced, alone = [g[1] for g in got], [g[2] for g in got]
+    np.testing.assert_allclose(np.mean([s[0] for s in synced], axis=0), losses, rtol=1e-5)
+    for name, value in values.items():
+        for rank, (_, params) in enumerate(synced):
+            np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}: {name}")
+    assert not np.allclose(np.mean([a[0] for a in alone], axis=0), losses, rtol=1e-3)
+    assert not np.allclose(alone[0][1]["bn.mean"], values["bn.mean"], rtol=1e-3)
+
+
+def test_the_report_says_how_data_ranks_normalise(capsys):
+    """A data-parallel step of a BatchNormalization model warns that each rank normalises its own rows, and says
+    when --sync-batchnorm all-reduces the statistics instead; sync_batchnorm applies to data ranks alone."""
+    from planner import cli
+    from planner.report import report
+    graph = planner.load(bn_model(), {"input": (4, 3, 6, 6)})
+    for sync, line in ((False, "warning: BatchNormalization: each of the 2 data-parallel ranks normalises its own "
+                               "rows (2 layers, as DDP without SyncBatchNorm)"),
+                       (True, "BatchNormalization: 2 layers normalise by the statistics of the whole batch of the 2 "
+                              "data-parallel ranks")):
+        table = report(graph, strategies=["bestfit"], training=True,
+                       parallel=planner.Parallel(dp=2, sync_batchnorm=sync)).table()
+        assert line in table
+    plan = planner.compile(bn_model(), {"input": (4, 3, 6, 6)}, training=True,
+                           parallel=planner.Parallel(dp=2, sync_batchnorm=True))
+    assert plan.training["sync_batchnorm"] == {"dp": 2, "layers": 2}
+    assert not any(s.op == "BatchNormalization" and s.attrs["training_mode"] for s in plan.steps)
+    with pytest.raises(ConfigError, match="sync_batchnorm .* applies with dp > 1"):
+        planner.Parallel(sync_batchnorm=True)
+    assert cli.main(["report", "zoo:mlp", "--training", "--sync-batchnorm"]) == 2
+    assert "--sync-batchnorm say how the ranks of --dp N" in capsys.readouterr().err
+
+
 def test_the_report_plans_one_rank_from_the_command_line(capsys):
     from planner import cli
     args = ["report", "zoo:mlp", "--batch", "4", "--training", "--optimizer", "adam", "--strategy", "bestfit"]
@@ -257,7 +342,8 @@ def test_the_report_plans_one_rank_from_the_command_line(capsys):
     assert cli.main([*args, "--dp", "2", "--bucket", "1MiB"]) == 0
     assert "gradients reduced in 1 bucket of 1.00 MiB" in capsys.readouterr().out
     assert cli.main(["report", "zoo:mlp", "--dp", "2"]) == 2
-    assert "--dp, --zero, --tp, --pp, --microbatches, --stage, --shard, --prefetch and --bucket apply with" in capsys.readouterr().err
+    assert "--dp, --zero, --tp, --pp, --microbatches, --stage, --shard, --prefetch, --bucket and --sync-batchnorm " \
+        "apply with" in capsys.readouterr().err
 
 
 def test_fit_finds_each_layouts_largest_batch(capsys):
@@ -281,7 +367,8 @@ def test_fit_finds_each_layouts_largest_batch(capsys):
     assert cli.main(["fit", "zoo:mlp", "--gpus", "2", "--memory", "8MiB", "--dp", "2"]) == 2
     assert "fit chooses --dp, --tp, --pp, --microbatches and --zero itself" in capsys.readouterr().err
     assert cli.main(["report", "zoo:mlp", "--training", "--shard", "dim0"]) == 2
-    assert "--shard, --prefetch and --bucket say how the ranks of --dp N --zero Z shard" in capsys.readouterr().err
+    assert "--shard, --prefetch, --bucket and --sync-batchnorm say how the ranks of --dp N --zero Z shard" in \
+        capsys.readouterr().err
 
 
 def test_every_process_plans_the_same_steps_whatever_its_hash_seed():

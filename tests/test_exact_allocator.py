@@ -44,7 +44,7 @@ def test_matches_brute_force_on_small_sets():
     rng = random.Random(21)
     for _ in range(150):
         sizes, starts, ends = random_intervals(rng, rng.randint(1, 7))
-        result = exact_search(sizes, starts, ends, U, time_limit=5.0)
+        result = exact_search(sizes, starts, ends, U, effort=5_000_000)
         check(sizes, starts, ends, result.offsets, result.total)
         assert result.optimal
         assert result.total == brute_force(sizes, starts, ends), (sizes, starts, ends)
@@ -56,22 +56,22 @@ def test_never_worse_than_bestfit_on_larger_sets():
         for _ in range(3):
             sizes, starts, ends = random_intervals(rng, n, steps=30, units=40)
             _, fit = bestfit(sizes, starts, ends, U)
-            offsets, total = run("exact", sizes, starts, ends, time_limit=0.5)
+            offsets, total = run("exact", sizes, starts, ends, effort=500_000)
             assert lower_bound(sizes, starts, ends, U) <= total <= fit
 
 
 def test_alignment_and_empty_intervals():
     sizes, starts, ends = [300, 0, 1000, 5, 0], [0, 0, 1, 2, 3], [2, 4, 3, 4, 3]
-    offsets, total = run("exact", sizes, starts, ends, alignment=512, time_limit=2.0)
+    offsets, total = run("exact", sizes, starts, ends, alignment=512, effort=2_000_000)
     assert all(o % 512 == 0 for o in offsets)
     assert total == lower_bound(sizes, starts, ends, 512)
 
 
-def test_timeout_returns_bestfit_or_better():
+def test_running_out_of_effort_returns_bestfit_or_better():
     rng = random.Random(3)
     sizes, starts, ends = random_intervals(rng, 150, steps=60, units=200)
     _, fit = bestfit(sizes, starts, ends, U)
-    result = exact_search(sizes, starts, ends, U, time_limit=0.01)
+    result = exact_search(sizes, starts, ends, U, effort=10_000)
     check(sizes, starts, ends, result.offsets, result.total)
     assert result.total <= fit and result.lower <= result.total
     assert result.optimal == (result.lower == result.total)
@@ -82,7 +82,7 @@ def test_optimal_keeps_the_best_and_records_it():
     sizes, starts, ends = random_intervals(rng, 12, steps=10, units=8)
     offsets, total = optimal(sizes, starts, ends, U, time_limit=2.0)
     check(sizes, starts, ends, offsets, total)
-    assert total == exact_search(sizes, starts, ends, U, time_limit=2.0).total
+    assert total == exact_search(sizes, starts, ends, U, effort=1_000_000).total
 
 
 @settings(max_examples=60, deadline=None)
@@ -91,7 +91,7 @@ def test_hypothesis_small_sets_are_optimal(rows):
     sizes = [r[0] * U for r in rows]
     starts = [r[1] for r in rows]
     ends = [r[1] + r[2] for r in rows]
-    offsets, total = allocate("exact", sizes, starts, ends, U, time_limit=5.0)
+    offsets, total = allocate("exact", sizes, starts, ends, U, effort=5_000_000)
     check(sizes, starts, ends, offsets, total)
     assert total == brute_force(sizes, starts, ends)
 
@@ -106,7 +106,7 @@ def test_many_intervals_recurse_deeper_than_the_default_limit():
     starts = list(range(n))
     ends = [s + rng.randint(1, 3) for s in starts]
     limit = sys.getrecursionlimit()
-    result = exact_search(sizes, starts, ends, U, time_limit=3.0)
+    result = exact_search(sizes, starts, ends, U, effort=3_000_000)
     check(sizes, starts, ends, result.offsets, result.total)
     assert result.bestfit > result.load and result.probes[0] == (result.load, "fits")
     assert sys.getrecursionlimit() == limit

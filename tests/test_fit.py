@@ -1,5 +1,6 @@
 """planner.fit.search in worker processes: the same rows as one process, each layout's progress reported, a
-worker's error raised in the caller, a worker that dies named."""
+layout that cannot be planned left out with a note (every one failing raised in the caller), a worker that
+dies named."""
 import os
 from types import SimpleNamespace
 
@@ -18,20 +19,29 @@ def compile_at(batch, **options):
 
 def test_workers_find_what_one_process_finds():
     seen = []
-    alone = fit.search(compile_at, 2, MEMORY)
+    alone, notes = fit.search(compile_at, 2, MEMORY)
     shared = fit.search(compile_at, 2, MEMORY, lambda label, batch: seen.append(label), workers=2)
-    assert shared == alone and len(alone) == 8
+    assert shared == (alone, notes) and len(alone) == 8 and notes == []
     assert {label for label, _ in fit.candidates(2)} == set(seen)
     assert all(arena <= MEMORY for _, batch, _, arena in alone if batch)
 
 
-def test_a_workers_error_is_raised_in_the_caller():
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_layout_that_cannot_be_planned_is_left_out_with_a_note(workers):
+    """A layout whose plan fails (a MemplanError other than no fit) drops its row, never the whole table;
+    when every layout fails, the first one's error is raised in the caller."""
     def refusing(batch, **options):
         if options["parallel"].zero == 3:
             raise MemplanError("no ZeRO-3 here")
         return compile_at(batch, **options)
-    with pytest.raises(MemplanError, match="no ZeRO-3 here"):
-        fit.search(refusing, 2, MEMORY, workers=2)
+    rows, notes = fit.search(refusing, 2, MEMORY, workers=workers)
+    assert [label for label, *_ in rows if "ZeRO-3" in label] == [] and len(rows) == 6
+    assert notes == ["left out dp 2, ZeRO-3; dp 2, ZeRO-3, sublinear: no ZeRO-3 here"]
+
+    def failing(batch, **options):
+        raise MemplanError(f"no ZeRO-{options['parallel'].zero} here")
+    with pytest.raises(MemplanError, match="no layout could be planned: no ZeRO-0 here"):
+        fit.search(failing, 2, MEMORY, workers=workers)
 
 
 def test_a_worker_that_dies_is_named():
@@ -46,7 +56,7 @@ def test_a_worker_that_dies_is_named():
 def test_a_layout_that_fits_no_batch_gets_zero():
     def nothing_fits(batch, **options):
         raise InfeasibleBudgetError(MEMORY, MEMORY + 1)
-    assert {row[1:] for row in fit.search(nothing_fits, 2, MEMORY, workers=2)} == {(0, 0, None)}
+    assert {row[1:] for row in fit.search(nothing_fits, 2, MEMORY, workers=2)[0]} == {(0, 0, None)}
 
 
 def test_an_error_that_does_not_cross_processes_still_says_what_it_was():
@@ -83,7 +93,7 @@ def test_a_pipeline_plans_the_stage_that_was_fullest_first():
             calls.append((remat, batch, parallel.stage))
         return SimpleNamespace(arena_bytes=batch * (2 if parallel.stage == parallel.pp - 1 else 1) * 1000)
 
-    rows = {label: batch for label, batch, _, _ in fit.search(staged, 2, 100_000, pps=(2,))}
+    rows = {label: batch for label, batch, _, _ in fit.search(staged, 2, 100_000, pps=(2,))[0]}
     assert rows["dp 1 x pp 2, ZeRO-0, 4 microbatches"] == 50
     for remat in fit.REMATS:
         batches = list(dict.fromkeys(batch for r, batch, _ in calls if r == remat))
@@ -91,3 +101,17 @@ def test_a_pipeline_plans_the_stage_that_was_fullest_first():
         assert stages[0] == [0, 1] and all(s[0] == 1 for s in stages[1:])
         assert any(batch > 50 for batch in batches[1:])
         assert all(s == [1] for batch, s in zip(batches[1:], stages[1:]) if batch > 50)
+
+
+def test_fit_draws_one_progress_line_for_the_whole_search(capfd, monkeypatch):
+    """On a terminal, `fit` draws one line, rewritten in place, for every layout of both worker processes: the
+    sublinear searches inside the workers show on it rather than draw lines of their own."""
+    import sys
+
+    from planner import cli
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert cli.main(["fit", "zoo:mlp", "--batch", "4", "--gpus", "2", "--memory", "8MiB", "--workers", "2"]) == 0
+    err = capfd.readouterr().err
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert "\rmemplan fit, layouts: 12/12 [" in err and "(sublinear search " in err
+    assert "memplan: sublinear search" not in err

@@ -185,7 +185,7 @@ def test_gradients_match_the_exported_form(name):
     m = form_model(name)
     x = RNG.standard_normal((2, 5, H)).astype(np.float32)
     got = []
-    for graph, fuse in ((passes.run(passes.INFERENCE, read(m))[0], True), (planner.load(m), False)):
+    for graph, fuse in ((passes.run(passes.pipeline(planner.CompileOptions()), read(m))[0], True), (planner.load(m), False)):
         assert any(n.op == "BiasActivation" for n in graph.nodes) == fuse
         trained, grads = backward(graph, "y", wrt=["input", "w", "bias"])
         out = Executor(planner.compile(trained, fuse_activation=fuse), backend="numpy", poison=True).run({"input": x})

@@ -250,7 +250,7 @@ def test_flops():
 @pytest.mark.parametrize("causal", [0, 1])
 def test_torch_form_matches(causal):
     torch = pytest.importorskip("torch")
-    from frontends.torch_module import to_torch
+    from executor.torch_module import to_torch
     feeds = qkv(h=4, hkv=2, s=6, t=9)
     bias = np.where(RNG.random((6, 9)) < 0.2, -np.inf, 0.0)
     bias[1] = -np.inf

@@ -197,7 +197,7 @@ def test_gradients_match_finite_differences(form):
 @pytest.mark.parametrize("form", list(GRAD_FORMS))
 def test_torch_form_matches(form):
     torch = pytest.importorskip("torch")
-    from frontends.torch_module import to_torch
+    from executor.torch_module import to_torch
     feeds = [*qkv(h=4, hkv=2, s=6, t=9), RNG.standard_normal((6, 9))]
     attrs = GRAD_FORMS[form]
     m = sdpa_model(*[(x.shape, x.dtype) for x in feeds], lse=True, **attrs)
@@ -277,7 +277,7 @@ def test_relative_position_gradients_match_finite_differences():
 @pytest.mark.torch
 def test_relative_position_torch_form_matches():
     torch = pytest.importorskip("torch")
-    from frontends.torch_module import to_torch
+    from executor.torch_module import to_torch
     feeds, terms = qkv(h=4, hkv=2, s=6, t=9), relative_terms(s=6, t=9)
     m = relative_model([x.shape for x in feeds], terms, causal=1)
     with torch.no_grad():

@@ -79,7 +79,7 @@ def test_the_compiled_gemm_takes_blocks_of_wider_matrices(mkl_on, transposed):
     from contextlib import nullcontext
 
     from executor.jit import blas
-    from planner.ops import mkl
+    from executor import mkl
 
     if mkl_on and not mkl.available():
         pytest.skip("MKL is not installed (the memplan[cpu] extra)")
@@ -231,14 +231,14 @@ def test_executors_in_several_threads_run_the_compiled_kernels_at_once():
 
 
 def test_openblas_threads_sleep_sooner_only_where_the_compiled_kernels_run(monkeypatch):
-    from planner import threads
+    from planner import config
     for jit, preset, want in (("1", None, "18"), ("0", None, None), ("1", "28", "28")):
         monkeypatch.setenv("MEMPLAN_JIT", jit)
         if preset is None:
             monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
         else:
             monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", preset)
-        threads.quiet_blas()
+        config.quiet_blas()
         assert os.environ.get("OPENBLAS_THREAD_TIMEOUT") == want
 
 

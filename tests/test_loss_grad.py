@@ -246,7 +246,7 @@ def test_language_model_training_matches_torch():
     and every param as PyTorch's F.cross_entropy over the last dim gives them; the backward of its loss is
     one SoftmaxCrossEntropyGrad."""
     torch = pytest.importorskip("torch")
-    from frontends.torch_module import to_torch, torch_optimizer
+    from executor.torch_module import to_torch, torch_optimizer
     model, batch = small_model("gpt2_small"), 2
     shapes = input_shapes(model, batch)
     rng = np.random.default_rng(6)

@@ -1,4 +1,4 @@
-"""Host GEMMs on MKL (planner/ops/mkl.py): every layout it takes gives NumPy's product, every one it cannot
+"""Host GEMMs on MKL (executor/mkl.py): every layout it takes gives NumPy's product, every one it cannot
 read in place is declined with nothing written, MEMPLAN_MKL=0 turns it off, an Executor's `threads` cap reaches
 it, and a whole model computes the same on MKL as with it switched off (NumPy's OpenBLAS, numba's np.dot)."""
 import itertools
@@ -11,9 +11,9 @@ import pytest
 from numpy.lib.stride_tricks import as_strided
 
 import planner
-from executor import Executor
+from executor import Executor, mkl
 from frontends import zoo
-from planner.ops import into, mkl
+from planner.ops import into
 
 pytestmark = pytest.mark.skipif(not mkl.available(), reason="MKL is not installed (the memplan[cpu] extra)")
 
@@ -83,7 +83,7 @@ def test_into_matmul_falls_back_to_numpy():
 
 
 def test_memplan_mkl_0_turns_it_off():
-    code = "from planner.ops import mkl; print(mkl.available())"
+    code = "from executor import mkl; print(mkl.available())"
     env = {**os.environ, "MEMPLAN_MKL": "0"}
     assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
@@ -99,11 +99,11 @@ def test_executor_thread_cap_reaches_mkl():
     def spy(a, b, out):
         seen.extend(p["num_threads"] for p in threadpool_info() if p["internal_api"] == "mkl")
         return real(a, b, out)
-    mkl.matmul = spy
+    into.install(np, spy)
     try:
         executor.run({"input": np.ones((4, 784), np.float32)})
     finally:
-        mkl.matmul = real
+        into.install(np, real)
     assert seen and set(seen) == {1}
 
 

@@ -10,7 +10,7 @@ from executor import Executor, RunError
 from planner import ops
 from planner.autodiff import backward
 from planner.ops.elementwise import unary
-from planner.passes.decompose import decomposed
+from planner.decomposition import decomposed
 from test_autodiff import check, model, p, weighted
 
 SELU_ALPHA, SELU_GAMMA = float(np.float32(1.6732632423543772)), float(np.float32(1.0507009873554805))
@@ -165,7 +165,7 @@ def test_an_op_is_one_entry(cube, backend):
     trained = planner.compile(m, training=True, loss="mse", optimizer="sgd")
     assert any(s.op == "Mul" and s.phase == "backward" for s in trained.steps)
     torch = pytest.importorskip("torch")
-    from frontends.torch_module import to_torch
+    from executor.torch_module import to_torch
     with torch.no_grad():
         got = to_torch(m)(x=torch.tensor(x))["y"].numpy()
     np.testing.assert_allclose(got, want)

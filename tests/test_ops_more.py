@@ -98,7 +98,7 @@ def test_maxroipool_like_torchvision(pooled, scale):
     got = Executor(planner.compile(model), backend="numpy", poison=True).run({"x": x, "rois": ROIS})["y"]
     want = torchvision.ops.roi_pool(torch.from_numpy(x), torch.from_numpy(ROIS), list(pooled), scale).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6)
-    from frontends.torch_module import to_torch
+    from executor.torch_module import to_torch
     module = to_torch(planner.load(model))
     np.testing.assert_allclose(module(x=torch.from_numpy(x), rois=torch.from_numpy(ROIS))["y"].numpy(), want, rtol=1e-6)
 
@@ -152,7 +152,7 @@ def run_deformconv(inputs, attrs, opset=22, limit=None, parts=False):
     """The node planned (its workspace under `limit` bytes) and run with poison on; with `parts`, its
     decomposition (the gradient's form) instead."""
     from planner.config import Config
-    from planner.passes.decompose import decomposed
+    from planner.decomposition import decomposed
     fed = [(k, v) for k, v in inputs if k]
     model = one_node("DeformConv", fed, attrs, opset)
     model.graph.node[0].input[:] = [k for k, _ in inputs]

@@ -87,10 +87,10 @@ def test_dequantize_to_float16_and_from_int4():
 
 @pytest.mark.parametrize("block_size", [0, 3])
 def test_torch_forms_match(block_size):
-    """frontends.torch_module runs QuantizeLinear then DequantizeLinear (blocks with a short last one) and
+    """executor.torch_module runs QuantizeLinear then DequantizeLinear (blocks with a short last one) and
     QLinearMatMul as memplan's kernels do."""
     torch = pytest.importorskip("torch")
-    from frontends.torch_module import to_torch
+    from executor.torch_module import to_torch
     x = RNG.normal(0, 4, (2, 10, 3)).astype(np.float32)
     shape = (10,) if not block_size else (2, 4, 3)
     consts = {"s": RNG.uniform(0.02, 0.2, shape).astype(np.float32), "z": RNG.integers(-5, 5, shape).astype(np.int8)}

@@ -226,7 +226,7 @@ def test_bad_attributes_are_shape_errors(op, attrs, inputs, message):
 def test_pytorch_forms():
     """The ops with an input (which places PyTorch's draws) run in to_torch: shapes, dtypes, moments and seeds."""
     pytest.importorskip("torch")
-    from frontends.torch_module import to_torch
+    from executor.torch_module import to_torch
 
     def torch_runs(op, attrs, inputs, times=1):
         module = to_torch(model(op, attrs, inputs))

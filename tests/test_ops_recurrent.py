@@ -163,7 +163,7 @@ def test_kernel_like_its_pytorch_form(op, attrs, lengths, backend):
     """The kernel (in place) and the PyTorch form (functions of torch) of every activation, with
     initial states, peepholes, sequence_lens and both layouts, give the same Y, Y_h and Y_c."""
     pytest.importorskip("torch")
-    from frontends.torch_module import to_torch
+    from executor.torch_module import to_torch
     d, layout = (2 if attrs.get("direction") == "bidirectional" else 1), attrs.get("layout", 0)
     rng = np.random.default_rng(2)
     x = rng.standard_normal((3, 4, 5) if layout else (4, 3, 5)).astype(np.float32)

@@ -43,10 +43,10 @@ def shapes_of(name):
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: o["optimizer"])
 def test_every_training_pass_types_as_full_inference_does(name, options):
-    options = CompileOptions(training=True, **options)
-    context = passes.Context(options, shapes_of(name), options.config or Config())
-    for k, step in enumerate(passes.TRAINING):
-        graph, _ = passes.run(passes.TRAINING[:k + 1], read(MODELS[name]), context)
+    options = CompileOptions(training=True, **{"config": Config(), **options})
+    pipeline, context = passes.pipeline(options), passes.Context(shapes_of(name))
+    for k, step in enumerate(pipeline):
+        graph, _ = passes.run(pipeline[:k + 1], read(MODELS[name]), context)
         assert all(t.is_static for t in graph.tensors.values()), step.name
         assert signature(shapes.infer(graph, pruned=False)) == signature(graph), step.name
 
@@ -72,7 +72,7 @@ def test_load_is_the_loading_pipeline_and_compile_rewrites_after_it():
     model, shapes = small_model("resnet18"), input_shapes(small_model("resnet18"), 2)
     graph, facts = passes.run(passes.LOADING, read(model), passes.Context(input_shapes=shapes))
     assert facts == {} and signature(graph) == signature(planner.load(model, shapes))
-    folded, _ = passes.run(passes.INFERENCE, read(model), passes.Context(input_shapes=shapes))
+    folded, _ = passes.run(passes.pipeline(CompileOptions()), read(model), passes.Context(input_shapes=shapes))
     assert any(n.op == "BatchNormalization" for n in graph.nodes)
     assert not any(n.op == "BatchNormalization" for n in folded.nodes)
 
@@ -80,9 +80,9 @@ def test_load_is_the_loading_pipeline_and_compile_rewrites_after_it():
 def test_a_pass_needs_what_it_reads():
     model = small_model("mlp")
     with pytest.raises(PlanError, match="pass 'gradients' needs a graph typed, with a loss"):
-        passes.run([passes.gradients], read(model))
+        passes.run([passes.gradients()], read(model))
     with pytest.raises(PlanError, match="pass 'optimizer' needs a graph with gradients"):
-        passes.run([passes.infer_shapes, passes.optimizer], read(model),
+        passes.run([passes.infer_shapes, passes.optimizer()], read(model),
                    passes.Context(input_shapes=input_shapes(model, 2)))
 
 
@@ -139,7 +139,7 @@ def test_plans_carry_their_device_and_rank(tmp_path):
     assert planner.compile("zoo:mlp", {"input": (2, 784)}).device == "any"
     back = planner.Plan.from_json(plan.to_json(tmp_path / "plan.json"))
     assert (back.device, back.rank, back.opsets) == ("cuda:1", 3, plan.opsets)
-    for bad in (dict(rank=-1), dict(rank=True), dict(device="")):
+    for bad in (dict(rank=-1), dict(rank=True), dict(device=""), dict(device="gpu"), dict(device="cuda:x")):
         with pytest.raises(planner.PlanError, match="rank|device"):
             planner.compile("zoo:mlp", {"input": (2, 784)}, **bad)
 
@@ -166,10 +166,10 @@ def test_retype_keeps_a_renamed_reader_only_where_the_new_tensor_has_the_old_one
 def test_recomputed_clones_are_typed_as_inference_types_them():
     """replay types each clone as its source instead of inferring it: the same types full inference gives."""
     from planner.remat.recompute import droppable, recompute
-    options = CompileOptions(training=True, optimizer="adam")
+    pipeline = passes.pipeline(CompileOptions(training=True, optimizer="adam", config=Config()))
     model = small_model("resnet18")
-    context = passes.Context(options, input_shapes(model, 2), Config())
-    graph, _ = passes.run(passes.TRAINING[:passes.TRAINING.index(passes.recomputation)], read(model), context)
+    before = [p.name for p in pipeline].index("recomputation")
+    graph, _ = passes.run(pipeline[:before], read(model), passes.Context(input_shapes(model, 2)))
     rewritten = recompute(graph, droppable(graph))
     assert any(n.notes.recompute for n in rewritten.nodes)
     assert signature(shapes.infer(rewritten, pruned=False)) == signature(rewritten)

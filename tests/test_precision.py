@@ -5,8 +5,8 @@ import pytest
 
 import planner
 from executor import Executor
-from planner import precision
 from planner.dtypes import is_float
+from planner.options import Precision
 from zoo_cases import CASES, input_shapes, reference, rel_l2, run_on, small_model
 
 TOLERANCE = {"fp16": 2e-2, "bf16": 6e-2, "amp-fp16": 2e-2, "amp-bf16": 6e-2}
@@ -31,7 +31,7 @@ def test_low_precision_halves_the_arena_and_keeps_the_outputs(case, chosen, back
     for name in want:
         assert got[name].dtype == want[name].dtype, "outputs keep their declared type"
         assert rel_l2(got[name], want[name]) <= TOLERANCE[chosen], name
-    low = precision.low_dtype(chosen)
+    low = Precision(chosen).low
     floats = [t for t in plan.tensors.values() if t.kind in ("param", "const") and is_float(t.dtype)]
     assert floats and all(np.dtype(t.dtype) == low for t in floats), "every float param is stored in the low type"
 
@@ -40,7 +40,7 @@ def test_low_precision_halves_the_arena_and_keeps_the_outputs(case, chosen, back
 @pytest.mark.parametrize("case", ["resnet18", "densenet121", "bert_base", "gpt2_small", "unet"])
 def test_autocast_runs_matrix_products_low_and_softmax_in_float32(case, chosen, backend):
     plan, got, want = plan_and_run(case, chosen, backend=backend)
-    low = precision.low_dtype(chosen)
+    low = Precision(chosen).low
     for name in want:
         assert rel_l2(got[name], want[name]) <= TOLERANCE[chosen], name
     for step in plan.steps:
@@ -89,7 +89,7 @@ def test_amp_bf16_training_follows_torch_autocast(case):
 def assert_trains_like_autocast(torch, model, shapes, feeds, labels, lr):
     """Ten SGD steps of the amp-bf16 plan and of to_torch's copy under torch.autocast("cpu", bfloat16) lower
     the loss alike: within 1e-2 each step."""
-    from frontends.torch_module import to_torch
+    from executor.torch_module import to_torch
     plan = planner.compile(model, shapes, training=True, optimizer="sgd", optimizer_args={"lr": lr},
                            precision="amp-bf16")
     ex = Executor(plan, backend="numpy", poison=True)
@@ -193,7 +193,7 @@ def test_amp_fp16_loss_scaling_follows_torch_grad_scaler(backend):
     """Overflowing steps are skipped and halve the scale, step for step as torch.amp.GradScaler on
     torch.autocast(float16) on the same device (CPU for NumPy, CUDA for CuPy); the losses agree within 1e-3."""
     torch = pytest.importorskip("torch")
-    from frontends.torch_module import to_torch
+    from executor.torch_module import to_torch
     device = "cuda" if backend == "cupy" else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a PyTorch with CUDA")

@@ -83,8 +83,8 @@ def test_sublinear_on_a_chain_keeps_about_sqrt_n_checkpoints():
 def test_split_keeps_mirror_stages_together():
     from dataclasses import replace
     m = chain(8)
-    graph, _ = planner.passes.run(planner.passes.TRAINING, planner.load(m),
-                                  planner.passes.Context(planner.CompileOptions(training=True, loss="mse")))
+    graph, _ = planner.passes.run(planner.passes.pipeline(planner.CompileOptions(training=True, loss="mse")),
+                                  planner.load(m))
     staged = replace(graph, nodes=tuple(replace(n, notes=replace(n.notes, mirror_stage="s")) if n.outputs[0] in ("m3", "t3", "m4")
                                         else n for n in graph.nodes))
     size = graph.tensors["m0"].nbytes

@@ -92,8 +92,8 @@ def test_optimal_needs_a_budget_and_a_small_graph():
 
 
 def test_the_dag_counts_only_what_can_be_freed(none):
-    graph, _ = passes.run(passes.TRAINING, read(deep_mlp()), passes.Context(CompileOptions(training=True, optimizer="adam"),
-                                                                         SHAPES))
+    graph, _ = passes.run(passes.pipeline(CompileOptions(training=True, optimizer="adam")), read(deep_mlp()),
+                          passes.Context(SHAPES))
     sizes, costs, deps, allowed, inplace = optimal.dag(graph)
     assert all(p < k and p in deps[k] for k, p in inplace.items()) and inplace
     nodes = graph.nodes
@@ -117,8 +117,8 @@ def test_budget_beyond_one_clone_per_tensor_uses_nearby_clones_and_trains_exactl
 def test_a_shorter_horizon_recomputes_more():
     from planner.remat import budget
     from planner.remat.recompute import droppable, recompute
-    graph, _ = passes.run(passes.TRAINING, read(deep_mlp()), passes.Context(CompileOptions(training=True, optimizer="adam"),
-                                                                         SHAPES))
+    graph, _ = passes.run(passes.pipeline(CompileOptions(training=True, optimizer="adam")), read(deep_mlp()),
+                          passes.Context(SHAPES))
     drop = droppable(graph)
     flops = [budget.recompute_flops(recompute(graph, drop, horizon)) for horizon in (None, 16, 4, 0)]
     assert flops == sorted(flops) and flops[0] < flops[-1]

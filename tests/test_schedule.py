@@ -121,3 +121,16 @@ def test_unknown_order_names_the_choices():
     graph = planner.load(fan_out_fan_in(2))
     with pytest.raises(PlanError, match="'file', 'memory'"):
         schedule(graph, "auto")
+
+
+def test_an_update_no_order_can_wait_for_is_refused_by_name():
+    """A node writes the value that overwrites `w` while a node that must run after it still reads `w` (as where
+    an exporter shares one initializer between a trained weight and a running statistic): no order runs every
+    node, and the error names them instead of a schedule that leaves nodes out."""
+    from dataclasses import replace
+    m = model([node("Mul", ["x", "two"], ["t"]), node("Add", ["t", "w"], ["y"])], {"x": 256}, ["y"],
+              {"two": np.full((1, 256), 2.0), "w": np.ones((1, 256))})
+    graph = planner.load(m)
+    graph = replace(graph, updates=(("t", "w"),))
+    with pytest.raises(PlanError, match=r"no order runs every node: (t -> y -> t|y -> t -> y) wait on each other"):
+        schedule(graph, "memory", graph.outputs)

@@ -158,3 +158,81 @@ def test_transformers_exports_train_in_two_tensor_parallel_ranks_as_one_process(
         ranks = [g[2][name] for g in got]
         param = joined(ranks, *facts["split"][name]) if name in facts["split"] else ranks[0]
         np.testing.assert_allclose(param, value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def export_legacy_gpt2(path):
+    """transformers' GPT-2 exported by the TorchScript exporter, as a user of the older export API would: eager
+    attention, a mask of ones (transformers' packed-sequence check uses aten::diff, which that exporter lacks).
+    Its QKV biases, all zero, become one initializer that every block reads."""
+    transformers = pytest.importorskip("transformers")
+    import warnings
+
+    import torch
+    config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32, use_cache=False)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = transformers.GPT2LMHeadModel(config)
+
+        def forward(self, input_ids):
+            return self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False).logits
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(LM().eval(), (torch.zeros(2, 16, dtype=torch.int64),), str(path), dynamo=False,
+                          input_names=["input_ids"], output_names=["logits"], opset_version=17,
+                          dynamic_axes={"input_ids": {0: "batch", 1: "seq"}})
+
+
+@pytest.mark.torch
+def test_a_legacy_gpt2_export_plans_fits_and_trains_in_two_tensor_parallel_ranks(tmp_path, capsys):
+    """The TorchScript export's one QKV bias initializer is read by every block through this rank's piece of
+    it, made by nodes of names of their own (they once collided: `duplicate node names: ...Reshape/3`), so
+    `report --tp 2` and `fit` plan it, and two tensor-parallel ranks train as one process."""
+    import onnx
+
+    from planner import cli, fit
+    path = tmp_path / "gpt2.onnx"
+    export_legacy_gpt2(path)
+    biases = [i.name for i in onnx.load(str(path)).graph.initializer if i.name.endswith("c_attn.bias")]
+    assert len(biases) == 1, "the export shares one initializer among the blocks' QKV biases"
+    assert cli.main(["report", str(path), "--input", "input_ids:2x16", "--training", "--tp", "2", "--strategy",
+                     "bestfit"]) == 0
+    assert "splits 4 of the model's linear layers by columns and 4 by rows" in capsys.readouterr().out
+    plan = planner.compile(str(path), {"input_ids": (2, 16)}, training=True, parallel=planner.Parallel(tp=2))
+    names = [s.name for s in plan.steps]
+    assert len(names) == len(set(names)) and any("/tensor_parallel/blocks/" in n for n in names)
+    tps, _, notes = fit.model_parallel_sizes(
+        lambda batch, **o: planner.compile(str(path), {"input_ids": (batch, 16)}, training=True, **o), 8)
+    assert tps == [2, 4] and notes[0].startswith("no tp 8: tensor parallelism over 8 ranks cannot split")
+    rng = np.random.default_rng(0)
+    feeds = [{"input_ids": rng.integers(0, 64, (2, 16)), "labels": rng.integers(0, 64, (2, 16))} for _ in range(3)]
+    got = spawned(partial(export_rank, path=str(path), feeds=feeds, parallel=planner.Parallel(tp=2)), 2)
+    split = got[0][3]["tensor_parallel"]["split"]
+    losses, values = trained_alone(str(path), feeds)
+    np.testing.assert_allclose(got[0][1], losses, rtol=1e-5)
+    for name, value in values.items():
+        ranks = [g[2][name] for g in got]
+        param = joined(ranks, *split[name]) if name in split else ranks[0]
+        np.testing.assert_allclose(param, value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_rewrites_never_take_a_name_the_model_uses():
+    """A model's node named as a rewrite would name one of its own (tensor parallelism's, the backward pass's,
+    the optimizer's) keeps its name, and the rewrite takes another: every step's name stays its own."""
+    import copy
+
+    m = small_model("gpt2_small")
+    made = [s.name for s in compiled("gpt2_small", 2, planner.Parallel(tp=2)).steps
+            if s.name.startswith(("tensor_parallel/", "grad/", "optimizer/"))]
+    kept = {s.name for s in compiled("gpt2_small", 2, planner.Parallel(tp=2)).steps}
+    taken = copy.deepcopy(m)
+    picked = [made[0], next(n for n in made if n.startswith("grad/")), next(n for n in made if "optimizer/" in n)]
+    for node, name in zip((n for n in taken.graph.node if n.name in kept), picked):  # nodes that stay in the plan
+        node.name = name
+    plan = planner.compile(taken, input_shapes(taken, 2), training=True, optimizer="momentum",
+                           parallel=planner.Parallel(tp=2))
+    names = [s.name for s in plan.steps]
+    assert len(picked) == 3 and set(picked) <= set(names) and len(names) == len(set(names))

@@ -13,8 +13,9 @@ from node_cases import RANDOM, as_planned, assert_outputs, params, supported_cas
 from zoo_cases import CASES, feeds, input_shapes, reference, rel_l2, small_model
 
 torch = pytest.importorskip("torch")
-from frontends.torch_module import to_torch  # noqa: E402  (needs torch)
-from frontends.torch_ops import form, torch_dtype  # noqa: E402
+from executor.torch_module import to_torch  # noqa: E402  (needs torch)
+from executor.torch_ops import form  # noqa: E402
+from planner.ops.torch_forms import torch_dtype  # noqa: E402
 
 pytestmark = pytest.mark.torch
 BATCH = 2
@@ -40,7 +41,7 @@ def test_zoo_matches_onnxruntime(case):
 def _computable(dtype):
     """Whether PyTorch holds `dtype` and computes in it (it has few kernels for uint16 to uint64)."""
     try:
-        torch_dtype(dtype)
+        torch_dtype(torch, dtype)
     except TypeError:
         return False
     return not (dtype.kind == "u" and dtype.itemsize > 1)
@@ -126,7 +127,7 @@ def test_an_op_without_a_torch_form_is_named():
 def test_the_package_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
             "import frontends, planner, executor\n"
-            "try:\n    import frontends.torch_module\n"
+            "try:\n    import executor.torch_module\n"
             "except planner.MissingDependencyError as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "needs PyTorch" in out

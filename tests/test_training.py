@@ -20,7 +20,7 @@ from executor import Executor
 from zoo_cases import input_shapes, rel_l2, small_model
 
 torch = pytest.importorskip("torch")
-from frontends.torch_module import LOSSES, to_torch, torch_optimizer  # noqa: E402  (needs torch)
+from executor.torch_module import LOSSES, to_torch, torch_optimizer  # noqa: E402  (needs torch)
 
 pytestmark = pytest.mark.torch
 STEPS, BATCH, RTOL = 20, 8, 1e-4

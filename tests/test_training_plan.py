@@ -125,6 +125,29 @@ def test_batchnorm_trains_with_batch_statistics_and_updates_running_ones(backend
     assert set(plan.training["params"]) == {"scale", "bias"}
 
 
+def test_a_running_statistic_shared_with_the_scale_gets_its_own_copy():
+    """The dynamo exporter merges equal initializers, so a BatchNormalization's scale and running variance (both
+    ones) may be one tensor: the statistic written back is given its own copy, the scale still trains, and the
+    step plans and runs (it used to leave the graph unscheduled)."""
+    ones, zeros = np.ones(3, np.float32), np.zeros(3, np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1]),
+             helper.make_node("BatchNormalization", ["c", "one", "zero", "zero", "one"], ["y"], momentum=0.5)]
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.full((3, 3, 3), 0.2, np.float32), "w"),
+                               numpy_helper.from_array(ones, "one"), numpy_helper.from_array(zeros, "zero")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    plan = planner.compile(m, training=True, loss="mse", optimizer="sgd", optimizer_args={"lr": 0.0})
+    assert set(plan.training["params"]) == {"w", "one", "zero"}
+    x = np.random.default_rng(2).standard_normal((2, 3, 5), dtype=np.float32)
+    ex = Executor(plan, backend="numpy", poison=True)
+    ex.train_step({"x": x, plan.training["labels"]: np.zeros((2, 3, 5), np.float32)})
+    values = ex.parameters()
+    np.testing.assert_array_equal(values["one"], ones)  # lr 0: the scale keeps its value
+    running = next(n for n in plan.tensors if n.endswith("running_var/own"))
+    assert not np.allclose(host(ex.arena.view(running)), ones)  # the copy took the batch's variance
+
+
 def test_plan_round_trips_through_json(tmp_path):
     plan = compiled("mlp", optimizer="adam")
     again = Plan.from_json(plan.to_json(tmp_path / "step.json"))

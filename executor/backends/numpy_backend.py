@@ -1,13 +1,17 @@
-"""The CPU backend: NumPy arrays, the shared kernel table."""
+"""The CPU backend: NumPy arrays, the shared kernel table, and the host GEMMs on MKL where it runs (installed
+as planner.ops.into's GEMM for NumPy arrays when the backend loads)."""
 import numpy as xp  # noqa: F401  (the backend's array module)
 
 from planner.errors import MemplanError
+from planner.ops import into
 
 from .. import jit as compiled
+from .. import mkl
 from ..kernels import KERNELS
 from . import memory
 
 NAME = "numpy"
+into.install(xp, mkl.matmul)
 kernels = KERNELS
 fuse = None
 """NumPy fuses nothing: every op runs its array form."""

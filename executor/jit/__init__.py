@@ -14,7 +14,7 @@ from importlib.util import find_spec
 
 import numpy as np
 
-from planner.threads import jit_wanted as wanted
+from planner.config import jit_wanted as wanted
 
 from ..kernels import KERNELS, find
 

@@ -1,4 +1,4 @@
-"""The GEMM that compiled kernels call inside their parallel loops: MKL's cblas_sgemm where planner.ops.mkl
+"""The GEMM that compiled kernels call inside their parallel loops: MKL's cblas_sgemm where executor/mkl.py
 loads it (single-threaded on InvertedResidual's thin shapes, 1.0 to 2.5x as fast as SciPy's OpenBLAS,
 benchmarks/RESULTS.md), else a numba cfunc of the same signature that runs numba's np.dot (SciPy's BLAS).
 Kernels take it as an argument, a ctypes function: a ctypes global would be compiled into the kernel as an
@@ -9,12 +9,14 @@ from functools import cache
 import numpy as np
 from numba import carray, cfunc, njit, types
 
-from planner.ops import mkl
+from planner.ops.into import NO_TRANS, TRANS
+
+from .. import mkl
 
 SGEMM = ctypes.CFUNCTYPE(None, *[ctypes.c_int] * 6, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
                          ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int)
 """cblas_sgemm(order, trans A, trans B, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)."""
-ROW_MAJOR, NO_TRANS, TRANS = mkl.ROW_MAJOR, mkl.NO_TRANS, mkl.TRANS
+ROW_MAJOR = mkl.ROW_MAJOR
 
 _i, _f, _p = types.intc, types.float32, types.voidptr
 
@@ -56,7 +58,7 @@ def _numpy_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, 
 
 
 def sgemm():
-    """MKL's cblas_sgemm as a ctypes function where it runs (planner.ops.mkl.available), else `_numpy_sgemm`."""
+    """MKL's cblas_sgemm as a ctypes function where it runs (executor.mkl.available), else `_numpy_sgemm`."""
     return _mkl_sgemm() if mkl.available() else _fallback()
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import numba
 from numba import njit, prange
 
-from planner.ops import mkl
+from .. import mkl
 
 from ..kernels import batched_conv, nn
 from . import takes

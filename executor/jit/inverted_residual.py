@@ -1,11 +1,13 @@
 """memplan.InvertedResidual compiled, for float32: the jobs (executor.kernels.inverted_residual.jobs) shared
-among the plan's lanes, each lane a thread with its own scratch, its GEMMs single-threaded BLAS calls
+among workers, as many as the plan's lanes or the threads numba runs, whichever is fewer, each a thread with its
+lane's scratch (the plan holds the same lanes on every machine), its GEMMs single-threaded BLAS calls
 (executor/jit/blas.py: MKL's, else numba's np.dot on SciPy's BLAS; held to one thread during the call: two
 lanes calling a two-thread BLAS ran 2x slower). A block that widens is `block`'s, channels-last between the
 GEMMs, so that the widened rows' bias and activation and the depthwise conv's nine taps are loops over the
 channels, as long for a 7x7 image as for a 112x112 one; one that does not is `separable`'s, on rows of planes.
 """
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -181,12 +183,12 @@ def _job(job, n, out_height, images, rows):
 
 @njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
 def block(gemm, x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, taps, columns, widened,
-          depthwise, projected):
+          depthwise, projected, lanes):
     """y = the InvertedResidual of x (executor.kernels.inverted_residual's arithmetic) for a block that widens,
-    codes[s] and params[2s], params[2s + 1] stage s's activation; scratch per lane as the op's layout."""
+    codes[s] and params[2s], params[2s + 1] stage s's activation; scratch per lane as the op's layout, the jobs
+    shared among the first `lanes`."""
     n, height, width = x.shape[0], x.shape[2], x.shape[3]
     wide_channels, out_height, out_width = w2.shape[0], y.shape[2], y.shape[3]
-    lanes = widened.shape[0]
     for ch in range(wide_channels):
         for a in range(3):
             for e in range(3):
@@ -209,16 +211,17 @@ def block(gemm, x, w1, b1, w2, b2, w3, b3, z, y, stride, images, rows, codes, pa
 
 
 @njit(parallel=PARALLEL, fastmath=FASTMATH, cache=True)
-def separable(gemm, x, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, depthwise, projected):
+def separable(gemm, x, w2, b2, w3, b3, z, y, stride, images, rows, codes, params, depthwise, projected, lanes):
     """y = the InvertedResidual of x for a block that does not widen (a depthwise-separable conv), on rows of
     planes as X and Y are, with none of `block`'s transposes: per job, each channel's depthwise rows from X's
     rows (same_row, halving_row: the nine taps in one pass) into (C, outputs), one GEMM W3 times them, its rows
     written into Y's with Z, the bias and the activation. mobilenet_v2's first block (32 channels, 112x112)
     took 35 to 45% less time than by `block`; blocks that widen took 15 to 90% more this way (the widened
-    rows' GEMM and bias pass lose more than the transposes cost). Scratch per lane as the op's layout."""
+    rows' GEMM and bias pass lose more than the transposes cost). Scratch per lane as the op's layout, the jobs
+    shared among the first `lanes`."""
     n, c, height, width = x.shape
     filters, out_height, out_width = y.shape[1], y.shape[2], y.shape[3]
-    lanes, zero = depthwise.shape[0], np.zeros(width, np.float32)
+    zero = np.zeros(width, np.float32)
     jobs = _jobs(n, out_height, images, rows)
     for lane in prange(lanes):
         for job in range(lane * jobs // lanes, (lane + 1) * jobs // lanes):
@@ -269,13 +272,14 @@ def inverted_residual(generic):
         stride = step.attrs["strides"][0]
         gemm, z = sgemm(), NO_Z if z is None else z
         jobs = job_size(ws["widened"].shape, stride)
+        lanes = max(1, min(ws["widened"].shape[0], numba.get_num_threads()))
         with one_thread()():
             if w1 is None:
                 return separable(gemm, x, w2, _bias(b2), w3.reshape(w3.shape[0], -1), _bias(b3), z, y, stride, *jobs,
-                                 codes, params, ws["depthwise"], ws["projected"])
+                                 codes, params, ws["depthwise"], ws["projected"], lanes)
             block(gemm, x, w1.reshape(w1.shape[0], -1), _bias(b1), w2, _bias(b2), w3.reshape(w3.shape[0], -1),
                   _bias(b3), z, y, stride, *jobs, codes, params, ws["taps"].reshape(3, 3, -1), ws["columns"],
-                  ws["widened"], ws["depthwise"], ws["projected"])
+                  ws["widened"], ws["depthwise"], ws["projected"], lanes)
     return run
 
 

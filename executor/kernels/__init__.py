@@ -45,4 +45,4 @@ def cut(raw, shape, dtype):
 
 
 from . import activation, nn, linalg, shape_ops, misc, optim, loss, winograd, batched_conv, inverted_residual  # noqa: E402,F401
-from . import collectives  # noqa: E402,F401
+from . import collectives, quantized  # noqa: E402,F401

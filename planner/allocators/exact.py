@@ -1,10 +1,14 @@
 """Exact offset search in the spirit of MiniMalloc (Moffitt, ASPLOS 2023), in plain Python.
 
 A feasibility search decides whether every interval fits under a capacity. LOAD is tried first
-(0.6 of the time), then the capacity is bisected between the proven lower bound and the best plan
-found (best fit's to begin with); a range left unproven by probes that timed out is bisected
-again with more time. The answer is never worse than best fit and, when the probes end in
-"fits" at the bound or "no" below it, proven optimal.
+(0.6 of the effort), then the capacity is bisected between the proven lower bound and the best plan
+found (best fit's to begin with); a range left unproven by probes that ran out of effort is bisected
+again with more. The answer is never worse than best fit and, when the probes end in "fits" at the
+bound or "no" below it, proven optimal.
+
+The search stops on a count, never on the clock, so that a plan is the same on a busy machine as on
+a quiet one: its effort is the nodes it visits, each weighted by the intervals left to place there
+(what a node costs), about a million a second on the 2-core box.
 
 The feasibility search is a depth-first search over *canonical* solutions: intervals are placed in
 non-decreasing order of offset, each at the lowest offset its placed neighbours allow (its
@@ -20,10 +24,9 @@ non-decreasing order of offset, each at the lowest offset its placed neighbours 
 - dynamic decomposition: when no unplaced interval crosses a section boundary any more, the two
   sides are searched one after the other, and a side that fails fails the placement that split.
 The preorder rotates between six heuristics (MiniMalloc's three, by steps and by sections) under
-a node limit that doubles (its round robin), so one unlucky order does not eat the time.
+a node limit that doubles (its round robin), so one unlucky order does not eat the effort.
 """
 import sys
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,9 +37,20 @@ from .bestfit import bestfit
 # MiniMalloc's default preorders: Width (steps), Area, Total (the fullest section's bytes), descending;
 # and the same by sections spanned (C) and bytes x sections (B), which solve other instances fast
 HEURISTICS = ("WAT", "TAW", "TWA", "CBT", "TBC", "TCB")
+EFFORT_PER_SECOND = 1_000_000
+"""About the effort of a second on the 2-core box: what a time limit in seconds stands for."""
+EFFORT = 10 * EFFORT_PER_SECOND
+"""The `exact` allocator's effort by default."""
+AUTO_EFFORT = 2 * EFFORT_PER_SECOND
+"""The "auto" strategy's at most: about 2 s, where the search proves LOAD on the zoo's and held-out models'
+plans in a tenth of it (benchmarks/plan_quality.py); a plan of more than 2,000 buffers, which one probe could
+not place within it, is best fit's."""
+AUTO_PLACEMENTS = 8
+"""The "auto" strategy's effort is at most that of placing every buffer this many times (n (n + 1) / 2 each):
+proving LOAD took at most 3.5 on those plans, and a plan whose LOAD does not fit costs no more."""
 
 
-class _Timeout(Exception):
+class _OutOfEffort(Exception):
     pass
 
 
@@ -47,7 +61,7 @@ class _NodeLimit(Exception):
 @dataclass
 class ExactResult:
     """What `exact_search` found: the offsets and total, LOAD, the proven lower bound on any
-    arena, whether the total is proven optimal, best fit's total, and the search effort."""
+    arena, whether the total is proven optimal, best fit's total, and the search's nodes and effort."""
     offsets: list
     total: int
     load: int
@@ -55,8 +69,8 @@ class ExactResult:
     optimal: bool
     bestfit: int
     nodes: int = 0
-    seconds: float = 0.0
-    probes: list = field(default_factory=list)  # (capacity, "fits" | "no" | "timeout")
+    effort: int = 0
+    probes: list = field(default_factory=list)  # (capacity, "fits" | "no" | "out of effort")
 
     @property
     def gap(self):
@@ -65,17 +79,31 @@ class ExactResult:
 
 
 @allocator("exact")
-def exact(sizes, starts, ends, alignment, time_limit=10.0):
-    """The smallest arena the exact search finds within `time_limit` seconds; never worse than best fit."""
-    result = exact_search(sizes, starts, ends, alignment, time_limit)
+def exact(sizes, starts, ends, alignment, effort=EFFORT):
+    """The smallest arena the exact search finds within `effort`; never worse than best fit."""
+    result = exact_search(sizes, starts, ends, alignment, effort)
     return result.offsets, result.total
 
 
-def exact_search(sizes, starts, ends, alignment=256, time_limit=10.0, initial=None):
-    """Search offsets for (aligned) `sizes`; `initial` is a known plan (offsets, total), best fit's
-    by default. Returns an ExactResult."""
-    began = time.monotonic()
-    deadline = began + float(time_limit)
+@allocator("auto")
+def auto(sizes, starts, ends, alignment, effort=AUTO_EFFORT, initial=None, report=None):
+    """Best fit (or the `initial` plan), then the exact search within `effort` where that is above LOAD: never
+    larger than best fit, and the same on every machine. `report`, a dict when given, is filled as the
+    `optimal` allocator's is: {"by": "exact" or "bestfit", "optimal", "lower_bytes", "load_bytes", "gap",
+    "effort"}."""
+    live = sum(1 for size in sizes if size)
+    result = exact_search(sizes, starts, ends, alignment, min(effort, AUTO_PLACEMENTS * live * (live + 1) // 2),
+                          initial)
+    if report is not None:
+        report.update(by="bestfit" if result.total == result.bestfit else "exact", optimal=result.optimal,
+                      lower_bytes=result.lower, load_bytes=result.load, gap=result.gap, effort=result.effort)
+    return result.offsets, result.total
+
+
+def exact_search(sizes, starts, ends, alignment=256, effort=EFFORT, initial=None):
+    """Search offsets for (aligned) `sizes` within `effort` (see the module); `initial` is a known plan
+    (offsets, total), best fit's by default. Returns an ExactResult. Where one probe could not place
+    every interval within the effort, no probe is made."""
     offsets, total = initial or bestfit(sizes, starts, ends, alignment)
     offsets = list(offsets)
     load = lower_bound(sizes, starts, ends, alignment)
@@ -84,15 +112,17 @@ def exact_search(sizes, starts, ends, alignment=256, time_limit=10.0, initial=No
     if result.optimal or len(live) <= 1:
         result.optimal, result.lower = True, total
         return result
+    if len(live) * (len(live) + 1) // 2 > effort:
+        return result
     problem = _Problem([sizes[i] for i in live], [starts[i] for i in live], [ends[i] for i in live])
     lo, hi = load, total  # lo: the lowest capacity left to try; hi: a plan of that total exists
     first, rounds = True, 0
     while True:
-        left = deadline - time.monotonic()
+        left = effort - result.effort
         if left <= 0:
             break
-        if lo >= hi:  # probes that timed out left a range unproven: bisect it again, with more time
-            if result.lower >= hi or left < 0.1 * time_limit:
+        if lo >= hi:  # probes out of effort left a range unproven: bisect it again, with more effort
+            if result.lower >= hi or left < 0.1 * effort:
                 break
             lo, rounds = result.lower, rounds + 1
         if first:  # LOAD first: on real models the optimum is usually there
@@ -100,9 +130,10 @@ def exact_search(sizes, starts, ends, alignment=256, time_limit=10.0, initial=No
         else:
             steps = max(1, (hi - lo) // alignment).bit_length()
             capacity = lo + ((hi - lo) // alignment - 1) // 2 * alignment
-            budget = min(left, max(left / steps * 2 ** rounds, 0.05 * time_limit))
-        outcome, found = problem.fits(capacity, min(deadline, time.monotonic() + budget))
+            budget = min(left, max(left / steps * 2 ** rounds, 0.05 * effort))
+        outcome, found = problem.fits(capacity, int(budget))
         result.nodes += problem.nodes
+        result.effort += problem.effort
         if outcome == "fits":
             top = max(o + s for o, s in zip(found, problem.sizes))
             offsets = [0] * len(sizes)
@@ -117,7 +148,6 @@ def exact_search(sizes, starts, ends, alignment=256, time_limit=10.0, initial=No
         first = False
     result.lower = min(result.lower, result.total)
     result.optimal = result.lower >= result.total
-    result.seconds = time.monotonic() - began
     return result
 
 
@@ -150,12 +180,12 @@ class _Problem:
                 self.partitions.append([])
             self.partitions[-1].append(i)
             reach = max(reach, self.last[i])
-        self.nodes = 0
+        self.nodes = self.effort = 0
 
-    def fits(self, capacity, deadline):
+    def fits(self, capacity, effort):
         """("fits", offsets) when every interval fits under `capacity`, ("no", None) when none can,
-        ("timeout", None) when the deadline came first."""
-        self.nodes = 0
+        ("out of effort", None) when `effort` was spent first."""
+        self.nodes = self.effort = 0
         sizes = self.sizes
         if max(sizes) > capacity:
             return "no", None
@@ -170,17 +200,18 @@ class _Problem:
         sys.setrecursionlimit(max(limit, 3 * len(sizes) + 1000))
         try:
             for part in self.partitions:
-                outcome = self._fits_partition(part, capacity, deadline, totals, offsets)
+                outcome = self._fits_partition(part, capacity, effort, totals, offsets)
                 if outcome != "fits":
                     return outcome, None
         except RecursionError:
-            return "timeout", None
+            return "out of effort", None
         finally:
             sys.setrecursionlimit(limit)
         return "fits", offsets
 
-    def _fits_partition(self, part, capacity, deadline, totals, offsets):
-        """Round robin over the preorders with a doubling node limit (MiniMalloc's)."""
+    def _fits_partition(self, part, capacity, effort, totals, offsets):
+        """Round robin over the preorders with a doubling node limit (MiniMalloc's), within what is left of
+        `effort`."""
         if len(part) == 1:
             offsets[part[0]] = 0
             return "fits"
@@ -189,16 +220,15 @@ class _Problem:
         while True:
             limit *= 2
             for rank in ranks:
-                search = _Search(self, part, rank, capacity, deadline, limit, totals)
+                search = _Search(self, part, rank, capacity, effort - self.effort, limit, totals)
                 try:
                     found = search.run()
                 except _NodeLimit:
-                    self.nodes += search.nodes
                     continue
-                except _Timeout:
-                    self.nodes += search.nodes
-                    return "timeout"
-                self.nodes += search.nodes
+                except _OutOfEffort:
+                    return "out of effort"
+                finally:
+                    self.nodes, self.effort = self.nodes + search.nodes, self.effort + search.effort
                 if found is None:
                     return "no"
                 for i in part:
@@ -223,10 +253,10 @@ class _Problem:
 class _Search:
     """One depth-first feasibility search of a partition under a capacity and a node limit."""
 
-    def __init__(self, problem, part, rank, capacity, deadline, limit, totals):
+    def __init__(self, problem, part, rank, capacity, effort, limit, totals):
         self.sizes, self.first, self.last = problem.sizes, problem.first, problem.last
         self.overlaps, self.members = problem.overlaps, problem.members
-        self.capacity, self.deadline, self.limit = capacity, deadline, limit
+        self.capacity, self.allowed, self.limit = capacity, effort, limit
         self.total = list(totals)  # unplaced bytes per section
         self.placed = 4 * capacity + 1  # the floor of a placed interval: above everything
         self.floor = [self.placed] * len(problem.sizes)  # lowest offset each unplaced interval may take
@@ -240,7 +270,8 @@ class _Search:
             self.rank[i], self.by_rank[r] = r, i
         self.offsets = {}
         self.begin, self.end = min(problem.first[i] for i in part), max(problem.last[i] for i in part)
-        self.nodes, self.solution, self.queue = 0, None, []  # queue: groups left (set, begin, end, code)
+        self.nodes, self.effort, self.solution = 0, 0, None
+        self.queue = []  # groups left: (set, begin, end, code)
         self.free = [len(o) for o in problem.overlaps]  # unplaced neighbours of each interval
         self.cuts = [0] * len(totals)  # unplaced intervals live on both sides of each section boundary
         for i in part:
@@ -254,12 +285,13 @@ class _Search:
     def _search(self, low, depth):
         """1 when the pending intervals (and the queued groups) fit, 0 when not, or the code of the
         decomposition to return to when a queued group cannot fit whatever came before it."""
+        pending, floor, rank, sizes, radix = self.pending, self.floor, self.rank, self.sizes, self.radix
         self.nodes += 1
+        self.effort += len(pending) + 1
         if self.nodes > self.limit:
             raise _NodeLimit
-        if not self.nodes & 255 and time.monotonic() > self.deadline:
-            raise _Timeout
-        pending, floor, rank, sizes, radix = self.pending, self.floor, self.rank, self.sizes, self.radix
+        if self.effort > self.allowed:
+            raise _OutOfEffort
         if not pending:
             return self._next_group(depth)
         keys = sorted([floor[i] * radix + rank[i] for i in pending])

@@ -1,5 +1,6 @@
-"""Exact offset assignment: the exact search (exact.py) first, then OR-Tools CP-SAT as a second
-opinion when it is installed and the search has not proved its plan optimal; the best plan wins.
+"""Exact offset assignment: the exact search (exact.py) first, within the effort of half the time limit
+(a count, the same on a busy machine), then OR-Tools CP-SAT as a second opinion for the time limit, when it
+is installed and the search has not proved its plan optimal; the best plan wins.
 
 Each interval is a rectangle: fixed in time, free in space (offsets in units of the alignment).
 `AddNoOverlap2D` keeps rectangles apart and the solver minimises the arena top, starting from the
@@ -7,22 +8,20 @@ exact search's plan as a hint and upper bound and from its proven lower bound.
 
 `report`, a dict when given, is filled with what was proved: {"by": "exact" | "cpsat" | None,
 "optimal": bool, "lower_bytes": the proven lower bound, "load_bytes": LOAD, "gap": total / lower - 1,
-"cpsat": CP-SAT's status name or why it did not run}; bytes of the intervals given, so in a Plan
-(stats["allocator_proof"]) without the persistent bytes below them.
+"cpsat": CP-SAT's status name or why it did not run, "cut_short_by_time": whether CP-SAT's time limit
+stopped it before it proved its plan optimal (a plan that may then differ from run to run)}; bytes of the
+intervals given, so in a Plan (stats["allocator_proof"]) without the persistent bytes below them.
 """
-import time
-
 from ..errors import MissingDependencyError, require
 from . import allocator
-from .exact import exact_search
+from .exact import EFFORT_PER_SECOND, exact_search
 
 
 @allocator("optimal")
 def optimal(sizes, starts, ends, alignment, time_limit=10.0, num_workers=2, seed=0, report=None):
-    """The smallest arena the exact search (half of `time_limit`) and CP-SAT (the rest) find; never
-    worse than best fit."""
-    began = time.monotonic()
-    result = exact_search(sizes, starts, ends, alignment, time_limit / 2)
+    """The smallest arena the exact search (the effort of half `time_limit`) and CP-SAT (`time_limit` seconds)
+    find; never worse than best fit."""
+    result = exact_search(sizes, starts, ends, alignment, int(EFFORT_PER_SECOND * time_limit / 2))
     offsets, total, lower = result.offsets, result.total, result.lower
     by, cpsat = ("exact" if result.optimal else None), "not needed"
     if not result.optimal:
@@ -30,15 +29,15 @@ def optimal(sizes, starts, ends, alignment, time_limit=10.0, num_workers=2, seed
             cp_model = require("ortools.sat.python.cp_model", 'CP-SAT', "OR-Tools", "solver")
         except MissingDependencyError:
             cp_model, cpsat = None, "OR-Tools not installed"
+    cut_short = False
     if not result.optimal and cp_model is not None:
-        left = max(0.1, time_limit - (time.monotonic() - began))
         model, offset_vars, top = _model(cp_model, sizes, starts, ends, alignment, offsets, total, lower)
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = float(left)
+        solver.parameters.max_time_in_seconds = float(time_limit)
         solver.parameters.num_workers = num_workers
         solver.parameters.random_seed = seed
         status = solver.Solve(model)
-        cpsat = solver.StatusName(status)
+        cpsat, cut_short = solver.StatusName(status), status != cp_model.OPTIMAL
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             lower = max(lower, int(solver.BestObjectiveBound()) * alignment)
             if solver.Value(top) * alignment < total:
@@ -49,7 +48,7 @@ def optimal(sizes, starts, ends, alignment, time_limit=10.0, num_workers=2, seed
     if report is not None:
         lower = min(lower, total)
         report.update(by=by, optimal=lower == total, lower_bytes=lower, load_bytes=result.load,
-                      gap=total / lower - 1 if lower else 0.0, cpsat=cpsat)
+                      gap=total / lower - 1 if lower else 0.0, cpsat=cpsat, cut_short_by_time=cut_short)
     return offsets, total
 
 

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from . import register, schema
+from .registry import register, schema
 from .base import Layout, Schema, axis, per_input_element, same_as_input
 from .elementwise import Elementwise, unary
 

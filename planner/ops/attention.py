@@ -7,7 +7,7 @@ import math
 import numpy as np
 from onnx import helper
 
-from . import schema
+from .registry import schema
 from .base import Schema, broadcast
 from ..dtypes import to_onnx
 from ..errors import ShapeError

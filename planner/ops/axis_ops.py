@@ -3,7 +3,7 @@ forms) and ArgMax / ArgMin (int64 indices of the extremes). Their kernels work t
 axis is a negative stride), so they need no temporaries."""
 import numpy as np
 
-from . import register
+from .registry import register
 from .base import Info, Schema, axis, constant_shape, no_flops, per_input_element, same_as_input
 from .shape_ops import zeros
 from ..dtypes import to_onnx

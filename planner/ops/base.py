@@ -47,7 +47,7 @@ class Schema:
     - `kernel(xp, step, ins, outs, ws)`: how the op computes, with `xp` NumPy or CuPy, when its
       definition holds it (the elementwise families); None where executor/kernels has it.
     - `cuda`: the body of a fused CuPy ElementwiseKernel, for ops whose array form needs temporaries.
-    - `torch`: the op in PyTorch, `fn(torch, *tensors, **attrs)`, for frontends.torch_module.
+    - `torch`: the op in PyTorch, `fn(torch, *tensors, **attrs)`, for executor.torch_module.
     - `decompose(b, node)`: the op built from other ops with the autodiff Builder `b`, returning its
       output names; a composite with no kernel or no gradient runs or differentiates through it.
     - `mirror`: whether MXNet's mirror may recompute the output (False for the expensive ops);

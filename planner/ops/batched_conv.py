@@ -6,7 +6,7 @@ writes back into Y's (images, M, pixels) with the bias, Z and the activation. A 
 planner/passes/batch_conv.py makes it where the scratch fits in the slot the plan already holds."""
 import math
 
-from . import schema
+from .registry import schema
 from .base import Layout
 from .fused_conv import FusedConv
 from ..errors import ShapeError

@@ -7,7 +7,7 @@ one chunk of activation.py's Gelu), in the accumulation dtype (float32 for 16-bi
 as many elements, so that a 16-bit plan's scratch is half a float32 plan's), and may write over X."""
 import math
 
-from . import schema
+from .registry import schema
 from .activation import CHUNK, gelu, normal_cdf, sigmoid
 from .base import FLOATS, Layout, Schema, elements
 from ..dtypes import is_float

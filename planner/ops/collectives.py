@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from . import schema
+from .registry import schema
 from .. import dtypes
 from .base import FLOATS, Layout, Schema, same_as_input
 from .views import View
@@ -55,9 +55,14 @@ class AllReduce(_Collective):
     infer = staticmethod(same_as_input)
 
     def gradient(self, b, node, dys):
-        """dY itself (Megatron's g): the sum's readers on every rank compute alike (a tensor-parallel
-        region's output), so each rank holds the whole dY, which is dX."""
-        return [dys[0]]
+        """Over tensor-parallel ranks dY itself (Megatron's g): the sum's readers on every rank compute alike (a
+        region's output), so each rank holds the whole dY, which is dX. Over data-parallel ranks, each of which
+        differentiates its own loss (synchronised batch statistics), the same reduction of the ranks' dY, the
+        sum's adjoint (SyncBatchNorm's backward all-reduces its gradient sums alike)."""
+        if self.attr(node, "group") != "dp":
+            return [dys[0]]
+        return [b.op("AllReduce", dys[0], domain="memplan", world=self.world(node), mean=self.attr(node, "mean"),
+                     group="dp")]
 
 
 @schema("ParallelInput", domain="memplan")

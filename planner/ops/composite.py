@@ -7,7 +7,7 @@ that neither the value nor the gradient sees an infinity; ties at the kink follo
 """
 import numpy as np
 
-from . import register
+from .registry import register
 from .base import Schema, broadcast, same_as_input
 from ..errors import ShapeError
 

@@ -5,7 +5,7 @@ EmbedLayerNormalization. All are composites: planning replaces them by the ops t
 The attention ops are in contrib_attention.py."""
 import numpy as np
 
-from . import register, schema
+from .registry import register, schema
 from .attention import given, output, wants, widening
 from .base import FLOATS, Schema, axis as to_axis, broadcast, constant_shape, normalised_dims
 from .composite import Composite

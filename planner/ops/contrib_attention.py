@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from . import schema
+from .registry import schema
 from .attention import additive, attend, given, heads_first, heads_last, output, rotary, summed, wants, widening, within
 from .base import FLOATS, Schema, broadcast
 from ..dtypes import to_onnx

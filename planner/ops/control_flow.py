@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import onnx
 
-from . import schema
+from .registry import schema
 from .base import Schema
 from ..errors import ShapeError
 from ..ir import Graph, Node, Tensor, captured

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import schema
+from .registry import schema
 from .base import Layout, Schema, constant_shape, same_dtype
 from .sampling import front, take_columns, work_dtype
 from ..errors import ShapeError, UnsupportedOpError

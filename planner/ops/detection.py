@@ -4,7 +4,7 @@ number kept given beside it as the graph output `<name>.length`. Its kernel is g
 it runs on the host over a copy of the boxes and scores (small beside the model that scored them)."""
 import numpy as np
 
-from . import schema
+from .registry import schema
 from .base import Schema, no_flops
 from ..errors import ShapeError
 

@@ -7,7 +7,7 @@ gradient, PyTorch form (`torch`) and optional fused CUDA body (`cuda`) sit besid
 """
 import numpy as np
 
-from . import register
+from .registry import register
 from .base import Layout, Schema, broadcast, no_gradient, same_dtype
 from ..dtypes import to_onnx
 from ..errors import ShapeError

@@ -5,7 +5,7 @@ memplan.ScaledDotProductAttentionGrad (planner/ops/fused_attention_grad.py)."""
 
 import numpy as np
 
-from . import schema
+from .registry import schema
 from .attention_tiles import (DEFAULTS, Form, Tiles, check_attributes, check_mask, check_relative, check_step, flat,
                               sizes, tile_layout, tiles, widths)
 from .base import FLOATS, Schema

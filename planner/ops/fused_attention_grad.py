@@ -3,7 +3,7 @@ FlashAttention-2's backward, the scores recomputed tile by tile from Q, K and th
 so that training keeps O(S) memory beside the inputs, never the (S, T) probabilities."""
 import math
 
-from . import schema
+from .registry import get, schema
 from .base import FLOATS, Schema
 from .attention_tiles import (DEFAULTS, Form, Tiles, check_attributes, check_mask, check_relative, check_step, flat,
                               sizes, tile_layout, tiles, widths)
@@ -215,7 +215,6 @@ class ScaledDotProductAttentionGrad(Schema):
               cols=None, cols_index=None, **attrs):
         """PyTorch's own gradient of the forward's form: dQ, dK, dV, dBias, dRows and dCols (None for an input
         not given), in the outputs' places."""
-        from . import get
         with torch.enable_grad():
             given = [None if x is None else x.detach().requires_grad_() for x in (q, k, v, bias, rows, cols)]
             outs = get("ScaledDotProductAttention", "memplan").torch(torch, *given[:4], mask, step, given[4], rows_index,

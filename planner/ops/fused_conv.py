@@ -3,7 +3,7 @@ Y = activation(Conv(X, W, B) + Z), with Z an optional input of Y's shape (a resi
 activation). The kernel applies the bias, Z and the activation to each chunk of the convolution's output
 as its GEMM writes it, while it is in cache, instead of a pass over Y each. Inference only: it has no
 gradient (the pass does not run in training)."""
-from . import schema
+from .registry import schema
 from .base import elements
 from .nn import Conv
 from ..errors import ShapeError

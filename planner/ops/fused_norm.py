@@ -4,7 +4,7 @@ recomputes the row statistics from X, so that backward keeps X alone and makes n
 besides dX. Statistics are taken in float32 for 16-bit floats (in float64 for float64)."""
 import math
 
-from . import schema
+from .registry import get, schema
 from .base import FLOATS, Layout, Schema, axis as to_axis, normalised_dims
 from ..errors import ShapeError
 
@@ -267,7 +267,6 @@ class LayerNormalizationGrad(Schema):
 
     def torch(self, torch, dy, x, scale, skip=None, dsum=None, axis=-1, epsilon=1e-5, rms=0):
         """PyTorch's own gradient of the forward's form, the parameters' summed over the rows."""
-        from . import get
         dims = x.shape[axis % x.dim():]
         with torch.enable_grad():
             inputs = [x.detach().requires_grad_(), scale.detach().expand(dims).requires_grad_(),

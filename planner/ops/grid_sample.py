@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import register
+from .registry import register
 from .base import Layout, Schema, constant_shape
 from .sampling import front, take_columns, work_dtype
 from .shape_ops import scatter_add_flat

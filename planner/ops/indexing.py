@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from . import register
+from .registry import register
 from .base import Info, Layout, Schema, no_flops, no_gradient, take
 from .shape_ops import wrapped, zeros
 from ..errors import ShapeError

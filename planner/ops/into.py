@@ -1,13 +1,26 @@
 """Array operations written into a given output with nothing allocated, on NumPy and on CuPy, where CuPy's own
 form would make a temporary: a GEMM into a block of rows of a larger matrix (a chunk of an image's output rows,
 a tile of scores), whose rows cuBLAS reads by their stride (an executor's CuPy, whose matmul takes strides,
-executor/backends/cublas.py, gets every product as it is); an index range without a scan's scratch. Host GEMMs
-go to MKL where it is installed (planner/ops/mkl.py)."""
+executor/backends/cublas.py, gets every product as it is); an index range without a scan's scratch. A GEMM
+the executor installs for an array module (`install`: MKL's on the host, executor/mkl.py) takes the products
+it can first, so that the op library needs no BLAS binding of its own."""
 from functools import cache
 
 import numpy as np
 
-from . import mkl
+NO_TRANS, TRANS = 111, 112
+"""CBLAS's flags for a matrix read as it is or transposed (`matrix`)."""
+_GEMMS = {}
+"""{array module: gemm(a, b, out) -> whether it wrote out = a @ b}, as `install` set them."""
+
+
+def install(xp, gemm):
+    """Hand `matmul`'s products of `xp` arrays to `gemm(a, b, out)` first, which returns False (nothing written)
+    for those it does not take; None hands them all to the module's own matmul again."""
+    if gemm is None:
+        _GEMMS.pop(xp, None)
+    else:
+        _GEMMS[xp] = gemm
 
 
 def matmul(xp, a, b, out):
@@ -15,12 +28,15 @@ def matmul(xp, a, b, out):
     rows (CuPy's broadcasting matmul allocates a pointer array). On CuPy a 2-D float32/float64 product whose
     operands have contiguous rows or columns (a transpose) and whose output has contiguous rows goes to
     cuBLAS with the row strides as leading dimensions: CuPy's matmul computes a strided output into a
-    temporary and copies it. On the host: MKL's GEMM where it takes the operands, else NumPy's matmul."""
+    temporary and copies it. A GEMM `install`ed for `xp` takes the product first where it can (on the host,
+    MKL's where the executor runs it); NumPy's matmul the rest."""
     if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous and out.flags.c_contiguous:
         a, out = a.reshape(-1, a.shape[-1]), out.reshape(-1, out.shape[-1])
+    gemm = _GEMMS.get(xp)
+    if gemm is not None and gemm(a, b, out):
+        return
     if xp is np:
-        if not mkl.matmul(a, b, out):
-            np.matmul(a, b, out=out)
+        np.matmul(a, b, out=out)
         return
     if getattr(xp, "strided_gemm", False) or out.ndim != 2 or (out.flags.c_contiguous and a.flags.c_contiguous
                                                                and b.flags.c_contiguous):
@@ -48,12 +64,23 @@ def matmul(xp, a, b, out):
         cublas.setPointerMode(handle, mode)
 
 
+def matrix(shape, strides, itemsize):
+    """(transpose flag, leading dimension) of a row-major matrix of `shape` and byte `strides`: NO_TRANS when
+    its rows are contiguous, TRANS when its columns are (a transposed view); None when neither."""
+    (rows, cols), (down, across) = shape, strides
+    if (across == itemsize or cols == 1) and (rows == 1 or down % itemsize == 0 and down // itemsize >= cols):
+        return NO_TRANS, max(1, cols, down // itemsize if rows > 1 else 0)
+    if (down == itemsize or rows == 1) and (cols == 1 or across % itemsize == 0 and across // itemsize >= rows):
+        return TRANS, max(1, rows, across // itemsize if cols > 1 else 0)
+    return None
+
+
 def gemm_operand(x):
     """(cuBLAS op, leading dimension) of the last two dims of a row-major operand for the column-major product
     (row-major out = a b is column-major out^T = b^T a^T): "N" for contiguous rows, "T" for contiguous columns
-    (a transpose), as MKL's row-major flags (mkl.matrix); None for neither."""
-    layout = mkl.matrix(x.shape[-2:], x.strides[-2:], x.itemsize)
-    return layout and ({mkl.NO_TRANS: "N", mkl.TRANS: "T"}[layout[0]], layout[1])
+    (a transpose), as the row-major flags of `matrix`; None for neither."""
+    layout = matrix(x.shape[-2:], x.strides[-2:], x.itemsize)
+    return layout and ({NO_TRANS: "N", TRANS: "T"}[layout[0]], layout[1])
 
 
 def iota(xp, out):

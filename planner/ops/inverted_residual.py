@@ -4,7 +4,8 @@ narrowing E to P, each with its bias and activation, and Z (a residual) added be
 planner/passes/inverted_residual.py makes it from the three convolutions of an inference plan.
 
 The kernel walks the output in jobs of `images` images by `rows` output rows, the jobs shared among `lanes`
-threads. A job widens its input rows with one GEMM over its images, straight into the channels-last rows the
+(LANES at most), each with its scratch: the plan is the same on every machine, and the executor runs the lanes
+on as many threads as it has, up to that. A job widens its input rows with one GEMM over its images, straight into the channels-last rows the
 depthwise conv reads (no padded copy: the conv's edge columns skip the padding), runs the depthwise conv
 every channel at once (a plane of 7x7 pixels vectorises as well as one of 112x112) and narrows the result
 with one GEMM into Y. The widened tensors, E/C times the input, are never written to the arena: each job's
@@ -21,8 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import schema
-from .. import threads
+from .registry import schema
 from .base import Layout, Schema, elements
 from .fused_conv import check_activation
 from ..errors import ShapeError
@@ -30,6 +30,10 @@ from ..errors import ShapeError
 STAGES = ("expand_", "depthwise_", "")
 """The prefix of each convolution's `<prefix>activation` and `<prefix>activation_params` attributes, in order:
 the last is the project's, named as FusedConv names its own."""
+LANES = 2
+"""The most lanes a block's scratch holds: jobs that run at once, whatever the cores of the machine that plans or
+runs it (the 2-core box's; each lane adds up to LANE_BYTES to the arena: mobilenet_v2's at batch 1 is 18.4 MiB
+with one lane, 20.3 with two, 22.9 with four)."""
 LANE_BYTES = 2 ** 21
 """A lane's scratch at most, where one row of outputs fits: a core's L2 cache on the 2-core box; mobilenet_v2
 ran 4% slower with 1 MiB lanes, and no faster with 4 MiB."""
@@ -108,7 +112,7 @@ class InvertedResidual(Schema):
     does not widen (E = C); W2 (E, 1, 3, 3) and B2, the depthwise conv's; W3 (P, E, 1, 1) and B3, the
     narrowing conv's; Z (N, P, OH, OW), optional. Biases may be omitted. Attributes: `strides` (the depthwise
     conv's, [1, 1] or [2, 2]), each stage's activation and activation_params (as FusedConv's, see STAGES),
-    and the Banding's `images`, `rows` and `lanes` (0: chosen from the machine's cores)."""
+    and the Banding's `images`, `rows` and `lanes` (0: chosen from the block's shape, LANES at most)."""
 
     defaults = {"strides": [1, 1], "images": 0, "rows": 0, "lanes": 0,
                 **{f"{stage}activation": "" for stage in STAGES},
@@ -153,11 +157,11 @@ class InvertedResidual(Schema):
 
     def banding(self, node, ins, outs, budget=None):
         """The Banding of the attributes (as planner/passes/inverted_residual.py chose them), or the one
-        `banding` chooses for this machine's cores (under `budget`) where they are 0."""
+        `banding` chooses for LANES lanes (under `budget`) where they are 0."""
         x, w1, w3 = ins[0], ins[1], ins[5]
         expanded = x.shape[1] if w1 is None else w1.shape[0]
         return banding(x.shape[0], x.shape[1], expanded, w3.shape[0], x.shape[2:], outs[0][0][2:],
-                       self.stride(node), x.dtype, w1 is not None, self.attr(node, "lanes") or threads.cores(),
+                       self.stride(node), x.dtype, w1 is not None, self.attr(node, "lanes") or LANES,
                        self.attr(node, "images"), self.attr(node, "rows"), budget)
 
     def workspace(self, node, ins, outs, limit):

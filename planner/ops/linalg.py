@@ -2,7 +2,7 @@
 import math
 import re
 
-from . import schema
+from .registry import schema
 from .base import Schema, broadcast, no_gradient, same_dtype
 from ..errors import ShapeError
 

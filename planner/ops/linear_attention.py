@@ -4,7 +4,7 @@ Mul, Exp, Conv, Concat, Split, Slice and Reshape, the recurrence unrolled over t
 so that they run and differentiate with nothing of their own. Narrow floats are computed in float32."""
 import math
 
-from . import schema
+from .registry import schema
 from .attention import output, widening
 from .base import Schema, same_dtype
 from .control_flow import check_unrolled

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import get, schema
+from .registry import get, schema
 from .base import Layout, Schema, constant_shape
 from .. import dtypes
 from ..errors import ShapeError

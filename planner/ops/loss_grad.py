@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import schema
+from .registry import schema
 from .base import FLOATS, Layout, take
 from .into import iota
 from .loss import CHUNK_BYTES, LabelLoss

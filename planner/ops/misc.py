@@ -3,7 +3,7 @@ its training-step form)."""
 import numpy as np
 from onnx import numpy_helper
 
-from . import schema
+from .registry import schema
 from .base import FLOATS, Schema, no_flops, same_as_input
 from .. import dtypes
 from ..errors import ShapeError

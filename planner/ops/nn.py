@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import schema
+from .registry import schema
 from .base import Layout, Schema, axis, broadcast, constant_shape, no_gradient, normalised_dims, per_input_element
 from .fused_norm import layer_norm_gradient
 from .reduce import max_gradient

@@ -3,7 +3,7 @@ InstanceNormalization, GroupNormalization, RMSNormalization, MeanVarianceNormali
 LpNormalization. Statistics of narrow floats are taken in float32, as every composite computes."""
 import math
 
-from . import register
+from .registry import register
 from .base import axis as to_axis, normalised_dims, same_as_input
 from .composite import Composite
 from ..errors import ShapeError

@@ -2,7 +2,7 @@
 its gradient and its state, and writes the new parameter and state, which the plan places in the
 old ones' bytes (Graph.updates). PyTorch's update rules (torch.optim.SGD and Adam), so that a model
 trains here as it does there; ONNX's preview-training Adam places epsilon differently."""
-from . import schema
+from .registry import schema
 from .base import FLOATS, Schema, same_as_input
 from ..errors import ShapeError
 

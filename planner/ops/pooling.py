@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import get, register, schema
+from .registry import get, register, schema
 from .base import Layout, Schema, constant_shape, no_flops
 from .composite import Composite
 from .nn import WINDOW, window

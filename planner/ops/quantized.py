@@ -6,8 +6,9 @@ import math
 import ml_dtypes
 import numpy as np
 
-from . import schema
+from .registry import schema
 from .base import Layout, Schema, axis, elements, no_flops
+from .torch_forms import torch_dtype, unsupported
 from ..dtypes import from_onnx
 from ..errors import ShapeError
 
@@ -150,12 +151,11 @@ class QuantizeLinear(Schema):
 
     def torch(self, torch, x, scale, zero=None, *, axis, saturate, block_size, output_dtype, precision):
         """The integer targets: rounded half to even in the division's dtype, shifted and clipped in int32."""
-        from frontends.torch_ops import torch_dtype, unsupported
         dtype = np.dtype(zero.cpu().numpy().dtype) if zero is not None else \
             from_onnx(output_dtype) if output_dtype else np.dtype(np.uint8)
         if target(dtype) != "integer":
             raise unsupported(f"QuantizeLinear to {dtype}")
-        quotient = torch.empty(x.shape, dtype=torch_dtype(from_onnx(precision)) if precision else
+        quotient = torch.empty(x.shape, dtype=torch_dtype(torch, from_onnx(precision)) if precision else
                                torch.result_type(x, scale) if x.is_floating_point() else torch.float64, device=x.device)
         for (xs, qs), (ss,) in pieces([x, quotient], [scale], axis, block_size):
             qs.copy_(xs.to(qs.dtype) / ss.to(qs.dtype))
@@ -165,7 +165,7 @@ class QuantizeLinear(Schema):
             for (part,), (zs,) in pieces([ints], [zero], axis, block_size):
                 part.add_(zs.to(torch.int32))
         info = ml_dtypes.iinfo(dtype)
-        return ints.clamp(int(info.min), int(info.max)).to(torch_dtype(dtype))
+        return ints.clamp(int(info.min), int(info.max)).to(torch_dtype(torch, dtype))
 
 
 @schema("DequantizeLinear", since=10)
@@ -207,11 +207,10 @@ class DequantizeLinear(Schema):
             xp.copyto(y, wide, casting="unsafe")
 
     def torch(self, torch, x, scale, zero=None, *, axis, block_size, output_dtype):
-        from frontends.torch_ops import torch_dtype
         wide = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         for (xs, part), (ss, zs) in pieces([x, wide], [scale, zero], axis, block_size):
             part.copy_(xs.float() - (0 if zs is None else zs.float())).mul_(ss.float())
-        return wide.to(torch_dtype(from_onnx(output_dtype)) if output_dtype else scale.dtype)
+        return wide.to(torch_dtype(torch, from_onnx(output_dtype)) if output_dtype else scale.dtype)
 
 
 @schema("DynamicQuantizeLinear", since=11)
@@ -293,5 +292,4 @@ class BitCast(Schema):
         xp.copyto(outs[0], ins[0].view(outs[0].dtype))
 
     def torch(self, torch, x, to):
-        from frontends.torch_ops import torch_dtype
-        return x.view(torch_dtype(from_onnx(to)))
+        return x.view(torch_dtype(torch, from_onnx(to)))

@@ -1,15 +1,16 @@
 """Integer matrix products and convolutions: MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv.
 
 The 8-bit inputs are widened to int32 less their zero points in the op's workspace, then MatMul's and
-Conv's own kernels (executor.kernels.linalg, executor.kernels.nn) accumulate them exactly in int32; the
-QLinear ops requantize the sums in float64 (as ONNX's reference does): round half to even, add the
-output's zero point, clip to its range."""
+Conv's own kernels accumulate them exactly in int32; the QLinear ops requantize the sums in float64 (as
+ONNX's reference does): round half to even, add the output's zero point, clip to its range. Their kernels
+are in executor/kernels/quantized.py; the schemas say where the zero points and scales go (`a`, `b`,
+`a_params`, `b_params`; `x`, `w`, `x_zero`, `w_zero`)."""
 import math
 
 import ml_dtypes
 import numpy as np
 
-from . import get, schema
+from .registry import get, schema
 from .base import Info, Layout, Schema, broadcast, elements
 from .nn import Conv
 from ..errors import ShapeError
@@ -44,25 +45,6 @@ def check_side(what, shape, operand, row):
     check_param(what, shape, operand)
 
 
-def widen(xp, source, zero, out):
-    """out (int32) = source - zero, `zero` None or already shaped to broadcast."""
-    xp.copyto(out, source, casting="unsafe")
-    if zero is not None:
-        xp.subtract(out, zero, out=out, casting="unsafe")
-
-
-def requantize(xp, sums, wide, multiplier, zero, y):
-    """y = clip(round(sums * multiplier + zero)) to y's range, in float64 `wide`, rounding half to even."""
-    xp.copyto(wide, sums, casting="unsafe")
-    xp.multiply(wide, multiplier, out=wide, casting="unsafe")
-    if zero is not None:
-        xp.add(wide, zero, out=wide, casting="unsafe")
-    xp.rint(wide, out=wide)
-    info = ml_dtypes.iinfo(y.dtype)
-    xp.clip(wide, int(info.min), int(info.max), out=wide)
-    xp.copyto(y, wide, casting="unsafe")
-
-
 def as_int32(*infos):
     """Infos of the same shapes, int32: what the shape rules of MatMul and Conv see."""
     return [None if i is None else Info(i.shape, WIDE) for i in infos]
@@ -92,18 +74,8 @@ class IntegerMatMul(Schema):
     def flops(self, node, ins, outs):
         return get("MatMul").flops(node, [ins[self.a], ins[self.b]], outs)
 
-    def products(self, xp, ins, ws, out):
-        """A and B less their zero points, widened in the workspace, multiplied into `out` (int32) by
-        MatMul's kernel."""
-        from executor.kernels.linalg import matmul
-        a, b = ins[self.a], ins[self.b]
-        za, zb = (ins[k[0]] if k[0] < len(ins) else None for k in (self.a_params, self.b_params))
-        widen(xp, a, None if za is None else za.reshape(rows(za.shape, a.ndim)), ws["a"])
-        widen(xp, b, zb, ws["b"])
-        matmul(xp, None, [ws["a"], ws["b"]], [out], {})
-
     def torch_products(self, torch, a, b, za, zb):
-        """The PyTorch form of `products`, in float64 (exact: PyTorch has no integer GEMM on the GPU)."""
+        """A @ B less their zero points in PyTorch, in float64 (exact: PyTorch has no integer GEMM on the GPU)."""
         a = a.double() if za is None else a.double() - za.double().reshape(rows(za.shape, a.ndim))
         b = b.double() if zb is None else b.double() - zb.double()
         return torch.matmul(a, b)
@@ -120,9 +92,6 @@ class MatMulInteger(IntegerMatMul):
 
     def workspace(self, node, ins, outs, limit):
         return Layout.pack(*self.widened(ins))
-
-    def kernel(self, xp, step, ins, outs, ws):
-        self.products(xp, ins, ws, outs[0])
 
     def torch(self, torch, a, b, a_zero=None, b_zero=None):
         return self.torch_products(torch, a, b, a_zero, b_zero).to(torch.int32)
@@ -158,14 +127,6 @@ class QLinearMatMul(IntegerMatMul):
     def flops(self, node, ins, outs):
         """The product's, and a multiply, add, round and clip per output element."""
         return super().flops(node, ins, outs) + 4 * elements(outs)
-
-    def kernel(self, xp, step, ins, outs, ws):
-        a, a_scale, b_scale, y_scale, y_zero = ins[0], ins[1], ins[4], ins[6], ins[7]
-        self.products(xp, ins, ws, ws["sums"])
-        multiplier = ws["multiplier"]
-        xp.multiply(a_scale.reshape(rows(a_scale.shape, a.ndim)), b_scale, out=multiplier)
-        xp.divide(multiplier, y_scale, out=multiplier)
-        requantize(xp, ws["sums"], ws["wide"], multiplier, y_zero, outs[0])
 
     def torch(self, torch, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero):
         multiplier = a_scale.reshape(rows(a_scale.shape, a.ndim)) * b_scale / y_scale
@@ -212,17 +173,6 @@ class IntegerConv(Schema):
         bias = [ins[8]] if len(ins) > 8 and ins[8] is not None else []
         return get("Conv").flops(node, [ins[self.x], ins[self.w], *bias], outs)
 
-    def convolve(self, xp, step, ins, ws, out):
-        """x and w less their zero points, widened in the workspace, convolved into `out` (int32) by
-        Conv's kernel (with the bias, if any)."""
-        from executor.kernels.nn import conv
-        x, w = ins[self.x], ins[self.w]
-        zx, zw = (ins[k] if k < len(ins) else None for k in (self.x_zero, self.w_zero))
-        widen(xp, x, None if zx is None else zx.reshape(()), ws["x"])
-        widen(xp, w, None if zw is None else zw.reshape(-1, *[1] * (w.ndim - 1)), ws["w"])
-        bias = ins[8] if len(ins) > 8 else None
-        conv(xp, step, [ws["x"], ws["w"], bias], [out], {k: v for k, v in ws.items() if k == "columns"})
-
 
 @schema("ConvInteger", since=10)
 class ConvInteger(IntegerConv):
@@ -236,9 +186,6 @@ class ConvInteger(IntegerConv):
 
     def workspace(self, node, ins, outs, limit):
         return self.layout(node, ins, outs[0][0], limit)
-
-    def kernel(self, xp, step, ins, outs, ws):
-        self.convolve(xp, step, ins, ws, outs[0])
 
 
 @schema("QLinearConv", since=10)
@@ -265,11 +212,3 @@ class QLinearConv(IntegerConv):
     def flops(self, node, ins, outs):
         """The convolution's, and a multiply, add, round and clip per output element."""
         return super().flops(node, ins, outs) + 4 * elements(outs)
-
-    def kernel(self, xp, step, ins, outs, ws):
-        x_scale, w_scale, y_scale, y_zero, y = ins[1], ins[4], ins[6], ins[7], outs[0]
-        self.convolve(xp, step, ins, ws, ws["sums"])
-        multiplier = ws["multiplier"]
-        xp.multiply(x_scale.reshape(()), w_scale.reshape(-1), out=multiplier)
-        xp.divide(multiplier, y_scale.reshape(()), out=multiplier)
-        requantize(xp, ws["sums"], ws["wide"], multiplier.reshape(-1, *[1] * (y.ndim - 2)), y_zero.reshape(()), y)

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from . import schema
+from .registry import schema
 from .base import Layout, Schema, elements
 from .. import dtypes
 from ..errors import ShapeError

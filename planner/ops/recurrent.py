@@ -5,7 +5,7 @@ the workspace and activated in place, so that nothing is allocated; sequences sh
 the recurrence unrolled into ops memplan knows (planner/ops/recurrent_parts.py)."""
 from dataclasses import replace
 
-from . import schema
+from .registry import schema
 from .base import Layout, Schema, same_dtype
 from .control_flow import check_unrolled
 from .recurrent_parts import (ACTIVATIONS, Built, Settings, Torch, activations, batch_major, gru_cell, lstm_cell,

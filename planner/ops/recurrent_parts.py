@@ -4,7 +4,7 @@ over time, written once for two algebras: the Builder's ops (the decomposition t
 differentiates through) and PyTorch's (the op's torch form)."""
 from dataclasses import dataclass
 
-from . import get
+from .registry import get
 from .shape_ops import zeros
 from ..errors import ShapeError
 from ..ir import Tensor

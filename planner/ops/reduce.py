@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from . import register
+from .registry import register
 from .base import Schema, axis, no_gradient, per_input_element
 from .composite import Composite
 from ..dtypes import to_onnx

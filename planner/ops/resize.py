@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import schema
+from .registry import schema
 from .base import Layout, Schema, axis, constant_shape
 from .shape_ops import transposed_along
 from ..errors import ShapeError

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from . import register
+from .registry import register
 from .base import Layout, Schema, constant_shape, no_gradient
 from .composite import Composite
 from .shape_ops import scatter_add_flat

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from . import get, schema
+from .registry import get, schema
 from .base import Schema, axis, constant_shape, no_flops, no_gradient
 from .selection import count_into
 from .shape_ops import scatter_nd, zeros

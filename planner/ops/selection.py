@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import get, register, schema
+from .registry import get, register, schema
 from .base import Layout, Schema, axis, no_flops, same_as_input, take
 from .shape_ops import zeros
+from .torch_forms import torch_dtype
 from .. import dtypes
 from ..errors import ShapeError
 
@@ -279,7 +280,7 @@ class EyeLike(Schema):
         self.diagonal(step, outs[0]).fill(1)
 
     def torch(self, torch, x, dtype, k):
-        like = x.dtype if dtype is None else torch.from_numpy(np.empty(0, dtypes.from_onnx(dtype))).dtype
+        like = x.dtype if dtype is None else torch_dtype(torch, dtypes.from_onnx(dtype))
         y = torch.zeros(x.shape, dtype=like, device=x.device)
         y.diagonal(k).fill_(1)
         return y

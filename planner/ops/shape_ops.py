@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from . import schema
+from .registry import schema
 from .base import Layout, Schema, axis, broadcast, no_flops, no_gradient
 from ..errors import ShapeError
 

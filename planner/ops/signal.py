@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from . import register
+from .registry import register
 from .base import Layout, Schema, axis as to_axis, constant_shape, no_flops
 from .composite import Composite
 from ..dtypes import from_onnx

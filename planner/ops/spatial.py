@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import register, schema
+from .registry import register, schema
 from .base import Schema, axis, no_flops
 from .composite import Composite
 from ..dtypes import is_float

@@ -2,7 +2,7 @@
 Identity); the planner gives the output no bytes of its own."""
 import math
 
-from . import schema
+from .registry import schema
 from .base import Schema, axis
 from ..errors import ShapeError
 

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import schema
+from .registry import schema
 from .base import Layout
 from .fused_conv import FusedConv
 from .nn import window

@@ -1,6 +1,9 @@
-"""Passes over the graph (one rewrite per file, each a `Pass`), and the named pipelines planner.compile
-runs before planning: plain lists, applied top to bottom by `run`."""
-from .base import GRADIENTS, LOSS, PRUNED, TYPED, UPDATES, Context, Pass, Result, run
+"""Passes over the graph (one rewrite per file, each a `Pass`), and `pipeline(options)`, the passes
+planner.compile runs before planning, each built with its settings: a plain list, applied top to bottom by
+`run`. A pass with settings is made by a function of them (`simplify(keep)`, `winograd(config)`); one without
+is a value (`prune`)."""
+from ..config import Config
+from .base import GRADIENTS, LOSS, PRUNED, TYPED, UPDATES, Context, Pass, Property, Result, run
 from .check_names import check_names
 from .decompose import decompose
 from .fold_batchnorm import fold_batchnorm
@@ -21,49 +24,71 @@ from .pretranspose import pretranspose
 from .prune import prune
 from .recomputation import recomputation
 from .simplify import simplify
+from .sync_batchnorm import sync_batchnorm
 from .training_mode import training_mode
 from .winograd import winograd
 from .batch_conv import batch_conv
 from .inverted_residual import inverted_residual
 
-LOADING = [
-    infer_shapes,       # concrete shapes and dtypes, constants folded
-    decompose,          # composite ops replaced by their parts
-    simplify,           # Identity and Casts to the same dtype dropped
-    prune,              # what no output needs dropped
-]
-REWRITES = [
-    fold_batchnorm,     # inference BatchNormalization folded into the Conv before it
-    fuse_conv,          # inference Conv with the residual Add and activation after it, one pass over Y
-    fuse_attention,     # attention as one tiled op, its scores never held
-    fuse_norm,          # residual add + (RMS) layer norm as one chunked op, its gradient keeping X alone
-    fuse_activation,    # an activation's pieces and its bias Add as one op, backward keeping X alone
-    fold_transpose,     # MatMul of a transposed matrix as a Gemm, no transposed copy
-    pretranspose,       # inference Gemm's constant B stored transposed, once
-    precision,          # 16-bit floats, or autocast's policy, with the casts they need
-    inverted_residual,  # inference MobileNetV2 blocks as one op, their widened tensors never in the arena
-    winograd,           # inference 3x3 convolutions by Winograd's F(2x2) or F(4x4, 3x3), in the scratch the plan holds
-    batch_conv,         # inference convolutions of small images as one GEMM over the batch
-    prune,              # what no output needs dropped
-]
-INFERENCE = [*LOADING, *REWRITES]
-TRAINING = [
-    *LOADING,
-    check_names,        # frozen and trainable name params the model reads
-    *REWRITES,
-    tensor_parallel,    # one rank's piece of each transformer block's linear layers and heads (Megatron)
-    training_mode,      # batch statistics, dropout masks
-    loss,               # the scalar "loss", the labels input
-    gradients,          # the backward pass
-    optimizer,          # the param updates
-    pipeline_stage,     # one pipeline stage's nodes, its microbatches in 1F1B order, sends and receives
-    recomputation,      # forward values recomputed in backward instead of kept
-    data_parallel,      # one rank's step: gradients reduced over the ranks, ZeRO's shards (after recomputation,
-                        # so that a recomputed op reads ZeRO-3's backward gather)
-]
 
-__all__ = ["Pass", "Result", "Context", "run", "LOADING", "REWRITES", "INFERENCE", "TRAINING", "TYPED", "PRUNED", "LOSS",
-           "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm", "fuse_conv", "fuse_attention",
-           "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose", "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss", "gradients",
-           "optimizer", "data_parallel", "tensor_parallel", "pipeline_stage",
-           "recomputation"]
+def loading(fetch=()):
+    """The passes making the typed graph of a model as it reads (planner.load's, and compile's first);
+    `fetch` names tensors that stay."""
+    return [
+        infer_shapes,       # concrete shapes and dtypes, constants folded
+        decompose,          # composite ops replaced by their parts
+        simplify(fetch),    # Identity and Casts to the same dtype dropped
+        prune,              # what no output needs dropped
+    ]
+
+
+LOADING = loading()
+
+
+def pipeline(options):
+    """The passes planner.compile runs for `options` (a CompileOptions), in order: loading, the rewrites it
+    turns on (of inference plans alone where the rewritten graph cannot train; of plans for no GPU alone
+    where the op is the CPU's), and for `training` the step's parts. Each entry below is its condition `and`
+    the pass built with its settings; a false one is a pass the options leave out."""
+    config = options.config or Config.from_env()
+    training, parallel = options.training, options.parallel
+    inference, cpu = not training, not training and not options.device.is_gpu
+    steps = [
+        *loading(options.fetch),
+        training and check_names(options.frozen, options.trainable),  # frozen and trainable name params it reads
+        inference and options.fold_batchnorm and fold_batchnorm,  # BatchNormalization into the Conv before it
+        inference and options.fuse_conv and fuse_conv,  # Conv with the residual Add and activation after it, one op
+        options.fuse_attention and fuse_attention(training),  # attention as one tiled op, its scores never held
+        options.fuse_norm and fuse_norm,  # residual add + (RMS) layer norm as one chunked op
+        options.fuse_activation and fuse_activation,  # an activation's pieces and its bias Add as one op
+        options.fold_transpose and fold_transpose,  # MatMul of a transposed matrix as a Gemm, no transposed copy
+        inference and options.pretranspose and pretranspose,  # Gemm's constant B stored transposed, once
+        options.precision.low is not None and precision(options.precision),  # 16-bit floats or autocast's policy
+        cpu and options.inverted_residual and inverted_residual(config),  # MobileNetV2 blocks as one op each
+        cpu and options.winograd and winograd(config),  # 3x3 convolutions by Winograd, in the scratch held
+        cpu and options.batch_conv and batch_conv(config),  # convolutions of small images as one GEMM
+        prune,  # what no output needs dropped
+    ]
+    if training:
+        steps += [
+            parallel and parallel.tp > 1 and tensor_parallel(parallel.tp),  # one rank's piece of the blocks' layers
+            training_mode,  # batch statistics, dropout masks
+            parallel and parallel.sync_batchnorm and sync_batchnorm(parallel.dp),  # statistics of all data ranks
+            loss(options.loss or "cross_entropy", options.loss_output, options.class_axis, options.ignore_index),
+            gradients(options.frozen, options.trainable, options.precision.scales_loss,
+                      parallel.microbatches if parallel else 1),  # the backward pass
+            optimizer(options.optimizer or "sgd", options.optimizer_args, options.update, config.inplace_update),
+            parallel and (parallel.pp > 1 or parallel.microbatches > 1) and pipeline_stage(parallel),  # 1F1B
+            recomputation(options.remat, options.memory_budget, config),  # forward values recomputed in backward
+            parallel and data_parallel(parallel),  # gradients reduced over the ranks, ZeRO's shards (after
+                                                   # recomputation, so that a recomputed op reads ZeRO-3's gather)
+        ]
+    return [step for step in steps if step]
+
+
+__all__ = ["Pass", "Property", "Result", "Context", "run", "loading", "pipeline", "LOADING", "TYPED", "PRUNED",
+           "LOSS", "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm",
+           "fuse_conv", "fuse_attention", "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose",
+           "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss",
+           "gradients", "optimizer", "data_parallel", "tensor_parallel", "pipeline_stage", "recomputation",
+           "sync_batchnorm"]

@@ -22,9 +22,9 @@ mobilenet_v2's 7x7 stage (weights of 160 x 960 elements) 20% slower: there the c
 write-back cost more than the packing saved."""
 
 
-def _prepare(graph, context):
+def _prepare(graph, config):
     """`choose` for conv_pass: a BatchedConv over as many images as fit in the slot all scratch shares."""
-    budget = min(context.config.workspace_limit, room(graph, context.config))
+    budget = min(config.workspace_limit, room(graph, config))
 
     def choose(node, x, w, y):
         if node.attrs.get("group", 1) != 1 or x.dtype != np.float32 or x.shape[0] < 2 \

@@ -9,24 +9,30 @@ parameter). Shards are cut as the Parallel's `shard` says (evenly, or in rows as
 data rank at ZeRO-0 (tensor parallelism alone) reduces nothing. Facts: "parallel" (dp, zero, tp, shard,
 prefetch, bucket bytes and buckets, the bytes the collectives send, in all and by group, the sharded params)."""
 from dataclasses import replace
+from functools import partial
 
 from .. import ops, shapes
-from ..autodiff import Builder
+from ..builder import Builder
 from ..errors import ConfigError
 from ..ir import Annotations, Node, Phase, Tensor
 from ..ops.collectives import communicated
 from ..parallel import Whole, shard_size
-from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Result
+from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Property, Result
 
 OPTIMIZER_OPS = {("memplan", "SGD"), ("memplan", "Adam")}
 GATHERED = (Phase.FORWARD, Phase.BACKWARD)
 """The phases whose readers of a ZeRO-3 parameter read it all-gathered, each phase its own gather."""
 
 
-def _data_parallel(graph, context):
-    parallel = context.options.parallel
-    if parallel is None:
-        return Result(graph, False)
+def data_parallel(parallel):
+    """The Pass making one rank's training step under `parallel` (a planner.Parallel)."""
+    reduced = Property("with each update reading its gradient reduced over the data ranks",
+                       partial(_reduced, parallel=parallel))
+    return Pass("data_parallel", partial(_data_parallel, parallel=parallel), needs=frozenset({TYPED, UPDATES}),
+                makes=frozenset({TYPED, UPDATES}), keeps=frozenset({LOSS, GRADIENTS}), ensures=frozenset({reduced}))
+
+
+def _data_parallel(graph, context, parallel):
     if any(n.notes.assign for n in graph.nodes):
         raise ConfigError("data-parallel plans update params in place (MEGENGINE_INPLACE_UPDATE=1)")
     world, zero = parallel.dp, parallel.zero
@@ -209,5 +215,17 @@ def _gather(graph, param, phase, world, unit):
                 Annotations(phase), "memplan")
 
 
-data_parallel = Pass("data_parallel", _data_parallel, needs=frozenset({TYPED, UPDATES}),
-                     makes=frozenset({TYPED, UPDATES}), keeps=frozenset({LOSS, GRADIENTS}))
+def _reduced(graph, facts, parallel):
+    """Whether each optimizer node reads a gradient made from a reduction over the data ranks (AllReduce or
+    ReduceScatter of the "dp" group), where there are several ranks or ZeRO's shards."""
+    if parallel.dp == 1 and parallel.zero == 0:
+        return True
+    reduced = set()
+    for node in graph.nodes:
+        if (node.domain, node.op) in OPTIMIZER_OPS and _grad(node) not in reduced:
+            return False
+        collective = node.domain == "memplan" and node.op in ("AllReduce", "ReduceScatter") and \
+            ops.of(node, graph.opsets).attr(node, "group") == "dp"
+        if collective or reduced.intersection(node.inputs):
+            reduced.update(o for o in node.outputs if o)
+    return True

@@ -70,4 +70,4 @@ def folded(graph):
     return graph, folder.count
 
 
-fold_batchnorm = rewrite_pass("fold_batchnorm", folded, inference_only=True)
+fold_batchnorm = rewrite_pass("fold_batchnorm", folded, "Conv + BatchNormalization that folds")

@@ -39,4 +39,4 @@ def folded(graph):
     return rewrite(graph, PATTERN, lambda m: _fold(graph, m))
 
 
-fold_transpose = rewrite_pass("fold_transpose", folded)
+fold_transpose = rewrite_pass("fold_transpose", folded, "MatMul of a transposed matrix that folds")

@@ -108,4 +108,4 @@ def fused(graph):
     return graph, fuser.count
 
 
-fuse_activation = rewrite_pass("fuse_activation", fused)
+fuse_activation = rewrite_pass("fuse_activation", fused, "activation in pieces or bias Add before one that fuses")

@@ -10,10 +10,10 @@ export stays as it is, since the fused op accumulates in float32 where the expor
 planner.compile counts the fused ops in plan.stats["fused_attention"]; CompileOptions(fuse_attention=False)
 keeps the exported form."""
 import math
+from dataclasses import replace
+from functools import partial
 
 import numpy as np
-
-from dataclasses import replace
 
 from .. import ops
 from ..ir import Node, Tensor
@@ -22,7 +22,7 @@ from ..ops.base import broadcast
 from ..training import STEP
 from .attention_form import read
 from .attention_relative import gathers
-from .base import TYPED, Pass, Result
+from .base import rewrite_pass
 from .pattern import Match, constant, exclusive, replace_matches
 
 FUSED = "ScaledDotProductAttention"
@@ -353,11 +353,6 @@ def fused(graph, training=False):
     return graph, len(found)
 
 
-def _apply(graph, context):
-    if not context.options.fuse_attention:
-        return Result(graph, False)
-    graph, count = fused(graph, context.options.training)
-    return Result(graph, bool(count))
-
-
-fuse_attention = Pass("fuse_attention", _apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}))
+def fuse_attention(training=False):
+    """The Pass fusing attention, for a training step's graph where `training`."""
+    return rewrite_pass("fuse_attention", partial(fused, training=training), "attention that fuses")

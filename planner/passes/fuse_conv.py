@@ -50,10 +50,15 @@ def _fuse(graph, m, act, adds):
 
 
 def fused(graph):
-    """(graph with each Conv and the Add and activation after it one FusedConv, how many)."""
+    """(graph with each Conv and the Add and activation after it one FusedConv, how many it made)."""
+    before = _count(graph)
     for pattern, act, adds in _patterns():
         graph, _ = rewrite(graph, pattern, lambda m: _fuse(graph, m, act, adds))
-    return graph, sum(n.op == "FusedConv" and n.domain == "com.microsoft" for n in graph.nodes)
+    return graph, _count(graph) - before
 
 
-fuse_conv = rewrite_pass("fuse_conv", fused, inference_only=True)
+def _count(graph):
+    return sum(n.op == "FusedConv" and n.domain == "com.microsoft" for n in graph.nodes)
+
+
+fuse_conv = rewrite_pass("fuse_conv", fused, "Conv with an Add or activation after it that fuses")

@@ -143,4 +143,4 @@ def fused(graph):
     return graph, sum(n.op == FUSED and n.domain == "memplan" for n in graph.nodes) - before
 
 
-fuse_norm = rewrite_pass("fuse_norm", fused)
+fuse_norm = rewrite_pass("fuse_norm", fused, "norm in pieces or residual Add before a norm that fuses")

@@ -13,24 +13,23 @@ from ..ir import Tensor
 from .base import GRADIENTS, LOSS, TYPED, Pass, Result
 
 
-def _gradients(graph, context):
-    params, constants = training.choose_params(graph, context.options.frozen, context.options.trainable)
-    if not params:
-        raise ModelError("the model has no trainable float params that the loss depends on")
-    facts = {"params": params, "constants": constants, "exported_params": graph.exported_params}
-    parallel = context.options.parallel
-    if context.options.precision == "amp-fp16":
-        graph, grads, facts["scaler"] = loss_scaling.scaled_gradients(graph, "loss", params)
-    elif parallel is not None and parallel.microbatches > 1:  # each microbatch's loss is 1/M of the step's
-        t = graph.tensors["loss"]
-        share = Tensor("gradients/microbatch_share", (), t.dtype, "const", np.asarray(1 / parallel.microbatches,
-                                                                                     t.dtype))
-        graph = replace(graph, tensors={**graph.tensors, share.name: share})
-        graph, grads = autodiff.gradients(graph, "loss", params, seed=share.name)
-    else:
-        graph, grads = autodiff.gradients(graph, "loss", params)
-    return Result(graph, True, {**facts, "grads": grads})
-
-
-gradients = Pass("gradients", _gradients, needs=frozenset({TYPED, LOSS}), makes=frozenset({GRADIENTS}),
-                 keeps=frozenset({TYPED, LOSS}))
+def gradients(frozen=(), trainable=(), scale_loss=False, microbatches=1):
+    """The Pass adding the backward pass: gradients of the params that train (not `frozen`, and `trainable`
+    whatever their use), of a scaled loss where `scale_loss` (amp-fp16), of one of `microbatches` shares."""
+    def apply(graph, context):
+        params, constants = training.choose_params(graph, frozen, trainable)
+        if not params:
+            raise ModelError("the model has no trainable float params that the loss depends on")
+        facts = {"params": params, "constants": constants, "exported_params": graph.exported_params}
+        if scale_loss:
+            graph, grads, facts["scaler"] = loss_scaling.scaled_gradients(graph, "loss", params)
+        elif microbatches > 1:  # each microbatch's loss is 1/M of the step's
+            t = graph.tensors["loss"]
+            share = Tensor("gradients/microbatch_share", (), t.dtype, "const", np.asarray(1 / microbatches, t.dtype))
+            graph = replace(graph, tensors={**graph.tensors, share.name: share})
+            graph, grads = autodiff.gradients(graph, "loss", params, seed=share.name)
+        else:
+            graph, grads = autodiff.gradients(graph, "loss", params)
+        return Result(graph, True, {**facts, "grads": grads})
+    return Pass("gradients", apply, needs=frozenset({TYPED, LOSS}), makes=frozenset({GRADIENTS}),
+                keeps=frozenset({TYPED, LOSS}))

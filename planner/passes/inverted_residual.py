@@ -9,13 +9,13 @@ every block where the plan of the rewritten graph is no larger, else each in scr
 tensors it drops or than the slot all scratch shares (planner.workspace.room), in smaller bands where
 needed. CompileOptions(inverted_residual=False) keeps the convolutions."""
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
 from .. import ops, shapes
 from ..ir import Node
 from ..ops.inverted_residual import STAGES
-from ..threads import cores
 from ..workspace import infos, room
 from .base import CONVS, TYPED, Pass, Result
 
@@ -66,7 +66,7 @@ def _fused(graph, widen, depthwise, project, budget=None):
     z = project.inputs[3] if len(project.inputs) > 3 else ""
     first = widen or depthwise
     inputs = (first.inputs[0], *weights(widen), *weights(depthwise), *weights(project), z)
-    attrs = {"strides": list(depthwise.attrs.get("strides") or [1, 1]), "lanes": cores()}
+    attrs = {"strides": list(depthwise.attrs.get("strides") or [1, 1])}
     for stage, node in zip(STAGES, (widen, depthwise, project)):
         attrs[f"{stage}activation"] = node.attrs.get("activation", "") if node else ""
         attrs[f"{stage}activation_params"] = node.attrs.get("activation_params") if node else None
@@ -101,10 +101,12 @@ def _rewritten(graph, blocks, budget=None):
     return shapes.prune(replace(graph, nodes=nodes)), len(fused)
 
 
-def _apply(graph, context):
-    options = context.options
-    if not options.inverted_residual or options.training or options.device.startswith("cuda"):
-        return Result(graph, False)
+def inverted_residual(config):
+    """The Pass fusing the blocks, their scratch within what `config` allows."""
+    return Pass("inverted_residual", partial(_apply, config=config), needs=frozenset({TYPED}), makes=frozenset({TYPED}))
+
+
+def _apply(graph, context, config):
     blocks = _blocks(graph)
     if not blocks:
         return Result(graph, False)
@@ -112,8 +114,5 @@ def _apply(graph, context):
     if context.measure is not None and \
             context.measure(every, context.facts).arena() <= context.measure(graph, context.facts).arena():
         return Result(every, True)
-    fitting, count = _rewritten(graph, blocks, max(1, room(graph, context.config)))
+    fitting, count = _rewritten(graph, blocks, max(1, room(graph, config)))
     return Result(fitting, bool(count))
-
-
-inverted_residual = Pass("inverted_residual", _apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}))

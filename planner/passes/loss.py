@@ -6,12 +6,10 @@ from .. import losses
 from .base import LOSS, TYPED, Pass, Result
 
 
-def _loss(graph, context):
-    options = context.options
-    spec = losses.criterion(graph, options.loss or "cross_entropy", options.loss_output, options.class_axis,
-                            options.ignore_index)
-    graph, labels = losses.append(graph, spec)
-    return Result(replace(graph, outputs=("loss",)), True, {"loss": "loss", "labels": labels, "criterion": spec})
-
-
-loss = Pass("loss", _loss, needs=frozenset({TYPED}), makes=frozenset({LOSS}), keeps=frozenset({TYPED}))
+def loss(kind="cross_entropy", output=None, class_axis=None, ignore_index=losses.IGNORE_INDEX):
+    """The Pass adding the loss `kind` on `output` (default the first), see planner.losses.criterion."""
+    def apply(graph, context):
+        spec = losses.criterion(graph, kind, output, class_axis, ignore_index)
+        graph, labels = losses.append(graph, spec)
+        return Result(replace(graph, outputs=("loss",)), True, {"loss": "loss", "labels": labels, "criterion": spec})
+    return Pass("loss", apply, needs=frozenset({TYPED}), makes=frozenset({LOSS}), keeps=frozenset({TYPED}))

@@ -12,6 +12,7 @@ gradients seeds them with 1/M). Facts: "pipeline" (pp, stage, microbatches, in_f
 and last forward node and FLOPs, the bytes this stage sends a step); "params" and "grads" become the stage's
 (the gradients its optimizer reads), and "loss" None but on the last stage."""
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
@@ -20,14 +21,29 @@ from ..dtypes import to_onnx
 from ..errors import ConfigError
 from ..ir import Annotations, Node, Phase, Tensor
 from ..training import LR, STEP
-from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Result
+from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Property, Result
 from .data_parallel import OPTIMIZER_OPS
 
 
-def _pipeline_stage(graph, context):
-    parallel = context.options.parallel
-    if parallel is None or (parallel.pp == 1 and parallel.microbatches == 1):
-        return Result(graph, False)
+def pipeline_stage(parallel):
+    """The Pass making stage `parallel.stage`'s step of `parallel.pp` stages and `parallel.microbatches` (a
+    planner.Parallel of more than one of either); the loss is the last stage's alone."""
+    kept = {LOSS, GRADIENTS} if parallel.stage == parallel.pp - 1 else {GRADIENTS}
+    return Pass("pipeline_stage", partial(_pipeline_stage, parallel=parallel), needs=frozenset({TYPED, UPDATES}),
+                makes=frozenset({TYPED, UPDATES}), keeps=frozenset(kept),
+                ensures=frozenset({Property("with every value made, received or held before it is read", _closed)}))
+
+
+def _closed(graph, facts):
+    known = set(graph.inputs) | {name for name, t in graph.tensors.items() if t.kind in ("param", "const", "state")}
+    for node in graph.nodes:
+        if not known.issuperset(i for i in node.inputs if i):
+            return False
+        known.update(node.outputs)
+    return True
+
+
+def _pipeline_stage(graph, context, parallel):
     if "scaler" in context.facts:
         raise ConfigError("amp-fp16's loss scaling checks every gradient of the step at once: plan pipeline "
                           "stages and microbatches in fp32, fp16, bf16 or amp-bf16")
@@ -182,7 +198,3 @@ def _summary(graph, stage_of, stages):
             s["first"] = s["first"] or node.name
             s["last"] = node.name
     return out
-
-
-pipeline_stage = Pass("pipeline_stage", _pipeline_stage, needs=frozenset({TYPED, UPDATES}),
-                      makes=frozenset({TYPED, UPDATES}), keeps=frozenset({LOSS, GRADIENTS}))

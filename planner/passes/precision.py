@@ -11,7 +11,7 @@ from ..dtypes import from_onnx, is_float, to_onnx
 from ..deferred import computed
 from ..errors import ModelError
 from ..ir import Node, Tensor
-from .base import TYPED, Pass, Result
+from .base import TYPED, Pass, Property, Result
 
 F32 = np.dtype(np.float32)
 DTYPE_ATTRS = ("to", "dtype")
@@ -131,17 +131,28 @@ def _outputs_kept(graph, casts):
     return nodes
 
 
-def _precision(graph, context):
-    chosen = precision.check(context.options.precision)
-    low = precision.low_dtype(chosen)
-    if low is None:
-        return Result(graph, False)
-    casts = _autocast(graph, low) if precision.is_mixed(chosen) else _low_everywhere(graph, low)
-    nodes = _outputs_kept(graph, casts)
-    tensors = {name: t if t.kind in ("input", "param", "const", "state") else Tensor(name, None, None, t.kind)
-               for name, t in casts.tensors.items()}
-    rewritten = replace(graph, nodes=tuple(nodes), tensors=tensors, bfloat16=low.name == "bfloat16")
-    return Result(shapes.infer(rewritten, pruned=False), True)
+def precision_pass(chosen):
+    """The Pass computing the graph in `chosen`, a Precision of 16-bit floats: every float in it, or where
+    autocast's policy puts each op (`chosen.mixed`)."""
+    low = chosen.low
 
+    def apply(graph, context):
+        casts = _autocast(graph, low) if chosen.mixed else _low_everywhere(graph, low)
+        nodes = _outputs_kept(graph, casts)
+        tensors = {name: t if t.kind in ("input", "param", "const", "state") else Tensor(name, None, None, t.kind)
+                   for name, t in casts.tensors.items()}
+        rewritten = replace(graph, nodes=tuple(nodes), tensors=tensors, bfloat16=low.name == "bfloat16")
+        return Result(shapes.infer(rewritten, pruned=False), True)
 
-precision_pass = Pass("precision", _precision, needs=frozenset({TYPED}), makes=frozenset({TYPED}))
+    def placed(graph, facts):
+        if not chosen.mixed:
+            return all(t.dtype == low for t in graph.tensors.values() if t.kind in ("param", "const") and
+                       is_float(t.dtype))
+        for node in graph.nodes:
+            want = low if node.op in precision.LOWER else F32 if node.op in precision.FP32 else None
+            if want is not None and any(graph.tensors[i].dtype != want for i in node.inputs
+                                        if i and is_float(graph.tensors[i].dtype)):
+                return False
+        return True
+    done = Property("in autocast's types" if chosen.mixed else f"with every float param and const in {low.name}", placed)
+    return Pass("precision", apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}), ensures=frozenset({done}))

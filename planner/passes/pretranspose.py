@@ -42,4 +42,4 @@ def transposed(graph):
     return replace(graph, nodes=tuple(nodes), tensors={**graph.tensors, **fresh}), len(fresh)
 
 
-pretranspose = rewrite_pass("pretranspose", transposed, inference_only=True)
+pretranspose = rewrite_pass("pretranspose", transposed, "Gemm of a constant B^T that can store it transposed")

@@ -2,17 +2,31 @@
 options' `remat` (default "budget" with a `memory_budget`, "mirror" with MXNET_BACKWARD_DO_MIRROR=1).
 Fact: "remat", what the strategy decided."""
 from .. import remat
-from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Result
+from ..config import Config
+from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Property, Result
 
 
-def _recomputation(graph, context):
-    options, config = context.options, context.config
-    strategy = options.remat or ("budget" if options.memory_budget is not None
-                                 else "mirror" if config.backward_do_mirror else None)
-    rewritten, decided = remat.rematerialize(graph, strategy, lambda g: context.measure(g, context.facts),
-                                             options.memory_budget, config)
-    return Result(rewritten, rewritten is not graph, {"remat": decided})
+def recomputation(strategy=None, memory_budget=None, config=None):
+    """The Pass recomputing by `strategy` (planner.remat; None: "budget" with a `memory_budget`, "mirror" with
+    the Config's backward_do_mirror), with the Config's search settings."""
+    config = config or Config()
+    strategy = strategy or ("budget" if memory_budget is not None else "mirror" if config.backward_do_mirror
+                            else None)
+
+    def apply(graph, context):
+        rewritten, decided = remat.rematerialize(graph, strategy, lambda g: context.measure(g, context.facts),
+                                                 memory_budget, config)
+        return Result(rewritten, rewritten is not graph, {"remat": decided})
+    return Pass("recomputation", apply, needs=frozenset({TYPED, GRADIENTS}),
+                keeps=frozenset({TYPED, LOSS, GRADIENTS, UPDATES}),
+                ensures=frozenset({Property("with recomputed values read in backward alone", _backward_reads)}))
 
 
-recomputation = Pass("recomputation", _recomputation, needs=frozenset({TYPED, GRADIENTS}),
-                     keeps=frozenset({TYPED, LOSS, GRADIENTS, UPDATES}))
+def _backward_reads(graph, facts):
+    """Every value a recomputed node makes is read by backward nodes (or recomputed ones) alone."""
+    for node in graph.nodes:
+        if node.notes.recompute:
+            for out in node.outputs:
+                if any(r.notes.forward and not r.notes.recompute for r in graph.consumers.get(out, ())):
+                    return False
+    return True

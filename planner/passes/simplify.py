@@ -3,7 +3,7 @@ readers read the input instead. Exporters leave both behind (torch.onnx's Identi
 `.float()` of a float tensor); a Cast would otherwise cost a copy and its bytes."""
 from dataclasses import replace
 
-from .base import TYPED, Pass, Result
+from .base import TYPED, Pass, Property, Result
 
 
 def _computes_nothing(node, graph):
@@ -31,9 +31,11 @@ def simplified(graph, keep=()):
     return replace(graph, nodes=tuple(nodes), tensors={k: t for k, t in graph.tensors.items() if k not in source})
 
 
-def _simplify(graph, context):
-    result = simplified(graph, context.options.fetch)
-    return Result(result, result is not graph)
-
-
-simplify = Pass("simplify", _simplify, needs=frozenset({TYPED}), keeps=frozenset({TYPED}))
+def simplify(keep=()):
+    """The Pass dropping the nodes that compute nothing, but those writing a name in `keep` (fetched)."""
+    def apply(graph, context):
+        result = simplified(graph, keep)
+        return Result(result, result is not graph)
+    done = Property("without an Identity or a Cast to its input's dtype",
+                    lambda graph, facts: simplified(graph, keep) is graph)
+    return Pass("simplify", apply, needs=frozenset({TYPED}), keeps=frozenset({TYPED}), ensures=frozenset({done}))

@@ -16,13 +16,15 @@ with other readers (an exporter's one initializer for equal biases) is read thro
 (memplan.Shard). Facts: "tensor_parallel" (tp, the split params {name: [dim, blocks]}, the column- and
 row-parallel layers, the regions left whole, the params left whole)."""
 from dataclasses import replace
+from functools import partial
 
 from .. import shapes
 from ..errors import ConfigError
+from ..builder import FreshNames
 from ..ir import Annotations, Node, Tensor
 from ..parallel import Whole
 from ..tensor_split import Cut, Indivisible, Region, Unsplittable, column, rule
-from .base import TYPED, Pass, Result
+from .base import TYPED, Pass, Property, Result
 
 
 class _Sets:
@@ -42,11 +44,24 @@ class _Sets:
         self.parent[self.find(a)] = self.find(b)
 
 
-def _tensor_parallel(graph, context):
-    parallel = context.options.parallel
-    if parallel is None or parallel.tp == 1:
-        return Result(graph, False)
-    tp = parallel.tp
+def tensor_parallel(tp):
+    """The Pass making one rank's forward pass of `tp` tensor-parallel ranks (tp > 1)."""
+    split = Property(f"with each split param holding 1/{tp} of its whole", partial(_pieces, tp=tp))
+    return Pass("tensor_parallel", partial(_tensor_parallel, tp=tp), needs=frozenset({TYPED}), makes=frozenset({TYPED}),
+                ensures=frozenset({split}))
+
+
+def _pieces(graph, facts, tp):
+    """Whether each param the facts name split is typed as its piece, holding its whole: the split dim 1/tp."""
+    for name, (dim, _) in facts["tensor_parallel"]["split"].items():
+        t = graph.tensors[name]
+        if not isinstance(t.data, Whole) or tuple(t.data.value.shape) != tuple(
+                d * tp if j == dim else d for j, d in enumerate(t.shape)):
+            return False
+    return True
+
+
+def _tensor_parallel(graph, context, tp):
     region, sets, failed, cuts, made = Region(graph, tp), _Sets(), {}, {}, {}
     for k, node in enumerate(graph.nodes):
         ins = [cuts.get(i) if i else None for i in node.inputs]
@@ -112,12 +127,23 @@ def _rewrite(graph, region, kept, cuts, tp):
     read through this rank's piece, their activations entered through ParallelInput and their row-parallel
     products all-reduced (a Gemm's bias added after); and {param: [dim, blocks]}."""
     tensors, nodes, entered, split, pieces = dict(graph.tensors), [], {}, {}, {}
+    fresh = FreshNames({*(n.name for n in graph.nodes), *graph.tensors})
     for k in sorted(kept):
         for name, dim, cut in region.params.get(k, ()):
             t = graph.tensors[name]
             shape = tuple(d // tp if j == dim else d for j, d in enumerate(t.shape))
             tensors[name] = Tensor(name, shape, t.dtype, "param", Whole(t.data, shape))
             split[name] = [dim, cut.outer]
+
+    def add(op, inputs, output, name, notes, domain="", **attrs):
+        """Append a node of `op` named `name` (or as its output, None) writing the new tensor `output`, both
+        names made fresh: the output's name."""
+        output = fresh(output)
+        nodes.append(Node(op, tuple(inputs), (output,), attrs, output if name is None else fresh(name),
+                          Annotations(notes.phase), domain))
+        tensors[output] = Tensor(output, None, None, "activation")
+        return output
+
     for k, node in enumerate(graph.nodes):
         if k not in kept:
             nodes.append(node)
@@ -125,21 +151,19 @@ def _rewrite(graph, region, kept, cuts, tp):
         inputs = list(node.inputs)
         for j, name, cut in region.pieces.get(k, ()):
             if (name, cut.outer) not in pieces:
-                pieces[name, cut.outer] = _piece(nodes, tensors, graph.tensors[name], cut.outer, tp, node.notes)
+                pieces[name, cut.outer] = _piece(add, graph.tensors[name], cut.outer, tp, node.notes)
             inputs[j] = pieces[name, cut.outer]
         bias = inputs.pop(2) if k in region.rows and node.op == "Gemm" and len(inputs) > 2 else ""
         for j, name in enumerate(inputs):
             if name in graph.tensors and name not in cuts and graph.tensors[name].kind in ("activation", "input"):
                 if name not in entered:
-                    entered[name] = f"{name}/tensor_parallel"
-                    nodes.append(Node("ParallelInput", (name,), (entered[name],), {"world": tp, "group": "tp"},
-                                      f"tensor_parallel/ParallelInput/{name}", Annotations(node.notes.phase),
-                                      "memplan"))
-                    tensors[entered[name]] = Tensor(entered[name], None, None, "activation")
+                    entered[name] = add("ParallelInput", (name,), f"{name}/tensor_parallel",
+                                        f"tensor_parallel/ParallelInput/{name}", node.notes, "memplan", world=tp,
+                                        group="tp")
                 inputs[j] = entered[name]
         outputs = list(node.outputs)
         if k in region.rows:
-            outputs[0] = f"{node.outputs[0]}/partial"
+            outputs[0] = fresh(f"{node.outputs[0]}/partial")
             tensors[outputs[0]] = Tensor(outputs[0], None, None, "activation")
         nodes.append(replace(node, inputs=tuple(inputs), outputs=tuple(outputs),
                              attrs={**node.attrs, **region.attrs.get(k, {})}))
@@ -147,32 +171,26 @@ def _rewrite(graph, region, kept, cuts, tp):
             if name:
                 tensors[name] = Tensor(name, None, None, "activation")
         if k in region.rows:
-            reduced = f"{node.outputs[0]}/reduced" if bias else node.outputs[0]
+            reduced = fresh(f"{node.outputs[0]}/reduced") if bias else node.outputs[0]
             nodes.append(Node("AllReduce", (outputs[0],), (reduced,), {"world": tp, "mean": 0, "group": "tp"},
-                              f"tensor_parallel/AllReduce/{node.outputs[0]}", Annotations(node.notes.phase),
+                              fresh(f"tensor_parallel/AllReduce/{node.outputs[0]}"), Annotations(node.notes.phase),
                               "memplan"))
             if bias:
                 tensors[reduced] = Tensor(reduced, None, None, "activation")
-                nodes.append(Node("Add", (reduced, bias), (node.outputs[0],), {}, f"tensor_parallel/Add/{node.name}",
-                                  Annotations(node.notes.phase)))
+                nodes.append(Node("Add", (reduced, bias), (node.outputs[0],), {},
+                                  fresh(f"tensor_parallel/Add/{node.name}"), Annotations(node.notes.phase)))
     return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors), graph), dict(sorted(split.items()))
 
 
-def _piece(nodes, tensors, t, outer, tp, notes):
-    """Append the nodes of this rank's piece of the 1-D weight or constant `t` whose dim holds `outer` blocks
-    (memplan.Shard of its (tp, outer, span) reordering): its name. The piece's gradient all-gathers every
-    rank's, so that the whole one's is alike on every rank."""
-    def add(op, x, domain="", **attrs):
-        out = f"{t.name}/tensor_parallel/{op}/{outer}"
-        nodes.append(Node(op, (x,), (out,), attrs, out, Annotations(notes.phase), domain))
-        tensors[out] = Tensor(out, None, None, "activation")
-        return out
+def _piece(add, t, outer, tp, notes):
+    """This rank's piece of the 1-D weight or constant `t` whose dim holds `outer` blocks (memplan.Shard of its
+    (tp, outer, span) reordering), its nodes appended by `add` (see _rewrite): its name. The piece's gradient
+    all-gathers every rank's, so that the whole one's is alike on every rank."""
+    def step(op, x, what, domain="", **attrs):
+        return add(op, (x,), f"{t.name}/tensor_parallel/{what}/{outer}", None, notes, domain, **attrs)
     x = t.name
     if outer > 1:
-        x = add("Reshape", x, shape=[outer, tp, t.shape[0] // (outer * tp)])
-        x = add("Transpose", x, perm=[1, 0, 2])
-        x = add("Reshape", x, shape=[-1])
-    return add("Shard", x, domain="memplan", world=tp, unit=1, group="tp")
-
-
-tensor_parallel = Pass("tensor_parallel", _tensor_parallel, needs=frozenset({TYPED}), makes=frozenset({TYPED}))
+        x = step("Reshape", x, "blocks", shape=[outer, tp, t.shape[0] // (outer * tp)])
+        x = step("Transpose", x, "by_rank", perm=[1, 0, 2])
+        x = step("Reshape", x, "flat", shape=[-1])
+    return step("Shard", x, "Shard", domain="memplan", world=tp, unit=1, group="tp")

@@ -23,10 +23,10 @@ CPU box, in resnet50 at batch 8, F(4x4) took its 56x56 layers 8% less time and i
 but its 14x14 ones 10% more (rows of 4 tiles leave its transforms' loops too short to pay)."""
 
 
-def _prepare(graph, context):
+def _prepare(graph, config):
     """`choose` for conv_pass: a WinogradConv with the Tiling whose scratch fits in the larger of the conv's
     im2col columns and the slot all scratch shares."""
-    limit, held = context.config.workspace_limit, room(graph, context.config)
+    limit, held = config.workspace_limit, room(graph, config)
 
     def choose(node, x, w, y):
         attrs = node.attrs

@@ -10,8 +10,9 @@ keeping, by strategy; every strategy ends in the same rewrite (recompute.recompu
 
 Nodes annotated `force_mirroring` are recomputed under every strategy but optimal, as in MXNet.
 """
-import sys
+from functools import partial
 
+from .. import progress
 from ..config import Config
 from ..errors import PlanError, say
 from . import budget, megengine, mirror, optimal, sublinear
@@ -23,12 +24,18 @@ REMATS = ("mirror", "sublinear", "budget", "optimal")
 def rematerialize(graph, remat, measure, memory_budget=None, config=None):
     """The training graph with the strategy's recomputation, and what was decided: {"remat",
     "recomputed" (tensor names), "search" [(threshold, arena bytes or None)], "budget", "solver" (optimal's
-    status, gap and seconds)}. `measure(graph)` plans a candidate graph as far as its buffers
-    (planning.Measured); `config` holds the searches' knobs."""
+    status, gap and seconds), "fallback" (mirror's plan was larger than none's, so none's was kept: both
+    arenas)}. `measure(graph)` plans a candidate graph as far as its buffers (planning.Measured); `config`
+    holds the searches' knobs."""
     config = config or Config()
 
     def score(candidate):
         return measure(candidate).arena()
+
+    def fitting(candidate):  # a search's arena, or the plan's where only the plan's can fit the budget
+        measured = measure(candidate)
+        arena = measured.arena()
+        return measured.final_arena() if arena > memory_budget >= measured.load else arena
 
     if remat is not None and remat not in REMATS:
         raise PlanError(f"unknown remat {remat!r}; choose one of {', '.join(REMATS)}")
@@ -37,21 +44,24 @@ def rematerialize(graph, remat, measure, memory_budget=None, config=None):
                             "--budget SIZE goes with --remat budget or --remat optimal (the default with --budget)"))
     info = {"remat": remat}
     if remat == "optimal":
-        rewritten, info["solver"] = optimal.plan_optimal(graph, memory_budget, score, config.time_limit,
+        rewritten, info["solver"] = optimal.plan_optimal(graph, memory_budget, fitting, config.time_limit,
                                                          config.remat_solver)
         info.update(budget=memory_budget, recomputed=sorted({o.rsplit(SUFFIX, 1)[0] for n in rewritten.nodes
                                                              if n.notes.recompute for o in n.outputs if o}))
         return rewritten, info
     drop = mirror.mirror(graph, enabled=remat == "mirror")
+    if remat == "mirror":
+        drop, fallback = _no_larger_than_none(graph, drop, measure)
+        info.update({"fallback": fallback} if fallback else {})
     if remat == "budget":
         info["budget"] = memory_budget
-        drop, info["horizon"], _, _ = budget.plan_budget(graph, memory_budget, score, forced=frozenset(drop))
+        drop, info["horizon"], _, _ = budget.plan_budget(graph, memory_budget, fitting, forced=frozenset(drop))
         info["recomputed"] = sorted(drop)
         return recompute(graph, drop, info["horizon"]), info
     if remat == "sublinear":
         forced = drop
         chosen, _, info["search"] = sublinear.search(graph, lambda d: measure(recompute(graph, d | forced)),
-                                                     progress=_progress)
+                                                     progress=partial(progress.show, "sublinear search"))
         if config.sublinear_search == "megengine":
             candidates = droppable(graph)
 
@@ -62,16 +72,20 @@ def rematerialize(graph, remat, measure, memory_budget=None, config=None):
             kept, info["search"] = megengine.search(
                 graph, scored, config.sublinear_thresh_nr_try, config.sublinear_genetic_nr_iter,
                 config.sublinear_genetic_pool_size, config.sublinear_lower_bound_mb * 2**20, config.sublinear_workers,
-                seeds=[frozenset(candidates - chosen)], progress=_progress)
+                seeds=[frozenset(candidates - chosen)], progress=partial(progress.show, "sublinear search"))
             chosen = candidates - kept
         drop = chosen | forced
     info["recomputed"] = sorted(drop)
     return recompute(graph, drop), info
 
 
-def _progress(done, total):
-    """A one-line progress bar (a count when the total is not known) on a terminal's stderr."""
-    if sys.stderr.isatty():
-        bar = "" if total is None else f"[{'#' * (20 * done // total):<20}] "
-        print(f"\rmemplan: sublinear search {bar}{done}" + ("" if total is None else f"/{total}"),
-              end="\n" if done == total else "", file=sys.stderr, flush=True)
+def _no_larger_than_none(graph, drop, measure):
+    """(drop set, fallback): mirror's `drop`, or none's (the forced mirroring alone) where mirror's plan is
+    larger, with both arenas; recomputing cheap ops can lengthen what their inputs live."""
+    forced = mirror.mirror(graph, enabled=False)
+    if forced == drop:
+        return drop, None
+    mirrored, kept = (measure(recompute(graph, d)).final_arena() for d in (drop, forced))
+    if mirrored <= kept:
+        return drop, None
+    return forced, {"to": "none", "mirror_arena_bytes": mirrored, "none_arena_bytes": kept}

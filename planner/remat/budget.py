@@ -8,9 +8,10 @@ tensors cheapest per byte first. Along a family the recompute cost grows while t
 falls; a bisection finds the least that fits, every candidate scored by the real planner. The
 cheapest answer wins, then keeps back the dearest of its tensors that it can (REFINE). When no
 candidate fits, the families are tried again with clones that serve only nearby readers (HORIZONS).
+Every search stops on a count of plans, never on the clock: the same budget gives the same plan on a
+busy machine as on a quiet one.
 """
 import math
-import time
 
 from .. import ops
 from ..errors import InfeasibleBudgetError
@@ -19,13 +20,15 @@ from .recompute import droppable, recompute
 
 
 REFINE = 48
-"""The most dropped tensors, dearest first, that the planner tries to keep after all (one plan each,
-for no longer than the search took, or a second)."""
+"""The most dropped tensors, dearest first, that the planner tries to keep after all (one plan each, and no
+more plans than the search made)."""
 
 HORIZONS = (32, 16, 8, 6, 4, 2, 0)
 """When no candidate fits with clones that serve every later backward reader, how long (in nodes) a
-clone serves them instead: each horizon is tried (for up to four times as long as the first search
-took, or two seconds), and the cheapest fit wins."""
+clone serves them instead: each horizon is tried, in order, while the horizons have made fewer than
+HORIZON_PLANS times the plans of the first search, and the cheapest fit wins."""
+HORIZON_PLANS = 4
+"""How many plans the horizons may make, in plans of the first search (HORIZONS)."""
 
 STRIDES = (16, 8, 6, 4, 3, 2)
 """The third family: the mirror set and every k-th output of an expensive op (a convolution, a matrix
@@ -44,7 +47,6 @@ def plan_budget(graph, budget, score, steps=12, forced=frozenset()):
     for all its backward readers (horizon None); only when none of those fits, again for readers
     more than a horizon later (HORIZONS: more FLOPs, clones die sooner). Tensors in `forced` are
     dropped in every candidate."""
-    start = time.perf_counter()
     evaluated = {}
 
     def evaluate(drop, horizon):
@@ -57,19 +59,16 @@ def plan_budget(graph, budget, score, steps=12, forced=frozenset()):
     if evaluate(set(), None)[0] <= budget:
         return set(forced), None, *evaluate(set(), None)
     answers = [(cost, drop, None) for cost, drop in _candidates(graph, budget, lambda d: evaluate(d, None), steps)]
-    deadline = time.perf_counter() + max(4 * (time.perf_counter() - start), 2.0)
+    searched = len(evaluated)
     for horizon in HORIZONS if not answers else ():
-        if time.perf_counter() > deadline:
+        if len(evaluated) - searched >= HORIZON_PLANS * searched:
             break
         answers += [(cost, drop, horizon) for cost, drop in
                     _candidates(graph, budget, lambda d: evaluate(d, horizon), steps)]
     if not answers:
         raise InfeasibleBudgetError(budget, min(arena for arena, _ in evaluated.values()))
     cost, drop, horizon = min(answers, key=lambda a: a[0])
-    deadline = time.perf_counter() + max(time.perf_counter() - start, 1.0)  # at most as long as the search
-    for t in sorted(drop, key=lambda t: -_price(graph, t))[:REFINE]:
-        if time.perf_counter() > deadline:
-            break
+    for t in sorted(drop, key=lambda t: (-_price(graph, t), t))[:min(REFINE, len(evaluated))]:
         arena, smaller = evaluate(drop - {t}, horizon)
         if arena <= budget and smaller < cost:
             cost, drop = smaller, drop - {t}

@@ -63,8 +63,9 @@ def as_replay(graph, R):
 
 def plan_optimal(graph, budget, score, time_limit=10.0, solver="milp"):
     """(rewritten graph, info) of the least recomputation fitting `budget` bytes that the solver finds
-    within `time_limit` seconds per try; info holds the solver's status, gap, seconds, tries and the
-    accounting that won. Both accountings are solved, aliasing modelled ("aliased") and every output its
+    within `time_limit` seconds per try; info holds the solver's status, gap, tries, the
+    accounting that won and `cut_short_by_time`, whether a time limit stopped a try before the solver
+    proved its answer (the plan may then differ on a machine more or less busy). Both accountings are solved, aliasing modelled ("aliased") and every output its
     own bytes ("separate"), as the real plan may fall on either side. InfeasibleBudgetError, with the
     smallest arena found, when no schedule fits."""
     optimal_flag, budget_flag = say("remat='optimal'", "--remat optimal"), say("remat='budget'", "--remat budget")
@@ -72,7 +73,7 @@ def plan_optimal(graph, budget, score, time_limit=10.0, solver="milp"):
         raise PlanError(f"{optimal_flag} solves training steps of up to {MAX_NODES} nodes; this one has "
                         f"{len(graph.nodes)}: use {budget_flag}")
     arena = score(graph)
-    info = {"solver": solver, "tries": 0, "seconds": 0.0, "gap": 0.0, "status": "no recomputation needed"}
+    info = {"solver": solver, "tries": 0, "gap": 0.0, "status": "no recomputation needed"}
     if arena <= budget:
         return graph, info
     sizes, costs, deps, allowed, inplace = dag(graph)
@@ -82,7 +83,7 @@ def plan_optimal(graph, budget, score, time_limit=10.0, solver="milp"):
         target = budget - (arena - checkmate.simulate(*checkmate.keep_all(deps), sizes, deps, aliasing))
         for _ in range(TRIES):
             solution = _solve(problem, target, time_limit, solver)
-            info.update(tries=info["tries"] + 1, seconds=info["seconds"] + solution.seconds)
+            info.update(tries=info["tries"] + 1)
             statuses.append(solution.status)
             if not solution.feasible:
                 break
@@ -96,8 +97,8 @@ def plan_optimal(graph, budget, score, time_limit=10.0, solver="milp"):
             target = min(target, solution.peak) - (used - budget)
     if found:
         _, rewritten, best = min(found, key=lambda f: f[0])
-        return rewritten, {**info, **best}
-    if any("time limit" in status.lower() for status in statuses):
+        return rewritten, {**info, **best, "cut_short_by_time": any(map(_timed_out, statuses))}
+    if any(map(_timed_out, statuses)):
         raise PlanError(f"the {solver} solver found no schedule fitting {format_bytes(budget)} within {time_limit:g} s "
                         f"({say('MEMPLAN_TIME_LIMIT', '--time-limit')}); allow it more time or use {budget_flag}")
     smallest = _smallest(graph, score, (sizes, costs, deps, allowed, {}), time_limit, solver)
@@ -126,6 +127,11 @@ def _smallest(graph, score, problem, time_limit, solver, steps=6):
         hi = mid
         smallest = min(smallest, score(replay(graph, as_replay(graph, solution.R))))
     return smallest
+
+
+def _timed_out(status):
+    """Whether a solver's status says its time limit stopped it (HiGHS's message; CP-SAT's FEASIBLE or UNKNOWN)."""
+    return "time limit" in status.lower() or status in ("FEASIBLE", "UNKNOWN")
 
 
 def _solve(problem, budget, time_limit, solver):

@@ -1,4 +1,4 @@
-"""PyTorch forms of memplan's ops for frontends.torch_module: `OPS[op_type](module, node, ins)` returns the
+"""PyTorch forms of memplan's ops for executor.torch_module: `OPS[op_type](module, node, ins)` returns the
 node's output tensor, or a list of them, computed with torch and torch.nn.functional from its input
 tensors (None for an omitted one), its attributes (with the schema's ONNX defaults) and, through the
 module, the planned output shapes and whether it runs in training mode."""
@@ -9,8 +9,8 @@ import torch
 from torch.nn import functional as F
 
 from planner import ops
-from planner.errors import UnsupportedOpError
 from planner.ops.nn import window
+from planner.ops.torch_forms import torch_dtype, unsupported
 
 OPS = {}
 
@@ -22,18 +22,6 @@ def op(*op_types):
             OPS[op_type] = fn
         return fn
     return register
-
-
-def torch_dtype(dtype):
-    """The torch dtype of a NumPy dtype."""
-    return torch.from_numpy(np.empty(0, dtype)).dtype
-
-
-def unsupported(*op_types):
-    """The UnsupportedOpError for op types (or forms of them, "Pad with mode edge") to_torch cannot run."""
-    error = UnsupportedOpError(list(op_types))
-    error.args = (f"to_torch: {error}",)
-    return error
 
 
 def attr(node, name):
@@ -66,7 +54,7 @@ def softmax(m, node, ins):
 
 @op("Cast")
 def cast(m, node, ins):
-    return ins[0].to(torch_dtype(m.graph.tensors[node.outputs[0]].dtype))
+    return ins[0].to(torch_dtype(torch, m.graph.tensors[node.outputs[0]].dtype))
 
 
 @op("Dropout")

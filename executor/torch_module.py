@@ -11,30 +11,32 @@ graph's names to them); consts, integer params and BatchNormalization's running 
 ones as ONNX does (old * momentum + batch * (1 - momentum), with the batch's population variance), and
 Dropout at random; so do nodes whose training_mode attribute is set. A tensor is dropped once its last
 reader has run, as eager PyTorch frees it, so peak memory compares with a hand-written module's. Each op's
-PyTorch form is in frontends.torch_ops; LOSSES and torch_optimizer are PyTorch's forms of memplan's
+PyTorch form is in executor.torch_ops; LOSSES and torch_optimizer are PyTorch's forms of memplan's
 losses and optimizers, to train the copy as memplan trains the plan.
 """
 import re
 
 import numpy as np
 
+import planner
 from planner import ops
 from planner.errors import MissingDependencyError
 from planner.ir import op_name
+from planner.ops.torch_forms import unsupported
+from planner.optimizers import OPTIMIZERS
 
 try:
     import torch
     from torch import nn
     from torch.nn import functional as F
 except ImportError as e:
-    raise MissingDependencyError("frontends.torch_module needs PyTorch: pip install torch") from e
+    raise MissingDependencyError("executor.torch_module needs PyTorch: pip install torch") from e
 
-from .torch_ops import form, unsupported  # noqa: E402  (needs torch)
+from .torch_ops import form  # noqa: E402  (needs torch)
 
 
 def to_torch(graph_or_model, input_shapes=None):
     """A GraphModule running `graph_or_model` (anything planner.load reads) at `input_shapes`."""
-    import planner
     return GraphModule(planner.load(graph_or_model, input_shapes))
 
 
@@ -44,7 +46,6 @@ LOSSES = {"cross_entropy": F.cross_entropy, "mse": F.mse_loss}
 
 def torch_optimizer(name, params, args=None):
     """torch.optim's form of memplan's optimizer `name` with its optimizer_args over memplan's defaults."""
-    from planner.training import OPTIMIZERS
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
     args = {**OPTIMIZERS[name][1], **(args or {})}

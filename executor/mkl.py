@@ -3,7 +3,8 @@ x86-64): on this project's convolution shapes it runs 10 to 25% faster than NumP
 and twice as fast on thin ones such as a 7x7 stem's (benchmarks/RESULTS.md). MKL runs its threads on TBB, the
 pool numba's compiled kernels use, so the two never spin against each other; without TBB, or with
 MEMPLAN_MKL=0, `matmul` declines and the caller runs NumPy's matmul. threadpoolctl sees the library once it is
-loaded, so an Executor's `threads` cap applies to it as to OpenBLAS."""
+loaded, so an Executor's `threads` cap applies to it as to OpenBLAS. The NumPy backend installs `matmul` as the
+host GEMM of planner.ops.into, which the kernels call."""
 import ctypes
 import os
 from contextlib import contextmanager
@@ -12,7 +13,9 @@ from importlib import metadata
 
 import numpy as np
 
-ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+from planner.ops.into import NO_TRANS, matrix
+
+ROW_MAJOR = 101
 THREADING_TBB = 4
 INT_MAX = 2 ** 31 - 1
 """MKL's LP64 interface: dimensions and strides are C ints."""
@@ -76,17 +79,6 @@ def switched_off():
 
 
 _GEMMS = {np.dtype(np.float32): "cblas_sgemm_batch_strided", np.dtype(np.float64): "cblas_dgemm_batch_strided"}
-
-
-def matrix(shape, strides, itemsize):
-    """(transpose flag, leading dimension) of a row-major matrix of `shape` and byte `strides`: NO_TRANS when
-    its rows are contiguous, TRANS when its columns are (a transposed view); None when neither."""
-    (rows, cols), (down, across) = shape, strides
-    if (across == itemsize or cols == 1) and (rows == 1 or down % itemsize == 0 and down // itemsize >= cols):
-        return NO_TRANS, max(1, cols, down // itemsize if rows > 1 else 0)
-    if (down == itemsize or rows == 1) and (cols == 1 or across % itemsize == 0 and across // itemsize >= rows):
-        return TRANS, max(1, rows, across // itemsize if cols > 1 else 0)
-    return None
 
 
 def _operand(x, count):

@@ -100,7 +100,8 @@ def cpu(batch, repeat, models, openblas=False):
         for name in models:
             model, feeds = zoo.build(name), cpu_feeds(name, batch)
             plan = planner.compile(model, {n: v.shape for n, v in feeds.items()})
-            ex, plain = Executor(plan, backend="numpy"), Executor(plan, backend="numpy", jit=False)
+            ex = Executor(plan, backend="numpy", jit=compiled.available() and compiled.wanted())  # compiled first
+            plain = Executor(plan, backend="numpy", jit=False)
             session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             engines = [partial(ex.run, feeds), partial(plain.run, feeds), partial(session.run, None, feeds)]
             ours, numpy_only, theirs, *off = paired_medians(

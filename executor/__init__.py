@@ -55,7 +55,8 @@ class Executor:
     `self.profile` (executor.profile.Profile); None otherwise. `threads` caps the host BLAS threads
     during a run (default: the BLAS library's own choice, one per core). `jit` chooses the compiled CPU
     kernels of executor.jit (numba) over the shared NumPy ones: None, where numba is installed and
-    MEMPLAN_JIT is not 0; True or False to say.
+    MEMPLAN_JIT is not 0, without waiting for a kernel not yet in numba's cache (its step runs the NumPy
+    kernel while a child process compiles it: executor/jit/compiling.py); True, compiling first; False, never.
 
     The params' and consts' values are copied into the arena and `self.plan` is the plan without them
     (`data` empty): where nothing else holds the plan, the weights are not kept twice (planner.heap returns

@@ -1,7 +1,7 @@
-"""The op-coverage table of the README, generated from the registries: each op memplan plans, the
+"""The op-coverage table of docs/OPS.md, generated from the registries: each op memplan plans, the
 opsets its schemas cover, how it runs and whether it trains; then the ops refused by design.
-`python -m executor.coverage` prints it as Markdown, `python -m executor.coverage README.md` rewrites the
-README's copy, which tests/test_coverage.py keeps current."""
+`python -m executor.coverage` prints it as Markdown, `python -m executor.coverage docs/OPS.md` rewrites the
+copy between the markers there, which tests/test_coverage.py keeps current."""
 import sys
 from pathlib import Path
 
@@ -45,7 +45,7 @@ def _onnx_op_types():
 
 
 def markdown():
-    """The table and the refused ops, as the README shows them."""
+    """The table and the refused ops, as docs/OPS.md shows them."""
     onnx_ops = sum(1 for d, op in ops.SCHEMAS if not d and onnx.defs.has(op))
     lines = [f"{len(ops.SCHEMAS)} op types ({onnx_ops} of the {len(_onnx_op_types())} of ONNX's default domain), "
              f"read at opsets {MIN_OPSET} to {MAX_OPSET}. *runs*: a kernel shared by the NumPy and CuPy backends, "
@@ -64,12 +64,12 @@ def markdown():
 
 
 BEGIN, END = "<!-- op coverage: python -m executor.coverage -->\n", "<!-- end of op coverage -->\n"
-"""The markers around the table in the README."""
+"""The markers around the table in docs/OPS.md."""
 
 
-def spliced(readme):
-    """The text of a README with the table between its markers made current."""
-    head, rest = readme.split(BEGIN, 1)
+def spliced(text):
+    """`text` with the table between its markers made current."""
+    head, rest = text.split(BEGIN, 1)
     return head + BEGIN + markdown() + END + rest.split(END, 1)[1]
 
 

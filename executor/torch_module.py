@@ -11,8 +11,9 @@ graph's names to them); consts, integer params and BatchNormalization's running 
 ones as ONNX does (old * momentum + batch * (1 - momentum), with the batch's population variance), and
 Dropout at random; so do nodes whose training_mode attribute is set. A tensor is dropped once its last
 reader has run, as eager PyTorch frees it, so peak memory compares with a hand-written module's. Each op's
-PyTorch form is in executor.torch_ops; LOSSES and torch_optimizer are PyTorch's forms of memplan's
-losses and optimizers, to train the copy as memplan trains the plan.
+PyTorch form is its schema's (`torch_node` or `torch`, found by executor.torch_ops.form); LOSSES and
+torch_optimizer are PyTorch's forms of memplan's losses and optimizers, to train the copy as memplan trains
+the plan.
 """
 import re
 
@@ -66,7 +67,7 @@ class GraphModule(nn.Module):
         if missing:
             raise unsupported(*missing)
         self.graph = graph
-        running = {i for node in graph.nodes if node.op == "BatchNormalization" for i in node.inputs[3:5]}
+        running = {node.inputs[k] for node in graph.nodes for k in ops.of(node, graph.opsets).statistics}
         self.params, self.consts = nn.ParameterDict(), nn.Module()
         self.keys = {}
         for t in graph.tensors.values():

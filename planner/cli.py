@@ -182,10 +182,20 @@ def run(args):
     engine = ex.backend.NAME + (f" with {' and '.join(parts)}" if parts else "")
     print(f"{plan.strategy} on {engine}: median {1e3 * timed[len(timed) // 2]:.2f} ms over "
           f"{args.repeat} run{'s' if args.repeat > 1 else ''} after a warm-up; arena {format_bytes(plan.arena_bytes)}; "
-          f"{peak}" + (f" ({format_bytes(device_before)} before the executor)" if device is not None else ""))
+          f"{peak}" + (f" ({format_bytes(device_before)} before the executor)" if device is not None else "")
+          + _still_compiling(ex))
     if ex.profile:
         print(ex.profile.table(args.top))
     return 0
+
+
+def _still_compiling(ex):
+    """'; N steps on ...' where steps of `ex` ran their NumPy kernels while their compiled ones compiled."""
+    if not ex.jit:
+        return ""
+    from executor.jit import compiling
+    waited = compiling.deferred()
+    return f"; {waited} step{'s' * (waited > 1)} on the NumPy kernels while theirs compiled" if waited else ""
 
 
 def _host_mkl(ex):

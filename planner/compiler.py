@@ -107,13 +107,7 @@ def _planned(graph, facts, options, start):
     plan = smallest_plan(graph, options.strategy, options.orders, config, fetch, facts)
     plan.training, plan.device, plan.rank = facts, str(options.device), options.rank
     plan.stats.update(_flops(graph), plan_seconds=time.perf_counter() - start, precision=options.precision.value,
-                      fused_attention=sum(n.op == "ScaledDotProductAttention" for n in graph.nodes),
-                      fused_activation=sum(n.op == "BiasActivation" and n.domain == "memplan" for n in graph.nodes),
-                      fused_norm=sum(n.op == "AddLayerNormalization" and n.domain == "memplan" for n in graph.nodes),
-                      fused_conv=sum(n.op == "FusedConv" and n.domain == "com.microsoft" for n in graph.nodes),
-                      winograd=sum(n.op == "WinogradConv" and n.domain == "memplan" for n in graph.nodes),
-                      batched_conv=sum(n.op == "BatchedConv" and n.domain == "memplan" for n in graph.nodes),
-                      inverted_residual=sum(n.op == "InvertedResidual" and n.domain == "memplan" for n in graph.nodes),
+                      **_counted(graph),
                       folded_transposes=sum(n.op == "Gemm" and n.name.endswith(FOLDED) for n in graph.nodes),
                       pretransposed=sum(n.op == "Gemm" and n.inputs[1].endswith(PRETRANSPOSED) for n in graph.nodes))
     if config.debug:
@@ -132,6 +126,17 @@ def _check_plannable(graph, fetch):
     missing = [name for name in fetch if name not in graph.tensors]
     if missing:
         raise PlanError(f"fetch names tensors the graph does not have: {', '.join(map(repr, missing))}")
+
+
+def _counted(graph):
+    """{stat: how many of the graph's nodes count in it} for each count an op's schema adds to (`Schema.stat`: the
+    fused ops), 0 for those none of its nodes does."""
+    counts = {s.stat: 0 for versions in ops.SCHEMAS.values() for _, s in versions if s.stat}
+    for node in graph.nodes:
+        stat = ops.of(node, graph.opsets).stat
+        if stat:
+            counts[stat] += 1
+    return counts
 
 
 def _flops(graph):

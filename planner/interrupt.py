@@ -10,6 +10,17 @@ import threading
 INTERRUPTED = 130
 """The exit status of a command stopped by SIGINT, as shells report one (128 + 2)."""
 
+_pending = threading.Event()
+"""Set by the command's SIGINT handler: the KeyboardInterrupt it raises is swallowed where it lands in a finalizer
+or a weakref callback ("Exception ignored in ..."), and the command must still stop."""
+
+
+def check():
+    """Raise KeyboardInterrupt if Ctrl-C reached the command and was swallowed on the way (before a file is made
+    final, and as the command returns)."""
+    if _pending.is_set():
+        raise KeyboardInterrupt
+
 
 def interruptible(command):
     """`command()`'s exit status, or INTERRUPTED once Ctrl-C has stopped it and its workers. SIGINT stays ignored
@@ -21,11 +32,15 @@ def interruptible(command):
 
         def handler(signum, frame):
             if os.getpid() == parent:
+                _pending.set()
                 raise KeyboardInterrupt
 
         previous = signal.signal(signal.SIGINT, handler)
+    _pending.clear()
     try:
-        return command()
+        status = command()
+        check()
+        return status
     except KeyboardInterrupt:
         if ours:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the cleanup short
@@ -35,6 +50,7 @@ def interruptible(command):
     finally:
         if ours:
             signal.signal(signal.SIGINT, previous)
+        _pending.clear()
 
 
 def end_children(wait=2.0):

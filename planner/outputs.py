@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import MemplanError
+from .interrupt import check as check_interrupt
 
 
 def check_output(path):
@@ -34,6 +35,7 @@ def written(path):
         return
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as folder:
         yield Path(folder) / path.name
+        check_interrupt()
         for made in sorted(Path(folder).iterdir()):
             os.replace(made, path.parent / made.name)
 

@@ -57,6 +57,17 @@ class Progress:
             print(wipe if kind is KeyboardInterrupt else "\n", end="", file=self.stream, flush=True)
 
 
+def note(text):
+    """A line of its own on stderr, while a command runs: above the command's progress line where one is drawn
+    (drawn again below it)."""
+    line = CURRENT.get()
+    if line is not None and line.shown:
+        print(f"\r{text:<{line.width}}", file=line.stream, flush=True)
+        line._draw()
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
 def show(label, done, total=None):
     """An inner search's progress, 'LABEL done/total': on the open line where a command has one, else on a line
     of its own on a terminal's stderr (ended once done reaches total)."""

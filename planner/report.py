@@ -63,7 +63,7 @@ class Report:
                        exported_params=first.training.get("exported_params"),
                        parallel=_parallel(first, self.unsharded, self.stages),
                        forward_flops=first.stats["forward_flops"], backward_flops=first.stats["backward_flops"],
-                       update_modes={m: {"arena_bytes": p.arena_bytes, "breakdown": p.breakdown}
+                       update_modes={m: {"strategy": p.strategy, "arena_bytes": p.arena_bytes, "breakdown": p.breakdown}
                                      for m, p in self.updates.items()})
         if self.remats:
             step = first.stats["forward_flops"] + first.stats["backward_flops"]
@@ -79,7 +79,7 @@ class Report:
                                   "breakdown": p.breakdown} for name, p in self.precisions.items()]
         bestfit = self.plan("bestfit")
         doc.update(lower_bound_bytes=load, baselines={p: asdict(pools.simulate(bestfit, p)) for p in pools.POOLS},
-                   workspace_modes={m: {"arena_bytes": p.arena_bytes, "lower_bound_bytes": p.lower_bound_bytes,
+                   workspace_modes={m: {"strategy": p.strategy, "arena_bytes": p.arena_bytes, "lower_bound_bytes": p.lower_bound_bytes,
                                         "workspace_bytes": p.breakdown["workspace"],
                                         "slots": p.stats["workspace"].get("slots", [])} for m, p in self.modes.items()},
                    rows=[{"strategy": label, "arena_bytes": p.arena_bytes, "x_load": p.arena_bytes / load,
@@ -166,7 +166,8 @@ def report(graph, config=None, time_limit=None, schedule="auto", strategies=None
               for name in precisions or ()}
     chosen = {name: p for name, p in chosen.items() if p is not None}
     parallel = training.get("parallel")
-    unsharded = parallel and compile(graph, schedule=schedule, config=config, **{**training, "parallel": None})
+    unsharded = parallel and compile(graph, schedule=schedule, config=config,
+                                     **{**training, "parallel": None, "strategy": "bestfit"})
     stages = parallel and parallel.pp > 1 and [
         p.arena_bytes for p in compile_stages(graph, schedule=schedule, config=config, **training)]
     return Report(graph, [(label, p) for label, p in rows if p is not None], modes, updates, remats, memory_budget,
@@ -278,7 +279,7 @@ def _workspace_line(d):
     slots = len(pool["slots"])
     below = tensor["arena_bytes"] < d["lower_bound_bytes"]
     flag = say('workspace_mode="tensor"', "--workspace-mode tensor")
-    return (f"bestfit with the workspace as {slots} pooled slot{'s' if slots != 1 else ''} of "
+    return (f"{pool['strategy']} with the workspace as {slots} pooled slot{'s' if slots != 1 else ''} of "
             f"{format_bytes(pool['workspace_bytes'])}: arena {format_bytes(pool['arena_bytes'])}; as one-step "
             f"tensors ({flag}): arena "
             f"{format_bytes(tensor['arena_bytes'])}"
@@ -402,7 +403,7 @@ def _training_lines(report, d):
     lines = [_params_line(d), *_export_line(d), *_parallel_line(d), _loss_line(d),
              f"params updated as each gradient completes: arena {format_bytes(eager['arena_bytes'])} (gradients "
              f"{format_bytes(eager['breakdown']['grads'])} at the fullest step); all gradients, then the step: "
-             f"{format_bytes(after['arena_bytes'])} (gradients {format_bytes(after['breakdown']['grads'])}) (bestfit)",
+             f"{format_bytes(after['arena_bytes'])} (gradients {format_bytes(after['breakdown']['grads'])}) ({after['strategy']})",
              f"{'remat':<21} {'arena':>13} {'x LOAD':>7} {'saved at peak':>13} {'saved, most':>12} {'recompute':>10} "
              f"{'plan s':>7}"]
     for r in d["remat"]:

@@ -10,7 +10,6 @@ import math
 
 from . import ops
 from .ops.base import axis as normal_axis
-from .ops.elementwise import Elementwise
 
 
 class Unsplittable(Exception):
@@ -83,15 +82,17 @@ class Region:
 
 
 def column(region, node):
-    """The dim of the weight to cut where `node` is a column-parallel layer: a MatMul or Gemm (not
-    transposing A) of an activation by a 2-D weight read nowhere else; else None."""
-    if node.domain or node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2:
+    """The dim of the weight to cut where `node` is a column-parallel layer: a MatMul or Gemm (an op of the
+    default domain that the "matmul" or "gemm" rule follows; a Gemm not transposing A) of an activation by a
+    2-D weight read nowhere else; else None."""
+    split = None if node.domain else ops.of(node).split
+    if split not in ("matmul", "gemm") or len(node.inputs) < 2:
         return None
     x, w = (region.graph.tensors[i] for i in node.inputs[:2])
     if not (w.kind == "param" and len(w.shape) == 2 and region.readers(w.name) == 1
             and x.kind in ("activation", "input") and len(x.shape) >= 2):
         return None
-    if node.op == "Gemm":
+    if split == "gemm":
         if node.attrs.get("transA", 0):
             return None
         return 0 if node.attrs.get("transB", 0) else 1
@@ -99,15 +100,9 @@ def column(region, node):
 
 
 def rule(node):
-    """The rule that follows a region through `node`: fn(region, k, node, input cuts) -> output cuts."""
-    if (node.domain, node.op) in RULES:
-        return RULES[node.domain, node.op]
-    schema = ops.of(node)
-    if isinstance(schema, Elementwise):
-        return _elementwise
-    if schema.identity:
-        return _view
-    return _unknown
+    """The rule that follows a region through `node`: fn(region, k, node, input cuts) -> output cuts, the one
+    its schema names (`Schema.split`); a rule refusing the split for an op that names none."""
+    return RULES.get(ops.of(node).split, _unknown)
 
 
 def _unknown(region, k, node, ins):
@@ -296,8 +291,7 @@ def _gemm(region, k, node, ins):
     return _row(region, k, node, cx, 1 if node.attrs.get("transB", 0) else 0)
 
 
-RULES = {("", "MatMul"): _matmul, ("", "Gemm"): _gemm, ("", "Split"): _split, ("", "Transpose"): _transpose,
-         ("", "Slice"): _slice, ("", "Concat"): _concat, ("", "Expand"): _expand,
-         ("", "Softmax"): _softmax, ("", "LogSoftmax"): _softmax, ("", "Cast"): _same, ("", "Dropout"): _same,
-         ("memplan", "Dropout"): _same, ("memplan", "BiasActivation"): _elementwise,
-         ("memplan", "ScaledDotProductAttention"): _attention}
+RULES = {"elementwise": _elementwise, "same": _same, "softmax": _softmax, "split": _split, "view": _view,
+         "slice": _slice, "concat": _concat, "expand": _expand, "transpose": _transpose, "attention": _attention,
+         "matmul": _matmul, "gemm": _gemm}
+"""The rules by the name an op's schema gives (`Schema.split`)."""

@@ -11,8 +11,9 @@ transient), or after the whole backward pass ("after_backward", as `loss.backwar
 Which initializers train follows what PyTorch trains in the module an ONNX file was exported from: its
 nn.Parameters, not the numbers of its code (`x ** 2`, `x + 1e-6`, `q * 0.125`, clamp bounds), which
 torch.onnx writes as one-element initializers. An initializer stays constant when it is frozen, a
-running statistic, not a float, not reached by the loss, the exponent of a Pow, or one element read
-only by elementwise arithmetic and comparisons (NUMBER_OPS). A one-element initializer that another op
+running statistic, not a float, not reached by the loss, an input that sets how its op computes (the
+exponent of a Pow: `Schema.setting_inputs`), or one element read only by elementwise arithmetic and comparisons
+(`Schema.numbers`). A one-element initializer that another op
 reads (a Gemm bias of one output) trains, unless shape inference folded what reads it (a lone Exp).
 `trainable` forces names to train. The file cannot say which weight-sized initializers the exporter
 folded from buffers (rotary tables, causal masks); the report warns when a torch.export signature
@@ -27,14 +28,10 @@ from .builder import Builder
 from .dtypes import is_float
 from .errors import ConfigError, ModelError
 from .ir import Phase, Tensor
+from .ops.base import TrainingStep
 from .optimizers import OPTIMIZERS
 
 LR, STEP = "optimizer/lr", "optimizer/step"
-NUMBER_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Where", "Equal", "Less",
-                        "LessOrEqual", "Greater", "GreaterOrEqual"})
-"""Ops whose one-element initializer operand is a number of the model's code, not a weight."""
-SETTINGS = {("Pow", 1): "the exponent of a Pow"}
-"""(op, input index) of the inputs that set how an op computes rather than being data it learns."""
 
 
 def choose_params(graph, frozen=(), trainable=()):
@@ -44,8 +41,9 @@ def choose_params(graph, frozen=(), trainable=()):
     reached = _reaching(graph, "loss")
     readers = {}
     for node in graph.nodes:
+        schema = ops.of(node, graph.opsets)
         for slot, name in enumerate(node.inputs):
-            readers.setdefault(name, []).append((node.op, slot))
+            readers.setdefault(name, []).append((schema, slot))
     params, constants = [], {}
     for t in graph.params():
         why = "frozen" if t.name in frozen else _cannot_train(t, stats, reached)
@@ -86,14 +84,14 @@ def _cannot_train(t, stats, reached):
 
 
 def _constant_by_use(t, uses):
-    """Why the float param `t`, read at `uses` ((op, input index) pairs), is a constant of the model's
+    """Why the float param `t`, read at `uses` ((schema, input index) pairs), is a constant of the model's
     code rather than a weight; None for a weight."""
-    for use in uses:
-        if use in SETTINGS:
-            return SETTINGS[use]
-    if t.size == 1 and all(op in NUMBER_OPS for op, _ in uses):
-        return (f"one element read by {', '.join(sorted({op for op, _ in uses}))}: a number of the model's code "
-                "(a scale, an epsilon, a bound)")
+    for schema, slot in uses:
+        if slot in schema.setting_inputs:
+            return schema.setting_inputs[slot]
+    if t.size == 1 and all(schema.numbers for schema, _ in uses):
+        return (f"one element read by {', '.join(sorted({schema.op for schema, _ in uses}))}: a number of the "
+                "model's code (a scale, an epsilon, a bound)")
     return None
 
 
@@ -111,42 +109,14 @@ def check_names(graph, frozen, trainable):
 
 
 def training_mode(graph):
-    """BatchNormalization with batch statistics, its running mean and variance written back into their
-    params; Dropout drawing its mask (kept for backward); fused attention keeping its rows' log-sum-exp
-    (O(seq), so that backward recomputes no scores pass) and drawing its dropout by the step. A model
+    """Each node in the form a training step runs it, as its schema's `training_form` makes it: BatchNormalization
+    with batch statistics, its running mean and variance written back into their params; Dropout drawing its mask
+    (kept for backward); fused attention keeping its rows' log-sum-exp and drawing its dropout by the step. A model
     exported in training mode keeps its own outputs for these."""
     nodes, tensors, updates = [], dict(graph.tensors), list(graph.updates)
-    for node in graph.nodes:
-        if node.op == "BatchNormalization":
-            outs, ins = [*node.outputs, "", ""][:3], list(node.inputs)
-            for k, (stat, suffix) in enumerate(((node.inputs[3], "running_mean"), (node.inputs[4], "running_var")), 1):
-                label = f"{node.name or node.outputs[0]}/{suffix}"
-                if len(graph.consumers.get(stat, ())) > 1 or node.inputs.count(stat) > 1:
-                    # an exporter merged equal initializers (a running variance of ones and a scale of ones): the
-                    # statistic written back gets its own copy, so that no other reader sees it change
-                    stat = ins[2 + k] = f"{label}/own"
-                    tensors[stat] = replace(graph.tensors[node.inputs[2 + k]], name=stat)
-                if not outs[k]:
-                    outs[k] = label
-                    tensors[outs[k]] = Tensor(outs[k], None, None, "activation")
-                updates.append((outs[k], stat))
-            node = replace(node, inputs=tuple(ins), attrs={**node.attrs, "training_mode": 1},
-                           outputs=(*outs, *node.outputs[3:]))
-        elif node.domain == "memplan" and node.op == "ScaledDotProductAttention":
-            if len(node.outputs) < 2:
-                lse = f"{node.outputs[0]}/lse"
-                tensors[lse] = Tensor(lse, None, None, "activation")
-                node = replace(node, outputs=(node.outputs[0], lse))
-            if node.attrs.get("dropout") and (len(node.inputs) < 6 or not node.inputs[5]):
-                node = replace(node, inputs=(*(*node.inputs, "", "")[:5], STEP, *node.inputs[6:]),
-                               attrs={"seed": len(nodes), **node.attrs})
-        elif node.op == "Dropout" and ops.get("Dropout").attr(node, "ratio"):
-            mask = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] else f"{node.outputs[0]}/mask"
-            tensors.setdefault(mask, Tensor(mask, None, None, "activation"))
-            seed = node.attrs.get("seed")
-            node = replace(node, op="Dropout", domain="memplan", inputs=(node.inputs[0], STEP), outputs=(node.outputs[0], mask),
-                           attrs={"ratio": node.attrs.get("ratio", 0.5), "seed": len(nodes) if seed is None else seed})
-        nodes.append(node)
+    for k, node in enumerate(graph.nodes):
+        form = ops.of(node, graph.opsets).training_form
+        nodes.append(node if form is None else form(node, TrainingStep(graph, tensors, updates, STEP, k)))
     tensors[STEP] = Tensor(STEP, (), np.dtype(np.float64), "input")
     inputs = graph.inputs if STEP in graph.inputs else (*graph.inputs, STEP)
     return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates), inputs=inputs),

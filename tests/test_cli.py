@@ -376,16 +376,18 @@ def test_each_command_shows_its_own_examples_and_a_misspelled_flag_gets_a_sugges
 
 def test_the_time_limit_default_is_the_configs_in_help_and_readme():
     """One default for the optimal searches' seconds: Config.time_limit (MEMPLAN_TIME_LIMIT), which report's
-    --time-limit help and the README's settings table both state."""
+    --time-limit help, the README and the settings table of docs/USAGE.md all state."""
     import re
     from pathlib import Path
 
     from planner.config import Config
     help_text = " ".join(cli.build_parser().commands["report"].format_help().split())
     assert f"(default MEMPLAN_TIME_LIMIT or {Config.time_limit:g})" in help_text
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    stated = re.findall(r"time.limit`?[^|\n]*?(?:default[^|\n]*?| \| `MEMPLAN_TIME_LIMIT` \| )(\d+(?:\.\d+)?)", readme)
-    assert stated and {float(n) for n in stated} == {Config.time_limit}, stated
+    root = Path(__file__).parent.parent
+    for doc in ("README.md", "docs/USAGE.md"):
+        text = (root / doc).read_text()
+        stated = re.findall(r"time.limit`?[^|\n]*?(?:default[^|\n]*?| \| `MEMPLAN_TIME_LIMIT` \| )(\d+(?:\.\d+)?)", text)
+        assert stated and {float(n) for n in stated} == {Config.time_limit}, (doc, stated)
 
 
 def test_plan_names_the_values_it_writes_beside_the_json(tmp_path, capsys):

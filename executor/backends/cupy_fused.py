@@ -13,6 +13,8 @@ from planner.ops.activation import GELU_CUDA
 from planner.ops.attention_tiles import Form
 from planner.ops.fused_norm import rows_and_columns
 
+from ..kernels import override
+
 HEAD_SIZES = 256
 """The largest head size the attention kernel holds in registers; larger heads keep the tiled kernel."""
 
@@ -70,6 +72,7 @@ C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 """The C types of the dtypes memplan's CUDA kernels take."""
 
 
+@override("cupy", "ScaledDotProductAttention", domain="memplan")
 def attention(cupy):
     """memplan.ScaledDotProductAttention as one kernel over every query row of every head, for float32 and
     float64 with head sizes up to HEAD_SIZES; the tiled kernel otherwise."""
@@ -134,32 +137,45 @@ VALUES = {"Relu": "v > 0 ? v : 0.0", "Sigmoid": "1.0 / (1.0 + exp(-v))", "Tanh":
 """act(v) of BiasActivation, in double."""
 
 
+@lru_cache(maxsize=None)
+def _bias_activation(cupy, body, gradient):
+    """One elementwise pass of y = act(x + bias) (`gradient`: dx = dy act'(x + bias)) by its CUDA `body`, the bias
+    (X's trailing dims) read at the element's place in its last dims."""
+    ins = "T dy, T x" if gradient else "T x"
+    value = f"(double)dy * ({body})" if gradient else body
+    return cupy.ElementwiseKernel(f"{ins}, raw T b, int64 n, float64 alpha", "T y",
+                                  f"double v = (double)x + (n ? (double)b[i % n] : 0.0); y = (T)({value});",
+                                  "memplan_bias_activation_grad" if gradient else "memplan_bias_activation")
+
+
+def _body(table, step):
+    """The step's activation (or its slope) in `table`, for its `approximate` where it has several."""
+    entry = table[step.attrs["activation"]]
+    return entry[step.attrs["approximate"]] if isinstance(entry, dict) else entry
+
+
+@override("cupy", "BiasActivation", domain="memplan")
 def bias_activation(cupy):
-    """{(memplan, BiasActivation): y = act(x + bias), (memplan, BiasActivationGrad): dx = dy act'(x + bias)}, each
-    one elementwise pass, the bias (X's trailing dims) read at the element's place in its last dims."""
-    @lru_cache(maxsize=None)
-    def compiled(body, gradient):
-        ins = "T dy, T x" if gradient else "T x"
-        value = f"(double)dy * ({body})" if gradient else body
-        return cupy.ElementwiseKernel(f"{ins}, raw T b, int64 n, float64 alpha", "T y",
-                                      f"double v = (double)x + (n ? (double)b[i % n] : 0.0); y = (T)({value});",
-                                      "memplan_bias_activation_grad" if gradient else "memplan_bias_activation")
-
-    def body(table, step):
-        entry = table[step.attrs["activation"]]
-        return entry[step.attrs["approximate"]] if isinstance(entry, dict) else entry
-
+    """memplan.BiasActivation in one elementwise pass."""
     def forward(xp, step, ins, outs, ws):
         x, bias = [*ins, None][:2]
-        compiled(body(VALUES, step), False)(x, x if bias is None else bias, 0 if bias is None else bias.size,
-                                            float(step.attrs["alpha"]), outs[0])
+        _bias_activation(cupy, _body(VALUES, step), False)(x, x if bias is None else bias,
+                                                           0 if bias is None else bias.size,
+                                                           float(step.attrs["alpha"]), outs[0])
 
+    return forward
+
+
+@override("cupy", "BiasActivationGrad", domain="memplan")
+def bias_activation_gradient(cupy):
+    """memplan.BiasActivationGrad in one elementwise pass."""
     def backward(xp, step, ins, outs, ws):
         dy, x, bias = [*ins, None][:3]
-        compiled(body(SLOPES, step), True)(dy, x, x if bias is None else bias, 0 if bias is None else bias.size,
-                                           float(step.attrs["alpha"]), outs[0])
+        _bias_activation(cupy, _body(SLOPES, step), True)(dy, x, x if bias is None else bias,
+                                                          0 if bias is None else bias.size,
+                                                          float(step.attrs["alpha"]), outs[0])
 
-    return {("memplan", "BiasActivation"): forward, ("memplan", "BiasActivationGrad"): backward}
+    return backward
 
 
 LAYER_NORM = r"""
@@ -208,6 +224,7 @@ in-place pairs). The statistics are summed in double; X + skip is rounded to X's
 kernel's Sum holds it."""
 
 
+@override("cupy", "AddLayerNormalization", domain="memplan")
 def add_layer_norm(cupy):
     """memplan.AddLayerNormalization in one launch for float32 and float64 rows of contiguous arrays whose scale
     and bias have every normalised element; the shared chunked kernel otherwise."""
@@ -232,4 +249,4 @@ def add_layer_norm(cupy):
                            np.int32(step.attrs["rms"]), np.int32(skip is not None), np.int32(bias is not None),
                            np.int32(total is not None)))
 
-    return {("memplan", "AddLayerNormalization"): run}
+    return run

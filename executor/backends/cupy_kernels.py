@@ -1,12 +1,13 @@
 """GPU overrides: fused CuPy kernels for ops whose NumPy form needs temporaries, which would allocate
-device memory while a plan runs: the `cuda` bodies of op entries, and the kernels below."""
+device memory while a plan runs: the `cuda` bodies of op entries, and the kernels below and in cupy_fused.py,
+each registered with `@override("cupy", "Op")` on the function that makes it from the cupy module."""
 import math
 import zlib
 from functools import lru_cache
 
-from ..kernels import loss, nn
+from ..kernels import OVERRIDES, loss, nn, override
 from ..kernels.optim import in_place
-from .cupy_fused import add_layer_norm, attention, bias_activation
+from . import cupy_fused  # noqa: F401  (registers the fused ops' forms)
 
 
 def fuser(cupy):
@@ -32,10 +33,21 @@ def fuser(cupy):
 
 
 def overrides(cupy):
-    """{(domain, op): kernel} replacing the shared table's entries on the GPU."""
-    sum_exp = cupy.ReductionKernel("T y", "T s", "exp((double)y)", "a + b", "s = (T)a", "0", "memplan_sum_exp")
+    """{(domain, op): kernel} replacing the shared table's entries on the GPU: each registered form, made."""
+    return {key: make(cupy) for key, make in OVERRIDES["cupy"].items()}
 
-    def log_softmax(xp, step, ins, outs, ws):
+
+@lru_cache(maxsize=None)
+def _sum_exp(cupy):
+    """sum(exp(y)) along the axes asked for, as one reduction."""
+    return cupy.ReductionKernel("T y", "T s", "exp((double)y)", "a + b", "s = (T)a", "0", "memplan_sum_exp")
+
+
+@override("cupy", "LogSoftmax")
+def _log_softmax(cupy):
+    sum_exp = _sum_exp(cupy)
+
+    def run(xp, step, ins, outs, ws):
         """x - max - log(sum exp(x - max)), the per-row max and sum in the workspace's `rows`."""
         x, y = ins[0], outs[0]
         if not x.size:
@@ -47,13 +59,16 @@ def overrides(cupy):
         xp.log(r, out=r)
         xp.subtract(y, r, out=y)
 
-    return {("", "LogSoftmax"): log_softmax, ("", "Trilu"): _trilu(cupy),
-            **_label_losses(cupy, sum_exp), ("memplan", "Dropout"): _dropout(cupy),
-            **_optimizers(cupy), ("memplan", "WinogradConv"): nn.as_fused_conv,
-            ("memplan", "BatchedConv"): nn.as_fused_conv, ("memplan", "ScaledDotProductAttention"): attention(cupy),
-            **bias_activation(cupy), **add_layer_norm(cupy)}
+    return run
 
 
+@override("cupy", "WinogradConv", "BatchedConv", domain="memplan")
+def _as_fused_conv(cupy):
+    """Winograd's and the batched convs run as the FusedConv they were made from (cuDNN's own algorithms)."""
+    return nn.as_fused_conv
+
+
+@override("cupy", "Trilu")
 def _trilu(cupy):
     """Trilu in one launch (the NumPy kernel zeroes row by row): each element kept or zeroed by its
     row and column in the last two dims; right in place, since each reads only its own input."""
@@ -70,6 +85,7 @@ def _trilu(cupy):
     return run
 
 
+@override("cupy", "Dropout", domain="memplan")
 def _dropout(cupy):
     """memplan.Dropout's hash (planner.ops.misc.dropout_keep) as one kernel, the key made from the
     step on the device."""
@@ -89,9 +105,11 @@ def _dropout(cupy):
     return run
 
 
-def _label_losses(cupy, sum_exp):
-    """SoftmaxCrossEntropyLoss (log-softmax into its output, or log-sum-exp by chunks) and NegativeLogLikelihoodLoss
-    with one kernel taking each position's log-probability and weight, so that nothing is allocated."""
+@lru_cache(maxsize=None)
+def _take_labels(cupy):
+    """take(xp, step, log_prob, labels, class_weights, ws): each position's loss (-log-probability at its label,
+    times its weight) and weight into the workspace's `losses` and `weights`, in one kernel that allocates
+    nothing."""
     take = cupy.ElementwiseKernel(
         "raw T log_prob, I label, raw T w, int64 classes, int64 inner, int64 ignore, bool has_ignore, bool has_w",
         "T loss, T weight",
@@ -106,7 +124,14 @@ def _label_losses(cupy, sum_exp):
              math.prod(labels.shape[1:]), 0 if ignore is None else ignore, ignore is not None,
              class_weights is not None, ws["losses"], ws["weights"])
 
-    def cross_entropy(xp, step, ins, outs, ws):
+    return take_labels
+
+
+@override("cupy", "SoftmaxCrossEntropyLoss")
+def _cross_entropy(cupy):
+    sum_exp, take_labels = _sum_exp(cupy), _take_labels(cupy)
+
+    def run(xp, step, ins, outs, ws):
         """Into the log_prob output when there is one; else the positions' log-sum-exp by chunks (the
         shared kernel's), the scores at the labels taken, and the two added."""
         scores, labels, class_weights = [*ins, None][:3]
@@ -124,18 +149,25 @@ def _label_losses(cupy, sum_exp):
             loss.add_log_sum_exp(xp, ws)
         loss.reduce(xp, step, ws, outs[0])
 
-    def negative_log_likelihood(xp, step, ins, outs, ws):
+    return run
+
+
+@override("cupy", "NegativeLogLikelihoodLoss")
+def _negative_log_likelihood(cupy):
+    take_labels = _take_labels(cupy)
+
+    def run(xp, step, ins, outs, ws):
         log_prob, labels, class_weights = [*ins, None][:3]
         take_labels(xp, step, log_prob, labels, class_weights, ws)
         loss.reduce(xp, step, ws, outs[0])
 
-    return {("", "SoftmaxCrossEntropyLoss"): cross_entropy, ("", "NegativeLogLikelihoodLoss"): negative_log_likelihood}
+    return run
 
 
-def _optimizers(cupy):
-    """memplan.SGD (with and without momentum) and memplan.Adam as one kernel each, updating parameter
-    and state in place; the hyperparameter tensors are read on the device, so a step never waits for
-    the host."""
+@override("cupy", "SGD", domain="memplan")
+def _sgd(cupy):
+    """memplan.SGD (with and without momentum) as one kernel updating parameter and state in place; the learning
+    rate is read on the device, so a step never waits for the host."""
     sgd = cupy.ElementwiseKernel(
         "S lr, T g, float64 decay", "T x", "x = (T)((double)x - (double)lr * ((double)g + decay * (double)x));",
         "memplan_sgd")
@@ -143,14 +175,8 @@ def _optimizers(cupy):
         "S lr, T g, float64 decay, float64 momentum, bool nesterov", "T x, T buf",
         "double d = (double)g + decay * (double)x, b = momentum * (double)buf + d; buf = (T)b;"
         " x = (T)((double)x - (double)lr * (nesterov ? d + momentum * b : b));", "memplan_momentum_sgd")
-    adam = cupy.ElementwiseKernel(
-        "S lr, S t, T g, float64 b1, float64 b2, float64 eps, float64 decay, bool decoupled", "T x, T m, T v",
-        "double p = (double)x, d = (double)g; if (decoupled) p *= 1 - (double)lr * decay; else d += decay * p;"
-        " double mm = (double)m + (d - (double)m) * (1 - b1), vv = b2 * (double)v + (1 - b2) * d * d;"
-        " m = (T)mm; v = (T)vv; double c1 = 1 - pow(b1, (double)t), c2 = 1 - pow(b2, (double)t);"
-        " x = (T)(p - (double)lr / c1 * mm / (sqrt(vv) / sqrt(c2) + eps));", "memplan_adam")
 
-    def run_sgd(xp, step, ins, outs, ws):
+    def run(xp, step, ins, outs, ws):
         in_place(xp, ins, outs, 1)
         if len(outs) == 1:
             sgd(ins[0], ins[2], step.attrs["weight_decay"], *outs)
@@ -158,10 +184,23 @@ def _optimizers(cupy):
             momentum_sgd(ins[0], ins[2], step.attrs["weight_decay"], step.attrs["momentum"],
                          bool(step.attrs["nesterov"]), *outs)
 
-    def run_adam(xp, step, ins, outs, ws):
+    return run
+
+
+@override("cupy", "Adam", domain="memplan")
+def _adam(cupy):
+    """memplan.Adam as one kernel updating parameter and state in place, the learning rate and step read on the
+    device."""
+    adam = cupy.ElementwiseKernel(
+        "S lr, S t, T g, float64 b1, float64 b2, float64 eps, float64 decay, bool decoupled", "T x, T m, T v",
+        "double p = (double)x, d = (double)g; if (decoupled) p *= 1 - (double)lr * decay; else d += decay * p;"
+        " double mm = (double)m + (d - (double)m) * (1 - b1), vv = b2 * (double)v + (1 - b2) * d * d;"
+        " m = (T)mm; v = (T)vv; double c1 = 1 - pow(b1, (double)t), c2 = 1 - pow(b2, (double)t);"
+        " x = (T)(p - (double)lr / c1 * mm / (sqrt(vv) / sqrt(c2) + eps));", "memplan_adam")
+
+    def run(xp, step, ins, outs, ws):
         in_place(xp, ins, outs, 2)
         adam(ins[0], ins[1], ins[3], *(step.attrs[k] for k in ("beta1", "beta2", "epsilon", "weight_decay")),
              bool(step.attrs["decoupled"]), *outs)
 
-    return {("memplan", "SGD"): run_sgd, ("memplan", "Adam"): run_adam}
-
+    return run

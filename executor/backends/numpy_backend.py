@@ -16,14 +16,15 @@ kernels = KERNELS
 fuse = None
 """NumPy fuses nothing: every op runs its array form."""
 _compiled = {}
+"""The tables with the compiled kernels, by whether they defer compiling to a child process (jit=None)."""
 
 
 def table(jit=None):
     """The kernel table: the shared one, with executor.jit's compiled kernels over it when `jit` is True, or
-    when it is None and numba is installed and MEMPLAN_JIT allows them. A numba that cannot set them up
-    (no writable cache, a threading layer that cannot start) is a MemplanError for jit=True, and for None one
-    warning in the process and the shared table from then on."""
-    global _compiled
+    when it is None and numba is installed and MEMPLAN_JIT allows them. For None a kernel not yet in numba's
+    cache runs its shared form while a child process compiles it (executor/jit/compiling.py); for True it
+    compiles first. A numba that cannot set them up (no writable cache, a threading layer that cannot start) is
+    a MemplanError for jit=True, and for None one warning in the process and the shared table from then on."""
     asked = jit
     if jit is None:
         jit = compiled.wanted() and compiled.available()
@@ -35,15 +36,21 @@ def table(jit=None):
         if asked:
             raise MemplanError(compiled.describe(compiled.BROKEN[0]))
         return kernels
-    if not _compiled:
+    defer = asked is None
+    if defer not in _compiled:
         try:
-            _compiled = {**kernels, **compiled.overrides()}
+            made = compiled.overrides()
         except Exception as e:  # numba's own failures have no common class
             if asked:
                 raise MemplanError(compiled.describe(e)) from e
             compiled.give_up(e, stacklevel=3)  # the Executor's maker
             return kernels
-    return _compiled
+        from ..jit import compiling
+        compiling.install()
+        if defer:
+            made = {key: compiling.deferring(kernel, compiled.generic) for key, kernel in made.items()}
+        _compiled[defer] = {**kernels, **made}
+    return _compiled[defer]
 
 
 def room(config=None):

@@ -4,19 +4,22 @@ shared kernels when numba is installed (`pip install "memplan[cpu]"`) and MEMPLA
 the float32 arrays of C layout it was written for and hands anything else to the shared kernel. They write
 into the same arena views and allocate nothing. Their loops run on every core with TBB (see threads.py).
 
-Compiled on first use and cached beside this package (numba's cache), so a process pays the compilation
-once per machine, not once per run. Where numba cannot import, compile or start its threads (TBB under a low
+Compiled on first use and cached beside this package (numba's cache), so the compilation is paid once per
+machine, not once per run, and a first run does not wait for it (compiling.py: the shared kernels run while a
+child process compiles). Where numba cannot import, compile or start its threads (TBB under a low
 address-space limit: "No threading layer could be loaded"), the steps run their shared kernels, with one warning.
 """
+import pkgutil
 import re
 import warnings
+from importlib import import_module
 from importlib.util import find_spec
 
 import numpy as np
 
 from planner.config import jit_wanted as wanted
 
-from ..kernels import KERNELS, find
+from ..kernels import KERNELS, OVERRIDES, find
 
 
 BROKEN = []
@@ -40,19 +43,14 @@ def generic(xp, step, ins, outs, ws):
 
 
 def overrides():
-    """{(domain, op): kernel} of the compiled kernels, numba's threading layer started first (else numba starts it
-    in the first parallel loop), so that one that cannot start fails here; each kernel guarded by `_guarded`."""
-    from . import attention, conv, elementwise, inverted_residual, threads, winograd
+    """{(domain, op): kernel} of the compiled kernels (each registered with `@override("jit", ...)` beside its code,
+    made over the shared kernel), numba's threading layer started first (else numba starts it in the first
+    parallel loop), so that one that cannot start fails here; each kernel guarded by `_guarded`."""
+    from . import threads
+    for module in pkgutil.iter_modules(__path__):  # every module registers its kernels when imported
+        import_module(f"{__name__}.{module.name}")
     threads.start()
-    made = {("memplan", "BiasActivation"): elementwise.bias_activation(generic),
-            ("memplan", "ScaledDotProductAttention"): attention.scaled_dot_product_attention(generic),
-            ("", "Conv"): conv.conv(generic),
-            ("com.microsoft", "FusedConv"): conv.conv(generic),
-            ("", "MaxPool"): conv.pool(generic),
-            ("memplan", "WinogradConv"): winograd.winograd_conv(generic),
-            ("memplan", "BatchedConv"): conv.batched(generic),
-            ("memplan", "InvertedResidual"): inverted_residual.inverted_residual(generic)}
-    return {key: _guarded(kernel) for key, kernel in made.items()}
+    return {key: _guarded(make(generic)) for key, make in OVERRIDES["jit"].items()}
 
 
 def _guarded(kernel):
@@ -81,9 +79,14 @@ def _numba_failure(error):
 
 def describe(error):
     """One line on a numba failure (its messages run to several lines of hints)."""
+    return f"the compiled CPU kernels cannot be set up ({reason(error)})"
+
+
+def reason(error):
+    """An error's type and the first line of its message."""
     from ..backends.memory import first_line
     message = re.sub(r"\x1b\[[0-9;]*m", "", first_line(error))  # numba highlights its messages for a terminal
-    return f"the compiled CPU kernels cannot be set up ({type(error).__name__}{': ' + message if message else ''})"
+    return f"{type(error).__name__}{': ' + message if message else ''}"
 
 
 def give_up(error, stacklevel=2):

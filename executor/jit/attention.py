@@ -9,6 +9,7 @@ import numpy as np
 from numba import njit
 
 from planner.ops.attention_tiles import FILL_MODES, Form, finite
+from ..kernels import override
 from . import takes
 from .blas import dot, sgemm
 from .scalar import FASTMATH, exp_nonpositive, f32
@@ -102,6 +103,7 @@ def attention(gemm, q, k, v, bias, y, lse, form, causal, window, mode, empty_nan
                                     y[b, h, i0 + r, c] = np.nan
 
 
+@override("jit", "ScaledDotProductAttention", domain="memplan")
 def scaled_dot_product_attention(generic):
     """The ScaledDotProductAttention kernel for float32 arrays of C layout without dropout, a mask input or
     relative-position terms; `generic` for the rest."""

@@ -21,7 +21,7 @@ ROW_MAJOR = mkl.ROW_MAJOR
 _i, _f, _p = types.intc, types.float32, types.voidptr
 
 
-@njit(fastmath=True)
+@njit(fastmath=True, cache=True)
 def _strided(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc):
     """cblas_sgemm's product element by element, for operands or an output whose rows lie apart (blocks of
     wider matrices, which the kernels pass only where MKL runs): slow, but right."""
@@ -37,10 +37,9 @@ def _strided(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc):
             out[i * ldc + j] = total
 
 
-@cfunc(types.void(_i, _i, _i, _i, _i, _i, _f, _p, _i, _p, _i, _f, _p, _i), cache=True)
 def _numpy_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     """cblas_sgemm by numba's np.dot for what `dot` passes (row-major, alpha 1, beta 0): the GEMM where MKL is
-    not installed."""
+    not installed (compiled by `_fallback` where it is needed, not when this module is imported)."""
     if m == 0 or n == 0:
         return
     if lda != (k if trans_a == NO_TRANS else m) or ldb != (n if trans_b == NO_TRANS else k) or ldc != n:
@@ -69,7 +68,8 @@ def _mkl_sgemm():
 
 @cache
 def _fallback():
-    return SGEMM(_numpy_sgemm.address)
+    compiled = cfunc(types.void(_i, _i, _i, _i, _i, _i, _f, _p, _i, _p, _i, _f, _p, _i), cache=True)(_numpy_sgemm)
+    return SGEMM(compiled.address)
 
 
 @njit(inline="always")

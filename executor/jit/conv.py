@@ -12,7 +12,7 @@ from numba import njit, prange
 
 from .. import mkl
 
-from ..kernels import batched_conv, nn
+from ..kernels import batched_conv, nn, override
 from . import takes
 from .blas import dot, one_thread, sgemm
 from .scalar import ACTIVATIONS, FASTMATH, NO_BIAS, activate_row, f32
@@ -345,6 +345,7 @@ def _halving_max_row(dst, r0, r1, r2, pad):
         dst[k] = best
 
 
+@override("jit", "MaxPool")
 def pool(generic):
     """The MaxPool kernel for 2-D float32 images of C layout without Indices; `generic` for the rest."""
     def run(xp, step, ins, outs, ws):
@@ -368,6 +369,8 @@ def images(generic, body):
     return run
 
 
+@override("jit", "Conv")
+@override("jit", "FusedConv", domain="com.microsoft")
 def conv(generic):
     """The Conv and FusedConv kernel: `_in_lanes`'s where it applies, else nn.convolve's walk with these
     kernels."""
@@ -414,6 +417,7 @@ def _in_lanes(step, x, w, y, ws, epilogue):
     return True
 
 
+@override("jit", "BatchedConv", domain="memplan")
 def batched(generic):
     """The BatchedConv kernel: where MKL runs, the conv it was made from in lanes (`_in_lanes`, its columns cut
     from the op's scratch; a 1x1 one needs none), which took 0.8 to 0.97x the time of resnet50's 7x7 stage

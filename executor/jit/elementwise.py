@@ -1,6 +1,7 @@
 """memplan.BiasActivation compiled: Y = activation(X + bias) in one pass over X, rows in parallel."""
 from numba import njit, prange
 
+from ..kernels import override
 from . import takes
 from .scalar import ACTIVATIONS, FASTMATH, NO_BIAS, activate_row, f32
 from .threads import PARALLEL
@@ -26,6 +27,7 @@ def code(name, approximate="none"):
     return ACTIVATIONS.index("GeluTanh" if name == "Gelu" and approximate == "tanh" else name)
 
 
+@override("jit", "BiasActivation", domain="memplan")
 def bias_activation(generic):
     """The BiasActivation kernel for float32 arrays of C layout but Tanh's (libm's tanh, one element at a
     time, is slower than NumPy's); `generic` for the rest."""

@@ -14,6 +14,7 @@ from numba import njit, prange
 from planner.ops.inverted_residual import job_size
 
 from ..kernels import inverted_residual as shared
+from ..kernels import override
 from . import takes
 from .blas import dot, one_thread, sgemm
 from .conv import NO_Z, halving_row, same_row
@@ -259,6 +260,7 @@ def separable(gemm, x, w2, b2, w3, b3, z, y, stride, images, rows, codes, params
                         activate_row(row, bias, codes[2], params[4], params[5])
 
 
+@override("jit", "InvertedResidual", domain="memplan")
 def inverted_residual(generic):
     """The InvertedResidual kernel for float32 arrays of C layout, `generic` for the rest."""
     def run(xp, step, ins, outs, ws):

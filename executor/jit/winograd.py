@@ -7,7 +7,7 @@ from numba import njit, prange
 
 from planner import ops
 
-from ..kernels import winograd
+from ..kernels import override, winograd
 from .conv import finish_row, images
 from .scalar import FASTMATH, f32
 from .threads import PARALLEL
@@ -241,6 +241,7 @@ class Stages:
         self.transform[2](ws["products"], y, bias, z[at] if z.size else z, *rest, *grid)
 
 
+@override("jit", "WinogradConv", domain="memplan")
 def winograd_conv(generic):
     """The WinogradConv kernel for 2-D float32 images of C layout; `generic` for the rest."""
     def body(xp, step, ins, outs, ws, epilogue):

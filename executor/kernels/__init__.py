@@ -7,22 +7,40 @@ an output may share memory with an input when the plan wrote it in place), `ws` 
 {slice name: view}, cut by the executor from the step's workspace by the Layout its schema's
 `workspace` gave (empty when it has none). A kernel allocates nothing on the device: what it needs
 besides its inputs and outputs it asks for in that Layout. Kernels register with `@kernel("Op", ...)`
-(`domain=` for ops outside ONNX's default domain), keyed by (domain, op) as schemas are.
+(`domain=` for ops outside ONNX's default domain), keyed by (domain, op) as schemas are; a backend's own forms
+of them with `@override(backend, "Op", ...)` beside their code (docs/ARCHITECTURE.md: where a kernel lives).
 """
 import math
+import pkgutil
+from importlib import import_module
 
 import numpy as np
 
 from planner import ops
 
 KERNELS = {}
+OVERRIDES = {"cupy": {}, "jit": {}}
+"""{backend: {(domain, op): make}}: a backend's own form of an op's kernel (CuPy's fused GPU kernels, numba's
+compiled CPU ones), made by `make(source)` when the backend builds its table, from what that backend makes its
+forms of (the cupy module; for jit, the shared kernel the form hands the arrays it does not take)."""
 
 
 def kernel(*op_types, domain=""):
+    """Register `fn(xp, step, ins, outs, ws)` as the shared kernel of each op type of `domain`."""
     def register(fn):
         for op in op_types:
             KERNELS[domain, op] = fn
         return fn
+    return register
+
+
+def override(backend, *op_types, domain=""):
+    """Register `make(source) -> kernel`, the `backend`'s form of each op type's kernel (see OVERRIDES), where it
+    is written: executor/backends/cupy_*.py for "cupy", executor/jit/ for "jit"."""
+    def register(make):
+        for op in op_types:
+            OVERRIDES[backend][domain, op] = make
+        return make
     return register
 
 
@@ -44,5 +62,5 @@ def cut(raw, shape, dtype):
     return raw.reshape(-1)[:math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
-from . import activation, nn, linalg, shape_ops, misc, optim, loss, winograd, batched_conv, inverted_residual  # noqa: E402,F401
-from . import collectives, quantized  # noqa: E402,F401
+for _family in pkgutil.iter_modules(__path__):  # every family registers its kernels when imported
+    import_module(f"{__name__}.{_family.name}")

@@ -209,7 +209,8 @@ unary("HardSwish", chunked(_hard_swish), _hard_swish_grad, scratch=one_chunk,
 unary("Gelu", chunked(gelu), _gelu_grad, scratch=one_chunk, defaults={"approximate": "none"}, torch=_torch_gelu,
       cuda=lambda approximate: GELU_CUDA[approximate])
 unary("Softplus", lambda xp, x, out=None: xp.logaddexp(x, 0, out=out),
-      lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Sigmoid", x)), torch=lambda torch, x: torch.nn.functional.softplus(x))
+      lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Sigmoid", x)), torch=lambda torch, x: torch.nn.functional.softplus(x),
+      autocast="float32")
 
 
 class Clip(Elementwise):
@@ -255,6 +256,8 @@ register(Clip("Clip", _clip, _clip_grad, defaults={"min": None, "max": None},
 class Softmax(Schema):
     """Softmax and LogSoftmax along one axis (opset 13 semantics; the frontend rewrites older ones)."""
 
+    split = "softmax"
+    autocast = "float32"
     ranks = "same"
     defaults = {"axis": -1}
     flops = per_input_element(5)
@@ -281,3 +284,7 @@ class Softmax(Schema):
             return Layout()
         a = axis(self.attr(node, "axis"), x.rank)
         return Layout.pack(("rows", (*x.shape[:a], 1, *x.shape[a + 1:]), self.accumulation(x.dtype)))
+
+    def torch(self, torch, x, axis):
+        f = torch.nn.functional
+        return (f.softmax if self.op == "Softmax" else f.log_softmax)(x, axis)

@@ -86,19 +86,19 @@ def _torch_shift(torch, a, b, direction="LEFT"):
     return (torch.bitwise_left_shift if direction == "LEFT" else torch.bitwise_right_shift)(a, b)
 
 
-binary("Add", "add", _add_grad, torch="add")
-binary("Sub", "subtract", _sub_grad, torch="sub")
-binary("Mul", "multiply", _mul_grad, torch="mul")
-binary("Div", _div, _div_grad, torch=_torch_div, scratch=_integer_remainder)
+binary("Add", "add", _add_grad, torch="add", numbers=True)
+binary("Sub", "subtract", _sub_grad, torch="sub", numbers=True)
+binary("Mul", "multiply", _mul_grad, torch="mul", numbers=True)
+binary("Div", _div, _div_grad, torch=_torch_div, scratch=_integer_remainder, numbers=True)
 binary("Pow", _pow, _pow_grad, torch=lambda torch, a, b: torch.pow(a, b).to(a.dtype), same_dtype=False,
-       inplace=((0, 0),))
-binary("Mod", _mod, _mod_grad, torch=_torch_mod, defaults={"fmod": 0})
+       inplace=((0, 0),), autocast="float32", numbers=True, setting_inputs={1: "the exponent of a Pow"})
+binary("Mod", _mod, _mod_grad, torch=_torch_mod, defaults={"fmod": 0}, numbers=True)
 
-binary("Equal", "equal", torch="eq", result=np.bool_, inplace=())
-binary("Less", "less", torch="lt", result=np.bool_, inplace=())
-binary("Greater", "greater", torch="gt", result=np.bool_, inplace=())
-binary("LessOrEqual", "less_equal", torch="le", result=np.bool_, inplace=())
-binary("GreaterOrEqual", "greater_equal", torch="ge", result=np.bool_, inplace=())
+binary("Equal", "equal", torch="eq", result=np.bool_, inplace=(), numbers=True)
+binary("Less", "less", torch="lt", result=np.bool_, inplace=(), numbers=True)
+binary("Greater", "greater", torch="gt", result=np.bool_, inplace=(), numbers=True)
+binary("LessOrEqual", "less_equal", torch="le", result=np.bool_, inplace=(), numbers=True)
+binary("GreaterOrEqual", "greater_equal", torch="ge", result=np.bool_, inplace=(), numbers=True)
 
 binary("And", "logical_and", torch="logical_and")
 binary("Or", "logical_or", torch="logical_or")

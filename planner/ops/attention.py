@@ -136,6 +136,7 @@ class Attention(Schema):
     outputs; the qk_matmul_output of every mode. A fully masked row gives zeros. It computes in its
     inputs' dtype, the softmax in softmax_precision, as ONNX's function body does."""
 
+    autocast = "low"
     defaults = {"is_causal": 0, "kv_num_heads": None, "q_num_heads": None, "qk_matmul_output_mode": 0,
                 "scale": None, "softcap": 0.0, "softmax_precision": None, "left_window_size": -1,
                 "right_window_size": -1}

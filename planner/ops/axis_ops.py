@@ -24,6 +24,7 @@ class CumSum(Schema):
     """CumSum: y[i] = x[0] + ... + x[i] along `axis` (an input, known when planning), x[i] left out
     when `exclusive`, summed from the end when `reverse`."""
 
+    autocast = "float32"
     op = "CumSum"
     fn = "cumsum"
     empty = 0

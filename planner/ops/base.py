@@ -62,6 +62,28 @@ class Schema:
       elementwise ops, which the symbol API offers as one-argument functions).
     - `effect`: the op acts beyond its outputs (memplan.Send gives its input to another rank), so that
       it stays in the graph though nothing reads what it makes.
+
+    What the passes know of an op is its schema's too, so that a new op is one entry and their tables
+    (built from the registry) pick it up:
+
+    - `autocast`: where torch.autocast computes the op under a mixed precision (planner.precision):
+      "low" (the 16-bit type), "float32", "input" (its data input's type, whatever its weights'), or
+      None (the widest float type of its inputs).
+    - `split`: the name of the rule tensor parallelism follows the op by (planner.tensor_split.RULES:
+      "elementwise", "matmul", "same", ...); None: a view follows "view", another op stops a split.
+    - `stat`: the count of plan.stats the op adds to (the fused ops: "fused_attention", "winograd").
+    - `numbers`: a one-element initializer the op reads is a number of the model's code (a scale, an
+      epsilon, a bound: elementwise arithmetic and comparisons), not a weight that trains
+      (planner.training.choose_params); `setting_inputs`: {input index: what it is} of the inputs that set
+      how the op computes rather than being data it learns (a Pow's exponent), which never train.
+    - `statistics`: the indices of the inputs that hold running statistics, which the op's training form
+      updates and nothing trains (BatchNormalization's mean and variance).
+    - `training_form(node, step)`: the node as a training step runs it (planner.training.training_mode:
+      BatchNormalization on batch statistics, Dropout drawing its mask), given a TrainingStep; None
+      where it runs as in inference.
+    - `torch_node(torch, run, node, ins)`: the op in PyTorch where its form needs more than its tensors
+      and attributes (the planned output shapes `run.shape(name)`, `run.training_mode(node)`, the
+      module's `run.graph_buffers()`); it is the form executor.torch_module runs, before `torch`.
     """
 
     op = ""
@@ -82,6 +104,14 @@ class Schema:
     arity = None
     types = None
     effect = False
+    autocast = None
+    split = None
+    stat = None
+    numbers = False
+    setting_inputs = {}
+    statistics = ()
+    training_form = None
+    torch_node = None
 
     def attr(self, node, name):
         if name in node.attrs:
@@ -152,6 +182,19 @@ class Schema:
         if self.evaluate is None or any(i is not None and i.value is None for i in ins):
             return None
         return self.evaluate(node, *(None if i is None else i.value for i in ins))
+
+
+@dataclass
+class TrainingStep:
+    """What an op's `training_form` may add to the training step planner.training makes: `tensors`
+    and `updates` ((new value, param) pairs) of the step, the `graph` it reads (its consumers), the
+    node's `index` (a default seed) and the name of the step-counter input."""
+
+    graph: object
+    tensors: dict
+    updates: list
+    counter: str
+    index: int = 0
 
 
 @dataclass(frozen=True)

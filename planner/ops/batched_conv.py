@@ -31,6 +31,7 @@ class BatchedConv(FusedConv):
     """FusedConv's inputs and attributes in one group, and `images`, the images of a chunk (0: as many as
     fit the workspace limit, at least one)."""
 
+    stat = "batched_conv"
     defaults = {**FusedConv.defaults, "images": 0}
 
     def infer(self, node, ins):

@@ -186,6 +186,9 @@ class BiasActivation(Schema):
     """Y = activation(X + bias): inputs X and an optional bias of X's trailing dims; attributes `activation`
     (Relu, Sigmoid, Tanh, Gelu, Swish), `approximate` (Gelu's) and `alpha` (Swish's)."""
 
+    stat = "fused_activation"
+    split = "elementwise"
+    autocast = "low"  # a Linear's bias added in the low type (addmm), the activation on the low result
     defaults = DEFAULTS
     types = (("T", "T"), {"T": FLOATS})
     inplace = ((0, 0),)

@@ -108,6 +108,7 @@ class SwiGLU(Composite):
 class PRelu(Composite):
     """PRelu: the slope broadcasts to the input's shape (one way), and the output has the input's."""
 
+    autocast = "low"
     arity = 2
 
     def infer(self, node, ins):

@@ -246,6 +246,7 @@ class Attention(ContribAttention):
     weights (D_in, D + D + Dv) and bias; mask_index as lengths (B,) or ones and zeros (B, T) or
     (B, S, T); past (2, B, N, P, H) and present; attention_bias; unidirectional."""
 
+    autocast = "low"
     names = ("input", "weights", "bias", "mask_index", "past", "attention_bias", "past_sequence_length")
     defaults = {"qkv_hidden_sizes": None, "unidirectional": 0, "mask_filter_value": -10000.0,
                 "scale": None, "do_rotary": 0, "past_present_share_buffer": 0, "rotary_embedding_dim": 0}

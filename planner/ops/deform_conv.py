@@ -23,6 +23,7 @@ class DeformConv(Schema):
     into the columns (channels, taps, positions) that each group's weights multiply. Its gradient is that
     of its parts (`decompose`: GridSample, Mul, MatMul), for X, W, offset, B and mask."""
 
+    autocast = "low"
     mirror = False
     defaults = {"dilations": None, "group": 1, "kernel_shape": None, "offset_group": 1, "pads": None,
                 "strides": None}

@@ -1,5 +1,5 @@
 """Elementwise ops, one entry each: the entry holds everything memplan knows of the op, so that adding
-one is one line (see planner/ops/math_ops.py and the README's "Adding an op").
+one is one line (see planner/ops/math_ops.py and "What a change touches" in docs/ARCHITECTURE.md).
 
 An entry's `fn(xp, *arrays, out=None, **attrs)` computes the op with NumPy or CuPy (`xp`): the kernel,
 writing into `out`, and the constant folder, making a new array, alike. Its dtype rule, in-place rule,
@@ -32,6 +32,7 @@ class Elementwise(Schema):
     gradients (one per input, None where none flows), or None for an op memplan does not differentiate.
     """
 
+    split = "elementwise"
     fn = None
     grad = None
     scratch = None
@@ -136,10 +137,11 @@ def _extreme_grad(b, node, *args):
     return [b.op("Mul", share, m) for m in masks]
 
 
-def variadic(op, fn_name, grad, torch, mean=False):
+def variadic(op, fn_name, grad, torch, mean=False, **rules):
     """Register a variadic op (Sum, Mean, Min, Max): one or more inputs broadcast together; the output
     may overwrite input 0 only, which the fold reads before any other input is written."""
-    register(Elementwise(op, _chain(fn_name, mean), grad, torch=_variadic_torch(torch, mean), inplace=((0, 0),)))
+    register(Elementwise(op, _chain(fn_name, mean), grad, torch=_variadic_torch(torch, mean), inplace=((0, 0),),
+                         **rules))
 
 
 def _sum_grad(b, node, *args):
@@ -154,8 +156,8 @@ def _mean_grad(b, node, *args):
 
 variadic("Sum", "add", _sum_grad, "add")
 variadic("Mean", "add", _mean_grad, "add", mean=True)
-variadic("Max", "maximum", _extreme_grad, "maximum")
-variadic("Min", "minimum", _extreme_grad, "minimum")
+variadic("Max", "maximum", _extreme_grad, "maximum", numbers=True)
+variadic("Min", "minimum", _extreme_grad, "minimum", numbers=True)
 
 
 def _where(xp, c, x, y, out=None):
@@ -186,4 +188,4 @@ class Where(Elementwise):
                 b.unbroadcast(b.op("Where", c, zero, dys[0]), out, b.shape(y))]
 
 
-register(Where("Where", _where, torch="where", inplace=((2, 0),)))
+register(Where("Where", _where, torch="where", inplace=((2, 0),), numbers=True))

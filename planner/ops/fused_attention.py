@@ -2,6 +2,7 @@
 scratch is one tile pair sized from the workspace limit, so that memory grows with the sequence, not
 with its square. Its gradient, recomputing the scores blockwise from the saved log-sum-exp, is
 memplan.ScaledDotProductAttentionGrad (planner/ops/fused_attention_grad.py)."""
+from dataclasses import replace
 
 import numpy as np
 
@@ -10,7 +11,7 @@ from .attention_tiles import (DEFAULTS, Form, Tiles, check_attributes, check_mas
                               sizes, tile_layout, tiles, widths)
 from .base import FLOATS, Schema
 from .into import matmul
-
+from ..ir import Tensor
 
 
 @schema("ScaledDotProductAttention", domain="memplan")
@@ -32,6 +33,9 @@ class ScaledDotProductAttention(Schema):
     scores (-inf for a row that sees nothing), in the accumulation dtype (float32, float64 for float64
     inputs): what the gradient reads instead of the scores."""
 
+    stat = "fused_attention"
+    split = "attention"
+    autocast = "low"
     defaults = dict(DEFAULTS)
     types = (("T", "T", "T", "T", "B", "S", "T", "I", "T", "I"),
              {"T": FLOATS, "B": ("tensor(bool)",), "S": FLOATS, "I": ("tensor(int64)",)})
@@ -45,6 +49,18 @@ class ScaledDotProductAttention(Schema):
         check_step(self.attr(node, "dropout"), step)
         check_relative(ins[6:10], batch, heads, s, t)
         return [((batch, heads, s, dv), q.dtype), ((batch, heads, s), self.accumulation(q.dtype))]
+
+    def training_form(self, node, step):
+        """Keeping its rows' log-sum-exp (O(seq), so that backward recomputes no scores pass) and drawing its
+        dropout by the step."""
+        if len(node.outputs) < 2:
+            lse = f"{node.outputs[0]}/lse"
+            step.tensors[lse] = Tensor(lse, None, None, "activation")
+            node = replace(node, outputs=(node.outputs[0], lse))
+        if node.attrs.get("dropout") and (len(node.inputs) < 6 or not node.inputs[5]):
+            node = replace(node, inputs=(*(*node.inputs, "", "")[:5], step.counter, *node.inputs[6:]),
+                           attrs={"seed": step.index, **node.attrs})
+        return node
 
     def workspace(self, node, ins, outs, limit):
         """One tile pair: the (G, tq, tk) scores, the G heads' Q tile (G, tq, D), a K and a V tile, the

@@ -27,6 +27,8 @@ class FusedConv(Conv):
     """Conv's inputs and attributes, and Z (optional, Y's shape); attributes `activation` and
     `activation_params`."""
 
+    torch_node = None  # PyTorch has no fused form of it
+    stat = "fused_conv"
     defaults = {**Conv.defaults, "activation": "", "activation_params": None}
     gradient = None  # not Conv's: training a model holding one is refused by name
 

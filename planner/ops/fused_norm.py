@@ -78,6 +78,8 @@ class AddLayerNormalization(Schema):
     stream later blocks read), both of X's shape and dtype. `rms` = 1 normalises by the root mean square
     (no centring, as RMSNorm). Rows are normalised in chunks, in a float32 scratch for 16-bit floats."""
 
+    stat = "fused_norm"
+    autocast = "float32"  # as layer_norm
     defaults = {"axis": -1, "epsilon": 1e-5, "rms": 0}
     types = (("T", "T", "T", "T"), {"T": FLOATS})
     inplace = ((0, 0), (1, 0), (1, 1), (0, 1))

@@ -1,13 +1,108 @@
-"""GatherND: slices of data picked by index tuples, its kernel a flat `take` of rows whose flat
-indices it builds in its workspace, so that nothing else is allocated."""
+"""Gather and GatherElements (their kernels in executor/kernels/shape_ops.py); GatherND: slices of data picked by
+index tuples, its kernel a flat `take` of rows whose flat indices it builds in its workspace, so that nothing
+else is allocated."""
 import math
 
 import numpy as np
 
-from .registry import register
-from .base import Info, Layout, Schema, no_flops, no_gradient, take
-from .shape_ops import wrapped, zeros
+from .registry import register, schema
+from .base import Info, Layout, Schema, axis, no_flops, no_gradient, take
+from .shape_ops import scatter_add_flat, wrapped, zeros
 from ..errors import ShapeError
+
+
+def _indices(idx, dim):
+    """Indices in [0, dim) from ONNX's [-dim, dim)."""
+    if idx.size and not (-dim <= idx.min() and idx.max() < dim):
+        bad = idx.min() if idx.min() < -dim else idx.max()
+        raise ShapeError(f"index {bad} is out of range for a dimension of size {dim} (indices go from {-dim} "
+                         f"to {dim - 1})")
+    return np.where(idx < 0, idx + dim, idx)
+
+
+def torch_wrapped(torch, idx, dim):
+    """Torch indices in [0, dim) from ONNX's [-dim, dim)."""
+    return torch.where(idx < 0, idx + dim, idx)
+
+
+@schema("Gather")
+class Gather(Schema):
+    defaults = {"axis": 0}
+
+    def infer(self, node, ins):
+        data, idx = ins
+        a = axis(self.attr(node, "axis"), data.rank)
+        if idx.value is not None:
+            _indices(idx.value, data.shape[a])
+        return [(data.shape[:a] + idx.shape + data.shape[a + 1:], data.dtype)]
+
+    def evaluate(self, node, data, idx):
+        a = axis(self.attr(node, "axis"), data.ndim)
+        return [np.take(data, _indices(idx, data.shape[a]), axis=a)]
+
+    def gradient(self, b, node, dys):
+        """dY added into zeros at the gathered places, repeats accumulating: a ScatterND into the data
+        with the axis moved first (and dY with the indices' dims first)."""
+        data, idx = node.inputs
+        shape, r = b.shape(data), len(b.shape(idx))
+        a = axis(self.attr(node, "axis"), len(shape))
+        dy, first = dys[0], [shape[a], *shape[:a], *shape[a + 1:]]
+        if a:
+            dy = b.op("Transpose", dy, perm=[*range(a, a + r), *range(a), *range(a + r, len(shape) + r - 1)])
+        dx = b.op("ScatterND", zeros(b, first, b.dtype(data)), b.op("Unsqueeze", wrapped(b, idx, shape[a]), axes=[-1]),
+                  dy, reduction="add")
+        return [b.op("Transpose", dx, perm=[*range(1, a + 1), 0, *range(a + 1, len(shape))]) if a else dx, None]
+
+    def torch_node(self, torch, run, node, ins):
+        data, idx = ins
+        a = axis(self.attr(node, "axis"), data.ndim)
+        picked = data.index_select(a, torch_wrapped(torch, idx, data.shape[a]).reshape(-1))
+        return picked.reshape(data.shape[:a] + idx.shape + data.shape[a + 1:])
+
+
+@schema("GatherElements")
+class GatherElements(Schema):
+    defaults = {"axis": 0}
+
+    def infer(self, node, ins):
+        data, idx = ins
+        axis(self.attr(node, "axis"), data.rank)
+        if idx.rank != data.rank:
+            raise ShapeError(f"indices have rank {idx.rank}, data has rank {data.rank}")
+        return [(idx.shape, data.dtype)]
+
+    def evaluate(self, node, data, idx):
+        a = axis(self.attr(node, "axis"), data.ndim)
+        return [np.take_along_axis(data, _indices(idx, data.shape[a]), axis=a)]
+
+    def gradient(self, b, node, dys):
+        """dY added into zeros at the gathered elements, by their flat offsets into the data: each index
+        (wrapped) times its axis's stride, plus the position along every other axis times that one's."""
+        data, idx = node.inputs
+        shape, positions = b.shape(data), b.shape(idx)
+        a = axis(self.attr(node, "axis"), len(shape))
+        strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+        flat = b.op("Mul", wrapped(b, idx, shape[a]), b.const(strides[a], idx))
+        for k, n in enumerate(positions):
+            if k != a and n > 1:
+                along = (np.arange(n) * strides[k]).reshape(-1, *[1] * (len(shape) - k - 1))
+                flat = b.op("Add", flat, b.const(along, idx))
+        return [scatter_add_flat(b, flat, dys[0], shape, b.dtype(data)), None]
+
+    def workspace(self, node, ins, outs, limit):
+        """The kernel gathers by flat offsets, int64: `flat`, one per index; `offsets{k}`, axis k's
+        position offsets, shaped to broadcast against `flat` (the kernel skips the gathered axis and
+        axes of size 1)."""
+        shape = ins[1].shape
+        if not math.prod(shape):
+            return Layout()
+        return Layout.pack(("flat", shape, np.int64), *((f"offsets{k}", (n, *(1,) * (len(shape) - k - 1)), np.int64)
+                                                        for k, n in enumerate(shape)))
+
+    def torch_node(self, torch, run, node, ins):
+        data, idx = ins
+        a = axis(self.attr(node, "axis"), data.ndim)
+        return torch.gather(data, a, torch_wrapped(torch, idx, data.shape[a]))
 
 
 class GatherND(Schema):

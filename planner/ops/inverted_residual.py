@@ -114,6 +114,7 @@ class InvertedResidual(Schema):
     conv's, [1, 1] or [2, 2]), each stage's activation and activation_params (as FusedConv's, see STAGES),
     and the Banding's `images`, `rows` and `lanes` (0: chosen from the block's shape, LANES at most)."""
 
+    stat = "inverted_residual"
     defaults = {"strides": [1, 1], "images": 0, "rows": 0, "lanes": 0,
                 **{f"{stage}activation": "" for stage in STAGES},
                 **{f"{stage}activation_params": None for stage in STAGES}}

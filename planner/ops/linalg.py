@@ -12,6 +12,8 @@ class Gemm(Schema):
     """Gemm: alpha * A' B' + beta * C, with A' = A or its transpose (transA), likewise B';
     C is optional and broadcasts one way to the (M, N) result."""
 
+    split = "gemm"
+    autocast = "low"
     mirror = False
     defaults = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
 
@@ -48,11 +50,18 @@ class Gemm(Schema):
             grads.append(b.unbroadcast(scaled, b.shape(node.outputs[0]), b.shape(c[0])))
         return grads
 
+    def torch(self, torch, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0):
+        """alpha A' B' + beta C."""
+        a, b = a.T if transA else a, b.T if transB else b
+        return alpha * (a @ b) if c is None else torch.addmm(c, a, b, beta=beta, alpha=alpha)
+
 
 @schema("MatMul")
 class MatMul(Schema):
     """MatMul as numpy.matmul: a 1-D operand is a row (A) or column (B) vector, batch dims broadcast."""
 
+    split = "matmul"
+    autocast = "low"
     mirror = False
     def infer(self, node, ins):
         a, b = ins[0].shape, ins[1].shape
@@ -90,6 +99,9 @@ class MatMul(Schema):
             dw = b.op("MatMul", b.op("Transpose", x, perm=_swap_last(len(mx))), dy)
             dx, dw = b.unbroadcast(dx, out[:-1] + mx[-1:], mx), b.unbroadcast(dw, out[:-2] + mw[-2:], mw)
         return [t if m == s else b.op("Reshape", t, shape=list(s)) for t, m, s in ((dx, mx, sx), (dw, mw, sw))]
+
+    def torch(self, torch, a, b):
+        return torch.matmul(a, b)
 
 
 def _swap_last(rank):
@@ -131,6 +143,7 @@ def _einsum_shape(equation, shapes):
 
 @schema("Einsum")
 class Einsum(Schema):
+    autocast = "low"
     mirror = False
 
     def infer(self, node, ins):
@@ -167,3 +180,6 @@ class Einsum(Schema):
                                                *(1 if c in only else sizes[c] for c in tail)])
             grads.append(b.op("Expand", g, shape=list(shape)) if only else g)
         return grads
+
+    def torch_node(self, torch, run, node, ins):
+        return torch.einsum(self.attr(node, "equation"), *ins)

@@ -83,6 +83,8 @@ class LabelLoss(Schema):
 class NegativeLogLikelihoodLoss(LabelLoss):
     """NegativeLogLikelihoodLoss: the loss of log-probabilities (N, C, d1, ...) given as input 0."""
 
+    autocast = "float32"
+
     def gradient(self, b, node, dys):
         """d input = -onehot(labels) * factor (`LabelLoss.picked`); labels and weights get none."""
         onehot, factor = self.picked(b, node, dys[0])
@@ -97,6 +99,8 @@ class NegativeLogLikelihoodLoss(LabelLoss):
 class SoftmaxCrossEntropyLoss(LabelLoss):
     """SoftmaxCrossEntropyLoss: the loss of log_softmax(scores, axis=1). Outputs the loss and,
     optionally, the log-probabilities."""
+
+    autocast = "float32"
 
     def infer(self, node, ins):
         loss = super().infer(node, ins)[0]
@@ -133,3 +137,11 @@ class SoftmaxCrossEntropyLoss(LabelLoss):
             log_softmax = replace(node, op="LogSoftmax", inputs=(scores,), outputs=node.outputs[1:2], attrs={"axis": 1})
             grads.append(get("LogSoftmax").gradient(b, log_softmax, [dlog_prob])[0])
         return [grads[0] if len(grads) == 1 else b.op("Add", *grads), None, None][:len(node.inputs)]
+
+    def torch_node(self, torch, run, node, ins):
+        """The loss, then the log-probabilities."""
+        scores, labels, weights = [*ins, None][:3]
+        f, ignore = torch.nn.functional, self.attr(node, "ignore_index")
+        log_prob = f.log_softmax(scores, 1)
+        return [f.nll_loss(log_prob, labels.long(), weights, ignore_index=-100 if ignore is None else ignore,
+                           reduction=self.attr(node, "reduction")), log_prob]

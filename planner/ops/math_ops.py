@@ -39,20 +39,22 @@ unary("Neg", "negative", lambda b, n, x, y, dy: b.op("Neg", dy), torch="neg")
 unary("Abs", "absolute", lambda b, n, x, y, dy: b.op("Where", b.op("Less", x, b.const(0, x)), b.op("Neg", dy), dy),
       torch="abs")
 unary("Reciprocal", "reciprocal", lambda b, n, x, y, dy: b.op("Neg", b.op("Mul", dy, b.op("Mul", y, y))),
-      torch="reciprocal")
-unary("Sqrt", "sqrt", lambda b, n, x, y, dy: b.op("Div", b.op("Mul", dy, b.const(0.5, x)), y), torch="sqrt")
-unary("Exp", "exp", lambda b, n, x, y, dy: b.op("Mul", dy, y), torch="exp")
-unary("Log", "log", lambda b, n, x, y, dy: b.op("Div", dy, x), torch="log")
+      torch="reciprocal", autocast="float32")
+unary("Sqrt", "sqrt", lambda b, n, x, y, dy: b.op("Div", b.op("Mul", dy, b.const(0.5, x)), y),
+      torch="sqrt", autocast="float32")
+unary("Exp", "exp", lambda b, n, x, y, dy: b.op("Mul", dy, y), torch="exp", autocast="float32")
+unary("Log", "log", lambda b, n, x, y, dy: b.op("Div", dy, x), torch="log", autocast="float32")
 
 unary("Sin", "sin", lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Cos", x)), torch="sin")
 unary("Cos", "cos", lambda b, n, x, y, dy: b.op("Neg", b.op("Mul", dy, b.op("Sin", x))), torch="cos")
-unary("Tan", "tan", lambda b, n, x, y, dy: b.op("Mul", dy, _square_plus(b, y, 1)), torch="tan")
-unary("Asin", "arcsin", lambda b, n, x, y, dy: b.op("Div", dy, b.op("Sqrt", _one_minus_square(b, x))), torch="asin")
+unary("Tan", "tan", lambda b, n, x, y, dy: b.op("Mul", dy, _square_plus(b, y, 1)), torch="tan", autocast="float32")
+unary("Asin", "arcsin", lambda b, n, x, y, dy: b.op("Div", dy, b.op("Sqrt", _one_minus_square(b, x))),
+      torch="asin", autocast="float32")
 unary("Acos", "arccos", lambda b, n, x, y, dy: b.op("Neg", b.op("Div", dy, b.op("Sqrt", _one_minus_square(b, x)))),
-      torch="acos")
+      torch="acos", autocast="float32")
 unary("Atan", "arctan", lambda b, n, x, y, dy: b.op("Div", dy, _square_plus(b, x, 1)), torch="atan")
-unary("Sinh", "sinh", lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Cosh", x)), torch="sinh")
-unary("Cosh", "cosh", lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Sinh", x)), torch="cosh")
+unary("Sinh", "sinh", lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Cosh", x)), torch="sinh", autocast="float32")
+unary("Cosh", "cosh", lambda b, n, x, y, dy: b.op("Mul", dy, b.op("Sinh", x)), torch="cosh", autocast="float32")
 unary("Asinh", "arcsinh", lambda b, n, x, y, dy: b.op("Div", dy, b.op("Sqrt", _square_plus(b, x, 1))), torch="asinh")
 unary("Acosh", "arccosh", lambda b, n, x, y, dy: b.op("Div", dy, b.op("Sqrt", _square_plus(b, x, -1))),
       torch="acosh")

@@ -1,12 +1,16 @@
 """Ops that make or convert values: Cast, Range, ConstantOfShape, Trilu, Dropout (and memplan.Dropout,
 its training-step form)."""
+from dataclasses import replace
+
 import numpy as np
 from onnx import numpy_helper
 
 from .registry import schema
 from .base import FLOATS, Schema, no_flops, same_as_input
+from .torch_forms import torch_dtype
 from .. import dtypes
 from ..errors import ShapeError
+from ..ir import Tensor
 
 _SATURATING = {"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"}
 """The dtypes whose Cast clamps to the largest finite value when `saturate` is set (as the spec's table says)."""
@@ -16,6 +20,7 @@ _SATURATING = {"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fn
 class Cast(Schema):
     """Cast: to the dtype `to`; float8 targets saturate to their largest finite value unless saturate=0."""
 
+    split = "same"
     ranks = "same"
     defaults = {"saturate": 1, "round_mode": "up"}
 
@@ -36,6 +41,9 @@ class Cast(Schema):
         if not (dtypes.is_float(b.dtype(x)) and dtypes.is_float(dtypes.from_onnx(self.attr(node, "to")))):
             return [None]
         return [b.op("Cast", dys[0], to=dtypes.to_onnx(b.dtype(x)))]
+
+    def torch_node(self, torch, run, node, ins):
+        return ins[0].to(torch_dtype(torch, dtypes.from_onnx(self.attr(node, "to"))))
 
 
 def _range(start, limit, delta):
@@ -113,12 +121,16 @@ class Trilu(Schema):
         """dY on the same triangle, zeros elsewhere."""
         return [b.op("Trilu", dys[0], k=self.attr(node, "k"), upper=self.attr(node, "upper"))]
 
+    def torch(self, torch, x, k, upper):
+        return (torch.triu if upper else torch.tril)(x, k)
+
 
 @schema("Dropout")
 class Dropout(Schema):
     """Dropout: in inference (or with ratio 0) the data unchanged and an all-true mask; in training
     each element is zeroed with probability `ratio` and the rest scaled by 1 / (1 - ratio)."""
 
+    split = "same"
     ranks = "same"
     random = True
     attr_inputs = (("ratio", 1, 12), ("training_mode", 2, 12))
@@ -152,8 +164,27 @@ class Dropout(Schema):
         mask = np.random.RandomState(self.attr(node, "seed")).uniform(0, 1, x.shape) >= ratio
         return [(mask * x / (1 - ratio)).astype(x.dtype), mask]
 
+    def training_form(self, node, step):
+        """memplan.Dropout, drawing a fresh mask each step (kept for backward); the node itself with ratio 0."""
+        if not self.attr(node, "ratio"):
+            return node
+        mask = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] else f"{node.outputs[0]}/mask"
+        step.tensors.setdefault(mask, Tensor(mask, None, None, "activation"))
+        seed = node.attrs.get("seed")
+        return replace(node, op="Dropout", domain="memplan", inputs=(node.inputs[0], step.counter),
+                       outputs=(node.outputs[0], mask),
+                       attrs={"ratio": node.attrs.get("ratio", 0.5), "seed": step.index if seed is None else seed})
+
     def _random(self, node):
         return bool(self.attr(node, "training_mode")) and self.attr(node, "ratio") != 0
+
+    def torch_node(self, torch, run, node, ins):
+        """Y and the mask of kept values: at random in training, all kept in inference."""
+        x, ratio = ins[0], self.attr(node, "ratio")
+        if not run.training_mode(node) or ratio == 0:
+            return [x, torch.ones_like(x, dtype=torch.bool)]
+        keep = torch.rand_like(x) >= ratio
+        return [x * keep / (1 - ratio), keep]
 
 
 @schema("Dropout", domain="memplan")
@@ -162,6 +193,7 @@ class StepDropout(Dropout):
     (seed, step, element index) (dropout_keep), so that it needs no generator state and the
     CPU and the GPU draw the same mask. Outputs (Y, mask); the mask is kept for backward."""
 
+    torch_node = None  # its hashed mask is memplan's own
     attr_inputs = ()
     defaults = {"ratio": 0.5, "seed": 0}
     types = (("T", "S"), {"T": FLOATS, "S": FLOATS})

@@ -1,4 +1,5 @@
-"""Convolutions, pooling and normalisations over the (N, C, spatial...) layout."""
+"""Convolutions and pooling over the (N, C, spatial...) layout (BatchNormalization and LayerNormalization are in
+normalization.py)."""
 import functools
 import math
 from typing import NamedTuple
@@ -6,11 +7,10 @@ from typing import NamedTuple
 import numpy as np
 
 from .registry import schema
-from .base import Layout, Schema, axis, broadcast, constant_shape, no_gradient, normalised_dims, per_input_element
-from .fused_norm import layer_norm_gradient
+from .base import Layout, Schema, constant_shape, per_input_element
 from .reduce import max_gradient
 from .shape_ops import scatter_add_flat
-from ..dtypes import from_onnx
+from .torch_forms import torch_pads, unsupported
 from ..errors import ShapeError
 
 WINDOW = {"auto_pad": "NOTSET", "strides": None, "dilations": None, "pads": None}
@@ -144,13 +144,6 @@ def _spatial_input(x):
     return x.shape[2:]
 
 
-def _per_channel(x, *params):
-    """Check that each of `params` (Infos or None) is one value per channel of x."""
-    for p in params:
-        if p is not None and p.shape != (x.shape[1],):
-            raise ShapeError(f"parameter of shape {p.shape} must be ({x.shape[1]},), one per channel of {x.shape}")
-
-
 class Chunks(NamedTuple):
     """How a convolution kernel walks its batch: `images` whole images per chunk and `rows` rows of
     each (all of them unless one image is too big), with a column buffer of `nbytes`."""
@@ -196,6 +189,7 @@ class Conv(Schema):
     count is W.shape[1] * prod(kernel) per pixel of the GEMM's grid.
     """
 
+    autocast = "low"
     ranks = "same"
     mirror = False
     defaults = {**WINDOW, "kernel_shape": None, "group": 1}
@@ -291,6 +285,15 @@ class Conv(Schema):
         out = _window(self, node, spatial, kernel, transposed=self.transposed)
         return [((x.shape[0], c_out, *out), x.dtype)]
 
+    def torch_node(self, torch, run, node, ins):
+        """F.conv*d, asymmetric padding applied beforehand."""
+        f, (x, w, b) = torch.nn.functional, [*ins, None][:3]
+        win = window(self, node, x.shape[2:], w.shape[2:], run.shape(node.outputs[0])[2:])
+        padding = win.begin
+        if win.begin != win.end:
+            x, padding = f.pad(x, torch_pads(win.begin, win.end)), 0
+        return getattr(f, f"conv{x.ndim - 2}d")(x, w, b, win.strides, padding, win.dilations, self.attr(node, "group"))
+
 
 @schema("ConvTranspose")
 class ConvTranspose(Conv):
@@ -298,6 +301,23 @@ class ConvTranspose(Conv):
 
     defaults = {**Conv.defaults, "output_padding": None, "output_shape": None}
     transposed = True
+
+    def torch_node(self, torch, run, node, ins):
+        """F.conv_transpose*d unpadded, then cut (or zero-extended, for output_padding) to the planned output."""
+        f, (x, w, b) = torch.nn.functional, [*ins, None][:3]
+        out = run.shape(node.outputs[0])[2:]
+        win = window(self, node, x.shape[2:], w.shape[2:], out, transposed=True)
+        y = getattr(f, f"conv_transpose{x.ndim - 2}d")(x, w, None, win.strides, 0, 0, self.attr(node, "group"),
+                                                         win.dilations)
+        extra = [max(0, bg + o - n) for bg, o, n in zip(win.begin, out, y.shape[2:])]
+        y = f.pad(y, torch_pads([0] * len(out), extra))
+        y = y[(slice(None), slice(None), *(slice(bg, bg + o) for bg, o in zip(win.begin, out)))]
+        return y if b is None else y + b.reshape(-1, *[1] * len(out))
+
+
+def _native(win, kernel):
+    """Whether PyTorch's pools take the window's padding themselves: even, at most half the kernel."""
+    return win.begin == win.end and all(2 * p <= k for p, k in zip(win.begin, kernel))
 
 
 class _Pool(Schema):
@@ -341,6 +361,23 @@ class AveragePool(_Pool):
         dx = _spread(b, folded, b.const(np.ones((1, 1, *kernel)), x), win, _overhang(win, kernel, ys[2:], xs[2:]), 1)
         return [b.op("Reshape", dx, shape=list(xs))]
 
+    def torch_node(self, torch, run, node, ins):
+        """F.avg_pool*d; with padding it cannot take, the padded input's window means over those of a mask of
+        the values the count includes (the divisors cancel), cut to the planned output."""
+        f, x, y = torch.nn.functional, ins[0], run.shape(node.outputs[0])
+        kernel = self.attr(node, "kernel_shape")
+        win = window(self, node, x.shape[2:], kernel, y[2:])
+        if set(win.dilations) != {1}:
+            raise unsupported(f"{node.op} with dilations")
+        pool = getattr(f, f"avg_pool{x.ndim - 2}d")
+        ceil, include = bool(self.attr(node, "ceil_mode")), bool(self.attr(node, "count_include_pad"))
+        if _native(win, kernel):
+            return pool(x, kernel, win.strides, win.begin, ceil, include)
+        pads = torch_pads(win.begin, win.end)
+        mask = f.pad(torch.ones((1, 1, *x.shape[2:]), dtype=x.dtype, device=x.device), pads, value=float(include))
+        out = pool(f.pad(x, pads), kernel, win.strides, 0, ceil) / pool(mask, kernel, win.strides, 0, ceil)
+        return out[(slice(None), slice(None), *(slice(0, n) for n in y[2:]))]
+
 
 @schema("MaxPool")
 class MaxPool(_Pool):
@@ -372,6 +409,20 @@ class MaxPool(_Pool):
         images = max(1, min(shape[0], limit // per_image if per_image else 1))
         return Layout.pack(("mask", (images, *shape[1:]), np.bool_))
 
+    def torch_node(self, torch, run, node, ins):
+        """F.max_pool*d; asymmetric or wide padding applied beforehand as -inf."""
+        f, x, y = torch.nn.functional, ins[0], run.shape(node.outputs[0])
+        kernel = self.attr(node, "kernel_shape")
+        win = window(self, node, x.shape[2:], kernel, y[2:])
+        if len(node.outputs) > 1 and node.outputs[1]:
+            raise unsupported(f"{node.op} with Indices")
+        padding = win.begin
+        if not _native(win, kernel):
+            x, padding = f.pad(x, torch_pads(win.begin, win.end), value=-math.inf), 0
+        out = getattr(f, f"max_pool{x.ndim - 2}d")(x, kernel, win.strides, padding, win.dilations,
+                                                   bool(self.attr(node, "ceil_mode")))
+        return out[(slice(None), slice(None), *(slice(0, n) for n in y[2:]))]
+
 
 @schema("GlobalAveragePool", "GlobalMaxPool")
 class GlobalPool(Schema):
@@ -395,124 +446,6 @@ class GlobalPool(Schema):
         spread = b.op("Expand", dys[0], shape=list(shape))
         return [b.op("Mul", spread, b.const(1 / math.prod(shape[2:]), x))]
 
-
-def _normalised_gradient(b, x, dy, scale, axes, eps):
-    """For y = x^ scale + bias, x^ = (x - mean) / sqrt(var + eps) with the statistics taken over
-    `axes` of x itself: dx = (g - mean(g) - x^ mean(g x^)) / std where g = dy scale, and dy x^, which
-    summed to the scale's shape is its gradient."""
-    def mean(t):
-        return b.op("ReduceMean", t, axes=axes, keepdims=1)
-
-    centred = b.op("Sub", x, mean(x))
-    inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", mean(b.op("Mul", centred, centred)), b.const(eps, x))))
-    xhat = b.op("Mul", centred, inv)
-    g = b.op("Mul", dy, scale)
-    dx = b.op("Mul", inv, b.op("Sub", b.op("Sub", g, mean(g)), b.op("Mul", xhat, mean(b.op("Mul", g, xhat)))))
-    return dx, b.op("Mul", dy, xhat)
-
-
-@schema("BatchNormalization")
-class BatchNormalization(Schema):
-    """BatchNormalization: Y, then running mean and variance (training_mode=1, or opset < 14),
-    then the saved batch mean and variance (opset < 14), each one value per channel."""
-
-    ranks = "same"
-    defaults = {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}
-    inplace = ((0, 0),)
-    flops = per_input_element(5)
-
-    def workspace(self, node, ins, outs, limit):
-        """Inference needs none. Training (training_mode=1, or statistics outputs asked for) keeps the
-        batch mean and variance and, to sum the squares without a temporary, one partial sum per
-        image and channel: `mean` and `var` (C,), `partial` (N, C, 1, 1), in X's accumulation dtype
-        (float32 for 16-bit floats)."""
-        x = ins[0]
-        if not (self.attr(node, "training_mode") or any(o is not None for o in outs[1:])):
-            return Layout()
-        n, c = x.shape[:2]
-        acc = self.accumulation(x.dtype)
-        return Layout.pack(("mean", (c,), acc), ("var", (c,), acc), ("partial", (n, c, 1, 1), acc))
-
-    def gradient(self, b, node, dys):
-        """Through Y, with the batch statistics in training (where the running mean and variance do
-        not reach Y) and the running ones in inference."""
-        x, scale, bias, mean, var = node.inputs
-        shape = b.shape(x)
-        per_channel = [1, shape[1], *(1 for _ in shape[2:])]
-        axes = [0, *range(2, len(shape))]
-        eps = self.attr(node, "epsilon")
-        given, work = b.dtype(x), self.accumulation(b.dtype(x))
-
-        def widened(t, dtype):
-            return t if dtype == work else b.cast(t, work)
-
-        def channels(p):
-            """A per-channel input broadcast against X, in the working dtype."""
-            return b.op("Reshape", widened(p, b.dtype(p)), shape=per_channel)
-
-        def summed(t, p):
-            """The gradient of per-channel input `p`, summed in p's dtype."""
-            return b.op("ReduceSum", t if b.dtype(p) == work else b.cast(t, b.dtype(p)), axes=axes, keepdims=0)
-
-        x, dy = widened(x, given), widened(dys[0], given)
-        scale_b = channels(scale)
-        if self.attr(node, "training_mode"):
-            dx, dy_xhat = _normalised_gradient(b, x, dy, scale_b, axes, eps)
-            return [dx if work == given else b.cast(dx, given), summed(dy_xhat, scale), summed(dy, bias), None, None]
-        inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", channels(var), b.const(eps, x))))
-        centred = b.op("Sub", x, channels(mean))
-        xhat, g = b.op("Mul", centred, inv), b.op("Mul", dy, scale_b)
-        dx = b.op("Mul", g, inv)
-        dvar = b.op("Mul", b.op("Mul", g, centred), b.op("Mul", b.op("Mul", inv, b.op("Mul", inv, inv)), b.const(-0.5, x)))
-        return [dx if work == given else b.cast(dx, given), summed(b.op("Mul", dy, xhat), scale), summed(dy, bias),
-                summed(b.op("Neg", dx), mean), summed(dvar, var)]
-
-    def infer(self, node, ins):
-        x, scale, bias, mean, var = ins
-        if x.rank < 2:
-            raise ShapeError(f"input of shape {x.shape} has no channel dim")
-        _per_channel(x, scale, bias, mean, var)
-        stats = [((x.shape[1],), mean.dtype), ((x.shape[1],), var.dtype)]
-        return [(x.shape, x.dtype), *stats, *stats]
-
-
-@schema("LayerNormalization")
-class LayerNormalization(Schema):
-    """LayerNormalization over the dims from `axis` on; the optional Mean and InvStdDev keep the
-    leading dims and have 1 on the normalised ones, in the stash_type dtype."""
-
-    ranks = "same"
-    defaults = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
-    flops = per_input_element(5)
-
-    def stash_dtype(self, node):
-        """The dtype of the statistics (Mean, InvStdDev) and of the arithmetic producing them."""
-        return from_onnx(self.attr(node, "stash_type"))
-
-    def workspace(self, node, ins, outs, limit):
-        """The Mean and InvStdDev the kernel keeps, one per normalised row, for those not among the
-        outputs: `mean` first, then `inv_std`."""
-        x = ins[0]
-        rows = math.prod(x.shape[:axis(self.attr(node, "axis"), x.rank)])
-        return Layout.pack(*((name, (rows,), self.stash_dtype(node)) if len(outs) <= k or outs[k] is None else None
-                             for k, name in ((1, "mean"), (2, "inv_std"))))
-
-    def gradient(self, b, node, dys):
-        """One memplan.LayerNormalizationGrad, which recomputes the row statistics from X chunk by chunk
-        (no full-size temporary besides dX); no gradient flows from Mean and InvStdDev."""
-        x, scale, *bias = node.inputs
-        if dys[0] is None:
-            return [no_gradient(node)] * 3
-        bias = bias[0] if bias and bias[0] else ""
-        grads = layer_norm_gradient(b, node, dys[0], x, "", scale, bias)
-        return grads if bias else grads[:2]
-
-    def infer(self, node, ins):
-        x, scale, bias = [*ins, None][:3]
-        a = axis(self.attr(node, "axis"), x.rank)
-        normalised = normalised_dims(x.shape, a)
-        for p in (scale, bias):
-            if p is not None and broadcast(normalised, p.shape) != normalised:
-                raise ShapeError(f"scale or bias of shape {p.shape} does not broadcast to {normalised}")
-        stats = ((*x.shape[:a], *(1 for _ in normalised)), self.stash_dtype(node))
-        return [(x.shape, x.dtype), stats, stats]
+    def torch_node(self, torch, run, node, ins):
+        dims = tuple(range(2, ins[0].ndim))
+        return ins[0].mean(dims, keepdim=True) if node.op == "GlobalAveragePool" else ins[0].amax(dims, keepdim=True)

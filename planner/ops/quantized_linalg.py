@@ -179,6 +179,7 @@ class ConvInteger(IntegerConv):
     """ConvInteger: Conv of (x - x_zero_point) and (w - w_zero_point), summed exactly in int32; the
     padding holds x's zero point (0 once shifted)."""
 
+    autocast = "low"
     x, w, x_zero, w_zero = 0, 1, 2, 3
 
     def infer(self, node, ins):

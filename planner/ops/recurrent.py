@@ -35,6 +35,7 @@ class Recurrent(Schema):
     `recurrent` the width of the recurrent product it takes at once (in hidden sizes), `states` the
     (B, H) states it carries (h, and LSTM's c) and `temporaries` the (B, H) scratch it needs."""
 
+    autocast = "low"
     gates = acts = recurrent = states = temporaries = 1
     cell = None
     mirror = False

@@ -9,6 +9,7 @@ import numpy as np
 from .registry import register
 from .base import Schema, axis, no_gradient, per_input_element
 from .composite import Composite
+from .torch_forms import unsupported
 from ..dtypes import to_onnx
 
 
@@ -57,8 +58,8 @@ class Reduction(AxesRule):
     over an empty set where the array module has none; `grad(b, node, x, kept_shape, dy_kept, axes)`
     the input's gradient from dY with the reduced axes kept, or None for no gradient."""
 
-    def __init__(self, op, fn, grad=None, empty=None, axes_since=18):
-        self.op, self.fn, self.grad, self.empty = op, fn, grad, empty
+    def __init__(self, op, fn, grad=None, empty=None, axes_since=18, autocast=None):
+        self.op, self.fn, self.grad, self.empty, self.autocast = op, fn, grad, empty, autocast
         self.attr_inputs = (("axes", 1, axes_since),)
 
     def evaluate(self, node, x):
@@ -99,6 +100,20 @@ class Reduction(AxesRule):
         kept_shape = [1 if k in axes else d for k, d in enumerate(shape)]
         return [self.grad(b, node, x, kept_shape, b.op("Reshape", dy, shape=kept_shape), axes)]
 
+    def torch_node(self, torch, run, node, ins):
+        x = ins[0]
+        axes = self.reduced_axes(node, x.ndim)
+        if axes is None:
+            return x
+        if self.fn in ("max", "min") and not x.numel():
+            raise unsupported(f"{node.op} with an empty input")
+        keep = bool(self.attr(node, "keepdims"))
+        if self.fn == "prod":  # torch.prod takes one dim: from the last
+            for d in reversed(axes):
+                x = torch.prod(x, d, keepdim=keep)
+            return x
+        return getattr(torch, {"max": "amax", "min": "amin"}.get(self.fn, self.fn))(x, dim=axes, keepdim=keep)
+
 
 def _spread(b, node, x, kept_shape, dy, axes):
     """Sum: dY spread back over the reduced axes."""
@@ -117,17 +132,18 @@ def _extreme(b, node, x, kept_shape, dy, axes):
     return max_gradient(b, x, b.op("Reshape", node.outputs[0], shape=kept_shape), dy, list(axes))
 
 
-register(Reduction("ReduceSum", "sum", _spread, axes_since=13))
+register(Reduction("ReduceSum", "sum", _spread, axes_since=13, autocast="float32"))
 register(Reduction("ReduceMean", "mean", _mean_spread))
 register(Reduction("ReduceMax", "max", _extreme, empty=lambda dtype: _extreme_identity(dtype, lowest=True)))
 register(Reduction("ReduceMin", "min", _extreme, empty=lambda dtype: _extreme_identity(dtype, lowest=False)))
-register(Reduction("ReduceProd", "prod"))
+register(Reduction("ReduceProd", "prod", autocast="float32"))
 
 
 class ReductionOf(AxesRule, Composite):
     """A reduction made of others (`parts(b, node, x, axes, keepdims, noop)` with the node's attributes),
     computed in float32 for narrow floats like every composite."""
 
+    autocast = "float32"
     ranks = None
     arity = None
 

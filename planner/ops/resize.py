@@ -7,7 +7,14 @@ import numpy as np
 from .registry import schema
 from .base import Layout, Schema, axis, constant_shape
 from .shape_ops import transposed_along
+from .torch_forms import unsupported
 from ..errors import ShapeError
+
+COORDINATES = {"half_pixel": False, "pytorch_half_pixel": False, "align_corners": True}
+"""The coordinate mappings PyTorch's interpolate shares with ONNX, by its align_corners."""
+RESIZE = {("nearest", "asymmetric", "floor"): "nearest", ("nearest", "half_pixel", "round_prefer_ceil"): "nearest-exact",
+          **{(mode, c, None): mode for mode in ("linear", "cubic") for c in COORDINATES}}
+INTERPOLATE = {("linear", 3): "linear", ("linear", 4): "bilinear", ("linear", 5): "trilinear", ("cubic", 4): "bicubic"}
 
 
 @schema("Resize")
@@ -133,6 +140,30 @@ class Resize(Schema):
         """The axes `scales` or `sizes` apply to: `axes`, or every axis."""
         axes = self.attr(node, "axes")
         return list(range(rank)) if axes is None else [axis(a, rank) for a in axes]
+
+    def torch_node(self, torch, run, node, ins):
+        """F.interpolate over the spatial dims, in the modes and coordinate mappings it shares with ONNX: by the
+        given scales (which set the mapping even where the output size rounds), else to the output size."""
+        x, out, f = ins[0], run.shape(node.outputs[0]), torch.nn.functional
+        mode, name = self.attr(node, "mode"), self.interpolation(node, x.shape, out)
+        options = {} if mode == "nearest" else \
+            {"align_corners": COORDINATES[self.attr(node, "coordinate_transformation_mode")]}
+        if self.attr(node, "scales"):
+            scales = self.scales(node, x.shape)[2:]
+            return f.interpolate(x, scale_factor=scales, mode=name, recompute_scale_factor=False, **options)
+        return f.interpolate(x, out[2:], mode=name, **options)
+
+    def interpolation(self, node, shape, out):
+        """F.interpolate's mode for the node, or UnsupportedOpError naming the form it has none for."""
+        mode, coordinates = self.attr(node, "mode"), self.attr(node, "coordinate_transformation_mode")
+        key = (mode, coordinates, self.attr(node, "nearest_mode") if mode == "nearest" else None)
+        name = RESIZE.get(key) if mode == "nearest" else INTERPOLATE.get((RESIZE.get(key), len(shape)))
+        if name is None or out[:2] != shape[:2] or self.attr(node, "keep_aspect_ratio_policy") != "stretch" \
+                or self.attr(node, "antialias") or coordinates == "align_corners" and self.attr(node, "scales") \
+                or mode == "cubic" and (self.attr(node, "cubic_coeff_a") != -0.75 or self.attr(node, "exclude_outside")) \
+                or coordinates == "pytorch_half_pixel" and min(out[2:]) == 1:
+            raise unsupported(f"{node.op} with mode {mode}, {coordinates} coordinates on {tuple(shape)} -> {tuple(out)}")
+        return name
 
 
 class ResizePass(NamedTuple):

@@ -1,11 +1,12 @@
-"""Ops that move data without arithmetic: Shape, Transpose, Concat, Split, Slice, Gather, Expand, Tile, Pad,
-ScatterND (the views are in views.py, Resize in resize.py)."""
+"""Ops that move data without arithmetic: Shape, Transpose, Concat, Split, Slice, Expand, Tile, Pad, ScatterND
+(the views are in views.py, Gather in indexing.py, Resize in resize.py)."""
 import math
 
 import numpy as np
 
 from .registry import schema
-from .base import Layout, Schema, axis, broadcast, no_flops, no_gradient
+from .base import Schema, axis, broadcast, no_flops, no_gradient
+from .torch_forms import torch_pads, unsupported
 from ..errors import ShapeError
 
 
@@ -29,6 +30,7 @@ class Shape(Schema):
 
 @schema("Transpose")
 class Transpose(Schema):
+    split = "transpose"
     ranks = "same"
     defaults = {"perm": None}
 
@@ -53,9 +55,13 @@ class Transpose(Schema):
             raise ShapeError(f"perm {tuple(self.attr(node, 'perm'))} is not a permutation of {rank} axes")
         return perm
 
+    def torch_node(self, torch, run, node, ins):
+        return ins[0].permute(self.permutation(node, ins[0].ndim))
+
 
 @schema("Concat")
 class Concat(Schema):
+    split = "concat"
     ranks = "same"
     mirror = False
 
@@ -81,11 +87,15 @@ class Concat(Schema):
         parts = b.op("Split", dys[0], outputs=len(shapes), axis=a, split=[s[a] for s in shapes])
         return list(parts) if len(shapes) > 1 else [parts]
 
+    def torch_node(self, torch, run, node, ins):
+        return torch.cat(ins, self.attr(node, "axis"))
+
 
 @schema("Split")
 class Split(Schema):
     """Split: sizes from `split`, else `num_outputs` (or one per output) equal chunks, the last one smaller."""
 
+    split = "split"
     ranks = "same"
     attr_inputs = (("split", 1, 13),)
     defaults = {"axis": 0, "split": None, "num_outputs": None}
@@ -128,9 +138,14 @@ class Split(Schema):
             raise ShapeError(f"a dimension of size {dim} cannot be split into {n} chunks of {chunk}")
         return [chunk] * (n - 1) + [last]
 
+    def torch_node(self, torch, run, node, ins):
+        a = self.attr(node, "axis") % ins[0].ndim
+        return torch.split(ins[0], self.split_sizes(node, ins[0].shape[a]), a)
+
 
 @schema("Slice")
 class Slice(Schema):
+    split = "slice"
     ranks = "same"
     attr_inputs = (("starts", 1, 10), ("ends", 2, 10), ("axes", 3, 10), ("steps", 4, 10))
     defaults = {"axes": None, "steps": None}
@@ -182,87 +197,19 @@ class Slice(Schema):
             index[a] = slice(start, None if end < 0 else end, step)
         return tuple(index)
 
-
-def _indices(idx, dim):
-    """Indices in [0, dim) from ONNX's [-dim, dim)."""
-    if idx.size and not (-dim <= idx.min() and idx.max() < dim):
-        bad = idx.min() if idx.min() < -dim else idx.max()
-        raise ShapeError(f"index {bad} is out of range for a dimension of size {dim} (indices go from {-dim} "
-                         f"to {dim - 1})")
-    return np.where(idx < 0, idx + dim, idx)
-
-
-@schema("Gather")
-class Gather(Schema):
-    defaults = {"axis": 0}
-
-    def infer(self, node, ins):
-        data, idx = ins
-        a = axis(self.attr(node, "axis"), data.rank)
-        if idx.value is not None:
-            _indices(idx.value, data.shape[a])
-        return [(data.shape[:a] + idx.shape + data.shape[a + 1:], data.dtype)]
-
-    def evaluate(self, node, data, idx):
-        a = axis(self.attr(node, "axis"), data.ndim)
-        return [np.take(data, _indices(idx, data.shape[a]), axis=a)]
-
-    def gradient(self, b, node, dys):
-        """dY added into zeros at the gathered places, repeats accumulating: a ScatterND into the data
-        with the axis moved first (and dY with the indices' dims first)."""
-        data, idx = node.inputs
-        shape, r = b.shape(data), len(b.shape(idx))
-        a = axis(self.attr(node, "axis"), len(shape))
-        dy, first = dys[0], [shape[a], *shape[:a], *shape[a + 1:]]
-        if a:
-            dy = b.op("Transpose", dy, perm=[*range(a, a + r), *range(a), *range(a + r, len(shape) + r - 1)])
-        dx = b.op("ScatterND", zeros(b, first, b.dtype(data)), b.op("Unsqueeze", wrapped(b, idx, shape[a]), axes=[-1]),
-                  dy, reduction="add")
-        return [b.op("Transpose", dx, perm=[*range(1, a + 1), 0, *range(a + 1, len(shape))]) if a else dx, None]
-
-
-@schema("GatherElements")
-class GatherElements(Schema):
-    defaults = {"axis": 0}
-
-    def infer(self, node, ins):
-        data, idx = ins
-        axis(self.attr(node, "axis"), data.rank)
-        if idx.rank != data.rank:
-            raise ShapeError(f"indices have rank {idx.rank}, data has rank {data.rank}")
-        return [(idx.shape, data.dtype)]
-
-    def evaluate(self, node, data, idx):
-        a = axis(self.attr(node, "axis"), data.ndim)
-        return [np.take_along_axis(data, _indices(idx, data.shape[a]), axis=a)]
-
-    def gradient(self, b, node, dys):
-        """dY added into zeros at the gathered elements, by their flat offsets into the data: each index
-        (wrapped) times its axis's stride, plus the position along every other axis times that one's."""
-        data, idx = node.inputs
-        shape, positions = b.shape(data), b.shape(idx)
-        a = axis(self.attr(node, "axis"), len(shape))
-        strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
-        flat = b.op("Mul", wrapped(b, idx, shape[a]), b.const(strides[a], idx))
-        for k, n in enumerate(positions):
-            if k != a and n > 1:
-                along = (np.arange(n) * strides[k]).reshape(-1, *[1] * (len(shape) - k - 1))
-                flat = b.op("Add", flat, b.const(along, idx))
-        return [scatter_add_flat(b, flat, dys[0], shape, b.dtype(data)), None]
-
-    def workspace(self, node, ins, outs, limit):
-        """The kernel gathers by flat offsets, int64: `flat`, one per index; `offsets{k}`, axis k's
-        position offsets, shaped to broadcast against `flat` (the kernel skips the gathered axis and
-        axes of size 1)."""
-        shape = ins[1].shape
-        if not math.prod(shape):
-            return Layout()
-        return Layout.pack(("flat", shape, np.int64), *((f"offsets{k}", (n, *(1,) * (len(shape) - k - 1)), np.int64)
-                                                        for k, n in enumerate(shape)))
+    def torch_node(self, torch, run, node, ins):
+        """Positive steps as a Python index; negative ones (which torch refuses) by index_select."""
+        x, index = ins[0], self.slices(node, ins[0].shape)
+        x = x[tuple(s if (s.step or 1) > 0 else slice(None) for s in index)]
+        for a, s in enumerate(index):
+            if (s.step or 1) < 0:
+                x = x.index_select(a, torch.arange(*s.indices(x.shape[a]), device=x.device))
+        return x
 
 
 @schema("Expand")
 class Expand(Schema):
+    split = "expand"
     attr_inputs = (("shape", 1, 8),)
 
     def infer(self, node, ins):
@@ -273,6 +220,9 @@ class Expand(Schema):
 
     def gradient(self, b, node, dys):
         return [b.unbroadcast(dys[0], b.shape(node.outputs[0]), b.shape(node.inputs[0]))]
+
+    def torch_node(self, torch, run, node, ins):
+        return ins[0].expand(run.shape(node.outputs[0]))
 
 
 @schema("Tile")
@@ -294,6 +244,9 @@ class Tile(Schema):
         shape, repeats = b.shape(node.inputs[0]), self.attr(node, "repeats")
         split = b.op("Reshape", dys[0], shape=[n for r, d in zip(repeats, shape) for n in (r, d)])
         return [b.op("ReduceSum", split, axes=list(range(0, 2 * len(shape), 2)), keepdims=0)]
+
+    def torch_node(self, torch, run, node, ins):
+        return ins[0].repeat(self.attr(node, "repeats"))
 
 
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
@@ -360,6 +313,12 @@ class Pad(Schema):
             per_axis[a] = (pads[k], pads[k + len(axes)])
         return per_axis
 
+    def torch_node(self, torch, run, node, ins):
+        if self.attr(node, "mode") != "constant":
+            raise unsupported(f"{node.op} with mode {self.attr(node, 'mode')}")
+        value = float(np.asarray(self.attr(node, "constant_value")).reshape(-1)[0])
+        return torch.nn.functional.pad(ins[0], torch_pads(*zip(*self.pad_widths(node, ins[0].ndim))), value=value)
+
 
 def pad_source(mode, j, n):
     """The input position (of `n`) that positions `j` (counted from the input's start) copy in `mode`."""
@@ -381,7 +340,6 @@ def transposed_along(b, dy, shape, a, matrix, like):
     before, after = math.prod(shape[:a]), math.prod(shape[a + 1:])
     out = b.op("MatMul", b.const(matrix.T, like), b.op("Reshape", dy, shape=[before, shape[a], after]))
     return b.op("Reshape", out, shape=[*shape[:a], matrix.shape[1], *shape[a + 1:]])
-
 
 
 @schema("ScatterND")

@@ -28,6 +28,7 @@ def reshaped(shape, target, allowzero=0):
 class View(Schema):
     """Ops whose output is input 0's bytes under another shape: Reshape, Flatten, Squeeze, Unsqueeze, Identity."""
 
+    split = "view"
     identity = True
 
     def view_shape(self, node, shape):
@@ -41,6 +42,9 @@ class View(Schema):
 
     def gradient(self, b, node, dys):
         return [b.op("Reshape", dys[0], shape=list(b.shape(node.inputs[0])))]
+
+    def torch_node(self, torch, run, node, ins):
+        return ins[0].reshape(run.shape(node.outputs[0]))
 
 
 @schema("Reshape")

@@ -83,6 +83,7 @@ class WinogradConv(FusedConv):
     `tile` m of F(m x m, 3x3), and the Tiling's `images` and `block` (0: chosen from the workspace limit); its
     FLOPs are the convolution's (the model's arithmetic, whichever algorithm computes it)."""
 
+    stat = "winograd"
     defaults = {**FusedConv.defaults, "images": 0, "block": 0, "tile": 2}
 
     def infer(self, node, ins):

@@ -69,10 +69,11 @@ def _autocast(graph, low):
     """Each node computing where autocast's policy says, its float inputs cast there."""
     casts = Casts(graph)
     for node in graph.nodes:
-        target = _target(node, casts, low)
+        where = precision.computes_in(node, graph.opsets)
+        target = _target(node, where, casts, low)
         if target is None:
             casts.nodes.append(node)
-            if node.op in precision.KEEPS_INPUT and not node.domain:
+            if where == "input" and not node.domain:
                 casts.dtype.update((out, casts.dtype[node.inputs[0]]) for out in node.outputs[:1] if out)
             continue
         inputs = tuple(casts.to(i, target) for i in node.inputs)
@@ -83,17 +84,16 @@ def _autocast(graph, low):
     return casts
 
 
-def _target(node, casts, low):
-    """The float type `node` computes in, or None to leave it as it is."""
-    if ((node.domain and node.op not in precision.LOWER | precision.FP32) or node.op in precision.KEEPS_INPUT
-            or node.op == "Cast"):
+def _target(node, where, casts, low):
+    """The float type `node` computes in, or None to leave it as it is; `where` is autocast's for it."""
+    if (node.domain and where not in ("low", "float32")) or where == "input" or node.op == "Cast":
         return None
     floats = [i for i in node.inputs if i and is_float(casts.dtype[i])]
     if not floats:
         return None
-    if node.op in precision.LOWER:
+    if where == "low":
         return low
-    if node.op in precision.FP32:
+    if where == "float32":
         return F32
     dimensioned = [i for i in floats if not _scalar_constant(casts.tensors[i])] or floats
     return max((casts.dtype[i] for i in dimensioned), key=lambda d: (d.itemsize, d == F32))
@@ -149,7 +149,8 @@ def precision_pass(chosen):
             return all(t.dtype == low for t in graph.tensors.values() if t.kind in ("param", "const") and
                        is_float(t.dtype))
         for node in graph.nodes:
-            want = low if node.op in precision.LOWER else F32 if node.op in precision.FP32 else None
+            where = precision.computes_in(node, graph.opsets)
+            want = low if where == "low" else F32 if where == "float32" else None
             if want is not None and any(graph.tensors[i].dtype != want for i in node.inputs
                                         if i and is_float(graph.tensors[i].dtype)):
                 return False

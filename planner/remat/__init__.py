@@ -55,7 +55,8 @@ def rematerialize(graph, remat, measure, memory_budget=None, config=None):
         info.update({"fallback": fallback} if fallback else {})
     if remat == "budget":
         info["budget"] = memory_budget
-        drop, info["horizon"], _, _ = budget.plan_budget(graph, memory_budget, fitting, forced=frozenset(drop))
+        drop, info["horizon"], _, _ = budget.plan_budget(graph, memory_budget, fitting, forced=frozenset(drop),
+                                                         final=lambda candidate: measure(candidate).final_arena())
         info["recomputed"] = sorted(drop)
         return recompute(graph, drop, info["horizon"]), info
     if remat == "sublinear":

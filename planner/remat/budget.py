@@ -30,6 +30,10 @@ HORIZON_PLANS times the plans of the first search, and the cheapest fit wins."""
 HORIZON_PLANS = 4
 """How many plans the horizons may make, in plans of the first search (HORIZONS)."""
 
+FINAL_TRIES = 4
+"""When no candidate fits, how many of the smallest (as searches place them) are planned to the end for the
+least arena the error names: the strategy's allocator can place them tighter than the searches."""
+
 STRIDES = (16, 8, 6, 4, 3, 2)
 """The third family: the mirror set and every k-th output of an expensive op (a convolution, a matrix
 product), k from these, fewest first: each recomputed one is a single op away from a kept one."""
@@ -40,10 +44,11 @@ def recompute_flops(graph):
     return sum(ops.node_flops(graph, n) for n in graph.nodes if n.notes.recompute)
 
 
-def plan_budget(graph, budget, score, steps=12, forced=frozenset()):
+def plan_budget(graph, budget, score, steps=12, forced=frozenset(), final=None):
     """(drop set, horizon, arena bytes, recompute FLOPs) of the cheapest candidate fitting `budget`;
     InfeasibleBudgetError, with the smallest arena found, when none fits. `score(graph)` plans a
-    rewritten graph and returns its arena bytes. Candidates first recompute each dropped tensor once
+    rewritten graph and returns its arena bytes; `final(graph)`, the arena of its finished plan, where that
+    can be smaller (FINAL_TRIES). Candidates first recompute each dropped tensor once
     for all its backward readers (horizon None); only when none of those fits, again for readers
     more than a horizon later (HORIZONS: more FLOPs, clones die sooner). Tensors in `forced` are
     dropped in every candidate."""
@@ -66,7 +71,9 @@ def plan_budget(graph, budget, score, steps=12, forced=frozenset()):
         answers += [(cost, drop, horizon) for cost, drop in
                     _candidates(graph, budget, lambda d: evaluate(d, horizon), steps)]
     if not answers:
-        raise InfeasibleBudgetError(budget, min(arena for arena, _ in evaluated.values()))
+        smallest = sorted(evaluated, key=lambda key: evaluated[key][0])[:FINAL_TRIES if final else 0]
+        raise InfeasibleBudgetError(budget, min([evaluated[key][0] for key in evaluated] +
+                                                [final(recompute(graph, *key)) for key in smallest]))
     cost, drop, horizon = min(answers, key=lambda a: a[0])
     for t in sorted(drop, key=lambda t: (-_price(graph, t), t))[:min(REFINE, len(evaluated))]:
         arena, smaller = evaluate(drop - {t}, horizon)

@@ -201,7 +201,7 @@ class Child:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
                    NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         errors = tempfile.TemporaryFile()
-        self.process = subprocess.Popen([sys.executable, "-c", f"from {__name__} import serve; serve()"],
+        self.process = subprocess.Popen([sys.executable, "-c", SERVE],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env)
         threading.Thread(target=self._read, args=(self.process, errors), daemon=True).start()
 
@@ -240,20 +240,23 @@ class Child:
 CHILD = Child()
 
 
-def serve():
-    """The child: for each request read from stdin, run the step's compiled kernel on zeros of its arrays' shapes
+SERVE = f"from executor.backends import numpy_backend; from {__name__} import serve; serve(numpy_backend.table(True))"
+"""The child's program: `serve` with the NumPy backend's kernel table, the compiled kernels over the shared ones."""
+
+
+def serve(table):
+    """The child: for each request read from stdin, run the step's kernel in `table` on zeros of its arrays' shapes
     (numba compiles what it needs into its cache, one compile at a time among the processes sharing that cache),
     answering 'NUMBER' on stdout once done or 'NUMBER reason' where it failed. Whatever else writes on stdout
     (numba's debug switches) goes to stderr."""
     from executor import kernels
-    from executor.backends import numpy_backend
 
     from . import BROKEN, reason
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     if hasattr(os, "nice"):
         os.nice(10)
-    table, requests = numpy_backend.table(True), queue.Queue()
+    requests = queue.Queue()
     threading.Thread(target=_queue_lines, args=(sys.stdin.buffer, requests), daemon=True).start()
     for line in iter(requests.get, None):
         number, (step, ins, outs, ws), cache = pickle.loads(base64.b64decode(line))

@@ -36,7 +36,6 @@ def interruptible(command):
                 raise KeyboardInterrupt
 
         previous = signal.signal(signal.SIGINT, handler)
-    _pending.clear()
     try:
         status = command()
         check()

@@ -7,27 +7,8 @@ import planner
 from executor import backends
 
 
-@pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
-def backend(request):
-    """The executor backend a test runs on; its CuPy run skips without CuPy and a CUDA GPU."""
-    if request.param == "cupy":
-        try:
-            backends.get("cupy")
-        except planner.MemplanError:
-            pytest.skip("needs CuPy and a CUDA GPU")
-    return request.param
-
-
-@pytest.fixture
-def cupy():
-    """The cupy module; the test skips without CuPy and a CUDA GPU."""
-    try:
-        return backends.get("cupy").xp
-    except planner.MemplanError:
-        pytest.skip("needs CuPy and a CUDA GPU")
-
-
 def _cuda():
+    """Whether CuPy and a CUDA GPU are usable."""
     try:
         backends.get("cupy")
     except planner.MemplanError:
@@ -35,7 +16,24 @@ def _cuda():
     return True
 
 
+@pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def backend(request):
+    """The executor backend a test runs on; its CuPy run skips without CuPy and a CUDA GPU."""
+    if request.param == "cupy" and not _cuda():
+        pytest.skip("needs CuPy and a CUDA GPU")
+    return request.param
+
+
+@pytest.fixture
+def cupy():
+    """The cupy module; the test skips without CuPy and a CUDA GPU."""
+    if not _cuda():
+        pytest.skip("needs CuPy and a CUDA GPU")
+    return backends.get("cupy").xp
+
+
 def pytest_collection_modifyitems(config, items):
+    """Without CuPy and a CUDA GPU, deselect the tests marked gpu as they are collected."""
     if _cuda():
         return
     gpu = [item for item in items if item.get_closest_marker("gpu")]

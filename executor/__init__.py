@@ -73,6 +73,7 @@ class Executor:
 
     def __init__(self, plan, backend="auto", poison=False, config=None, profile=False, threads=None, jit=None,
                  group=None, cuda_graph=False, tf32=False):
+        _check_weights(plan)
         self.backend = backends.get(backend)
         self.groups = groups_for(plan, group)
         if cuda_graph:
@@ -424,6 +425,16 @@ def _type_name(value):
 
 
 __all__ = ["BusyError", "Executor", "FeedError", "OutOfMemoryError", "RunError", "check_memory", "random_feeds"]
+
+
+def _check_weights(plan):
+    """Refuse a plan of a weightless model (planner.deferred.Absent): it says what the model takes, but has
+    nothing to compute with."""
+    absent = plan.weights_absent
+    if absent:
+        more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
+        raise MemplanError(f"this plan was made without the model's weights ({absent[0]!r}{more} have no values): "
+                           "it says how much memory the model takes; to run it, plan the model with its weights")
 
 
 def _check_graphable(backend, plan, poison, profile, ranks):

@@ -10,8 +10,8 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto, checker, external_data_helper, helper, numpy_helper
 
 from planner import dtypes
-from planner.deferred import Deferred
-from planner.errors import ModelError
+from planner.deferred import Absent, Deferred
+from planner.errors import ModelError, say
 from planner.ir import DEFAULT_OPSETS, Annotations, Graph, Node, Tensor, captured
 
 from .onnx_upgrade import OLDEST, upgrade
@@ -19,6 +19,10 @@ from .onnx_upgrade import OLDEST, upgrade
 META = "memplan."
 """Prefix of the node metadata_props keys that carry the user's annotations (ir.HINTS)."""
 TORCH_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
+TORCH_INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+WEIGHT_INPUTS = {"PARAMETER": "param", "BUFFER": "const", "CONSTANT_TENSOR": "const"}
+"""The kinds of graph input torch.onnx writes for a module's state when it saves an export without its
+initializers (`keep_initializers_as_inputs=True`), and what memplan plans them as: weights without values."""
 DEFERRED_TYPES = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64}
 DEFERRED_BYTES = 1 << 16
 """Float initializers of this many bytes or more are read when needed (planner.deferred); smaller ones,
@@ -33,8 +37,9 @@ READS = (f"memplan reads opsets {MIN_OPSET} to {MAX_OPSET}, and {OLDEST} to {MIN
          "version converter")
 
 
-def read(model):
-    """A path or ModelProto -> Graph. External data is read from beside the model file only."""
+def read(model, weights=True):
+    """A path or ModelProto -> Graph. External data is read from beside the model file only, and not at all
+    with `weights` False. Weights without values (see _absent_weights) are planned as planner.deferred.Absent."""
     base_dir = None
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
@@ -53,10 +58,10 @@ def read(model):
     if not OLDEST <= version <= MAX_OPSET:
         raise ModelError(f"opset {version} is not supported ({READS})")
     _check_nodes(model, version)
-    weights = {t.name: t for t in model.graph.initializer}
+    stored = {t.name: t for t in model.graph.initializer}
     if version < MIN_OPSET:
         model = _upgraded(model, version)
-    return _graph(model.graph, _opsets(model), base_dir, weights)
+    return _graph(model.graph, _opsets(model), base_dir, stored, weights)
 
 
 def _upgraded(model, version):
@@ -117,12 +122,12 @@ def _opsets(model):
     return {**DEFAULT_OPSETS, **{_domain(o.domain): o.version for o in model.opset_import}}
 
 
-def _graph(g, opsets, base_dir, weights=None):
-    """A GraphProto -> Graph; `weights` by name stand for the graph's initializers of those names (an upgraded
-    model's placeholders)."""
+def _graph(g, opsets, base_dir, stored=None, read_weights=True):
+    """A GraphProto -> Graph; `stored` by name stand for the graph's initializers of those names (an upgraded
+    model's placeholders); with `read_weights` False, external data is not read."""
     tensors = {}
     for init in g.initializer:
-        tensors[init.name] = _param((weights or {}).get(init.name, init), base_dir)
+        tensors[init.name] = _param((stored or {}).get(init.name, init), base_dir, read_weights)
     if g.sparse_initializer:
         raise ModelError("sparse initializers are not supported")
     declared = {}
@@ -130,6 +135,7 @@ def _graph(g, opsets, base_dir, weights=None):
         shape, dtype = _value_info(vi)
         first = declared.get(vi.name, (None, None))
         declared[vi.name] = (shape if first[0] is None else first[0], dtype if first[1] is None else first[1])
+    tensors.update(_absent_weights(g, tensors, declared))
     inputs = tuple(vi.name for vi in g.input if vi.name not in tensors)
     outputs = tuple(vi.name for vi in g.output)
     for name in inputs:
@@ -164,7 +170,7 @@ def _graph(g, opsets, base_dir, weights=None):
             if name and name not in tensors:
                 tensors[name] = Tensor(name, *declared.get(name, (None, None)), "activation")
     return Graph(tuple(nodes), tensors, inputs, outputs, g.name or "graph", opsets,
-                 exported_params=_exported_params(g))
+                 exported_params=_exported_params(g), buffers=_buffers(g, tensors))
 
 
 def _exported_params(g):
@@ -172,6 +178,23 @@ def _exported_params(g):
     graph's metadata, or None when the file has none."""
     signature = {p.key: p.value for p in g.metadata_props}.get(TORCH_SIGNATURE)
     return None if signature is None else len(re.findall(r": PARAMETER target=", signature))
+
+
+def _buffers(g, tensors):
+    """The names the torch.export signature lists as the module's buffers and constant tensors (rotary
+    tables, masks): state that an initializer of that name holds, but that does not train. Where the file marks
+    its nn.Parameters as inputs (WEIGHT_INPUTS), every other initializer too: a constant of the module's code
+    (a `torch.ones` norm scale) that the exporter's optimizer made one."""
+    signature = {p.key: p.value for p in g.metadata_props}.get(TORCH_SIGNATURE) or ""
+    named = set(re.findall(r": (?:BUFFER|CONSTANT_TENSOR) target='([^']*)'", signature))
+    if any(_input_kind(vi) == "PARAMETER" for vi in g.input):
+        named.update(init.name for init in g.initializer)
+    return frozenset(named)
+
+
+def _input_kind(vi):
+    """The kind of module state torch.onnx marks a graph input as (PARAMETER, BUFFER, ...), or None."""
+    return {p.key: p.value for p in vi.metadata_props}.get(TORCH_INPUT_KIND)
 
 
 def _legacy_softmax(node, tensors):
@@ -207,15 +230,47 @@ def _dim(d):
     return d.dim_param if d.dim_param and d.dim_param != "?" else None
 
 
-def _param(init, base_dir):
-    """The param of an initializer: one of DEFERRED_TYPES of DEFERRED_BYTES or more as a Deferred (read when
-    needed), the others read now."""
+def _absent_weights(g, tensors, declared):
+    """{name: Tensor} of the graph inputs torch.onnx marks as a module's parameters or buffers (WEIGHT_INPUTS):
+    weights whose values the file does not hold, each of the type and shape it declares."""
+    found = {}
+    for vi in g.input:
+        kind = WEIGHT_INPUTS.get(_input_kind(vi))
+        if kind is None or vi.name in tensors:
+            continue
+        shape, dtype = declared[vi.name]
+        if dtype is None or shape is None or not all(isinstance(d, int) for d in shape):
+            raise ModelError(f"input {vi.name!r} is a weight of the exported module, but declares no static shape "
+                             f"and type ({_show(shape)} {dtype}): memplan plans a module's weights as they are")
+        found[vi.name] = Tensor(vi.name, shape, dtype, kind, Absent(vi.name, shape, dtype))
+    return found
+
+
+def _show(shape):
+    return "no shape" if shape is None else "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+def _param(init, base_dir, read_weights=True):
+    """The param of an initializer: one without values (no data, or float external data not to be read) as an Absent;
+    one of DEFERRED_TYPES of DEFERRED_BYTES or more as a Deferred (read when needed); the others read now."""
     dtype, shape = DEFERRED_TYPES.get(init.data_type), tuple(init.dims)
+    external = external_data_helper.uses_external_data(init)
+    if (external and not read_weights and dtype is not None) or (
+            not external and not _holds_values(init) and math.prod(shape) > 0):
+        absent = dtypes.from_onnx(init.data_type)
+        return Tensor(init.name, shape, absent, "param", Absent(init.name, shape, absent))
     if dtype is not None and math.prod(shape) * np.dtype(dtype).itemsize >= DEFERRED_BYTES:
         data = Deferred(_reader(init, base_dir, shape, np.dtype(dtype)), shape, dtype)
     else:
         data = _array(init, base_dir)
     return Tensor(init.name, data.shape, data.dtype, "param", data)
+
+
+def _holds_values(init):
+    """Whether a TensorProto holds its values in itself (raw bytes or one of its typed fields), asked without
+    copying them."""
+    return init.HasField("raw_data") or any(len(getattr(init, f)) for f in (
+        "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data"))
 
 
 def _reader(tensor, base_dir, shape, dtype):
@@ -275,7 +330,8 @@ def _external(tensor, base_dir):
         raise ModelError(f"initializer {tensor.name!r}: external data location {location!r} "
                          "points outside the model's directory; refusing to read it")
     if not os.path.isfile(path):
-        raise ModelError(f"initializer {tensor.name!r}: external data file {location!r} is missing")
+        raise ModelError(f"initializer {tensor.name!r}: external data file {location!r} is missing (to plan the "
+                         f"model from its weights' shapes alone, {say('weights=False', '--no-weights')})")
     return path, info
 
 

@@ -23,7 +23,7 @@ def load_graph(args):
     """The typed graph of args.model with the shapes from --input and --batch."""
     from frontends import read
     from .shapes import infer
-    raw = read(args.model)
+    raw = read(args.model, not args.no_weights, args.training)
     return infer(raw, input_shapes(raw, args.input, args.batch))
 
 
@@ -233,7 +233,7 @@ def batch_planner(args, training):
     from .compiler import compile, compile_stages
     from .shapes import infer
     config = config_of(args)
-    raw = read(args.model)
+    raw = read(args.model, not args.no_weights, args.training)
     given = input_shapes(raw, args.input, None)
     check_free_batch(raw, given)
 

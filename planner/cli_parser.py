@@ -68,7 +68,10 @@ def _model_args(p, one_strategy):
     from .precision import PRECISIONS
     from .remat import REMATS
     from .optimizers import OPTIMIZERS
-    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="an .onnx file or zoo:NAME")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                   help="an .onnx file, zoo:NAME, a transformers config.json or hf:MODEL_ID (built without weights)")
+    p.add_argument("--no-weights", action="store_true",
+                   help="plan from the weights' shapes alone: external data is not read (whether it is there or not)")
     p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS", help="bind an input, e.g. input:8x3x224x224")
     p.add_argument("--batch", type=count(1), default=None, help="batch size for inputs whose other dims are known")
     p.add_argument("--training", action="store_true", help="plan a training step: forward, loss, backward, optimizer")

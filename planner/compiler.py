@@ -48,11 +48,16 @@ def compile(model, input_shapes=None, options=None, **keywords):
     `fuse_conv`, `pretranspose`, and (not in plans for a CUDA `device`) `inverted_residual`, `winograd` and
     `batch_conv`.
     plan.stats counts the fused ops.
+
+    A model whose weights are absent (an export on PyTorch's meta device: typed, shaped weights without data;
+    `weights=False` for external data not to be read) is planned as with them, its params counted and
+    trained as params; `plan.weights_absent` names them, and no Executor runs it.
     """
     from frontends import read
     start = time.perf_counter()
     options = _configured(CompileOptions.of(options, **keywords))
-    graph, facts = passes.run(passes.pipeline(options), read(model), _context(options, input_shapes))
+    model = read(model, options.weights, options.training)
+    graph, facts = passes.run(passes.pipeline(options), model, _context(options, input_shapes))
     return _planned(graph, facts, options, start)
 
 
@@ -69,7 +74,8 @@ def compile_stages(model, input_shapes=None, options=None, *, stages=None, **key
         return
     pipeline = passes.pipeline(options)
     cut = [p.name for p in pipeline].index("pipeline_stage")
-    whole, facts = passes.run(pipeline[:cut], read(model), _context(options, input_shapes))
+    model = read(model, options.weights, options.training)
+    whole, facts = passes.run(pipeline[:cut], model, _context(options, input_shapes))
     for stage in range(parallel.pp) if stages is None else stages:
         staged = replace(options, parallel=replace(parallel, stage=stage))
         context = replace(_context(staged, input_shapes), facts=MappingProxyType(facts))

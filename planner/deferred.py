@@ -11,6 +11,8 @@ from functools import partial
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from .errors import ModelError
+
 
 class Deferred(NDArrayOperatorsMixin):
     """An array of `shape` and `dtype` that `read()` returns: NumPy functions, ufuncs, operators, indexing
@@ -61,9 +63,47 @@ class Deferred(NDArrayOperatorsMixin):
         return f"Deferred({self.shape}, {self.dtype})"
 
 
+class Absent(Deferred):
+    """A weight the model gives the type and shape of but no values (a weightless export: planned from
+    shapes alone). Planning takes it as any weight; reading its values is an error naming it."""
+
+    def __init__(self, name, shape, dtype):
+        super().__init__(partial(_absent, name), shape, dtype)
+        self.name = name
+
+    def __repr__(self):
+        return f"Absent({self.name!r}, {self.shape}, {self.dtype})"
+
+
+def _absent(name):
+    raise ModelError(f"the value of {name!r} is needed here, but the model's weights are absent (it was planned "
+                     "from their shapes alone): give the model with its weights")
+
+
+def is_absent(value):
+    """Whether `value` (an array, a Deferred, a rank's part of one: parallel.Whole) stands for a weight without
+    values."""
+    return isinstance(_inner(value), Absent)
+
+
+def absent_name(value):
+    """The name of the model's weight an absent value stands for (see is_absent)."""
+    return _inner(value).name
+
+
+def _inner(value):
+    while not isinstance(value, Deferred) and hasattr(value, "value"):
+        value = value.value
+    return value
+
+
 def computed(fn, shape, dtype, *args):
     """fn(*args), an array of `shape` and `dtype`: where an argument is a Deferred, a Deferred computing it
-    when read (a rewrite of a weight then holds no more of it than the weight did); else computed now."""
+    when read (a rewrite of a weight then holds no more of it than the weight did), an Absent where one is;
+    else computed now."""
+    absent = next((a for a in args if isinstance(a, Absent)), None)
+    if absent is not None:
+        return Absent(absent.name, shape, dtype)
     if not any(isinstance(a, Deferred) for a in args):
         return fn(*args)
     return Deferred(partial(_call, fn, args), shape, dtype)

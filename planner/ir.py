@@ -148,7 +148,8 @@ class Graph:
     `updates` pairs (new value, persistent tensor): after a run the persistent tensor (a param or
     state) holds the new value, written into its bytes once every other reader of it has run, as a
     training step updates its weights in place. `exported_params`: how many nn.Parameters the
-    torch.export signature a file carries lists (None without one), to check what a training step trains.
+    torch.export signature a file carries lists (None without one), to check what a training step trains;
+    `buffers`: the initializers it says are not nn.Parameters (the module's buffers), which do not train.
     `opsets`: {domain: version} the model imports ("" the default ONNX domain), which selects the
     version of each node's op. `bfloat16`: the graph was rewritten to compute in bfloat16 (the
     precision pass), which memplan's kernels take wherever ONNX's type constraints take float16.
@@ -162,6 +163,7 @@ class Graph:
     opsets: dict = field(default_factory=lambda: dict(DEFAULT_OPSETS))
     updates: tuple = ()
     exported_params: int | None = None
+    buffers: frozenset = frozenset()
     bfloat16: bool = False
 
     @property

@@ -93,7 +93,9 @@ class CompileOptions:
     before any model is read. `device` and `rank` are recorded in the plan: which device its arena is
     for ("any": whichever runs it) and which of several cooperating plans it is. `device` and `precision`
     may be given by name ("cuda:0", "amp-fp16") and are held as a Device and a Precision. None means the
-    default: `loss` "cross_entropy", `optimizer` "sgd", `config` Config.from_env() when compile runs."""
+    default: `loss` "cross_entropy", `optimizer` "sgd", `config` Config.from_env() when compile runs.
+    `weights=False` plans from the weights' shapes alone: an initializer's external data is not read, whether
+    its file is there or not (its plan is planner.deferred's Absent weights, which no Executor runs)."""
 
     strategy: str = "auto"
     schedule: str = "auto"
@@ -125,8 +127,11 @@ class CompileOptions:
     batch_conv: bool = True
     inverted_residual: bool = True
     parallel: Parallel | None = None
+    weights: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.weights, bool):
+            raise PlanError(f"weights must be True or False, got {self.weights!r}")
         object.__setattr__(self, "device", Device.parse(self.device))
         object.__setattr__(self, "precision", Precision.parse(self.precision))
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:

@@ -23,6 +23,7 @@ that run `microbatches` in 1F1B order (planner/pipeline.py, planner/passes/pipel
 stage's. Ranks are numbered as Megatron numbers them, tensor parallel innermost, pipeline stages outermost:
 global rank = (stage * dp + dp rank) * tp + tp rank.
 """
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -106,21 +107,25 @@ class Parallel:
 
 
 def piece(value, dim, groups, rank, world):
-    """Rank `rank`'s piece of `value` split over `world` ranks on `dim`, which holds `groups` equal blocks
-    (a fused QKV weight's three): the rank's 1/world of each block, side by side."""
-    shape = value.shape
-    blocks = np.reshape(value, (*shape[:dim], groups, shape[dim] // groups, *shape[dim + 1:]))
-    size = shape[dim] // groups // world
-    mine = np.take(blocks, np.arange(rank * size, (rank + 1) * size), axis=dim + 1)
-    return np.ascontiguousarray(mine.reshape(*shape[:dim], groups * size, *shape[dim + 1:]))
+    """Rank `rank`'s piece of `value` split over `world` ranks on `dim`, which holds consecutive blocks: `groups`
+    equal ones (a fused QKV weight's three), or of the sizes `groups` lists (grouped-query q, k and v): the rank's
+    1/world of each block, side by side."""
+    bounds = np.cumsum([0, *_sizes(value.shape[dim], groups)])
+    mine = [np.take(value, np.arange(a + rank * (b - a) // world, a + (rank + 1) * (b - a) // world), axis=dim)
+            for a, b in itertools.pairwise(bounds)]
+    return np.ascontiguousarray(np.concatenate(mine, axis=dim))
 
 
 def joined(pieces, dim, groups):
     """The value whose pieces (by rank, see `piece`) are `pieces`."""
-    shape = pieces[0].shape
-    blocks = [np.reshape(p, (*shape[:dim], groups, shape[dim] // groups, *shape[dim + 1:])) for p in pieces]
-    whole = np.concatenate(blocks, axis=dim + 1)
-    return whole.reshape(*shape[:dim], shape[dim] * len(pieces), *shape[dim + 1:])
+    sizes = [size // len(pieces) for size in _sizes(pieces[0].shape[dim] * len(pieces), groups)]
+    parts = [np.split(p, np.cumsum(sizes)[:-1], axis=dim) for p in pieces]
+    return np.concatenate([part for block in zip(*parts) for part in block], axis=dim)
+
+
+def _sizes(size, groups):
+    """The sizes of the blocks of a dim of `size`: `groups` equal ones, or those `groups` lists."""
+    return [size // groups] * groups if isinstance(groups, int) else list(groups)
 
 
 def shard_size(elements, world, unit=1):

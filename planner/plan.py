@@ -22,13 +22,14 @@ import numpy as np
 
 from . import dtypes  # noqa: F401  (registers ml_dtypes' names with NumPy)
 from . import plan_checks
+from .deferred import Absent, absent_name, is_absent
 from .errors import PlanError
 from .ops.base import Slice
 from .parallel import Parallel, Whole, shard_size
 from .plan_checks import ALIGNMENT, check_op, is_int, numpy_dtype  # noqa: F401  (ALIGNMENT: planning's, from here)
 from .units import format_bytes
 
-FORMAT = "memplan-plan/5"
+FORMAT = "memplan-plan/6"
 PHASES = ("", "backward", "recompute", "optimizer")
 MEASURED = ("plan_seconds",)
 """Stats a compile measured rather than decided, left out of the file: a plan is the same bytes wherever and
@@ -126,6 +127,12 @@ class Plan:
         return describe(self)
 
     @property
+    def weights_absent(self):
+        """The model's weights it was planned without (a weightless model's: planner.deferred.Absent), sorted:
+        such a plan says what the model takes, and no Executor runs it."""
+        return sorted({absent_name(value) for value in self.data.values() if is_absent(value)})
+
+    @property
     def fragmentation_bytes(self):
         return self.arena_bytes - self.lower_bound_bytes
 
@@ -137,18 +144,21 @@ class Plan:
     def to_json(self, path):
         """Write the plan as JSON at `path` (not ending in .npz), and the params' and consts' values beside
         it in an .npz of the same stem, whose digest the JSON records so that a stale .npz is refused; and
-        the digest of the JSON itself, so that a plan changed after it was written is refused."""
+        the digest of the JSON itself, so that a plan changed after it was written is refused. Absent weights
+        (a weightless model's) are recorded by name and shape alone."""
         path = Path(path)
         if path.suffix.lower() == ".npz":
             raise PlanError(f"{path}: the plan's values are written beside it as .npz, so the plan itself "
                             "must not end in .npz; name it .json")
-        values = self.check_values().data
+        data = self.check_values().data
+        values = {name: value for name, value in data.items() if not is_absent(value)}
         doc = {"format": FORMAT, **{k: getattr(self, k) for k in (
             "strategy", "schedule", "arena_bytes", "lower_bound_bytes", "breakdown", "inputs", "outputs",
             "training", "opsets", "device", "rank")}, "stats": {k: v for k, v in self.stats.items() if k not in MEASURED},
             "tensors": [asdict(t) for t in self.tensors.values()],
             "steps": [{**asdict(s), "attrs": {k: _encode(v) for k, v in s.attrs.items()}} for s in self.steps],
-            "values_digest": _values_digest(values) if values else None}
+            "values_digest": _values_digest(values) if values else None,
+            "absent": {name: list(np.shape(_whole(value))) for name, value in data.items() if is_absent(value)}}
         doc = json.loads(json.dumps(doc))  # as from_json will read it
         path.write_text(json.dumps({**doc, "digest": document_digest(doc)}, indent=1))
         if values:
@@ -171,7 +181,7 @@ class Plan:
             lifetime = None if t["lifetime"] is None else tuple(t["lifetime"])
             tensors[t["name"]] = PlannedTensor(**{**t, "shape": tuple(t["shape"]), "lifetime": lifetime})
         steps = tuple(_step(s, f"{path}: steps[{k}]") for k, s in enumerate(doc.pop("steps")))
-        digest = doc.pop("values_digest")
+        digest, absent = doc.pop("values_digest"), doc.pop("absent")
         plan = cls(**{**doc, "inputs": tuple(doc["inputs"]), "outputs": tuple(doc["outputs"])},
                    tensors=tensors, steps=steps)
         try:
@@ -181,9 +191,10 @@ class Plan:
         if document_digest(written) != written["digest"]:
             raise PlanError(f"{path}: the plan was changed after it was written (its digest differs from the one it "
                             "recorded); plan the model again rather than editing the plan")
-        plan.data = {} if digest is None else _read_npz(values_path(path), plan)
+        values = {} if digest is None else _read_npz(values_path(path), plan)
+        plan.data = {**values, **_absent(absent, plan, str(path), values)}
         plan.check_values(f"{path} (saved without values)" if digest is None else str(values_path(path)))
-        if digest is not None and _values_digest(plan.data) != digest:
+        if digest is not None and _values_digest(values) != digest:
             raise PlanError(f"{values_path(path)}: these values do not belong to {path} (their digest differs from "
                             "the one the plan recorded): save the plan and its values together again with to_json")
         try:
@@ -226,7 +237,7 @@ TYPES = {  # name: (what the field must be, its test)
 TOP_FIELDS = {"format": "str", "strategy": "str", "schedule": "str", "arena_bytes": "int", "lower_bound_bytes": "int",
               "breakdown": "object", "inputs": "names", "outputs": "names", "stats": "object", "training": "object",
               "tensors": "list", "steps": "list", "values_digest": "name?", "opsets": "opsets", "device": "str",
-              "rank": "int", "digest": "str"}
+              "rank": "int", "absent": "object", "digest": "str"}
 TENSOR_FIELDS = {"name": "str", "shape": "shape", "dtype": "str", "kind": "str", "nbytes": "int", "offset": "int",
                  "lifetime": "lifetime", "alias_of": "name?", "view": "bool", "role": "str"}
 STEP_FIELDS = {"name": "str", "op": "str", "inputs": "names", "outputs": "names", "attrs": "object",
@@ -346,6 +357,20 @@ def _check_member(archive, member, plan, where):
     if member.file_size - start != math.prod(shape) * dtype.itemsize:
         raise PlanError(f"{where}: {name!r} holds {member.file_size - start:,} bytes of values, where its shape "
                         f"{tuple(shape)} and dtype {dtype} take {math.prod(shape) * dtype.itemsize:,}")
+
+
+def _absent(absent, plan, where, values):
+    """{name: Absent} of the weights a plan file records as absent ({name: whole shape}), each checked as a value
+    of that shape would be, and none among the `values` the file gives."""
+    found = {}
+    for name, shape in absent.items():
+        if not TYPES["shape"][1](shape):
+            raise PlanError(f"{where}: field 'absent': {name!r} must be a list of ints, got {reprlib.repr(shape)}")
+        if name in values:
+            raise PlanError(f"{where}: {name!r} is both absent and given a value")
+        _check_value(plan, name, shape, numpy_dtype(_valued(plan, name, where)), where)
+        found[name] = Absent(name, shape, numpy_dtype(plan.tensors[name]))
+    return found
 
 
 def _valued(plan, name, where):

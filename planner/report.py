@@ -55,7 +55,7 @@ class Report:
         load, naive = self.lower_bound, self.rows[0][1].arena_bytes
         first = self.rows[0][1]
         doc = {"model": self.graph.name, "inputs": {n: list(self.graph.tensors[n].shape) for n in self.graph.inputs},
-               "notes": self.notes}
+               "weights_absent": len(first.weights_absent), "notes": self.notes}
         if self.updates:
             doc.update(training=first.training["optimizer"], trained_params=len(first.training["params"]),
                        trained_values=sum(math.prod(first.tensors[n].shape) for n in first.training["params"]),
@@ -254,10 +254,12 @@ def _remat_row(label, plan, load, step):
 def _title(graph, d, training):
     inputs = ", ".join(f"{n} {tuple(s)} {graph.tensors[n].dtype} {format_bytes(graph.tensors[n].nbytes)}"
                        for n, s in d["inputs"].items())
+    absent = (f"; weights absent ({d['weights_absent']} planned from their shapes alone, so the plan cannot run)"
+              if d["weights_absent"] else "")
     if not training:
-        return f"{graph.name}: {inputs}"
+        return f"{graph.name}: {inputs}{absent}"
     return (f"{graph.name}: {inputs}; training step with {d['training']} ({d['trained_params']} params trained), "
-            f"forward {d['forward_flops'] / 1e9:.2f} GFLOP, backward {d['backward_flops'] / 1e9:.2f} GFLOP")
+            f"forward {d['forward_flops'] / 1e9:.2f} GFLOP, backward {d['backward_flops'] / 1e9:.2f} GFLOP{absent}")
 
 
 def _pools_line(d):

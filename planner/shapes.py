@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import ops, reference
+from .deferred import Absent
 from .dtypes import is_float
 from .errors import ModelError, ShapeError, UnsupportedOpError, say
 from .ir import Tensor, check_size, op_name, validate
@@ -253,8 +254,8 @@ def _bind_inputs(graph, input_shapes):
 
 def _source_info(t):
     """The Info of a param or const. Weights (float params of more than one element) carry no value, so
-    what is computed from them stays in the graph, where training can update them."""
-    weight = t.kind == "param" and is_float(t.dtype) and t.data.size > 1
+    what is computed from them stays in the graph, where training can update them; nor do absent ones."""
+    weight = (t.kind == "param" and is_float(t.dtype) and t.data.size > 1) or isinstance(t.data, Absent)
     return Info(tuple(t.data.shape), t.data.dtype, None if weight else t.data)
 
 

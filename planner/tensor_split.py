@@ -1,11 +1,12 @@
 """How tensor parallelism follows a layer's split through the ops after it (planner/passes/tensor_parallel.py):
 each op's rule takes the cuts of its inputs and gives its outputs', or says the region cannot be split.
 
-A tensor's Cut says which indices of its dim `axis` a rank holds: the dim is (outer, tp, span) in row-major
-order and rank r holds the span of each outer index at r. A column-parallel output holds one run (outer 1);
-a fused QKV projection's holds one in each of its three blocks (outer 3); heads merged with the batch
-(outer batch) are a run of each batch row. A weight cut alike is planner.parallel.piece(value, dim, outer):
-the rank's span of each outer block."""
+A tensor's Cut says which indices of its dim `axis` a rank holds: the dim is consecutive blocks, each (tp, span)
+in row-major order, and rank r holds the span of each block at r. A column-parallel output holds one run (one
+block); a fused projection's holds one in each of the blocks its Split or Slices cut it into (q, k and v, the
+grouped-query k and v smaller than q; an MLP's gate and up); heads merged with the batch (a block a batch row)
+a run of each batch row. A weight cut alike is planner.parallel.piece(value, dim, blocks): the rank's span of
+each block, side by side."""
 import math
 
 from . import ops
@@ -21,15 +22,33 @@ class Indivisible(Exception):
 
 
 class Cut:
-    """See the module. `fixed` once a reader relies on the layout, so that a later Split can no longer
-    make blocks of it (only a column-parallel output, read elementwise so far, can)."""
+    """See the module: `spans` are the rank's span of each block, left to right. `fixed` once a reader relies on
+    the layout, so that a later Split or Slices can no longer make blocks of it (only a column-parallel output,
+    read elementwise so far, can)."""
 
-    def __init__(self, axis, span, outer=1, fixed=True, parent=None):
-        self.axis, self.span, self.outer, self.fixed, self.parent = axis, span, outer, fixed, parent
+    def __init__(self, axis, spans, fixed=True, parent=None):
+        self.axis, self.spans, self.fixed, self.parent = axis, tuple(spans), fixed, parent
+
+    @property
+    def outer(self):
+        """How many blocks the dim holds."""
+        return len(self.spans)
+
+    @property
+    def span(self):
+        """The span of each block, where they are equal: a rule that needs one refuses blocks of unequal sizes."""
+        if len(set(self.spans)) > 1:
+            raise Unsplittable(f"blocks of {', '.join(map(str, self.spans))} features a rank meet an op that needs "
+                               "them equal")
+        return self.spans[0]
+
+    def blocks(self, tp):
+        """The blocks as planner.parallel.piece takes them: how many, where equal; else their sizes."""
+        return self.outer if len(set(self.spans)) == 1 else [s * tp for s in self.spans]
 
     def lineage(self):
         """This cut and those it was reshaped from without moving its dim (a Gemm's 2-D output viewed as
-        (batch, seq, features)): a Split refines them all."""
+        (batch, seq, features)): a Split or Slices refine them all."""
         cut = self
         while cut is not None:
             yield cut
@@ -37,10 +56,10 @@ class Cut:
 
     def moved(self, axis):
         """The same split of another axis (a Transpose, a broadcast)."""
-        return Cut(axis, self.span, self.outer)
+        return Cut(axis, self.spans)
 
     def alike(self, other):
-        return (self.span, self.outer) == (other.span, other.outer)
+        return self.spans == other.spans
 
 
 class Region:
@@ -63,7 +82,7 @@ class Region:
         is its only reader; else (a weight the exporter shares among equal ones, zero biases) read through
         this rank's piece of it, which 1-D ones have."""
         t = self.graph.tensors[name]
-        if t.shape[dim] != cut.outer * self.tp * cut.span:
+        if t.shape[dim] != self.tp * sum(cut.spans):
             raise Unsplittable(f"{name} does not match the split it meets")
         if t.kind == "param" and self.readers(name) == 1:
             self.params.setdefault(k, []).append((name, dim, cut))
@@ -145,37 +164,47 @@ def _softmax(region, k, node, ins):
 
 
 def _split(region, k, node, ins):
-    """Split on the split axis into n equal parts: the input's axis holds n blocks (outer n), each output
-    one run."""
+    """Split on the split axis into consecutive blocks of any sizes (a fused QKV projection's three, an MLP's gate
+    and up): each output one block's run. Along another axis each output splits as the input."""
     c, schema = ins[0], ops.of(node)
     a = normal_axis(schema.attr(node, "axis"), len(region.shape(node.inputs[0])))
-    refinable = all(not x.fixed for x in c.lineage())
-    c.fixed = True
     if a != c.axis:
+        c.fixed = True
         return [c.moved(c.axis)] * len(node.outputs)
     sizes = schema.split_sizes(node, region.shape(node.inputs[0])[a])
-    n = len(sizes)
-    if len(set(sizes)) != 1 or not (c.outer == n or (c.outer == 1 and refinable)):
-        raise Unsplittable(f"{node.name} splits the split axis unevenly")
-    if c.outer == 1:
-        if c.span % n:
-            raise Indivisible(f"{node.name} splits {sizes[0] * n} features in {n}, and {region.tp} ranks do not "
-                              "split each part evenly")
-        for x in c.lineage():
-            x.outer, x.span, x.fixed = n, x.span // n, True
-    if schema.attr(node, "split") is not None:
-        region.attrs[k] = {"split": [s // region.tp for s in sizes]}
-    return [Cut(a, c.span)] * len(node.outputs)
+    spans = _blocks(region, node, c, sizes)
+    if schema.attr(node, "split") is not None or len(set(sizes)) > 1:
+        region.attrs[k] = {"split": list(spans)}
+    return [Cut(a, (span,)) for span in spans]
+
+
+def _blocks(region, node, c, sizes):
+    """The rank's spans of the consecutive blocks of `sizes` that `node` (a Split, Slices) cuts c's axis into:
+    c's blocks already, or made its blocks (and those of the cuts it was viewed from) where no reader relied on
+    its layout yet. A block tp does not divide is Indivisible."""
+    refinable = all(not x.fixed for x in c.lineage())
+    c.fixed = True
+    if [span * region.tp for span in c.spans] == list(sizes):
+        return c.spans
+    if c.outer != 1 or not refinable or not all(sizes):
+        raise Unsplittable(f"{node.name} cuts the split axis into blocks unlike its layout")
+    if any(size % region.tp for size in sizes):
+        raise Indivisible(f"{node.name} cuts {sum(sizes)} features into blocks of {', '.join(map(str, sizes))}, and "
+                          f"{region.tp} ranks do not split each block evenly")
+    spans = tuple(size // region.tp for size in sizes)
+    for x in c.lineage():
+        x.spans, x.fixed = spans, True
+    return spans
 
 
 def _view(region, k, node, ins):
     """Reshape and the other views: the ranks' split lands in the output dim whose elements hold it (hidden
     -> heads x head size, batch x heads -> one dim, and back), which must hold whole spans."""
     c, before, after = ins[0], region.shape(node.inputs[0]), region.shape(node.outputs[0])
-    if after[-1] == before[-1] and c.axis == len(before) - 1:  # the features kept: a Split may still refine it
+    if after[-1] == before[-1] and c.axis == len(before) - 1:  # the features kept: blocks may still be cut
         if node.op == "Reshape":
             region.attrs[k] = {"shape": [*after[:-1], after[-1] // region.tp]}
-        return [Cut(len(after) - 1, c.span, c.outer, c.fixed, c)]
+        return [Cut(len(after) - 1, c.spans, c.fixed, c)]
     c.fixed = True
     stride = c.span * math.prod(before[c.axis + 1:])  # of the rank digit in the flat index, tp values
     for b in reversed(range(len(after))):
@@ -193,19 +222,49 @@ def _view(region, k, node, ins):
                           "(attention heads?)")
     if node.op == "Reshape":
         region.attrs[k] = {"shape": [d // region.tp if j == b else d for j, d in enumerate(after)]}
-    return [Cut(b, span, after[b] // (span * region.tp))]
+    return [Cut(b, (span,) * (after[b] // (span * region.tp)))]
 
 
 def _slice(region, k, node, ins):
-    """Slice of other axes (RoPE's halves of each head)."""
-    c, schema = ins[0], ops.of(node)
-    rank = len(region.shape(node.inputs[0]))
+    """Slice of other axes (RoPE's halves of each head), or of one of the consecutive blocks the Slices reading a
+    fused projection's output cut it into (Phi-3's q, k and v): the rank's run of that block."""
+    c, schema, name = ins[0], ops.of(node), node.inputs[0]
+    if any(ins[1:]):
+        raise Unsplittable(f"{node.name} reads a split tensor past its first input")
+    shape = region.shape(name)
+    start, stop, step = schema.slices(node, shape)[c.axis].indices(shape[c.axis])
+    if (start, stop, step) == (0, shape[c.axis], 1):
+        c.fixed = True
+        return [c.moved(c.axis)]
+    ranges = _consecutive(region, name, c.axis)
+    spans = _blocks(region, node, c, [end - begin for begin, end in ranges])
+    j = ranges.index((start, stop))
+    begin = sum(spans[:j])
+    starts, ends = list(schema.attr(node, "starts")), list(schema.attr(node, "ends"))
     axes = schema.attr(node, "axes")
-    axes = range(len(schema.attr(node, "starts"))) if axes is None else axes
-    if c.axis in {normal_axis(a, rank) for a in axes} or any(ins[1:]):
-        raise Unsplittable(f"{node.name} slices the split axis")
-    c.fixed = True
-    return [c.moved(c.axis)]
+    at = [normal_axis(a, len(shape)) for a in (range(len(starts)) if axes is None else axes)].index(c.axis)
+    starts[at], ends[at] = begin, begin + spans[j]
+    region.attrs[k] = {"starts": starts, "ends": ends}
+    return [Cut(c.axis, (spans[j],))]
+
+
+def _consecutive(region, name, axis):
+    """The (start, stop) ranges, left to right, that the readers of `name` slice its `axis` into: every reader a
+    Slice of step 1 along it, the ranges consecutive blocks that cover it (ranges alike read one block); else
+    the region cannot follow them."""
+    dim = region.shape(name)[axis]
+    ranges = set()
+    for reader in region.graph.consumers[name]:
+        if reader.op != "Slice" or reader.domain or reader.inputs[0] != name:
+            raise Unsplittable(f"{reader.name} reads {name}, which Slices cut into blocks")
+        start, stop, step = ops.of(reader).slices(reader, region.shape(name))[axis].indices(dim)
+        if step != 1 or stop <= start:
+            raise Unsplittable(f"{reader.name} slices the split axis with step {step}, or to nothing")
+        ranges.add((start, stop))
+    ranges = sorted(ranges)
+    if [r[0] for r in ranges] != [0, *(r[1] for r in ranges[:-1])] or ranges[-1][1] != dim:
+        raise Unsplittable(f"the slices of {name} along the split axis overlap or leave gaps")
+    return ranges
 
 
 def _concat(region, k, node, ins):
@@ -251,7 +310,7 @@ def _attention(region, k, node, ins):
         shape = region.shape(node.inputs[3])
         if len(shape) >= 3 and shape[len(shape) - 3] != 1:
             raise Unsplittable(f"{node.name} reads a bias of each head")
-    return [Cut(1, q.span)] + [Cut(1, q.span)] * (len(node.outputs) - 1)
+    return [Cut(1, q.spans) for _ in node.outputs]
 
 
 def _row(region, k, node, c, weight_dim):

@@ -15,7 +15,8 @@ running statistic, not a float, not reached by the loss, an input that sets how 
 exponent of a Pow: `Schema.setting_inputs`), or one element read only by elementwise arithmetic and comparisons
 (`Schema.numbers`). A one-element initializer that another op
 reads (a Gemm bias of one output) trains, unless shape inference folded what reads it (a lone Exp).
-`trainable` forces names to train. The file cannot say which weight-sized initializers the exporter
+`trainable` forces names to train. An initializer that the torch.export signature of the file lists
+as a buffer does not train. Without one, the file cannot say which weight-sized initializers the exporter
 folded from buffers (rotary tables, causal masks); the report warns when a torch.export signature
 lists fewer nn.Parameters than train.
 """
@@ -46,7 +47,7 @@ def choose_params(graph, frozen=(), trainable=()):
             readers.setdefault(name, []).append((schema, slot))
     params, constants = [], {}
     for t in graph.params():
-        why = "frozen" if t.name in frozen else _cannot_train(t, stats, reached)
+        why = "frozen" if t.name in frozen else _cannot_train(t, stats, reached, graph.buffers)
         if t.name in trainable and why:
             raise ModelError(f"trainable name {t.name!r} cannot train: {why}")
         if t.name not in trainable:
@@ -63,6 +64,7 @@ CONSTANT_KINDS = (  # how a reason below starts: what one such constant is calle
     ("the exponent of a Pow", "Pow exponent", "Pow exponents"),
     ("frozen", "frozen", "frozen"),
     ("a running statistic", "running statistic", "running statistics"),
+    ("a buffer of the exported module", "module buffer", "module buffers"),
     ("the loss does not depend", "not reached by the loss", "not reached by the loss"),
 )
 
@@ -72,10 +74,12 @@ def constant_kind(why):
     return next(((one, many) for start, one, many in CONSTANT_KINDS if why.startswith(start)), (why, why))
 
 
-def _cannot_train(t, stats, reached):
+def _cannot_train(t, stats, reached, buffers):
     """Why the param `t` cannot train at all; None when it can."""
     if t.name in stats:
         return "a running statistic, which the forward pass updates"
+    if t.name in buffers:
+        return "a buffer of the exported module, not an nn.Parameter (as the export says)"
     if not is_float(t.dtype):
         return f"{t.dtype} values, not floats"
     if t.name not in reached:

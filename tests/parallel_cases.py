@@ -29,14 +29,14 @@ def batches(model, seed=0):
 
 
 def exported(build, tmp_path):
-    """(path, feeds): transformers' model `build` (of test_transformers_exports) exported by the dynamo
-    exporter, and STEPS batches of its inputs and labels."""
+    """(path, feeds): the transformers model a builder makes (`build`, or test_transformers_exports' builder of
+    that name) exported by the dynamo exporter, and STEPS batches of its inputs and labels."""
     pytest.importorskip("onnxscript")
     import test_transformers_exports as exports
     import torch
     torch.manual_seed(0)
-    model, inputs = getattr(exports, build)()
-    path = str(tmp_path / f"{build}.onnx")
+    model, inputs = (build if callable(build) else getattr(exports, build))()
+    path = str(tmp_path / f"{getattr(build, '__name__', build)}.onnx")
     torch.onnx.export(model.eval(), tuple(inputs.values()), path, input_names=list(inputs), output_names=["out"],
                       dynamo=True)
     rng = np.random.default_rng(0)

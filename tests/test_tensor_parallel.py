@@ -23,6 +23,10 @@ def test_pieces_join_back_into_the_value():
         np.testing.assert_array_equal(joined(pieces, dim, blocks), value)
     q, k, v = np.split(value, 3, axis=1)  # a fused QKV weight: each rank holds its half of each of the three
     np.testing.assert_array_equal(piece(value, 1, 3, 1, 2), np.concatenate([q[:, 2:], k[:, 2:], v[:, 2:]], axis=1))
+    q, k, v = np.split(value, [6, 8], axis=1)  # grouped-query: k and v narrower than q
+    np.testing.assert_array_equal(piece(value, 1, [6, 2, 4], 1, 2),
+                                  np.concatenate([q[:, 3:], k[:, 1:], v[:, 2:]], axis=1))
+    np.testing.assert_array_equal(joined([piece(value, 1, [6, 2, 4], r, 2) for r in range(2)], 1, [6, 2, 4]), value)
 
 
 @pytest.mark.parametrize("model, columns, rows", [("gpt2_small", 4, 4), ("bert_base", 8, 4)])
@@ -236,3 +240,131 @@ def test_rewrites_never_take_a_name_the_model_uses():
                            parallel=planner.Parallel(tp=2))
     names = [s.name for s in plan.steps]
     assert len(picked) == 3 and set(picked) <= set(names) and len(names) == len(set(names))
+
+
+def phi3():
+    """transformers' Phi-3: one qkv_proj whose output is sliced into q, then the narrower k and v (grouped-query),
+    one gate_up_proj chunked in two."""
+    import torch
+    import transformers
+    from exports import Output
+    config = transformers.Phi3Config(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                     pad_token_id=0, use_cache=False)
+    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    return Output(transformers.Phi3ForCausalLM(config), ["input_ids"], "logits", use_cache=False), {"input_ids": ids}
+
+
+@pytest.fixture(scope="module")
+def phi3_export(tmp_path_factory):
+    pytest.importorskip("transformers")
+    return exported(phi3, tmp_path_factory.mktemp("phi3"))
+
+
+@pytest.mark.torch
+def test_phi3_fused_projections_train_in_two_tensor_parallel_ranks_as_one_process(phi3_export):
+    """Phi-3's qkv_proj is cut block by block (each rank its q heads and its k and v heads), its gate_up_proj in
+    its two halves, and the ranks train as one process."""
+    path, feeds = phi3_export
+    got = spawned(partial(export_rank, path=path, feeds=feeds, parallel=planner.Parallel(tp=2)), 2)
+    facts = got[0][3]["tensor_parallel"]
+    assert (facts["column_layers"], facts["row_layers"]) == (4, 4)
+    assert sorted(map(str, facts["split"].values())) == ["[0, 1]"] * 4 + ["[1, 2]"] * 2 + ["[1, [64, 32, 32]]"] * 2
+    losses, values = trained_alone(path, feeds)
+    np.testing.assert_allclose(got[0][1], losses, rtol=1e-5)
+    for name, value in values.items():
+        ranks = [g[2][name] for g in got]
+        param = joined(ranks, *facts["split"][name]) if name in facts["split"] else ranks[0]
+        np.testing.assert_allclose(param, value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.torch
+def test_phi3_key_and_value_heads_fewer_than_ranks_are_refused(phi3_export):
+    with pytest.raises(ConfigError, match="fewer attention heads than ranks"):
+        planner.compile(phi3_export[0], {"input_ids": (2, 8)}, training=True, parallel=planner.Parallel(tp=4))
+
+
+def fused(ranges):
+    """y = sum of each block's product by a weight of its own, the blocks cut from a fused projection of x
+    ((2, 4, 16) -> 24 features) by one Slice each of `ranges` ((start, end, step) of the last axis), and from a
+    second one's by a Split into 12, 6 and 6; both projections add one shared bias (read through each rank's
+    piece of it)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    params = {"w1": rng.standard_normal((16, 24)), "w2": rng.standard_normal((16, 24)), "b": rng.standard_normal(24)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b"], ["h1"]),
+             helper.make_node("MatMul", ["x", "w2"], ["m2"]), helper.make_node("Add", ["m2", "b"], ["h2"]),
+             helper.make_node("Split", ["h2", "sizes"], ["s0", "s1", "s2"], axis=-1)]
+    ints = {"sizes": [12, 6, 6], "axis": [-1]}
+    blocks = []
+    for j, (start, end, step) in enumerate(ranges):
+        ints.update({f"start{j}": [start], f"end{j}": [end], f"step{j}": [step]})
+        nodes.append(helper.make_node("Slice", ["h1", f"start{j}", f"end{j}", "axis", f"step{j}"], [f"t{j}"]))
+        blocks.append((f"t{j}", len(range(start, end, step))))
+    blocks += [("s0", 12), ("s1", 6), ("s2", 6)]
+    for j, (name, width) in enumerate(blocks):
+        params[f"r{j}"] = rng.standard_normal((width, 16)) / width
+        nodes.append(helper.make_node("MatMul", [name, f"r{j}"], [f"p{j}"]))
+        nodes.append(helper.make_node("Add", [f"y{j - 1}" if j else "p0", f"p{j}"], [f"y{j}"]) if j else
+                     helper.make_node("Identity", ["p0"], ["y0"]))
+    nodes.append(helper.make_node("Identity", [f"y{len(blocks) - 1}"], ["y"]))
+    inits = [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in params.items()]
+    inits += [numpy_helper.from_array(np.asarray(v, np.int64), n) for n, v in ints.items()]
+    graph = helper.make_graph(nodes, "fused", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+BLOCKS = [(0, 12, 1), (12, 18, 1), (18, 24, 1)]
+
+
+def _fused_rank(rank, port, results, model, feeds):
+    """One rank of two tensor-parallel ones training `model` (see `fused`) on `feeds`."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        plan = planner.compile(model, {"x": (2, 4, 16)}, training=True, loss="mse", optimizer="momentum",
+                               parallel=planner.Parallel(tp=2))
+        ex = Executor(plan, backend="numpy", poison=True)
+        results.put((rank, [ex.train_step(f) for f in feeds], ex.parameters(), plan.training))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.torch
+def test_a_fused_projection_sliced_in_unequal_blocks_trains_in_two_ranks_as_one_process():
+    """Slices and a Split into blocks of 12, 6 and 6 features: each weight cut block by block, the shared bias read
+    through the rank's piece of its blocks, and the ranks train as one process."""
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((2, 4, 16)).astype(np.float32),
+              "targets": rng.standard_normal((2, 4, 16)).astype(np.float32)} for _ in range(3)]
+    model = fused(BLOCKS)
+    got = spawned(partial(_fused_rank, model=model, feeds=feeds), 2)
+    split = got[0][3]["tensor_parallel"]["split"]
+    assert split == {"r0": [0, 1], "r1": [0, 1], "r2": [0, 1], "r3": [0, 1], "r4": [0, 1], "r5": [0, 1],
+                     "w1": [1, [12, 6, 6]], "w2": [1, [12, 6, 6]]}
+    single = Executor(planner.compile(model, {"x": (2, 4, 16)}, training=True, loss="mse", optimizer="momentum"),
+                      backend="numpy")
+    np.testing.assert_allclose(got[0][1], [single.train_step(f) for f in feeds], rtol=1e-5)
+    for name, value in single.parameters().items():
+        ranks = [g[2][name] for g in got]
+        param = joined(ranks, *split[name]) if name in split else ranks[0]
+        np.testing.assert_allclose(param, value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_unequal_blocks_tp_does_not_divide_are_refused():
+    with pytest.raises(ConfigError, match="cuts 24 features into blocks of 12, 6, 6, and 4 ranks do not split each"):
+        planner.compile(fused(BLOCKS), {"x": (2, 4, 16)}, training=True, loss="mse", parallel=planner.Parallel(tp=4))
+
+
+@pytest.mark.parametrize("ranges", [[(0, 12, 1), (8, 18, 1), (18, 24, 1)], [(0, 24, 2), (1, 24, 2)],
+                                    [(0, 12, 1), (14, 18, 1), (18, 24, 1)]], ids=["overlapping", "strided", "gap"])
+def test_slices_other_than_consecutive_blocks_leave_the_region_whole(ranges):
+    """The sliced projection and the products of its slices stay whole on every rank; the Split one beside it
+    splits."""
+    plan = planner.compile(fused(ranges), {"x": (2, 4, 16)}, training=True, loss="mse",
+                           parallel=planner.Parallel(tp=2))
+    facts = plan.training["tensor_parallel"]
+    assert set(facts["split"]) == {"w2", *(f"r{len(ranges) + j}" for j in range(3))}  # the Split's blocks' rows
+    assert facts["split"]["w2"] == [1, [12, 6, 6]]
+    assert plan.tensors["w1"].shape == (16, 24)

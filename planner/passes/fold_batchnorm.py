@@ -10,7 +10,7 @@ tensors (`<W>/folded_bn`), so Executor.set_parameters of the old names is refuse
 ignored. CompileOptions(fold_batchnorm=False) keeps the graph as it is."""
 import numpy as np
 
-from ..deferred import computed
+from ..deferred import Absent, computed
 from ..ir import Node, Tensor
 from .base import rewrite_pass
 from .pattern import Op, constant, rewrite
@@ -31,21 +31,20 @@ class _Folder:
         bn, conv = m.named["bn"], m.named["conv"]
         if bn.attrs.get("training_mode", 0) or any(bn.outputs[1:]):
             return None
-        w = constant(self.graph, m.bindings["w"])
+        w = constant(self.graph, m.bindings["w"], absent=True)
         if w is None or w.dtype.type not in FOLDABLE:
             return None
-        b = constant(self.graph, m.bindings["b"]) if "b" in m.bindings else np.zeros(w.shape[:1], w.dtype)
-        values = [constant(self.graph, m.bindings[k]) for k in ("scale", "beta", "mean", "var")]
+        b = constant(self.graph, m.bindings["b"], absent=True) if "b" in m.bindings else np.zeros(w.shape[:1], w.dtype)
+        values = [constant(self.graph, m.bindings[k], absent=True) for k in ("scale", "beta", "mean", "var")]
         if b is None or any(v is None for v in values):
             return None
-        epsilon = bn.attrs.get("epsilon", 1e-5)
-        with np.errstate(all="ignore"):
-            factor = values[0] / np.sqrt(values[3] + values[3].dtype.type(epsilon))  # as the unfolded op has it
-            scale, beta, mean, var = (np.asarray(v, np.float64) for v in values)
-            s = scale / np.sqrt(var + epsilon)
-            shift = ((b - mean) * s + beta).astype(w.dtype)
-        if not all(np.isfinite(v).all() for v in (b, *values, factor, shift)):
-            return None
+        absent = next((v for v in (b, *values) if isinstance(v, Absent)), None)
+        if absent is not None:  # a weightless model, planned as its finite weights would be
+            s, shift = Absent(absent.name, w.shape[:1], np.float64), Absent(absent.name, w.shape[:1], w.dtype)
+        else:
+            s, shift = _factors(b, values, bn.attrs.get("epsilon", 1e-5), w.dtype)
+            if s is None:
+                return None
         weight = self.new(f"{m.bindings['w']}/folded_bn", computed(_scaled, w.shape, w.dtype, w, s))
         bias = self.new(f"{m.bindings['w']}/folded_bn_bias", shift)
         self.count += 1
@@ -54,6 +53,19 @@ class _Folder:
     def new(self, name, value):
         self.fresh[name] = Tensor(name, value.shape, value.dtype, "const", value)
         return name
+
+
+def _factors(b, values, epsilon, dtype):
+    """(each output channel's scale, the folded bias) of BatchNormalization's (scale, beta, mean, var) after a
+    Conv of bias `b`; (None, None) where a statistic or a result is not finite, which folding would change."""
+    with np.errstate(all="ignore"):
+        factor = values[0] / np.sqrt(values[3] + values[3].dtype.type(epsilon))  # as the unfolded op has it
+        scale, beta, mean, var = (np.asarray(v, np.float64) for v in values)
+        s = scale / np.sqrt(var + epsilon)
+        shift = ((b - mean) * s + beta).astype(dtype)
+    if not all(np.isfinite(v).all() for v in (b, *values, factor, shift)):
+        return None, None
+    return s, shift
 
 
 def _scaled(w, s):

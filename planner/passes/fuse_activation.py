@@ -71,7 +71,7 @@ class _Fuser:
     def build(self, m, attrs, biased):
         g = self.graph
         x, bias = m.bindings["x"], m.bindings.get("bias")
-        if biased and constant(g, bias) is None:
+        if biased and constant(g, bias, absent=True) is None:
             x, bias = bias, x
         dtype = g.tensors[x].dtype
         if dtype.kind != "f" or dtype.itemsize < 4:
@@ -91,7 +91,8 @@ class _Fuser:
         inputs = (x,)
         if biased:
             shape = g.tensors[x].shape
-            if (constant(g, bias) is None or constant(g, x) is not None or g.tensors[bias].dtype != dtype
+            if (constant(g, bias, absent=True) is None or constant(g, x, absent=True) is not None
+                    or g.tensors[bias].dtype != dtype
                     or not fits(shape, g.tensors[bias].shape) or g.tensors[m.root.outputs[0]].shape != shape):
                 return None
             inputs = (x, bias)

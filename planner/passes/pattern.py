@@ -14,6 +14,7 @@ update, and no variable binds it, so replacing the match loses nothing.
 from dataclasses import dataclass, replace
 
 from .. import ops, shapes
+from ..deferred import is_absent
 from ..errors import ModelError
 from ..ir import Tensor, op_name
 
@@ -53,11 +54,14 @@ class Match:
     named: dict
 
 
-def constant(graph, name):
+def constant(graph, name, absent=False):
     """The value of tensor `name` where it is a param or a const holding data (a weight, a folded value),
-    else None: what a rewrite may read while planning."""
+    else None: what a rewrite may read while planning. A weight without values (planner.deferred.Absent) is
+    None, unless `absent`: a rewrite that builds new weights from it lazily (planner.deferred.computed) takes it."""
     t = graph.tensors.get(name)
-    return None if t is None or t.kind not in ("const", "param") or t.data is None else t.data
+    if t is None or t.kind not in ("const", "param") or t.data is None:
+        return None
+    return None if is_absent(t.data) and not absent else t.data
 
 
 def matches(graph, pattern):

@@ -31,7 +31,7 @@ def transposed(graph):
     for node in graph.nodes:
         gemm = node.op == "Gemm" and not node.domain and node.attrs.get("transB")
         b = graph.tensors[node.inputs[1]] if gemm else None
-        value = constant(graph, b.name) if gemm else None
+        value = constant(graph, b.name, absent=True) if gemm else None
         if value is not None and len(b.shape) == 2 and b.dtype.kind == "f" and readers[b.name] == 1 \
                 and b.name not in graph.outputs:
             name = b.name + SUFFIX

@@ -1,20 +1,22 @@
 """One rank's forward pass under Megatron-style tensor parallelism (planner.parallel's `tp`; Shoeybi et al.
 2019): the linear layers and attention heads of transformer blocks split over `tp` ranks, found in the graph.
 
-A region starts at each column-parallel MatMul or Gemm (an activation times a 2-D weight whose columns
-split: each rank makes its share of the output features) and follows the split forward through the ops
-that need only their own share (planner/tensor_split.py: elementwise ops and their biases, the Split of a
-fused QKV projection, reshapes into heads and the exporters' merges of heads with the batch, transposes,
-RoPE's slices, grouped-query expands, attention, batched MatMuls over heads, Softmax over another axis) to
-the row-parallel MatMuls or Gemms that contract it (the weight's rows split: each rank's product is a
-partial sum, all-reduced, a Gemm's bias added after). Each activation a region reads enters through
-memplan.ParallelInput (its gradient all-reduced: Megatron's f) and each row-parallel product leaves
-through memplan.AllReduce (Megatron's g); the rest of the graph runs whole on every rank. A region that
-meets anything else (a graph output, a reduction over the split axis) stays whole, as do embeddings, norms
-and the LM head; one whose split sizes `tp` does not divide is an error. A 1-D weight the region shares
-with other readers (an exporter's one initializer for equal biases) is read through this rank's piece
-(memplan.Shard). Facts: "tensor_parallel" (tp, the split params {name: [dim, blocks]}, the column- and
-row-parallel layers, the regions left whole, the params left whole)."""
+A region starts at each column-parallel MatMul or Gemm (an activation times a 2-D weight whose columns split:
+each rank makes its share of the output features) and follows the split forward through the ops that need only
+their own share (planner/tensor_split.py: elementwise ops and their biases, the Split or Slices cutting a
+fused projection into consecutive blocks of any sizes, each block cut over the ranks (QKV, grouped-query
+included; gate and up), reshapes into heads and the exporters' merges of heads with the batch, transposes,
+RoPE's slices, grouped-query expands, attention, batched MatMuls over heads, Softmax over another axis) to the
+row-parallel MatMuls or Gemms that contract it (the weight's rows split: each rank's product is a partial sum,
+all-reduced, a Gemm's bias added after). Each activation a region reads enters through memplan.ParallelInput
+(its gradient all-reduced: Megatron's f) and each row-parallel product leaves through memplan.AllReduce
+(Megatron's g); the rest of the graph runs whole on every rank. A region that meets anything else (a graph
+output, a reduction over the split axis, overlapping or strided slices of it) stays whole, as do embeddings,
+norms and the LM head; one whose split sizes `tp` does not divide is an error, the ops failing only for want
+of such a split (attention reading key heads fewer than ranks) included. A 1-D weight the region shares with
+other readers (an exporter's one initializer for equal biases) is read through this rank's piece
+(memplan.Shard). Facts: "tensor_parallel" (tp, the split params {name: [dim, blocks]}: blocks a count where
+equal, else their sizes; the column- and row-parallel layers, the regions left whole, the params left whole)."""
 from dataclasses import replace
 from functools import partial
 
@@ -62,22 +64,27 @@ def _pieces(graph, facts, tp):
 
 
 def _tensor_parallel(graph, context, tp):
-    region, sets, failed, cuts, made = Region(graph, tp), _Sets(), {}, {}, {}
+    region, sets, failed, cuts, made, short = Region(graph, tp), _Sets(), {}, {}, {}, set()
     for k, node in enumerate(graph.nodes):
         ins = [cuts.get(i) if i else None for i in node.inputs]
+        follows = not short.isdisjoint(node.inputs)  # it reads what is made of a split tp could not make
         try:
             if not any(ins):
                 dim = column(region, node)
                 if dim is not None:
                     sets.find(k)
                     _columns(region, k, node, dim, cuts, made, failed)
+                elif follows:
+                    short.update(node.outputs)
                 continue
             for i in node.inputs:
                 if i in cuts:
                     sets.union(k, made[i])
             outs = rule(node)(region, k, node, ins)
         except (Unsplittable, Indivisible) as e:
-            failed.setdefault(k, []).append(e)
+            failed.setdefault(k, []).extend([] if follows else [e])  # a follower fails for that split's reason
+            if follows or isinstance(e, Indivisible):
+                short.update(node.outputs)
             continue
         for name, cut in zip(node.outputs, outs):
             if name and cut is not None:
@@ -110,7 +117,7 @@ def _columns(region, k, node, dim, cuts, made, failed):
     reaches a graph output, leaves it whole without an error)."""
     out = node.outputs[0]
     rank, size = len(region.shape(out)), region.shape(out)[-1]
-    cut = Cut(rank - 1, size // region.tp, fixed=False)
+    cut = Cut(rank - 1, (size // region.tp,), fixed=False)
     region.columns.add(k)
     cuts[out], made[out] = cut, k
     if size % region.tp:
@@ -133,7 +140,7 @@ def _rewrite(graph, region, kept, cuts, tp):
             t = graph.tensors[name]
             shape = tuple(d // tp if j == dim else d for j, d in enumerate(t.shape))
             tensors[name] = Tensor(name, shape, t.dtype, "param", Whole(t.data, shape))
-            split[name] = [dim, cut.outer]
+            split[name] = [dim, cut.blocks(tp)]
 
     def add(op, inputs, output, name, notes, domain="", **attrs):
         """Append a node of `op` named `name` (or as its output, None) writing the new tensor `output`, both
@@ -150,9 +157,9 @@ def _rewrite(graph, region, kept, cuts, tp):
             continue
         inputs = list(node.inputs)
         for j, name, cut in region.pieces.get(k, ()):
-            if (name, cut.outer) not in pieces:
-                pieces[name, cut.outer] = _piece(add, graph.tensors[name], cut.outer, tp, node.notes)
-            inputs[j] = pieces[name, cut.outer]
+            if (name, cut.spans) not in pieces:
+                pieces[name, cut.spans] = _piece(add, graph.tensors[name], cut.spans, tp, node.notes)
+            inputs[j] = pieces[name, cut.spans]
         bias = inputs.pop(2) if k in region.rows and node.op == "Gemm" and len(inputs) > 2 else ""
         for j, name in enumerate(inputs):
             if name in graph.tensors and name not in cuts and graph.tensors[name].kind in ("activation", "input"):
@@ -182,15 +189,18 @@ def _rewrite(graph, region, kept, cuts, tp):
     return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors), graph), dict(sorted(split.items()))
 
 
-def _piece(add, t, outer, tp, notes):
-    """This rank's piece of the 1-D weight or constant `t` whose dim holds `outer` blocks (memplan.Shard of its
-    (tp, outer, span) reordering), its nodes appended by `add` (see _rewrite): its name. The piece's gradient
-    all-gathers every rank's, so that the whole one's is alike on every rank."""
-    def step(op, x, what, domain="", **attrs):
-        return add(op, (x,), f"{t.name}/tensor_parallel/{what}/{outer}", None, notes, domain, **attrs)
-    x = t.name
-    if outer > 1:
-        x = step("Reshape", x, "blocks", shape=[outer, tp, t.shape[0] // (outer * tp)])
-        x = step("Transpose", x, "by_rank", perm=[1, 0, 2])
-        x = step("Reshape", x, "flat", shape=[-1])
-    return step("Shard", x, "Shard", domain="memplan", world=tp, unit=1, group="tp")
+def _piece(add, t, spans, tp, notes):
+    """This rank's piece of the 1-D weight or constant `t` whose dim holds blocks of `spans` a rank (memplan.Shard
+    of its rank-major reordering: each block's (tp, span) side by side), its nodes appended by `add` (see
+    _rewrite): its name. The piece's gradient all-gathers every rank's, so that the whole one's is alike on every
+    rank."""
+    def step(op, inputs, what, domain="", **attrs):
+        return add(op, inputs, f"{t.name}/tensor_parallel/{what}/{len(spans)}", None, notes, domain, **attrs)
+    x, start, blocks = t.name, 0, []
+    if len(spans) > 1:
+        for span in spans:
+            block = step("Slice", (x,), "block", starts=[start], ends=[start + tp * span], axes=[0])
+            blocks.append(step("Reshape", (block,), "by_rank", shape=[tp, span]))
+            start += tp * span
+        x = step("Reshape", (step("Concat", blocks, "blocks", axis=1),), "flat", shape=[-1])
+    return step("Shard", (x,), "Shard", domain="memplan", world=tp, unit=1, group="tp")

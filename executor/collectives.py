@@ -7,6 +7,7 @@ returns at once), recv (into `y`) and flush (wait for the sends), on the backend
 `Single` is one rank alone. `TorchDistributed` runs them through torch.distributed's default group (or a
 group made from it), as `torchrun` or `init_process_group` set it up (gloo on the CPU; NCCL for CuPy arrays,
 passed by DLPack)."""
+import ml_dtypes
 import numpy as np
 
 from planner.errors import MemplanError
@@ -62,9 +63,14 @@ class TorchDistributed:
 
     @staticmethod
     def _tensor(x):
-        """A torch tensor sharing `x`'s bytes."""
+        """A torch tensor sharing `x`'s bytes (ml_dtypes' bfloat16, which torch cannot take from NumPy, through
+        its int16 view)."""
         import torch
-        return torch.from_numpy(x) if isinstance(x, np.ndarray) else torch.from_dlpack(x)
+        if not isinstance(x, np.ndarray):
+            return torch.from_dlpack(x)
+        if x.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(x)
 
     def all_reduce(self, x):
         self.dist.all_reduce(self._tensor(x), group=self.handle)

@@ -47,9 +47,8 @@ def exported(model, training=False, cache=None):
     """The path of the weightless ONNX export of the config `model` names (see is_config), in train mode for
     a `training` step: from the cache when this config was exported before, else exported now (a line on
     stderr says so and how long it took)."""
-    config = _config(_config_dict(model), model)
-    digest = _digest(config, training)
-    path = Path(cache or _cache_dir()) / f"{digest}.onnx"
+    config = config_of(model)
+    path = cache_path(config, training, cache)
     if path.is_file():
         return str(path)
     torch, transformers, _ = _modules()
@@ -66,6 +65,17 @@ def exported(model, training=False, cache=None):
     os.replace(partial, path)
     print(f"memplan: exported {len(proto.graph.node):,} nodes in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return str(path)
+
+
+def cache_path(config, training=False, cache=None):
+    """Where the export of a transformers `config` (in train mode for `training`) is cached: the file is there
+    where it was exported before."""
+    return Path(cache or _cache_dir()) / f"{_digest(config, training)}.onnx"
+
+
+def config_of(model):
+    """The transformers config `model` names (see is_config)."""
+    return _config(_config_dict(model), model)
 
 
 def _json(path):

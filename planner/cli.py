@@ -72,6 +72,8 @@ def inspect(args):
 def training_options(args):
     """compile()'s training keywords from --training and the options that go with it."""
     from .options import IGNORE_INDEX
+    if args.sequence_parallel and args.tp is None:
+        raise MemplanError("--sequence-parallel shards the sequence among the ranks of --tp N: give that too")
     if not args.training:
         if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget or args.trainable \
                 or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX \
@@ -91,6 +93,7 @@ def training_options(args):
         parallel = Parallel(dp=args.dp or 1, zero=args.zero or 0, tp=args.tp or 1, pp=args.pp or 1,
                             microbatches=args.microbatches or 1, stage=args.stage or 0, shard=args.shard,
                             prefetch=args.prefetch, sync_batchnorm=args.sync_batchnorm,
+                            sequence_parallel=args.sequence_parallel,
                             bucket_bytes=parse_bytes(args.bucket, "--bucket") if args.bucket else 0)
     return {"training": True, "loss": args.loss or "cross_entropy", "optimizer": args.optimizer or "sgd",
             "optimizer_args": {} if args.lr is None else {"lr": args.lr}, "remat": args.remat,
@@ -311,8 +314,9 @@ def fit(args):
     if pps:
         notes.append(f"a pipeline's batch per rank is its microbatch; it plans {layouts.MICROBATCHES} microbatches "
                      "a stage, and more give a larger global batch and a smaller bubble at about the same memory")
-    rows = [{"layout": label, "batch_per_rank": batch, "global_batch": total, "arena_bytes": arena}
-            for label, batch, total, arena in found]
+    rows = [{"layout": label, "batch_per_rank": batch, "global_batch": total, "arena_bytes": arena,
+             "flops_per_rank": (cost or {}).get("flops"), "sent_bytes_per_rank": (cost or {}).get("sent_bytes")}
+            for label, batch, total, arena, cost in found]
     if args.json or args.csv:
         doc = {"model": args.model, "gpus": args.gpus, "memory_bytes": memory, "rows": rows, "notes": notes}
         emit(args, json.dumps(doc, indent=1) if args.json else as_csv(rows))
@@ -320,11 +324,19 @@ def fit(args):
     width = max(28, *(len(r['layout']) for r in rows))
     lines = [f"{args.model} on {args.gpus} devices of {format_bytes(memory)}: the largest batch each layout's "
              "training step fits, largest global batch first",
-             f"{'layout':<{width}} {'batch per rank':>14} {'global batch':>12} {'arena per rank':>15}"]
+             f"{'layout':<{width}} {'batch per rank':>14} {'global batch':>12} {'arena per rank':>15} "
+             f"{'TFLOP a step':>12} {'sent a step':>12}"]
     lines += [f"{r['layout']:<{width}} {r['batch_per_rank']:>14} {r['global_batch']:>12} "
-              f"{format_bytes(r['arena_bytes'] or 0):>15}" for r in rows]
+              f"{format_bytes(r['arena_bytes'] or 0):>15} {_tflop(r['flops_per_rank']):>12} "
+              f"{format_bytes(r['sent_bytes_per_rank'] or 0):>12}" for r in rows]
+    notes.append("per rank: its arena, the FLOPs of its step (forward, backward and recomputation; a pipeline's "
+                 "fullest stage) and the bytes its collectives and sends move a step")
     emit(args, "\n".join([*lines, *notes]))
     return 0
+
+
+def _tflop(flops):
+    return "-" if flops is None else f"{flops / 1e12:.2f}"
 
 
 def build_parser():

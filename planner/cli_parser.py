@@ -96,6 +96,9 @@ def _model_args(p, one_strategy):
     p.add_argument("--tp", type=count(1), default=None, metavar="N",
                    help="with --training: plan one of N tensor-parallel ranks splitting each transformer block's "
                         "linear layers and attention heads (Megatron's); the step's ranks are --dp x --tp")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp: run the norms, residual adds and dropouts between the split layers on 1/N of the "
+                        "sequence on each rank (Megatron's sequence parallelism)")
     p.add_argument("--pp", type=count(1), default=None, metavar="N",
                    help="with --training: cut the step into N pipeline stages (1F1B) and plan one of them, --stage")
     p.add_argument("--microbatches", type=count(1), default=None, metavar="M",

@@ -38,9 +38,10 @@ def compile(model, input_shapes=None, options=None, **keywords):
     gradient is complete (`update="eager"`) or after the backward pass. cross_entropy reads the classes
     on `class_axis` (default: dim 1, or the last dim of a language model's (batch, seq, vocab) logits;
     see planner.losses) and skips labels equal to `ignore_index` (PyTorch's -100; None for none).
-    `remat` ("mirror", "sublinear", "budget", see planner.remat) recomputes forward tensors in backward
-    instead of keeping them; `memory_budget` (bytes) asks for the least recomputation whose arena fits
-    it (remat="budget"; InfeasibleBudgetError when none does). MXNET_BACKWARD_DO_MIRROR=1 means "mirror".
+    `remat` ("mirror", "sublinear", "budget", "optimal", "selective", "full", see planner.remat) recomputes
+    forward tensors in backward instead of keeping them; `memory_budget` (bytes) asks for the least
+    recomputation whose arena fits it (remat="budget"; InfeasibleBudgetError when none does).
+    MXNET_BACKWARD_DO_MIRROR=1 means "mirror".
 
     `precision` ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", see planner.precision) plans in that
     type. The graph rewrites (planner/passes/) are on by default; False keeps the exported form:

@@ -71,6 +71,9 @@ class Absent(Deferred):
         super().__init__(partial(_absent, name), shape, dtype)
         self.name = name
 
+    def __reduce__(self):
+        return Absent, (self.name, self.shape, self.dtype)
+
     def __repr__(self):
         return f"Absent({self.name!r}, {self.shape}, {self.dtype})"
 

@@ -78,7 +78,8 @@ def _label(p):
 
 
 def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), **rules):
-    """([(label, per-rank batch, global batch, the rank's arena bytes or None)], the largest global batch first;
+    """([(label, per-rank batch, global batch, the rank's arena bytes or None, its cost a step or None: see `cost`)],
+    the largest global batch first;
     [note]): a layout whose planning fails (a MemplanError other than no fit) is left out, a note saying why,
     and the first error is raised where every layout fails.
     `compile_at(batch, **options)` plans one rank at a per-rank batch (a tensor-parallel rank's batch is its
@@ -96,7 +97,7 @@ def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), *
     forked = workers > 1 and "fork" in multiprocessing.get_all_start_methods()
     found, failed = {}, {}
     for rows, errors in _searched(compile_at, memory, [c for c in chains if c], progress, forked):
-        found.update((label, (batch, arena)) for label, batch, arena in rows)
+        found.update((label, row) for label, *row in rows)
         failed.update(errors)
     if not found:
         raise MemplanError(f"no layout could be planned: {failed[layouts[0][0]]}")
@@ -107,7 +108,7 @@ def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), *
         if label in failed:
             by_reason.setdefault(failed[label], []).append(label)
     notes = [f"left out {'; '.join(labels)}: {reason}" for reason, labels in by_reason.items()]
-    return sorted(((label, batch, batch * ranks[label], arena) for label, batch, arena in rows),
+    return sorted(((label, batch, batch * ranks[label], arena, cost) for label, batch, arena, cost in rows),
                   key=lambda r: -r[2]), notes
 
 
@@ -143,11 +144,21 @@ def _fullest_stage(compile_at, memory):
 
 
 def _chain(compile_at, memory, layouts, progress):
-    """([(label, largest batch, its arena bytes or None)], {label: why it failed}) of one chain of layouts."""
+    """([(label, largest batch, its arena bytes or None, its cost or None)], {label: why it failed}) of one chain of
+    layouts."""
     failed = []
-    rows = [(label, batch, plan.arena_bytes if plan else None)
+    rows = [(label, batch, plan.arena_bytes if plan else None, cost(plan) if plan else None)
             for label, batch, plan in maxbatch.table(compile_at, memory, layouts, progress, failed)]
     return rows, {label: str(e) for label, e in failed}
+
+
+def cost(plan):
+    """What a rank's step costs beside its memory: {"flops": forward, backward and recomputation, "sent_bytes": what
+    its collectives and a pipeline stage's sends move}; a pipeline's is its fullest stage's."""
+    parallel = plan.training.get("parallel") or {}
+    pipeline = plan.training.get("pipeline") or {}
+    return {"flops": sum(plan.stats.get(k, 0) for k in ("forward_flops", "backward_flops", "recompute_flops")),
+            "sent_bytes": parallel.get("collective_bytes", 0) + pipeline.get("sent_bytes", 0)}
 
 
 def _searched(compile_at, memory, chains, progress, forked):

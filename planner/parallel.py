@@ -18,8 +18,10 @@ reduced one by one or in buckets.
 
 Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) splits the linear layers of transformer blocks over
 `tp` ranks of one group (planner/passes/tensor_parallel.py): each rank holds a piece of each split weight
-(`piece`), the ranks' pieces joined again by `joined`. Pipeline parallelism cuts the step into `pp` stages
-that run `microbatches` in 1F1B order (planner/pipeline.py, planner/passes/pipeline_stage.py); a plan is one
+(`piece`), the ranks' pieces joined again by `joined`; with `sequence_parallel` (Megatron-LM's sequence
+parallelism, Korthikanti et al. 2022) the norms, residual adds and dropouts between those layers run on 1/tp of
+the sequence on each rank (planner/passes/sequence_parallel.py). Pipeline parallelism cuts the step into `pp`
+stages that run `microbatches` in 1F1B order (planner/pipeline.py, planner/passes/pipeline_stage.py); a plan is one
 stage's. Ranks are numbered as Megatron numbers them, tensor parallel innermost, pipeline stages outermost:
 global rank = (stage * dp + dp rank) * tp + tp rank.
 """
@@ -51,7 +53,9 @@ class Parallel:
     microbatch's; with pp 1, gradient accumulation), and the plan is stage `stage`'s. A step's ranks are
     dp * tp * pp. BatchNormalization normalises each data rank's rows by their own statistics (DDP's), unless
     `sync_batchnorm`: then by those of the whole batch of the dp ranks, all-reduced (PyTorch's SyncBatchNorm;
-    planner/passes/sync_batchnorm.py)."""
+    planner/passes/sync_batchnorm.py). `sequence_parallel` (with tp > 1) runs what tensor parallelism leaves
+    whole in each layer (norms, residual adds, dropouts) on 1/tp of the sequence on each rank: Megatron-LM's
+    sequence parallelism, its all-reduces become reduce-scatters and all-gathers along the sequence."""
 
     dp: int = 1
     zero: int = 0
@@ -63,6 +67,7 @@ class Parallel:
     prefetch: int = 0
     bucket_bytes: int = 0
     sync_batchnorm: bool = False
+    sequence_parallel: bool = False
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "microbatches"):
@@ -91,6 +96,11 @@ class Parallel:
         if self.sync_batchnorm and self.dp == 1:
             raise ConfigError("parallel sync_batchnorm shares batch statistics among the data-parallel ranks: it "
                               "applies with dp > 1")
+        if not isinstance(self.sequence_parallel, bool):
+            raise ConfigError(f"parallel sequence_parallel must be True or False, got {self.sequence_parallel!r}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ConfigError("parallel sequence_parallel shards the sequence among the tensor-parallel ranks: it "
+                              "applies with tp > 1")
         if self.microbatches > 1 and self.zero == 3:
             raise ConfigError("ZeRO-3 gathers each param once a pass, not once a microbatch: plan microbatches under "
                               "zero 0 to 2")

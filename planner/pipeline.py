@@ -13,6 +13,8 @@ The order is 1F1B (PipeDream-Flush, Narayanan et al. 2021; Megatron-LM's default
 min(pp - s - 1, M) forwards, then alternates one forward and one backward, then the remaining backwards, so
 that it holds at most pp - s microbatches' saved activations at once.
 """
+import numpy as np
+
 from . import ops
 from .errors import ConfigError
 from .ir import Phase
@@ -118,30 +120,36 @@ def _fewest_flops(work, candidates, stages):
 
 def _balanced(work, memory, candidates, bound, stages, microbatches):
     """stages - 1 cuts at `candidates` whose stages each do at most `bound` FLOPs (the pace) and, among
-    those, whose largest memory is least (dynamic programming): a stage's memory is its activations times
-    the microbatches it holds in flight, and its params four times over (with gradients and optimizer state),
-    so that the early stages, which hold the most microbatches, take fewer layers."""
-    flops, made, params = _prefix(work), _prefix([m[0] for m in memory]), _prefix([m[1] for m in memory])
-    ends = [*candidates, len(work) - 1]
+    those, whose largest memory is least (dynamic programming over the places to cut, each stage's choices
+    weighed at once as arrays): a stage's memory is its activations times the microbatches it holds in flight,
+    and its params four times over (with gradients and optimizer state), so that the early stages, which hold
+    the most microbatches, take fewer layers. Of equal choices the earliest cut is taken."""
+    flops, made, params = (np.asarray(_prefix(v), dtype=np.float64)
+                           for v in (work, [m[0] for m in memory], [m[1] for m in memory]))
+    ends = np.asarray([*candidates, len(work) - 1])
     slack = bound * (1 + 1e-9)
 
     def cost(stage, first, last):
-        if flops[last + 1] - flops[first] > slack:
-            return None
-        return in_flight(stage, stages, microbatches) * (made[last + 1] - made[first]) + \
+        """The memory of `stage` running nodes first..last (arrays of the same shape), inf past the pace."""
+        here = in_flight(stage, stages, microbatches) * (made[last + 1] - made[first]) + \
             4 * (params[last + 1] - params[first])
+        return np.where(flops[last + 1] - flops[first] > slack, np.inf, here)
 
-    best = {(0, c): (here, None) for c in ends for here in [cost(0, 0, c)] if here is not None}
+    best = [cost(0, np.zeros_like(ends), ends)]
+    came = [np.full(len(ends), -1)]
     for stage in range(1, stages):
-        for j, c in enumerate(ends):
-            options = [(max(best[stage - 1, p][0], here), p) for p in ends[:j] if (stage - 1, p) in best
-                       for here in [cost(stage, p + 1, c)] if here is not None]
-            if options:
-                best[stage, c] = min(options)
-    cuts, at = [], best[stages - 1, ends[-1]][1]
+        value, source = np.full(len(ends), np.inf), np.full(len(ends), -1)
+        for j in range(1, len(ends)):
+            options = np.maximum(best[-1][:j], cost(stage, ends[:j] + 1, np.full(j, ends[j])))
+            k = int(np.argmin(options))
+            if options[k] < np.inf:
+                value[j], source[j] = options[k], k
+        best.append(value)
+        came.append(source)
+    cuts, at = [], int(came[-1][-1])
     for stage in range(stages - 2, -1, -1):
-        cuts.append(at)
-        at = best[stage, at][1]
+        cuts.append(int(ends[at]))
+        at = int(came[stage][at])
     return sorted(cuts)
 
 

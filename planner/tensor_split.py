@@ -84,12 +84,28 @@ class Region:
         t = self.graph.tensors[name]
         if t.shape[dim] != self.tp * sum(cut.spans):
             raise Unsplittable(f"{name} does not match the split it meets")
-        if t.kind == "param" and self.readers(name) == 1:
-            self.params.setdefault(k, []).append((name, dim, cut))
+        weight = self.weight(name)
+        if weight is not None:
+            self.params.setdefault(k, []).append((weight, dim, cut))
         elif t.kind in ("param", "const") and len(t.shape) == 1:
             self.pieces.setdefault(k, []).append((j, name, cut))
         else:
             raise Unsplittable(f"{name} is not a weight or constant to cut")
+
+    def weight(self, name):
+        """The param that tensor `name`, read once, stands for: itself, or the param of the 16-bit copy autocast
+        reads it by (planner.precision's Cast, where nothing else reads the param), so that the param is cut and
+        its copy follows; else None."""
+        t = self.graph.tensors[name]
+        if self.readers(name) != 1:
+            return None
+        if t.kind == "param":
+            return name
+        cast = self.graph.producers.get(name)
+        if cast is None or (cast.op, cast.domain) != ("Cast", ""):
+            return None
+        source = self.graph.tensors[cast.inputs[0]]
+        return source.name if source.kind == "param" and self.readers(source.name) == 1 else None
 
     def broadcast(self, k, j, name, axis, rank, cut):
         """Input `j` of node `k` broadcast against an output of `rank` dims split on `axis`: along it, or cut
@@ -103,12 +119,12 @@ class Region:
 def column(region, node):
     """The dim of the weight to cut where `node` is a column-parallel layer: a MatMul or Gemm (an op of the
     default domain that the "matmul" or "gemm" rule follows; a Gemm not transposing A) of an activation by a
-    2-D weight read nowhere else; else None."""
+    2-D weight read nowhere else (or its 16-bit copy: Region.weight); else None."""
     split = None if node.domain else ops.of(node).split
     if split not in ("matmul", "gemm") or len(node.inputs) < 2:
         return None
     x, w = (region.graph.tensors[i] for i in node.inputs[:2])
-    if not (w.kind == "param" and len(w.shape) == 2 and region.readers(w.name) == 1
+    if not (region.weight(w.name) is not None and len(w.shape) == 2
             and x.kind in ("activation", "input") and len(x.shape) >= 2):
         return None
     if split == "gemm":
@@ -153,6 +169,12 @@ def _same(region, k, node, ins):
         raise Unsplittable(f"{node.name} reads a split tensor past its first input")
     ins[0].fixed = True
     return [ins[0]] * len(node.outputs)
+
+
+def _norm(region, k, node, ins):
+    """Norms stay whole: tensor parallelism leaves them to every rank (sequence parallelism shards them by tokens,
+    planner/passes/sequence_parallel.py)."""
+    raise Unsplittable(f"{node.name} normalizes a split tensor")
 
 
 def _softmax(region, k, node, ins):
@@ -350,7 +372,7 @@ def _gemm(region, k, node, ins):
     return _row(region, k, node, cx, 1 if node.attrs.get("transB", 0) else 0)
 
 
-RULES = {"elementwise": _elementwise, "same": _same, "softmax": _softmax, "split": _split, "view": _view,
-         "slice": _slice, "concat": _concat, "expand": _expand, "transpose": _transpose, "attention": _attention,
-         "matmul": _matmul, "gemm": _gemm}
+RULES = {"elementwise": _elementwise, "same": _same, "norm": _norm, "softmax": _softmax, "split": _split,
+         "view": _view, "slice": _slice, "concat": _concat, "expand": _expand, "transpose": _transpose,
+         "attention": _attention, "matmul": _matmul, "gemm": _gemm}
 """The rules by the name an op's schema gives (`Schema.split`)."""

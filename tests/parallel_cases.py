@@ -69,3 +69,14 @@ def export_rank(rank, port, results, path, feeds, parallel):
         results.put((rank, losses, held, plan.training))
     finally:
         dist.destroy_process_group()
+
+
+def gpt2():
+    """transformers' GPT-2 of 64 features, 2 layers of 4 heads and a vocabulary of 128 (`exported`'s builder), and
+    its input: a batch of 2 sequences of 16 tokens."""
+    import torch
+    import transformers
+    from exports import Output
+    config = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64, use_cache=False)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    return Output(transformers.GPT2LMHeadModel(config), ["input_ids"], "logits", use_cache=False), {"input_ids": ids}

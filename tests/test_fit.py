@@ -23,7 +23,8 @@ def test_workers_find_what_one_process_finds():
     shared = fit.search(compile_at, 2, MEMORY, lambda label, batch: seen.append(label), workers=2)
     assert shared == (alone, notes) and len(alone) == 8 and notes == []
     assert {label for label, _ in fit.candidates(2)} == set(seen)
-    assert all(arena <= MEMORY for _, batch, _, arena in alone if batch)
+    assert all(arena <= MEMORY for _, batch, _, arena, _ in alone if batch)
+    assert all(cost["flops"] > 0 and cost["sent_bytes"] > 0 for *_, cost in alone if cost)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -56,7 +57,7 @@ def test_a_worker_that_dies_is_named():
 def test_a_layout_that_fits_no_batch_gets_zero():
     def nothing_fits(batch, **options):
         raise InfeasibleBudgetError(MEMORY, MEMORY + 1)
-    assert {row[1:] for row in fit.search(nothing_fits, 2, MEMORY, workers=2)[0]} == {(0, 0, None)}
+    assert {row[1:] for row in fit.search(nothing_fits, 2, MEMORY, workers=2)[0]} == {(0, 0, None, None)}
 
 
 def test_an_error_that_does_not_cross_processes_still_says_what_it_was():
@@ -91,9 +92,10 @@ def test_a_pipeline_plans_the_stage_that_was_fullest_first():
     def staged(batch, parallel, remat):
         if parallel.pp > 1:
             calls.append((remat, batch, parallel.stage))
-        return SimpleNamespace(arena_bytes=batch * (2 if parallel.stage == parallel.pp - 1 else 1) * 1000)
+        return SimpleNamespace(arena_bytes=batch * (2 if parallel.stage == parallel.pp - 1 else 1) * 1000, training={},
+                               stats={})
 
-    rows = {label: batch for label, batch, _, _ in fit.search(staged, 2, 100_000, pps=(2,))[0]}
+    rows = {label: batch for label, batch, *_ in fit.search(staged, 2, 100_000, pps=(2,))[0]}
     assert rows["dp 1 x pp 2, ZeRO-0, 4 microbatches"] == 50
     for remat in fit.REMATS:
         batches = list(dict.fromkeys(batch for r, batch, _ in calls if r == remat))

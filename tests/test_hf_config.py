@@ -2,6 +2,7 @@
 (frontends/hf_config.py), ONNX files whose weights are typed and shaped but hold no data, and external data that
 is not there. Each plans as the model with its weights does, trains its params as params, and no Executor runs it."""
 import json
+import pickle
 import subprocess
 import sys
 
@@ -142,11 +143,13 @@ def test_missing_external_data_takes_an_explicit_option(exported, tmp_path):
 
 
 def test_weightless_plan_file_round_trip(tmp_path, cache):
-    """A weightless plan written and read back keeps its absent weights, and is still refused by the Executor."""
+    """A weightless plan written and read back (or pickled, as fit's workers do) keeps its absent weights, and is
+    still refused by the Executor."""
     plan = planner.compile(_config(tmp_path, "gpt2"), SHAPES)
     plan.to_json(tmp_path / "plan.json")
     back = planner.Plan.from_json(tmp_path / "plan.json")
     assert back.weights_absent == plan.weights_absent and back.arena_bytes == plan.arena_bytes
+    assert pickle.loads(pickle.dumps(plan)).weights_absent == plan.weights_absent
     with pytest.raises(planner.MemplanError, match="without the model's weights"):
         Executor(back)
 

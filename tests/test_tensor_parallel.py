@@ -66,12 +66,12 @@ def test_sizes_tp_does_not_divide_are_refused():
         planner.Parallel(tp=0)
 
 
-def _rank(rank, port, results, model, dp, tp, zero):
+def _rank(rank, port, results, model, dp, tp, zero, precision="fp32"):
     """One rank of a gloo group of dp * tp: STEPS training steps on its data rank's share of each batch."""
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=dp * tp)
     try:
-        plan = compiled(model, BATCH // dp, planner.Parallel(dp=dp, tp=tp, zero=zero), "momentum")
+        plan = compiled(model, BATCH // dp, planner.Parallel(dp=dp, tp=tp, zero=zero), "momentum", precision=precision)
         ex = Executor(plan, backend="numpy", poison=True)
         share = slice(rank // tp * BATCH // dp, (rank // tp + 1) * BATCH // dp)
         losses = [ex.train_step({k: v[share] for k, v in feeds.items()}) for feeds in batches(model)]
@@ -81,17 +81,19 @@ def _rank(rank, port, results, model, dp, tp, zero):
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("model, dp, tp, zero", [("gpt2_small", 1, 2, 0), ("bert_base", 1, 2, 0),
-                                                 ("gpt2_small", 2, 2, 1), ("bert_base", 2, 2, 3),
-                                                 ("gpt2_small", 1, 4, 0)])
-def test_ranks_train_as_one_process(model, dp, tp, zero):
+@pytest.mark.parametrize("model, dp, tp, zero, precision", [
+    ("gpt2_small", 1, 2, 0, "fp32"), ("bert_base", 1, 2, 0, "fp32"), ("gpt2_small", 2, 2, 1, "fp32"),
+    ("bert_base", 2, 2, 3, "fp32"), ("gpt2_small", 1, 4, 0, "fp32"), ("gpt2_small", 1, 2, 0, "amp-bf16")])
+def test_ranks_train_as_one_process(model, dp, tp, zero, precision):
     """After STEPS momentum steps the ranks' pieces of each param join into the single process's param,
-    and the data ranks' mean loss is its loss. (Not adam: the key bias's gradient is zero but for rounding,
-    which adam's normalization makes whole steps of either sign.)"""
-    got = spawned(partial(_rank, model=model, dp=dp, tp=tp, zero=zero), dp * tp)
-    single = Executor(compiled(model, BATCH, optimizer="momentum"), backend="numpy")
+    and the data ranks' mean loss is its loss; under amp-bf16 (each weight's bfloat16 copy cut with it) within
+    bfloat16's rounding, as the ranks sum partial products the single process does not. (Not adam: the key
+    bias's gradient is zero but for rounding, which adam's normalization makes whole steps of either sign.)"""
+    got = spawned(partial(_rank, model=model, dp=dp, tp=tp, zero=zero, precision=precision), dp * tp)
+    single = Executor(compiled(model, BATCH, optimizer="momentum", precision=precision), backend="numpy")
     losses = [single.train_step(feeds) for feeds in batches(model)]
-    np.testing.assert_allclose(np.mean([g[1] for g in got], axis=0), losses, rtol=1e-5)
+    rtol, atol = (1e-5, 1e-5) if precision == "fp32" else (2e-2, 2e-3)
+    np.testing.assert_allclose(np.mean([g[1] for g in got], axis=0), losses, rtol=rtol)
     for _, _, _, _, planned, held in got:
         assert held == planned, "the rank's arena is the bytes its plan says"
     split, sharded = got[0][3]["tensor_parallel"]["split"], got[0][3]["parallel"]["sharded"]
@@ -105,7 +107,7 @@ def test_ranks_train_as_one_process(model, dp, tp, zero):
                 ranks = [np.concatenate([got[e * tp + t][2][name] for e in range(dp)])[:np.prod(shape)].reshape(shape)
                          for t in range(tp)]
             param = joined(ranks, *split[name]) if name in split else ranks[0]
-            np.testing.assert_allclose(param, value, rtol=1e-4, atol=1e-5, err_msg=f"data rank {d}: {name}")
+            np.testing.assert_allclose(param, value, rtol=10 * rtol, atol=atol, err_msg=f"data rank {d}: {name}")
 
 
 def test_the_report_and_fit_plan_tensor_parallel_ranks(tmp_path, capsys):

@@ -62,6 +62,8 @@ class Schema:
       elementwise ops, which the symbol API offers as one-argument functions).
     - `effect`: the op acts beyond its outputs (memplan.Send gives its input to another rank), so that
       it stays in the graph though nothing reads what it makes.
+    - `replayable`: a copy of the op computes its outputs again (False for memplan.Recv, whose copy would wait
+      for a second send), so that recomputation may drop them.
 
     What the passes know of an op is its schema's too, so that a new op is one entry and their tables
     (built from the registry) pick it up:
@@ -70,7 +72,8 @@ class Schema:
       "low" (the 16-bit type), "float32", "input" (its data input's type, whatever its weights'), or
       None (the widest float type of its inputs).
     - `split`: the name of the rule tensor parallelism follows the op by (planner.tensor_split.RULES:
-      "elementwise", "matmul", "same", ...); None: a view follows "view", another op stops a split.
+      "elementwise", "matmul", "same", "norm", ...; sequence parallelism reads it too); None: a view follows
+      "view", another op stops a split.
     - `stat`: the count of plan.stats the op adds to (the fused ops: "fused_attention", "winograd").
     - `numbers`: a one-element initializer the op reads is a number of the model's code (a scale, an
       epsilon, a bound: elementwise arithmetic and comparisons), not a weight that trains
@@ -104,6 +107,7 @@ class Schema:
     arity = None
     types = None
     effect = False
+    replayable = True
     autocast = None
     split = None
     stat = None

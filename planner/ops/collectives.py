@@ -5,14 +5,19 @@ ranks, the executor's process groups say when running: a collective's `group` na
 data-parallel ranks, "tp": the tensor-parallel ones, "pp": the stages, "world": all of them). A tensor of n
 elements split
 over `world` ranks in whole runs of `unit` elements (a row of its first dim under FSDP2's sharding, else one)
-has shards of shard_size(n, world, unit) elements, the last ones padded with zeros."""
+has shards of shard_size(n, world, unit) elements, the last ones padded with zeros.
+
+With an `axis` attribute (sequence parallelism's), ReduceScatter, AllGather and Shard keep the tensor's shape
+but for that dim, which a rank holds 1/world of: the dim is `blocks` consecutive blocks (1, or the batch rows
+where the tokens are merged with the batch in one dim), each of the ranks' runs in rank order (`runs`), so that
+Megatron's all-gathers and reduce-scatters of the sequence hold their own bytes and no padding."""
 import math
 
 import numpy as np
 
 from .registry import schema
 from .. import dtypes
-from .base import FLOATS, Layout, Schema, same_as_input
+from .base import FLOATS, Layout, Schema, no_gradient, same_as_input
 from .views import View
 from ..errors import ShapeError
 from ..parallel import shard_size
@@ -39,6 +44,25 @@ class _Collective(Schema):
         if isinstance(unit, bool) or not isinstance(unit, int) or unit < 1 or elements % unit:
             raise ShapeError(f"unit must be an int >= 1 that divides the {elements} elements, got {unit!r}")
         return shard_size(elements, self.world(node), unit)
+
+    def along(self, node, shape, gathers):
+        """The output shape of a collective along dim `axis` (see the module) reading `shape`: that dim times world
+        where it `gathers`, else divided by world; None without `axis` (the flat shards)."""
+        axis, blocks, world = node.attrs.get("axis"), node.attrs.get("blocks", 1), self.world(node)
+        if axis is None:
+            return None
+        if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < len(shape):
+            raise ShapeError(f"axis must be a dim of the {len(shape)}-D input, got {axis!r}")
+        whole = shape[axis] * world if gathers else shape[axis]
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1 or whole % (blocks * world):
+            raise ShapeError(f"dim {axis} of {whole} does not hold blocks={blocks!r} blocks of {world} equal runs")
+        return (*shape[:axis], whole if gathers else whole // world, *shape[axis + 1:])
+
+    def by_rank(self, node, shape, dtype):
+        """The Layout of the rank-major copy of the whole tensor of `shape` that a collective along a dim works in
+        where the ranks' runs are not each one piece (several blocks, or dims before `axis`); none where they are."""
+        outer, _ = runs(node.attrs, shape, self.world(node))
+        return Layout.pack(("by_rank", (math.prod(shape),), dtype)) if outer > 1 else Layout()
 
     def padded(self, node, elements, dtype):
         """The Layout of a padded (world * shard) copy where `elements` do not split evenly; none where
@@ -84,22 +108,37 @@ class ParallelInput(View):
 
 @schema("ReduceScatter", domain="memplan")
 class ReduceScatter(_Collective):
-    """Y (shard,) = this rank's shard of the sum over ranks of X flattened (over world with `mean`)."""
+    """Y (shard,) = this rank's shard of the sum over ranks of X flattened (over world with `mean`); with `axis`,
+    Y = this rank's runs of the sum along that dim (Megatron's reduce-scatter of the sequence)."""
 
     def infer(self, node, ins):
-        return [((self.shard(node, math.prod(ins[0].shape)),), ins[0].dtype)]
+        return [(self.along(node, ins[0].shape, False) or (self.shard(node, math.prod(ins[0].shape)),), ins[0].dtype)]
 
     def workspace(self, node, ins, outs, limit):
+        if "axis" in node.attrs:
+            return self.by_rank(node, ins[0].shape, ins[0].dtype)
         return self.padded(node, math.prod(ins[0].shape), ins[0].dtype)
+
+    def gradient(self, b, node, dys):
+        """Along a dim, the ranks' dY all-gathered: each rank's X adds to every rank's runs."""
+        if "axis" not in node.attrs or self.attr(node, "mean"):
+            return no_gradient(node)
+        return [b.op("AllGather", dys[0], domain="memplan", **_along(self, node))]
 
 
 @schema("AllGather", domain="memplan")
 class AllGather(_Collective):
-    """Y of `shape` = the ranks' shards X (shard,) one after the other, the padding cut off."""
+    """Y of `shape` = the ranks' shards X (shard,) one after the other, the padding cut off; with `axis`, Y = the
+    ranks' runs X along that dim (Megatron's all-gather of the sequence), whose gradient is this rank's runs of
+    dY where its readers compute alike on every rank, or where they each compute a part (`partial` 1: a
+    tensor-parallel region reads Y), of the ranks' dY summed: reduce-scattered (Megatron's g-bar)."""
 
     defaults = {**_Collective.defaults, "shape": None}
 
     def infer(self, node, ins):
+        along = self.along(node, ins[0].shape, True)
+        if along:
+            return [(along, ins[0].dtype)]
         shape = tuple(node.attrs.get("shape") or ())
         if ins[0].rank != 1 or ins[0].shape[0] != self.shard(node, math.prod(shape)):
             raise ShapeError(f"AllGather of shards {ins[0].shape} does not make shape {shape} over "
@@ -107,7 +146,17 @@ class AllGather(_Collective):
         return [(shape, ins[0].dtype)]
 
     def workspace(self, node, ins, outs, limit):
+        if "axis" in node.attrs:
+            return self.by_rank(node, outs[0][0], ins[0].dtype)
         return self.padded(node, math.prod(outs[0][0]), ins[0].dtype)
+
+    def gradient(self, b, node, dys):
+        """Along a dim, this rank's runs of dY, reduce-scattered where `partial` (see the class)."""
+        if "axis" not in node.attrs:
+            return no_gradient(node)
+        if node.attrs.get("partial", 0):
+            return [b.op("ReduceScatter", dys[0], domain="memplan", **_along(self, node))]
+        return [b.op("Shard", dys[0], domain="memplan", **_along(self, node))]
 
     def flops(self, node, ins, outs):
         return 0
@@ -115,13 +164,17 @@ class AllGather(_Collective):
 
 @schema("Shard", domain="memplan")
 class Shard(_Collective):
-    """Y (shard,) = this rank's shard of X flattened, zero-padded: no communication."""
+    """Y (shard,) = this rank's shard of X flattened, zero-padded; with `axis`, this rank's runs of X along that
+    dim (Megatron's scatter of the sequence): no communication."""
 
     def infer(self, node, ins):
-        return [((self.shard(node, math.prod(ins[0].shape)),), ins[0].dtype)]
+        return [(self.along(node, ins[0].shape, False) or (self.shard(node, math.prod(ins[0].shape)),), ins[0].dtype)]
 
     def gradient(self, b, node, dys):
-        """The ranks' dY gathered (a weight each rank of a tensor-parallel region reads a piece of)."""
+        """The ranks' dY gathered (a weight each rank of a tensor-parallel region reads a piece of; along a dim,
+        the sequence each rank's layers read their runs of)."""
+        if "axis" in node.attrs:
+            return [b.op("AllGather", dys[0], domain="memplan", **_along(self, node))]
         return [b.op("AllGather", dys[0], domain="memplan", world=self.world(node), mean=0,
                      unit=self.attr(node, "unit"), group=self.attr(node, "group"), shape=list(b.shape(node.inputs[0])))]
 
@@ -152,12 +205,26 @@ class Recv(Schema):
 
     defaults = {"peer": 0, "tag": 0, "shape": None, "dtype": 1, "group": "pp"}
     mirror = False
+    replayable = False
 
     def infer(self, node, ins):
         return [(tuple(node.attrs.get("shape") or ()), dtypes.from_onnx(self.attr(node, "dtype")))]
 
     def flops(self, node, ins, outs):
         return 0
+
+
+def runs(attrs, shape, world):
+    """(outer, inner): a collective along dim attrs["axis"] of a whole tensor of `shape` views it as (outer, world,
+    inner), rank r's part being [:, r]: its runs of each of the dim's `blocks` blocks, under the dims before."""
+    outer = math.prod(shape[:attrs["axis"]]) * attrs.get("blocks", 1)
+    return outer, math.prod(shape) // (outer * world)
+
+
+def _along(schema, node):
+    """The attributes of a collective along the same runs as `node`'s, over the same ranks."""
+    return {"world": schema.world(node), "mean": 0, "axis": node.attrs["axis"], "blocks": node.attrs.get("blocks", 1),
+            "group": schema.attr(node, "group")}
 
 
 def communicated(node, ins):

@@ -80,6 +80,7 @@ class AddLayerNormalization(Schema):
 
     stat = "fused_norm"
     autocast = "float32"  # as layer_norm
+    split = "norm"
     defaults = {"axis": -1, "epsilon": 1e-5, "rms": 0}
     types = (("T", "T", "T", "T"), {"T": FLOATS})
     inplace = ((0, 0), (1, 0), (1, 1), (0, 1))

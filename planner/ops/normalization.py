@@ -247,6 +247,7 @@ class LayerNormalization(Schema):
     leading dims and have 1 on the normalised ones, in the stash_type dtype."""
 
     autocast = "float32"
+    split = "norm"
     ranks = "same"
     defaults = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
     flops = per_input_element(5)

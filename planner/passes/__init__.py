@@ -18,6 +18,7 @@ from .loss import loss
 from .optimizer import optimizer
 from .data_parallel import data_parallel
 from .tensor_parallel import tensor_parallel
+from .sequence_parallel import sequence_parallel
 from .pipeline_stage import pipeline_stage
 from .precision import precision_pass as precision
 from .pretranspose import pretranspose
@@ -73,6 +74,7 @@ def pipeline(options):
         steps += [
             parallel and parallel.tp > 1 and tensor_parallel(parallel.tp),  # one rank's piece of the blocks' layers
             training_mode,  # batch statistics, dropout masks
+            parallel and parallel.sequence_parallel and sequence_parallel(parallel.tp),  # norms on 1/tp of tokens
             parallel and parallel.sync_batchnorm and sync_batchnorm(parallel.dp),  # statistics of all data ranks
             loss(options.loss or "cross_entropy", options.loss_output, options.class_axis, options.ignore_index),
             gradients(options.frozen, options.trainable, options.precision.scales_loss,
@@ -90,5 +92,5 @@ __all__ = ["Pass", "Property", "Result", "Context", "run", "loading", "pipeline"
            "LOSS", "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm",
            "fuse_conv", "fuse_attention", "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose",
            "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss",
-           "gradients", "optimizer", "data_parallel", "tensor_parallel", "pipeline_stage", "recomputation",
-           "sync_batchnorm"]
+           "gradients", "optimizer", "data_parallel", "tensor_parallel", "sequence_parallel", "pipeline_stage",
+           "recomputation", "sync_batchnorm"]

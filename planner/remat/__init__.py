@@ -6,7 +6,9 @@ keeping, by strategy; every strategy ends in the same rewrite (recompute.recompu
   (sublinear.py), or MegEngine's threshold samples and genetic search (megengine.py);
 - "budget": the least recomputation (in FLOPs) whose plan fits `memory_budget` (budget.py);
 - "optimal": the same by Checkmate's integer program, for steps of up to optimal.MAX_NODES nodes
-  (optimal.py, checkmate.py), to measure how far the heuristics are from the best.
+  (optimal.py, checkmate.py), to measure how far the heuristics are from the best;
+- "selective" and "full": Megatron-LM's, each attention core or each transformer layer recomputed from
+  what enters it (layers.py), to check planned activations against Korthikanti et al.'s formulas.
 
 Nodes annotated `force_mirroring` are recomputed under every strategy but optimal, as in MXNet.
 """
@@ -15,18 +17,18 @@ from functools import partial
 from .. import progress
 from ..config import Config
 from ..errors import PlanError, say
-from . import budget, megengine, mirror, optimal, sublinear
+from . import budget, layers, megengine, mirror, optimal, sublinear
 from .recompute import SUFFIX, droppable, recompute
 
-REMATS = ("mirror", "sublinear", "budget", "optimal")
+REMATS = ("mirror", "sublinear", "budget", "optimal", *layers.STRATEGIES)
 
 
 def rematerialize(graph, remat, measure, memory_budget=None, config=None):
     """The training graph with the strategy's recomputation, and what was decided: {"remat",
     "recomputed" (tensor names), "search" [(threshold, arena bytes or None)], "budget", "solver" (optimal's
     status, gap and seconds), "fallback" (mirror's plan was larger than none's, so none's was kept: both
-    arenas)}. `measure(graph)` plans a candidate graph as far as its buffers (planning.Measured); `config`
-    holds the searches' knobs."""
+    arenas), selective's and full's "attention", "fused" and "layers" (layers.rematerialize)}. `measure(graph)`
+    plans a candidate graph as far as its buffers (planning.Measured); `config` holds the searches' knobs."""
     config = config or Config()
 
     def score(candidate):
@@ -50,6 +52,9 @@ def rematerialize(graph, remat, measure, memory_budget=None, config=None):
                                                              if n.notes.recompute for o in n.outputs if o}))
         return rewritten, info
     drop = mirror.mirror(graph, enabled=remat == "mirror")
+    if remat in layers.STRATEGIES:
+        rewritten, decided = layers.rematerialize(graph, remat)
+        return recompute(rewritten, drop), {**info, **decided}
     if remat == "mirror":
         drop, fallback = _no_larger_than_none(graph, drop, measure)
         info.update({"fallback": fallback} if fallback else {})

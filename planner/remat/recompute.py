@@ -18,11 +18,13 @@ SUFFIX = "/recompute"
 def droppable(graph):
     """The tensors a strategy may drop: activations of the forward pass other than graph outputs and
     updates, and other than the draws of random ops (computed again they would differ from the values
-    the forward pass used; MXNet never recomputes them either). Only those backward reads, directly or
-    through the clones that compute them, are recomputed; dropping the others changes nothing."""
+    the forward pass used; MXNet never recomputes them either) and what a pipeline stage receives (a copy
+    would wait for a second send). Only those backward reads, directly or through the clones that compute
+    them, are recomputed; dropping the others changes nothing."""
     kept = {new for new, _ in graph.updates} | set(graph.outputs)
-    return {o for n in graph.nodes if n.notes.forward and not ops.of(n, graph.opsets).random for o in n.outputs
-            if o and o not in kept and graph.tensors[o].kind == "activation"}
+    schemas = {n.name: ops.of(n, graph.opsets) for n in graph.nodes if n.notes.forward}
+    return {o for n in graph.nodes if n.notes.forward and not schemas[n.name].random and schemas[n.name].replayable
+            for o in n.outputs if o and o not in kept and graph.tensors[o].kind == "activation"}
 
 
 def recompute(graph, drop, horizon=None):

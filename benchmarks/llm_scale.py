@@ -54,8 +54,8 @@ def export(name):
 
 def plan(path, seq, gpus, precision, layout):
     """The layout's planning in a child process of its own: {"seconds", "stages", "steps", "arena", "rss"}."""
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([path, seq, gpus, precision, *layout])], capture_output=True,
-                          text=True)
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([path, seq, gpus, precision, *layout])],
+                          capture_output=True, text=True)
     if done.returncode:
         return {"error": done.stderr.strip().splitlines()[-1]}
     return json.loads(done.stdout)

@@ -9,8 +9,8 @@ a heads, t tensor-parallel ranks): sbh(34 + 5as/h) with no parallelism or recomp
 recomputation, 2sbh with full recomputation. memplan's figure: the forward values a rank's plan keeps for
 backward (planner.breakdown.peak over "saved"), of GPT-2-style models of 2 layers less those of 1 layer, built
 from their configs without weights (frontends/hf_config.py; train mode: dropout after attention, the MLP and in
-the probabilities, as Megatron's layer has it), at fp16 with the norm and activation fusions on and attention
-unfused (the form the formulas count); the fused-attention rows give memplan's default form and say what it keeps
+the probabilities, as Megatron's layer has it), at fp16 (--precision) with the norm and activation fusions on
+and attention unfused (the form the formulas count); the fused-attention rows give memplan's default form and say what it keeps
 instead of the scores. Their GPT configurations (Table 3): 22B, 175B, 530B and 1T at s = 2048, t = 8.
 
 states: a rank's model states (params, gradients and optimizer state) under amp-bf16 Adam and ZeRO 0-3 over dp
@@ -70,25 +70,26 @@ def config(directory, h, a, s, layers):
     return str(path)
 
 
-def saved(path, s, layout):
-    """The bytes the rank's fp16 training step keeps for backward at its fullest (batch 1)."""
+def saved(path, s, layout, precision):
+    """The bytes the rank's training step keeps for backward at its fullest (batch 1)."""
     tp, sp, remat, fused = LAYOUTS[layout]
     parallel = planner.Parallel(tp=tp, sequence_parallel=True) if sp else planner.Parallel(tp=tp) if tp > 1 else None
-    plan = planner.compile(path, {"input_ids": (1, s)}, training=True, precision="fp16", strategy="bestfit",
+    plan = planner.compile(path, {"input_ids": (1, s)}, training=True, precision=precision, strategy="bestfit",
                            schedule="file", fuse_attention=fused, remat=remat, parallel=parallel)
     return peak(plan, ("saved",))[0]
 
 
-def activations(names, layouts, directory):
-    print("activation bytes per layer, fp16, batch 1: memplan (2 layers less 1) against Korthikanti et al.")
+def activations(names, layouts, directory, precision):
+    print(f"activation bytes per layer, {precision}, batch 1: memplan (2 layers less 1) against Korthikanti et al. "
+          "(16-bit)")
     print(f"{'config':<11} {'h':>6} {'a':>4} {'s':>5} {'layout':<16} {'memplan':>15} {'paper':>15} {'memplan/sbh':>11} "
           f"{'paper/sbh':>9}")
     for name in names:
         h, a, s = GPT[name]
         for layout in layouts:
             try:
-                per_layer = saved(config(directory, h, a, s, 2), s, layout) - saved(config(directory, h, a, s, 1),
-                                                                                    s, layout)
+                per_layer = saved(config(directory, h, a, s, 2), s, layout, precision) - saved(
+                    config(directory, h, a, s, 1), s, layout, precision)
             except planner.MemplanError as e:
                 print(f"{name:<11} {h:>6} {a:>4} {s:>5} {layout:<16} {e}")
                 continue
@@ -156,12 +157,13 @@ def main():
     parser.add_argument("--configs", nargs="+", default=list(GPT), choices=list(GPT))
     parser.add_argument("--model", default=str(Path(__file__).parent / "configs" / "llama-3-8b.json"))
     parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--precision", default="fp16", help="the activations part's (the paper's counts are 16-bit)")
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     args = parser.parse_args()
     os.environ.setdefault("MEMPLAN_CACHE", str(Path.home() / ".cache" / "memplan"))
     if "activations" in args.part:
         with tempfile.TemporaryDirectory() as directory:
-            activations(args.configs, args.layouts, directory)
+            activations(args.configs, args.layouts, directory, args.precision)
     if "states" in args.part:
         states(args.model, args.seq, 8)
     if "estimators" in args.part:

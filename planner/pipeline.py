@@ -3,7 +3,8 @@ stages, and the order in which a stage runs its microbatches.
 
 The cut: each forward node goes to one of `pp` contiguous runs of the forward pass, cut only where few
 activations cross (at most CROSSING times the fewest bytes crossing any place in the middle half of the
-work: between transformer blocks, the residual stream and a norm's output). Among those cuts it takes the
+forward nodes, values read across most of the pass left out: between transformer blocks, the residual stream
+and a norm's output). Among those cuts it takes the
 ones whose busiest stage does the fewest FLOPs (its forward nodes' and the backward nodes made from them:
 the busiest stage sets the pipeline's pace) and, among those, the ones whose fullest stage holds the least
 memory (activations times the microbatches in flight, params with their gradients and state). Backward
@@ -51,7 +52,7 @@ def assign(graph, stages, microbatches, labels):
     memory = [(sum(graph.tensors[o].nbytes for o in nodes[k].outputs if o),
                sum(graph.tensors[i].nbytes for i in nodes[k].inputs if i and graph.tensors[i].kind == "param"))
               for k in forward]
-    candidates = _candidates(graph, forward, loss, work)
+    candidates = _candidates(graph, forward, loss)
     cuts = _balanced(work, memory, candidates, _fewest_flops(work, candidates, stages), stages, microbatches)
     stage_of = {}
     for j, k in enumerate(forward):
@@ -63,9 +64,12 @@ def assign(graph, stages, microbatches, labels):
     return [stage_of[k] for k in range(len(nodes))]
 
 
-def _candidates(graph, forward, end, work):
+def _candidates(graph, forward, end):
     """The positions j (a cut after forward node j, before `end`) whose crossing activations are within
-    CROSSING times the fewest bytes crossing a place between a quarter and three quarters of the `work`."""
+    CROSSING times the fewest bytes crossing a place between a quarter and three quarters of the forward nodes
+    (not of the work: an LM head's vocabulary, or layers a tensor-parallel rank holds a piece of, would move the
+    middle to the head); the activations counted are those read within half the forward pass of where they are
+    made."""
     nodes, made, last = graph.nodes, {}, {}
     for j, k in enumerate(forward):
         for name in nodes[k].inputs:
@@ -75,19 +79,15 @@ def _candidates(graph, forward, end, work):
             if name and graph.tensors[name].kind == "activation":
                 made[name] = j
     change = [0] * (len(forward) + 1)
-    for name, j in made.items():
-        if name in last:
+    for name, j in made.items():  # a value read across most of the pass (a mask) crosses every place alike
+        if name in last and last[name] - j <= len(forward) / 2:
             change[j] += graph.tensors[name].nbytes
             change[last[name]] -= graph.tensors[name].nbytes
     crossing, held = [], 0
     for j in range(max(end - 1, 0)):
         held += change[j]
         crossing.append(held)
-    total, done, middle = sum(work), 0, []
-    for j, c in enumerate(crossing):
-        done += work[j]
-        if c > 0 and total / 4 <= done <= 3 * total / 4:
-            middle.append(c)
+    middle = [c for j, c in enumerate(crossing) if c > 0 and len(crossing) / 4 <= j <= 3 * len(crossing) / 4]
     fewest = min(middle or [c for c in crossing if c > 0] or [0])
     return [j for j, c in enumerate(crossing) if 0 < c <= CROSSING * fewest]
 

@@ -17,6 +17,8 @@ from ..training import STEP
 from .recompute import droppable, replay
 
 STRATEGIES = ("selective", "full")
+STAGE_OPS = {("memplan", "Recv"), ("memplan", "Send")}
+"""The ops of a pipeline stage, one of which may hold no transformer layer (the LM head and loss alone)."""
 
 
 def rematerialize(graph, strategy):
@@ -27,6 +29,8 @@ def rematerialize(graph, strategy):
     forward = replace(graph, nodes=tuple(n for n in graph.nodes if n.notes.forward))
     cores = [c for c in (_core(forward, n) for n in forward.nodes if n.op == "Softmax" and not n.domain) if c]
     fused = [n for n in forward.nodes if ops.of(n, graph.opsets).stat == "fused_attention"]
+    if not cores and not fused and any((n.domain, n.op) in STAGE_OPS for n in graph.nodes):
+        return graph, {"attention": 0, "fused": 0, "layers": [], "recomputed": []}  # a stage holding no layer
     if not cores and not fused:
         raise ConfigError(f"{say(f'remat={strategy!r}', f'--remat {strategy}')} recomputes transformer layers "
                           "found by their attention (MatMul, Softmax, MatMul or a fused attention), and this "

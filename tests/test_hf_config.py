@@ -15,6 +15,7 @@ from planner.allocators import align
 from planner.plan import ALIGNMENT
 from executor import Executor
 from frontends import hf_config, onnx_frontend
+from exports import Output
 from hf_configs import CONFIGS
 
 pytest.importorskip("transformers")
@@ -76,21 +77,12 @@ def exported(tmp_path_factory):
     config = transformers.LlamaConfig(**{k: v for k, v in CONFIGS["llama2"].items() if k != "model_type"})
     model = transformers.LlamaForCausalLM(config)
     ids = torch.zeros((2, 16), dtype=torch.int64)
-    seq = torch.export.Dim("sequence", max=1024)
+    dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence", max=1024)}
     path = tmp_path_factory.mktemp("llama") / "model.onnx"
-    program = torch.onnx.export(_Logits(model).eval(), (ids,), dynamo=True, input_names=["input_ids"],
-                                output_names=["logits"], dynamic_shapes=({0: torch.export.Dim("batch"), 1: seq},))
+    program = torch.onnx.export(Output(model, ["input_ids"], "logits", use_cache=False).eval(), (ids,), dynamo=True,
+                                input_names=["input_ids"], output_names=["logits"], dynamic_shapes=((dims,),))
     program.save(str(path))
     return path, onnx.load(str(path))
-
-
-class _Logits(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(input_ids=ids, use_cache=False).logits
 
 
 def _weights(model):

@@ -142,7 +142,8 @@ def _rewrite(graph, region, kept, cuts, tp):
             tensors[name] = Tensor(name, shape, t.dtype, "param", Whole(t.data, shape))
             split[name] = [dim, cut.blocks(tp)]
             for copy in graph.consumers[name]:  # autocast's 16-bit copy (Region.weight) is the piece's
-                tensors[copy.outputs[0]] = replace(tensors[copy.outputs[0]], shape=shape)
+                if (copy.op, copy.domain) == ("Cast", ""):
+                    tensors[copy.outputs[0]] = replace(tensors[copy.outputs[0]], shape=shape)
 
     def add(op, inputs, output, name, notes, domain="", **attrs):
         """Append a node of `op` named `name` (or as its output, None) writing the new tensor `output`, both

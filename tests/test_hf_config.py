@@ -205,3 +205,25 @@ def test_an_export_is_cached_by_the_config(tmp_path, monkeypatch):
     changed.write_text(json.dumps({**CONFIGS["gpt_neox"], "intermediate_size": 256}))
     planner.compile(str(changed), SHAPES)
     assert len(list((tmp_path / "cache" / "hf").glob("*.onnx"))) == 2
+
+
+@pytest.mark.parametrize("family, window", [("llama2", 0), ("mistral", 8)])
+def test_masks_too_large_to_fold_are_read_by_rows(family, window, tmp_path, cache, monkeypatch):
+    """A causal mask built from index comparisons that planning cannot fold whole (8,192 tokens make 67 M elements)
+    is read a block of rows at a time: the attention gets the same causal band, or sliding window, and the plan
+    the same arena as where the mask folds whole."""
+    from planner.passes import mask_rows
+    fuse_attention = sys.modules["planner.passes.fuse_attention"]
+    path, shapes = _config(tmp_path, family), {"input_ids": (2, 200)}  # a mask past shape inference's fold limit
+    whole = planner.compile(path, shapes, training=True)
+    monkeypatch.setattr(fuse_attention, "PROBE_LIMIT", 16)
+    monkeypatch.setattr(mask_rows, "ROWS", 64)
+    by_rows = planner.compile(path, shapes, training=True)
+    for plan in (whole, by_rows):
+        attention = [s for s in plan.steps if s.op == "ScaledDotProductAttention"]
+        assert attention and all(s.attrs["causal"] == 1 and s.attrs["window"] == window and len(s.inputs) == 3
+                                 for s in attention)
+    assert by_rows.arena_bytes == whole.arena_bytes
+    monkeypatch.setattr(mask_rows, "ROWS", 1 << 23)
+    monkeypatch.setattr(fuse_attention, "PROBE_LIMIT", 0)
+    assert planner.compile(path, shapes, training=True).arena_bytes == whole.arena_bytes

@@ -23,12 +23,14 @@ from ..training import STEP
 from .attention_form import read
 from .attention_relative import gathers
 from .base import rewrite_pass
+from .mask_rows import band_by_rows
 from .pattern import Match, constant, exclusive, replace_matches
 
 FUSED = "ScaledDotProductAttention"
 PROBE_LIMIT = 1 << 25
 """Most elements of a mask built from constants alone (transformers' causal masks from index comparisons)
-that planning evaluates, to learn whether it is the causal one; larger masks stay an input of the op."""
+that planning evaluates whole, to learn whether it is the causal one; larger ones are read a block of rows at a
+time where they are built elementwise (mask_rows), else stay an input of the op."""
 
 
 def band(attend, s, t):
@@ -67,9 +69,11 @@ def _k(trilu):
     return int(np.ravel(k)[0]) if k is not None else 0
 
 
-def _computed(graph, name, limit=PROBE_LIMIT):
+def _computed(graph, name, limit=None):
     """The value of tensor `name` where it depends on constants alone, each value on the way at most
-    `limit` elements, computed by the ops' NumPy forms (planning folds only small constants); else None."""
+    `limit` elements (PROBE_LIMIT), computed by the ops' NumPy forms (planning folds only small constants);
+    else None."""
+    limit = PROBE_LIMIT if limit is None else limit
     value = constant(graph, name)
     node = graph.producers.get(name)
     if value is not None or node is None or math.prod(graph.tensors[name].shape) > limit or ops.of(node, graph.opsets).random:
@@ -91,12 +95,20 @@ class _Fuser:
 
     def __init__(self, graph, training):
         self.graph, self.training, self.fresh, self.masks, self.made, self.nodes = graph, training, {}, {}, {}, []
+        self.bands = {}
 
     def mask(self, name):
         """`_computed` of a mask, once per mask (every layer reads the same one)."""
         if name not in self.masks:
             self.masks[name] = _computed(self.graph, name)
         return self.masks[name]
+
+    def band(self, name, s, t, added, attends=True):
+        """mask_rows.band_by_rows of a mask too large to fold, once per mask and form."""
+        key = (name, s, t, added, attends)
+        if key not in self.bands:
+            self.bands[key] = band_by_rows(self.graph, name, s, t, added, attends)
+        return self.bands[key]
 
     def build(self, a):
         """The nodes that replace Attention `a`, or None (and nothing made for it kept)."""
@@ -246,7 +258,8 @@ class _Fuser:
                 return None
             value = self.mask(term.value)
             if value is None:
-                return "bias", term.value
+                found = self.band(term.value, s, t, True)
+                return ("bias", term.value) if found is None else ("band", (*found, "add"))
             if not value.any():
                 return "none", None
             window = band(value == 0, s, t)
@@ -262,6 +275,9 @@ class _Fuser:
         if cond is None:
             if term.attends and _built_causal(g, term.cond, s, t):
                 return "band", (0, fill, "set")
+            found = self.band(term.cond, s, t, False, term.attends)
+            if found is not None:
+                return "band", (found[0], fill, "set")
             attend = term.cond if term.attends else self.node("Not", (term.cond,), {}, self.shape(term.cond),
                                                                 np.dtype(bool))
             return "mask", (None, fill, attend)

@@ -119,3 +119,27 @@ def test_host_gemms_go_to_the_gemm_the_executor_installs():
     finally:
         into.install(np, mkl.matmul)
     assert seen == [True, False]
+
+
+def test_parallel_plans_are_the_same_whatever_the_hash_seed(tmp_path):
+    """Python's string hashing differs between processes; a pipeline stage's plan (its microbatches' tensors made
+    in one order), a sequence-parallel rank's, a ZeRO-3 rank's and a fully recomputed step's do not."""
+    import subprocess
+    import sys
+    script = """if True:
+        import sys
+        import planner
+        sys.path.insert(0, "tests")
+        from zoo_cases import input_shapes, small_model
+        m = small_model("gpt2_small")
+        shapes = input_shapes(m, 2)
+        plans = [*planner.compile_stages(m, shapes, training=True, parallel=planner.Parallel(pp=2, microbatches=4)),
+                 planner.compile(m, shapes, training=True, parallel=planner.Parallel(tp=2, sequence_parallel=True)),
+                 planner.compile(m, shapes, training=True, parallel=planner.Parallel(dp=2, zero=3)),
+                 planner.compile(m, shapes, training=True, remat="full")]
+        print([plan.to_json(f"{sys.argv[1]}{k}.json").read_text() for k, plan in enumerate(plans)])
+        """
+    texts = [subprocess.run([sys.executable, "-c", script, str(tmp_path / f"seed{seed}-")], capture_output=True,
+                            text=True, check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+             for seed in (1, 2)]
+    assert texts[0] == texts[1] and texts[0].count("memplan-plan") == 5

@@ -130,8 +130,8 @@ def _unrolled(graph, single, steps, microbatches, tags):
     `single` as it is."""
     optimizing = [n for n in single if n.notes.phase is Phase.OPTIMIZER]
     grads = {n.inputs[len(ops.of(n).scalars) + 1] for n in optimizing if (n.domain, n.op) in OPTIMIZER_OPS}
-    per_batch = {o for n in single if n not in optimizing for o in n.outputs if o}
-    per_batch |= {i for n in single if n not in optimizing for i in n.inputs if i in graph.inputs}
+    per_batch = dict.fromkeys(o for n in single if n not in optimizing for o in n.outputs if o)  # in order: tensors
+    per_batch.update(dict.fromkeys(i for n in single if n not in optimizing for i in n.inputs if i in graph.inputs))
     inputs = [i for i in graph.inputs if i in (LR, STEP) or any(i in n.inputs for n in single)]
     if microbatches == 1:
         return single, _used(graph.tensors, single, inputs), inputs
@@ -161,7 +161,7 @@ def _unrolled(graph, single, steps, microbatches, tags):
             nodes.append(replace(node, name=f"{node.name}@{j}", attrs=attrs,
                                  inputs=tuple(name(i, j) if i else i for i in node.inputs),
                                  outputs=tuple(name(o, j) if o else o for o in node.outputs)))
-            for g in grads & set(node.outputs) if j else ():
+            for g in [o for o in node.outputs if o in grads] if j else ():
                 nodes.append(Node("Add", (summed(name(g, j - 1), j - 1), name(g, j)), (summed(name(g, j), j),),
                                   {}, f"pipeline/accumulate/{g}@{j}", node.notes))
                 tensors[summed(name(g, j), j)] = replace(graph.tensors[g], name=summed(name(g, j), j),

@@ -4,7 +4,8 @@ RSS, from 1B to 70B parameters (benchmarks/configs/*.json, as the Hub's config.j
     python benchmarks/llm_scale.py [--models llama-3.2-1b ... llama-3-70b] [--seq 8192] [--layouts ...]
 
 Each model is exported once (frontends/hf_config.py; a cached export is reported as such), then each layout is
-planned in a fresh process of its own, so that its peak RSS (the child's ru_maxrss) is the planning's alone:
+planned in a fresh process of its own, so that its peak RSS (the child's VmHWM; Linux's ru_maxrss would keep the
+parent's across exec) is the planning's alone:
 --precision (amp-bf16), AdamW, batch 1 (a pipeline's microbatch) at --seq tokens, bestfit. A layout names
 `tp`, `pp` (with 2 pp microbatches, 1F1B), `dp` and `zero` over --gpus devices, and `remat`; a pipeline is every
 stage planned (planner.compile_stages), its fullest stage's arena shown. Progress goes to stderr.
@@ -36,9 +37,9 @@ parallel = planner.Parallel(dp=dp, tp=tp, pp=pp, zero=zero if dp > 1 else 0, mic
 plans = list(planner.compile_stages(model, {"input_ids": (1, seq)}, training=True, optimizer="adamw",
                                     precision=precision, strategy="bestfit", parallel=parallel, remat=remat))
 fullest = max(plans, key=lambda p: p.arena_bytes)
-import resource
+peak = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))  # kB, since this exec
 print(json.dumps({"seconds": time.perf_counter() - start, "stages": len(plans), "steps": len(fullest.steps),
-                  "arena": fullest.arena_bytes, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                  "arena": fullest.arena_bytes, "rss": int(peak.split()[1]) * 1024}))
 """
 
 

@@ -244,3 +244,15 @@ def test_the_gpu_bias_activation_formulas_are_the_host_kernels(activation):
         want, t, u = v.copy(), np.empty_like(v), np.empty_like(v)
         fn(np, want, t, u, **attrs)
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12, err_msg=f"{activation} derivative={derivative}")
+
+
+@pytest.mark.parametrize("shape,strides,given", [
+    ((2, 240, 1, 1), [240, 1, 1, 1], [240, 1, 240, 240]),  # 1x1 images: read as channels-last
+    ((40, 240, 1, 1), [240, 1, 1, 1], [240, 1, 240, 240]),  # a 1x1 kernel
+    ((1, 64, 1), [64, 1, 1], [64, 1, 64]),  # a 1-D conv's single position
+    ((2, 64, 3, 3), [576, 9, 3, 1], [576, 9, 3, 1]),  # images larger than 1x1 keep their strides
+    ((2, 64, 1, 1), [64, 2, 1, 1], [64, 2, 1, 1]),  # channels not contiguous: left as they are
+])
+def test_cudnn_reads_unit_images_as_channels_last(shape, strides, given):
+    from executor.backends.cudnn_conv import unit_spatial
+    assert unit_spatial(list(shape), strides) == given

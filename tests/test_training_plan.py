@@ -1,5 +1,7 @@
 """Training steps as plans: parameters and optimizer state updated in place in the arena, the
 breakdown, the two update modes, training-mode BatchNormalization, the CLI, and the errors."""
+import math
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -8,6 +10,7 @@ from onnx.reference import ReferenceEvaluator
 import planner
 from executor import Executor, FeedError
 from planner import MemplanError, Plan, cli
+from test_winograd import ENGINES
 from zoo_cases import assert_program_allocates_nothing, host, input_shapes, run_on, small_model
 
 BATCH = 4
@@ -199,11 +202,45 @@ def test_verify_catches_an_update_before_a_reader():
 
 
 GPU_CASES = ["mlp", "lenet", "resnet18", "resnet_deep", "mobilenet_v2"]
+CHAOTIC = {"mobilenet_v2": 3e-2}
+"""Cases whose rounding is amplified, with the relative error their gradients are held to: mobilenet_v2's
+training-mode BatchNorms normalize channels that ReLU6 left (nearly) constant, dividing rounding noise by
+sqrt(epsilon). One step's gradients by NumPy's and numba's kernels on one CPU differ by up to 0.6%, and after
+one update the next losses by 5% (1.770 and 1.853), so its trajectory is no oracle."""
+
+
+def gradients(ex, feeds):
+    """{state: host array} after one momentum step at learning rate 0: each param's velocity, its gradient."""
+    ex.lr = 0.0
+    ex.train_step(feeds)
+    states = [t.name for t in ex.plan.tensors.values() if t.kind == "state"]
+    return {name: np.array(host(ex.arena.view(name)), dtype=np.float64) for name in states}
+
+
+def assert_gradients_match(got, want, rtol=1e-4):
+    """Each gradient within rtol of its own norm, or of a thousandth of the whole gradient's where it is smaller
+    (a gradient that is zero in exact arithmetic, such as a shift's before a BatchNorm, is rounding noise)."""
+    total = math.sqrt(sum(float(np.sum(v * v)) for v in want.values()))
+    for name, value in want.items():
+        error = float(np.linalg.norm((got[name] - value).ravel()))
+        assert error <= rtol * max(float(np.linalg.norm(value.ravel())), 1e-3 * total), name
+
+
+@pytest.mark.parametrize("engine", ENGINES[1:])
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_one_steps_gradients_match_the_numpy_kernels(case, engine):
+    """Every gradient of one step from the same params and feeds, by the compiled or the CuPy kernels, as the
+    NumPy kernels compute it."""
+    plan = compiled(case)
+    want = gradients(Executor(plan, backend="numpy", jit=False), data(plan))
+    got = gradients(Executor(plan, backend="cupy" if engine == "cupy" else "numpy", jit=engine == "numba"), data(plan))
+    assert want and set(got) == set(want)
+    assert_gradients_match(got, want, CHAOTIC.get(case, 1e-4))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
-@pytest.mark.parametrize("case", GPU_CASES)
+@pytest.mark.parametrize("case", [c for c in GPU_CASES if c not in CHAOTIC])
 def test_gpu_train_step_matches_numpy_and_allocates_nothing(case, optimizer, cupy):
     plan = compiled(case, optimizer=optimizer)
     cpu, gpu = Executor(plan, backend="numpy"), Executor(plan, backend="cupy")

@@ -83,7 +83,7 @@ class Convolutions:
         def tensor(name, array, shape=None):
             array = array if shape is None else array.reshape(shape)
             shape = list(array.shape)
-            strides = elements(array)
+            strides = unit_spatial(shape, elements(array))
             if flat and len(shape) == 3:
                 shape, strides = [*shape[:2], 1, shape[2]], [*strides[:2], shape[2] * strides[2], strides[2]]
             t = graph.tensor(name=name, dim=shape, stride=strides, data_type=dtype)
@@ -99,7 +99,7 @@ class Convolutions:
             out = self._epilogue(graph, tensor, step, out, b, z, y)
         # the output's layout is the arena's (cuDNN would make it channels-last)
         out.set_output(True).set_data_type(dtype).set_dim(list(y.shape))
-        out.set_stride(elements(y))
+        out.set_stride(unit_spatial(list(y.shape), elements(y)))
         pointers[out] = y.data.ptr
         graph.validate()
         graph.build_operation_graph()
@@ -125,6 +125,15 @@ class Convolutions:
         if activation:
             return getattr(graph, ACTIVATIONS[activation])(input=out, name="act")
         return out
+
+
+def unit_spatial(shape, strides):
+    """The strides cuDNN is given for a tensor of `shape`: where every spatial dim is 1 and the channels are
+    contiguous, those of channels-last ([C, 1, C, C]), which the arena's bytes also are. Given the arena's
+    [C, 1, 1, 1], cuDNN's fp16 fused graphs left NaN in all but the first image (mobilenet_v2's fp16 plan)."""
+    if len(shape) >= 3 and strides[1] == 1 and all(n == 1 for n in shape[2:]):
+        return [strides[0], 1, *[shape[1]] * (len(shape) - 2)]
+    return strides
 
 
 def _has_epilogue(step, b, z):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import Layout, broadcast
-from .into import iota, matmul
+from .into import add_where, iota, matmul
 from .misc import dropout_key, mix
 from ..errors import ShapeError
 
@@ -227,7 +227,7 @@ class Tiles:
         self.bias, self.mask = (None if x is None else xp.broadcast_to(x, (self.batch, self.heads_total, self.s, self.t))
                                 for x in (bias, mask))
         self.k, self.v, self.skip = k, v, self.form.skips
-        self.finite_bias = bias is None or self.form.fill_mode == "set_after_bias" or finite(xp, bias)
+        self.finite_bias = bias is None or self.form.fill_mode == "set_after_bias" or xp is np and finite(xp, bias)
         self.tq, self.tk = ws["rows"].shape[0], ws["cols"].shape[0]
         self.wide = ws["s"].dtype
         self.low = float(np.finfo(self.wide).min)
@@ -249,9 +249,11 @@ class Tiles:
         """Starts kv head hk of batch b: hidden keys are skipped (fill -inf) only where every value they meet is
         finite, as the export's 0 * V and -inf + score are then 0 and -inf: V, K where the fill is added, the
         bias where it is added after the fill (a sum is finite only if each term is; an overflow merely skips
-        nothing)."""
+        nothing). A device's values are not read back to decide it: on CuPy no tile is skipped, so that a run
+        neither allocates nor waits for the device, and its walk is the same for any values (a CUDA graph
+        replays it)."""
         meets = [self.v[b, hk], *([self.k[b, hk]] if self.form.fill_mode == "add" else [])]
-        self.skip = self.form.skips and self.finite_bias and all(finite(self.xp, x) for x in meets)
+        self.skip = self.form.skips and self.xp is np and self.finite_bias and all(finite(self.xp, x) for x in meets)
 
     def keys(self, i0, i1):
         """The key tiles of query tile [i0, i1): those some row sees where hidden keys are skipped, else all."""
@@ -359,7 +361,7 @@ class Tiles:
 
     def fill(self, s, hidden):
         if self.form.fill_mode == "add":
-            self.xp.add(s, self.form.fill, out=s, where=hidden)
+            add_where(self.xp, s, self.form.fill, hidden)
         else:
             self.xp.copyto(s, self.form.fill, where=hidden)
 

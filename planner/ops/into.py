@@ -1,9 +1,10 @@
 """Array operations written into a given output with nothing allocated, on NumPy and on CuPy, where CuPy's own
 form would make a temporary: a GEMM into a block of rows of a larger matrix (a chunk of an image's output rows,
 a tile of scores), whose rows cuBLAS reads by their stride (an executor's CuPy, whose matmul takes strides,
-executor/backends/cublas.py, gets every product as it is); an index range without a scan's scratch. A GEMM
-the executor installs for an array module (`install`: MKL's on the host, executor/mkl.py) takes the products
-it can first, so that the op library needs no BLAS binding of its own."""
+executor/backends/cublas.py, gets every product as it is); an index range without a scan's scratch; an add where
+a mask holds (CuPy's ufuncs take no `where`). A GEMM the executor installs for an array module (`install`: MKL's
+on the host, executor/mkl.py) takes the products it can first, so that the op library needs no BLAS binding of
+its own."""
 from functools import cache
 
 import numpy as np
@@ -98,3 +99,17 @@ def iota(xp, out):
 def _iota(cupy):
     """The CuPy kernel writing each element's index (compiled once per dtype by CuPy)."""
     return cupy.ElementwiseKernel("", "T y", "y = i", "memplan_iota")
+
+
+def add_where(xp, out, value, where):
+    """out += value where the bool `where` (broadcast to out) holds, in place, nothing allocated."""
+    if xp is np:
+        np.add(out, value, out=out, where=where)
+        return
+    _add_where(xp)(where, out.dtype.type(value), out)
+
+
+@cache
+def _add_where(cupy):
+    """The CuPy kernel of `add_where` (compiled once per dtype by CuPy)."""
+    return cupy.ElementwiseKernel("bool h, T v", "T y", "if (h) y = y + v", "memplan_add_where")

@@ -14,7 +14,6 @@ checkpointing of each layer for bert_base). Progress goes to stderr.
 """
 import argparse
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -22,20 +21,10 @@ import numpy as np
 import planner
 from frontends import zoo
 
+from train_memory import LOSS_OF, input_shapes, log
+
 MiB = 2 ** 20
-LOSS_OF = {"resnet50": "cross_entropy", "bert_base": "mse"}
 STRATEGIES = ("none", "mirror", "sublinear", "budget")
-START = time.perf_counter()
-
-
-def log(message):
-    print(f"[{time.perf_counter() - START:7.1f}s] {message}", file=sys.stderr, flush=True)
-
-
-def shapes_of(name, batch, seq):
-    if name == "bert_base":
-        return {"input_ids": (batch, seq), "attention_mask": (batch, seq)}
-    return {"input": (batch, 3, 224, 224)}
 
 
 def median_seconds(step, steps, sync=lambda: None):
@@ -52,7 +41,7 @@ def median_seconds(step, steps, sync=lambda: None):
 
 def plans(name, batch, seq, strategies):
     """{strategy: training plan} of zoo model `name`, planned for CUDA."""
-    model, shapes = zoo.build(name), shapes_of(name, batch, seq)
+    model, shapes = zoo.build(name), input_shapes(name, batch, seq)
     options = {"training": True, "loss": LOSS_OF[name], "optimizer": "adam", "device": "cuda"}
     out = {}
     for strategy in ("none", "sublinear", *strategies):

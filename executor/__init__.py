@@ -226,7 +226,7 @@ class Executor:
         pipeline stage takes those it reads, each microbatch its rows); the learning rate is `self.lr`.
         Returns the loss before the update (None on a pipeline stage before the last, which has none)."""
         info = self.plan.training
-        if not info:
+        if not self.plan.trains:
             raise MemplanError("train_step needs a plan compiled with training=True")
         with self._exclusive():
             scalars = {info["lr"]: float(self.lr), info["step"]: float(self.steps_taken + 1)}

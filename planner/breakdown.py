@@ -139,7 +139,7 @@ def describe(plan):
              f"{plan.device}): arena {format_bytes(plan.arena_bytes)}, LOAD {format_bytes(plan.lower_bound_bytes)} "
              f"(x {plan.arena_bytes / max(plan.lower_bound_bytes, 1):.3f}); {len(plan.steps)} steps, "
              f"{len(plan.tensors)} tensors", fullest_step_line(plan.strategy, plan), dtype_line(plan)]
-    if plan.training:
+    if plan.trains:
         t = plan.training
         remat = (t.get("remat") or {}).get("remat")
         lines.append(f"training step with {t['optimizer']}: {len(t['params'])} params trained, forward "

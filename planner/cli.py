@@ -78,10 +78,15 @@ def training_options(args):
         if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget or args.trainable \
                 or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX \
                 or args.shard != "flat" or args.prefetch or args.bucket or args.sync_batchnorm \
-                or any(getattr(args, name) is not None for name in PARALLEL_ARGS):
+                or args.sequence_parallel or any(getattr(args, name) is not None for name in PARALLEL_ARGS
+                                                 if name != "tp"):
             raise MemplanError("--loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, --class-axis, "
-                               "--ignore-index, --dp, --zero, --tp, --pp, --microbatches, --stage, --shard, "
-                               "--prefetch, --bucket and --sync-batchnorm apply with --training")
+                               "--ignore-index, --dp, --zero, --pp, --microbatches, --stage, --shard, --prefetch, "
+                               "--bucket, --sync-batchnorm and --sequence-parallel apply with --training (--tp "
+                               "alone plans one tensor-parallel rank's inference)")
+        if args.tp is not None:
+            from .parallel import Parallel
+            return {"parallel": Parallel(tp=args.tp)}
         return {}
     parallel = None
     if args.dp is None and args.zero is None and (args.shard != "flat" or args.prefetch or args.bucket
@@ -152,7 +157,7 @@ def run(args):
     check_memory(plan, backend, config_of(args), feeds=True, cuda_graph=args.cuda_graph)
     feeds = random_feeds(plan, seed=0)
     shapes = ", ".join(f"{n} {value.shape} {value.dtype}" for n, value in feeds.items())
-    what = f"training step with {plan.training['optimizer']}" if plan.training else "inference"
+    what = f"training step with {plan.training['optimizer']}" if plan.trains else "inference"
     print(f"{args.model}: {shapes}; {what}, {plan.strategy} plan, arena {format_bytes(plan.arena_bytes)}")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     device_before = backend.used_bytes()
@@ -162,11 +167,11 @@ def run(args):
     with Progress("memplan run", total=args.repeat + 1) as bar:
         for k in range(args.repeat + 1):
             start = time.perf_counter()
-            loss = ex.train_step(feeds) if plan.training else ex.run(feeds)
+            loss = ex.train_step(feeds) if plan.trains else ex.run(feeds)
             times.append(time.perf_counter() - start)
             if k == 0 and ex.profile:
                 ex.profile.clear()
-            if plan.training:
+            if plan.trains:
                 bar.update(k + 1, f"loss {loss:.4f}")
                 print(f"step {k + 1}{' (warm-up)' if k == 0 else ''}: loss {loss:.6g} ({1e3 * times[-1]:.1f} ms)")
                 if not math.isfinite(loss):
@@ -263,7 +268,7 @@ def max_batch(args):
     training = training_options(args)
     compile_at = batch_planner(args, training)
     rows = [(s, {"strategy": s}) for s in args.strategy]
-    if training:  # recomputation with the last strategy asked for (by default the default, auto)
+    if training.get("training"):  # recomputation with the last strategy asked for (by default the default, auto)
         rows += [(f"{args.strategy[-1]} + {r}", {"strategy": args.strategy[-1], "remat": r}) for r in ("mirror", "sublinear")]
     failed, place = [], {label: k for k, (label, _) in enumerate(rows, 1)}
     with Progress("memplan max-batch", total=len(rows)) as bar:

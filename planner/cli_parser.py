@@ -94,8 +94,8 @@ def _model_args(p, one_strategy):
                    help="with --dp: ZeRO stage, 1 sharding the optimizer state, 2 the gradients too, 3 the params too "
                         "(default 0)")
     p.add_argument("--tp", type=count(1), default=None, metavar="N",
-                   help="with --training: plan one of N tensor-parallel ranks splitting each transformer block's "
-                        "linear layers and attention heads (Megatron's); the step's ranks are --dp x --tp")
+                   help="plan one of N tensor-parallel ranks splitting each transformer block's linear layers and "
+                        "attention heads (Megatron's); with --training the step's ranks are --dp x --tp")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: run the norms, residual adds and dropouts between the split layers on 1/N of the "
                         "sequence on each rank (Megatron's sequence parallelism)")

@@ -143,9 +143,13 @@ class CompileOptions:
         if not self.training:
             if (self.loss or self.optimizer or self.optimizer_args or self.loss_output or self.frozen or self.remat
                     or self.trainable or self.memory_budget is not None or self.class_axis is not None
-                    or self.ignore_index != IGNORE_INDEX or self.parallel is not None):
+                    or self.ignore_index != IGNORE_INDEX):
                 raise PlanError("loss, optimizer, optimizer_args, loss_output, frozen, trainable, class_axis, "
-                                "ignore_index, remat, memory_budget and parallel apply to training=True")
+                                "ignore_index, remat and memory_budget apply to training=True")
+            if self.parallel is not None and self.parallel != Parallel(tp=getattr(self.parallel, "tp", 1)):
+                raise PlanError("an inference plan takes tensor parallelism alone (parallel=Parallel(tp=N)): data "
+                                "ranks, ZeRO, pipeline stages, microbatches and sequence parallelism apply to "
+                                f"training=True; got {self.parallel!r}")
             return
         optimizer_arguments(self.optimizer or "sgd", self.optimizer_args or {})
         if self.parallel is not None and not isinstance(self.parallel, Parallel):

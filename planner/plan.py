@@ -95,13 +95,19 @@ class Plan:
     """Values of params and consts, copied into the arena once before the first run."""
     training: dict = field(default_factory=dict)
     """For a training step: the loss output, the labels input, the trained params and their gradients,
-    the optimizer, its arguments and hyperparameter inputs (see planner.training)."""
+    the optimizer, its arguments and hyperparameter inputs (see planner.training). A tensor-parallel rank's
+    inference plan holds its "tensor_parallel" facts alone (planner/passes/tensor_parallel.py)."""
     opsets: dict = field(default_factory=dict)
     """{domain: version} of the graph the plan was made from, which selects each step's op version."""
     device: str = "any"
     """The device the arena is planned for: "any" for a plan of one device that any backend may run."""
     rank: int = 0
     """Which of several cooperating plans this is (a process's rank); 0 for a plan that runs alone."""
+
+    @property
+    def trains(self):
+        """Whether this is a training step's plan (it has an optimizer), not inference."""
+        return "optimizer" in self.training
 
     def buffer_spans(self):
         """{root tensor: (first, last)} of every transient buffer: an alias group's root and the union
@@ -116,7 +122,7 @@ class Plan:
 
     def __repr__(self):
         """One line: what was planned and its arena (the tensors and steps are many; `report()` says more)."""
-        what = f"training step with {self.training['optimizer']}" if self.training else "inference"
+        what = f"training step with {self.training['optimizer']}" if self.trains else "inference"
         return (f"<Plan {self.strategy}, {self.schedule} schedule, {what}: arena {format_bytes(self.arena_bytes)}, "
                 f"LOAD {format_bytes(self.lower_bound_bytes)}, {len(self.steps)} steps, {len(self.tensors)} tensors>")
 

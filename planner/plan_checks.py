@@ -161,7 +161,7 @@ def _check_names(plan):
     """The graph's inputs and outputs, and the tensors a training step names, all have a place."""
     info = plan.training
     named = [("graph input", n) for n in plan.inputs] + [("graph output", n) for n in plan.outputs]
-    if info:
+    if plan.trains:
         keys = ("loss", "lr", "step") if info.get("loss") is not None else ("lr", "step")  # (an early pipeline stage)
         named += [(f"training {key}", info.get(key)) for key in keys]
         named += [("trained param", n) for n in info.get("params", ())]
@@ -173,9 +173,11 @@ def _check_names(plan):
 def _check_training(plan):
     """A training step's info holds what the executor reads: a list of params and a numeric 'lr' argument."""
     info = plan.training
-    if info and not isinstance(info.get("params", ()), (list, tuple)):
+    if not plan.trains:
+        return
+    if not isinstance(info.get("params", ()), (list, tuple)):
         raise PlanError(f"training params must be a list of names, got {reprlib.repr(info['params'])}")
-    if info and not (isinstance(info.get("args"), dict) and isinstance(info["args"].get("lr"), (int, float))):
+    if not (isinstance(info.get("args"), dict) and isinstance(info["args"].get("lr"), (int, float))):
         raise PlanError(f"training args {reprlib.repr(info.get('args'))} must give the learning rate 'lr' as a number")
 
 

@@ -111,7 +111,7 @@ class Buffers:
         self.strategy, self.order = strategy, order
         held = (*graph.outputs, *fetch)
         last = {n.name for n in graph.nodes if n.notes.assign}
-        if training and training["update"] == "after_backward":
+        if (training or {}).get("update") == "after_backward":
             last |= {n.name for n in graph.nodes if n.notes.phase is Phase.OPTIMIZER}
         self.steps = make_schedule(graph, order, held, last)
         self.life = lifetimes(graph, self.steps, held)
@@ -202,7 +202,7 @@ class Buffers:
             phase = "recompute" if node.notes.recompute else "" if node.notes.forward else node.notes.phase.value
             steps.append(Step(node.name, node.op, node.inputs, node.outputs, ops.of(node, graph.opsets).normalize(node),
                               used, phase, node.domain, layout.slices if layout else (), graph.opsets.get(node.domain)))
-        parts, fullest = breakdown(places, len(steps), self.base + total, bool(self.training))
+        parts, fullest = breakdown(places, len(steps), self.base + total, "optimizer" in (self.training or {}))
         return Plan(self.strategy, self.order, self.base + total, self.load, parts, places, tuple(steps),
                     tuple(graph.inputs), tuple(graph.outputs),
                     stats={"allocator": self.allocator, "steps": len(steps), "buffers": len(self.roots),
@@ -255,7 +255,7 @@ def _allocator_options(name, config, steps, starts, ends):
 def _roles(graph, training):
     """{tensor: role} of a training graph (see plan.ROLES): gradients, updates, and activations of the
     forward pass that a backward node reads."""
-    if not training:
+    if "optimizer" not in (training or {}):
         return {}
     roles = {g: "gradient" for g in training["grads"].values() if graph.tensors[g].kind == "activation"}
     roles.update((new, "update") for new, _ in graph.updates)

@@ -65,6 +65,8 @@ class Report:
                        forward_flops=first.stats["forward_flops"], backward_flops=first.stats["backward_flops"],
                        update_modes={m: {"strategy": p.strategy, "arena_bytes": p.arena_bytes, "breakdown": p.breakdown}
                                      for m, p in self.updates.items()})
+        elif first.training.get("tensor_parallel"):
+            doc["tensor_parallel"] = _inference_parallel(first, self.unsharded)
         if self.remats:
             step = first.stats["forward_flops"] + first.stats["backward_flops"]
             doc["remat"] = [_remat_row(label, p, load, step) for label, p in self.remats.items()]
@@ -115,6 +117,7 @@ class Report:
         lines.append(_workspace_line(d))
         if training:
             lines += _training_lines(self, d)
+        lines += _inference_parallel_lines(d)
         if self.precisions:
             lines += _precision_lines(d, parts or fields(False))
         return "\n".join(line.rstrip() for line in lines)
@@ -197,6 +200,15 @@ def _parallel(plan, unsharded, stages=None):
             "tensor_parallel": plan.training.get("tensor_parallel"),
             "pipeline": plan.training.get("pipeline") and {**plan.training["pipeline"], "arena_bytes": stages},
             "batch_norms": _batch_norms(plan)}
+
+
+def _inference_parallel(plan, unsharded):
+    """A tensor-parallel rank's inference facts, with the bestfit plan of one device beside them and the bytes
+    its all-reduces send a run."""
+    from .ops.collectives import communicated
+    sent = sum(communicated(s, [plan.tensors[s.inputs[0]]]) for s in plan.steps
+               if s.domain == "memplan" and s.op == "AllReduce")
+    return {**plan.training["tensor_parallel"], "unsharded_arena_bytes": unsharded.arena_bytes, "collective_bytes": sent}
 
 
 def _batch_norms(plan):
@@ -303,6 +315,24 @@ def _params_line(d):
     return f"{line}; {len(d['constants'])} initializers stay constants: {', '.join(parts)}"
 
 
+def _tp_line(tp):
+    return (f"tensor parallelism (Megatron's) splits {tp['column_layers']} of the model's linear layers by columns and "
+            f"{tp['row_layers']} by rows: {len(tp['split'])} params split, {tp['replicated_params']} whole on every "
+            "rank" + (f"; {tp['whole_regions']} region(s) it cannot split run whole (an LM head, a layer read "
+                      "elsewhere)" if tp["whole_regions"] else ""))
+
+
+def _inference_parallel_lines(d):
+    """Which tensor-parallel rank's inference plan this is, beside the plan of one device."""
+    tp = d.get("tensor_parallel")
+    if not tp:
+        return []
+    bestfit = next(r["arena_bytes"] for r in d["rows"] if r["strategy"] == "bestfit")
+    return [f"one of {tp['tp']} tensor-parallel ranks: the arena is one rank's, bestfit {format_bytes(bestfit)} "
+            f"against {format_bytes(tp['unsharded_arena_bytes'])} on one device; its all-reduces send "
+            f"{format_bytes(tp['collective_bytes'])} a run", _tp_line(tp)]
+
+
 def _parallel_line(d):
     """Which rank's plan this is, under data parallelism (planner.parallel), beside the plain plan of its
     batch, and its model states beside the ZeRO paper's count."""
@@ -327,11 +357,7 @@ def _parallel_line(d):
              f"{format_bytes(p['unsharded']['arena_bytes'])} for the same batch on one device; its collectives "
              f"send {sent or '0 B'} a step"]
     if tp:
-        lines.append(f"tensor parallelism (Megatron's) splits {tp['column_layers']} of the model's linear layers by "
-                     f"columns and {tp['row_layers']} by rows: {len(tp['split'])} params split, "
-                     f"{tp['replicated_params']} whole on every rank"
-                     + (f"; {tp['whole_regions']} region(s) it cannot split run whole (an LM head, a layer read "
-                        "elsewhere)" if tp["whole_regions"] else ""))
+        lines.append(_tp_line(tp))
     if pipe:
         arenas = pipe["arena_bytes"] or []
         parts = [f"pipeline stage {pipe['stage']} of {pipe['pp']}, {pipe['microbatches']} microbatch"

@@ -276,8 +276,8 @@ def test_training_choices_reach_the_plan(tmp_path, capsys):
     (["--training", "--trainable", "layers.0.bias", "--frozen", "layers.0.bias"], "named both trainable and frozen"),
     (["--training", "--trainable", "nope"], "memplan: error: trainable names 'nope', which are not params"),
     (["--class-axis", "1"], "memplan: error: --loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, "
-                            "--class-axis, --ignore-index, --dp, --zero, --tp, --pp, --microbatches, --stage, --shard, "
-                            "--prefetch, --bucket and --sync-batchnorm apply with --training"),
+                            "--class-axis, --ignore-index, --dp, --zero, --pp, --microbatches, --stage, --shard, "
+                            "--prefetch, --bucket, --sync-batchnorm and --sequence-parallel apply with --training"),
     (["--training", "--ignore-index", "x"], "argument --ignore-index: invalid value: 'x'; give an int or none"),
     (["--training", "--class-axis", "last"], "argument --class-axis: invalid int value: 'last'"),
 ])

@@ -158,7 +158,7 @@ def test_bad_parallel_options_are_refused():
                             (dict(bucket_bytes=-1), "bucket_bytes must be an int >= 0")):
         with pytest.raises(ConfigError, match=message):
             planner.Parallel(**kwargs)
-    with pytest.raises(PlanError, match="parallel apply to training=True"):
+    with pytest.raises(PlanError, match="inference plan takes tensor parallelism alone"):
         planner.compile(small_model("mlp"), parallel=planner.Parallel(dp=2))
     with pytest.raises(MemplanError, match="one of 2 data-parallel ranks"):
         Executor(compiled(BATCH // 2, planner.Parallel(dp=2)), backend="numpy")
@@ -342,8 +342,8 @@ def test_the_report_plans_one_rank_from_the_command_line(capsys):
     assert cli.main([*args, "--dp", "2", "--bucket", "1MiB"]) == 0
     assert "gradients reduced in 1 bucket of 1.00 MiB" in capsys.readouterr().out
     assert cli.main(["report", "zoo:mlp", "--dp", "2"]) == 2
-    assert "--dp, --zero, --tp, --pp, --microbatches, --stage, --shard, --prefetch, --bucket and --sync-batchnorm " \
-        "apply with" in capsys.readouterr().err
+    assert "--dp, --zero, --pp, --microbatches, --stage, --shard, --prefetch, --bucket, --sync-batchnorm and " \
+        "--sequence-parallel apply with --training (--tp alone" in capsys.readouterr().err
 
 
 def test_fit_finds_each_layouts_largest_batch(capsys):

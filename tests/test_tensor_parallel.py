@@ -1,6 +1,7 @@
 """Tensor-parallel training plans (planner/passes/tensor_parallel.py): the transformer blocks' linear layers and
 attention heads split over tp ranks as Megatron splits them, found in the exported graph; run in 2 and 4 CPU
 processes over torch.distributed's gloo (with data parallelism beside it), the ranks train as one process."""
+import json
 from functools import partial
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 
 import planner
 from executor import Executor
+from planner import cli
 from planner.errors import ConfigError
 from planner.parallel import joined, piece
 from gloo import spawned
@@ -370,3 +372,64 @@ def test_slices_other_than_consecutive_blocks_leave_the_region_whole(ranges):
     assert set(facts["split"]) == {"w2", *(f"r{len(ranges) + j}" for j in range(3))}  # the Split's blocks' rows
     assert facts["split"]["w2"] == [1, [12, 6, 6]]
     assert plan.tensors["w1"].shape == (16, 24)
+
+
+def _inference_rank(rank, port, results, model, feeds, tp):
+    """One rank of a gloo group of `tp`: its inference plan of `model` (a zoo name or an export's path) run on
+    `feeds`; its outputs, facts and arena."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp)
+    try:
+        source = small_model(model) if model in ("gpt2_small", "bert_base") else model
+        plan = planner.compile(source, {k: v.shape for k, v in feeds.items()}, parallel=planner.Parallel(tp=tp))
+        ex = Executor(plan, backend="numpy", poison=True)
+        results.put((rank, ex.run(feeds), plan.training, plan.arena_bytes))
+    finally:
+        dist.destroy_process_group()
+
+
+def _inference_feeds(model):
+    return {k: v for k, v in batches(model)[0].items() if k != "labels"}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("model, tp", [("gpt2_small", 2), ("bert_base", 2), ("gpt2_small", 4), ("phi3", 2)])
+def test_inference_ranks_give_the_single_process_outputs(model, tp, request):
+    """An inference plan of one of tp tensor-parallel ranks (Parallel(tp=N) without training): the blocks split
+    as for training, each rank's arena smaller than the whole model's, and every rank's outputs those of the
+    single process."""
+    if model == "phi3":
+        path, train_feeds = request.getfixturevalue("phi3_export")
+        model, feeds = path, {"input_ids": train_feeds[0]["input_ids"]}
+    else:
+        feeds = _inference_feeds(model)
+    got = spawned(partial(_inference_rank, model=model, feeds=feeds, tp=tp), tp)
+    source = small_model(model) if model in ("gpt2_small", "bert_base") else model
+    single = planner.compile(source, {k: v.shape for k, v in feeds.items()})
+    want = Executor(single, backend="numpy").run(feeds)
+    for rank, outputs, facts, arena in got:
+        assert set(facts) == {"tensor_parallel"} and facts["tensor_parallel"]["tp"] == tp
+        assert arena < single.arena_bytes
+        for name, value in want.items():
+            np.testing.assert_allclose(outputs[name], value, rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}: {name}")
+
+
+def test_inference_takes_tensor_parallelism_alone():
+    m = small_model("gpt2_small")
+    for parallel in (planner.Parallel(dp=2), planner.Parallel(tp=2, pp=2), planner.Parallel(tp=2, sequence_parallel=True)):
+        with pytest.raises(planner.PlanError, match="inference plan takes tensor parallelism alone"):
+            planner.compile(m, input_shapes(m, 2), parallel=parallel)
+
+
+def test_the_report_plans_an_inference_rank(capsys):
+    """`report --tp N` without --training: one rank's inference arena beside one device's, and what it sends."""
+    assert cli.main(["report", "zoo:gpt2_small", "--input", "input_ids:1x32", "--tp", "2", "--strategy", "bestfit",
+                     "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    tp = doc["tensor_parallel"]
+    assert tp["tp"] == 2 and "training" not in doc
+    bestfit = next(r["arena_bytes"] for r in doc["rows"] if r["strategy"] == "bestfit")
+    assert bestfit < tp["unsharded_arena_bytes"] and tp["collective_bytes"] > 0
+    assert cli.main(["report", "zoo:gpt2_small", "--input", "input_ids:1x32", "--tp", "2", "--strategy", "bestfit"]) == 0
+    assert "one of 2 tensor-parallel ranks" in capsys.readouterr().out
+    assert cli.main(["report", "zoo:gpt2_small", "--input", "input_ids:1x32", "--tp", "2", "--pp", "2"]) == 2

@@ -54,6 +54,7 @@ def pipeline(options):
     config = options.config or Config.from_env()
     training, parallel = options.training, options.parallel
     inference, cpu = not training, not training and not options.device.is_gpu
+    tp = parallel.tp if parallel else 1
     steps = [
         *loading(options.fetch),
         training and check_names(options.frozen, options.trainable),  # frozen and trainable name params it reads
@@ -63,16 +64,17 @@ def pipeline(options):
         options.fuse_norm and fuse_norm,  # residual add + (RMS) layer norm as one chunked op
         options.fuse_activation and fuse_activation,  # an activation's pieces and its bias Add as one op
         options.fold_transpose and fold_transpose,  # MatMul of a transposed matrix as a Gemm, no transposed copy
-        inference and options.pretranspose and pretranspose,  # Gemm's constant B stored transposed, once
+        inference and options.pretranspose and tp == 1 and pretranspose,  # Gemm's constant B stored transposed
+        # (not where tensor parallelism splits the weights by the exporters' layout)
         options.precision.low is not None and precision(options.precision),  # 16-bit floats or autocast's policy
         cpu and options.inverted_residual and inverted_residual(config),  # MobileNetV2 blocks as one op each
         cpu and options.winograd and winograd(config),  # 3x3 convolutions by Winograd, in the scratch held
         cpu and options.batch_conv and batch_conv(config),  # convolutions of small images as one GEMM
         prune,  # what no output needs dropped
+        tp > 1 and tensor_parallel(tp),  # one rank's piece of the blocks' layers
     ]
     if training:
         steps += [
-            parallel and parallel.tp > 1 and tensor_parallel(parallel.tp),  # one rank's piece of the blocks' layers
             training_mode,  # batch statistics, dropout masks
             parallel and parallel.sequence_parallel and sequence_parallel(parallel.tp),  # norms on 1/tp of tokens
             parallel and parallel.sync_batchnorm and sync_batchnorm(parallel.dp),  # statistics of all data ranks

@@ -245,15 +245,27 @@ def batch_planner(args, training):
     given = input_shapes(raw, args.input, None)
     check_free_batch(raw, given)
 
-    def planned(batch, options, how):
+    def typed(batch):
         shapes = {n: (batch, *s[1:]) for n, s in given.items()}
         bind_batch(raw, shapes, batch)
-        return how(infer(raw, shapes), schedule=args.schedule, config=config,
+        return infer(raw, shapes)
+
+    def planned(batch, options, how):
+        return how(typed(batch), schedule=args.schedule, config=config,
                    **{**training, **precision_option(args), **options})
 
     def compile_at(batch, **options):
         return planned(batch, options, compile)
+
+    def params():
+        """[(elements, bytes an element as planned, trains)] of the model's params."""
+        graph, low = compile_at.typed(1), precision_option(args).get("precision") in ("fp16", "bf16")
+        frozen, trainable = set(training.get("frozen", ())), set(training.get("trainable", ()))
+        return [(math.prod(t.shape), 2 if low and t.dtype.kind == "f" else t.dtype.itemsize,
+                 t.dtype.kind == "f" and t.name not in graph.buffers and t.name not in frozen
+                 and (not trainable or t.name in trainable)) for t in graph.params()]
     compile_at.stages = lambda batch, order, **options: planned(batch, {**options, "stages": order}, compile_stages)
+    compile_at.params, compile_at.typed = params, typed
     return compile_at
 
 
@@ -294,6 +306,8 @@ def fit(args):
     """The data-, tensor- and pipeline-parallel layouts of --gpus devices of --memory each, with the largest
     per-rank batch each fits."""
     from . import fit as layouts
+    from .optimizers import OPTIMIZERS
+    from .remat import layers
     from executor.threads import cores
     if any(getattr(args, name) is not None for name in PARALLEL_ARGS):
         raise MemplanError("fit chooses --dp, --tp, --pp, --microbatches and --zero itself: give --gpus N and "
@@ -306,15 +320,20 @@ def fit(args):
     compile_at = batch_planner(args, training_options(args))
     with Progress("memplan fit") as bar:
         bar.update(detail="which tensor- and pipeline-parallel sizes split the model")
-        tps, pps, notes = layouts.model_parallel_sizes(compile_at, args.gpus)
-        bar.label, bar.total = "memplan fit, layouts", len(layouts.candidates(args.gpus, tps=tps, pps=pps, **rules))
+        transformer = layers.attends(compile_at.typed(1))
+        tps, pps, notes = layouts.model_parallel_sizes(
+            compile_at, args.gpus, layouts.LAYER_PIPELINE if transformer else layouts.PIPELINE)
+        remats = layouts.LAYER_REMATS if transformer else layouts.REMATS
+        least = layouts.least_states(compile_at.params(), len(OPTIMIZERS[args.optimizer or "sgd"][2]))
+        bar.label, bar.total = "memplan fit, layouts", len(layouts.candidates(args.gpus, tps=tps, pps=pps,
+                                                                               remats=remats, **rules))
         started = {}
 
         def told(label, batch):
             started.setdefault(label, len(started) + 1)
             bar.update(len(started), f"{label}: batch {batch}")
         found, dropped = layouts.search(compile_at, args.gpus, memory, told, args.workers or cores(), tps, pps,
-                                        **rules)
+                                        remats, least, **rules)
     notes += dropped
     if pps:
         notes.append(f"a pipeline's batch per rank is its microbatch; it plans {layouts.MICROBATCHES} microbatches "

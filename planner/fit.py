@@ -1,13 +1,15 @@
 """`memplan fit`: how to train a model on N devices of one memory size. Each candidate layout (data
-parallelism over all N at ZeRO stage 0 to 3; tensor parallelism over 2, 4 or 8 of them, or a pipeline of 2
-or 4 stages, with ZeRO-1 over the rest, as Megatron pairs them with its distributed optimizer; each with and
-without recomputation) gets the largest per-rank batch (a pipeline's microbatch) whose rank plan fits the
-memory (a pipeline's fullest stage's); the table puts the largest global batch first. A pipeline is planned
-with MICROBATCHES microbatches a stage: its memory grows from pp microbatches to 2 pp (the steady state runs
-forwards beside gradients being summed) and hardly after, so more microbatches give a larger global batch
-and a smaller bubble at about the same memory. The layouts are dealt to CHAINS chains, each searched in
-its own worker process where there are cores for them: the planner is pure Python, so this is how a search
-uses more than one core."""
+parallelism over all N at ZeRO stage 0 to 3; tensor parallelism over 2, 4 or 8 of them, a pipeline of 2 or 4
+stages (8 too for a transformer, whose layers are many), or both, with ZeRO-1 over the rest as Megatron pairs
+them with its distributed optimizer; tensor parallelism beside ZeRO-3; each without recomputation and with
+it: sublinear, or Megatron's full for a transformer) gets the largest per-rank batch (a pipeline's
+microbatch) whose rank plan fits the memory (a pipeline's fullest stage's); the table puts the largest global
+batch first. A layout whose params and optimizer state alone cannot fit (`least_states`, a lower bound) is not
+planned. A pipeline is planned with MICROBATCHES microbatches a stage: its memory grows from pp microbatches to
+2 pp (the steady state runs forwards beside gradients being summed) and hardly after, so more microbatches give
+a larger global batch and a smaller bubble at about the same memory. The layouts are dealt to CHAINS chains,
+each searched in its own worker process where there are cores for them: the planner is pure Python, so this is
+how a search uses more than one core."""
 import multiprocessing
 import pickle
 import queue as queues
@@ -17,12 +19,18 @@ from dataclasses import replace
 from . import maxbatch, progress as progress_line
 from .errors import MemplanError
 from .parallel import STAGES, Parallel
+from .units import format_bytes
 
 REMATS = (None, "sublinear")
+LAYER_REMATS = (None, "full")
+"""The recomputations tried for a transformer: none, and Megatron's full (each layer from its input). Not its
+selective: recomputing the attention core from Q, K and V is what memplan's fused attention does already (its
+gradient op recomputes the scores tile by tile), so that it plans as without recomputation."""
 TENSOR_PARALLEL = (2, 4, 8)
 """The tensor-parallel sizes tried: within one node's devices, as Megatron keeps them."""
 PIPELINE = (2, 4)
-"""The pipeline stages tried."""
+LAYER_PIPELINE = (2, 4, 8)
+"""The pipeline stages tried, and for a transformer."""
 MICROBATCHES = 2
 """A pipeline's microbatches, per stage."""
 CHAINS = 2
@@ -31,11 +39,12 @@ it in its chain, and a batch's arena is not always monotone (recomputation may p
 at a smaller one), so the answers depend on the chains: they are the same however many processes run."""
 
 
-def model_parallel_sizes(compile_at, gpus):
-    """([tp], [pp], [note]): the sizes of TENSOR_PARALLEL and PIPELINE that divide `gpus` and split the model
-    (planned once at batch 1), and why each other one that divides `gpus` does not (its planning's error)."""
+def model_parallel_sizes(compile_at, gpus, pipeline=PIPELINE):
+    """([tp], [pp], [note]): the sizes of TENSOR_PARALLEL and `pipeline` (PIPELINE or LAYER_PIPELINE) that divide
+    `gpus` and split the model (planned once at batch 1), and why each other one that divides `gpus` does not (its
+    planning's error)."""
     found, refused = {"tp": [], "pp": []}, {}
-    for kind, sizes in (("tp", TENSOR_PARALLEL), ("pp", PIPELINE)):
+    for kind, sizes in (("tp", TENSOR_PARALLEL), ("pp", pipeline)):
         for size in sizes:
             if gpus % size == 0:
                 try:
@@ -57,19 +66,41 @@ def _parallel(gpus, tp=1, pp=1, zero=None, shard="flat", prefetch=0, bucket_byte
                     bucket_bytes=bucket_bytes if dp > 1 else 0, sync_batchnorm=sync_batchnorm and dp > 1)
 
 
-def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0, tps=(), pps=(), sync_batchnorm=False):
-    """(label, compile options) of each layout of `gpus` ranks, neighbours alike (each search starts from
-    the one before): data-parallel at each ZeRO stage, then `tps` tensor-parallel ranks and `pps` pipeline
-    stages; their shards cut by `shard` where they have shards, ZeRO-3's gathers `prefetch` ahead, their
-    gradients reduced in buckets of `bucket_bytes`, BatchNormalization's statistics all-reduced over the data
-    ranks where `sync_batchnorm` (planner.parallel)."""
+def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0, tps=(), pps=(), sync_batchnorm=False,
+               remats=REMATS):
+    """(label, compile options) of each layout of `gpus` ranks under each of `remats`, neighbours alike (each
+    search starts from the one before): data-parallel at each ZeRO stage, then `tps` tensor-parallel ranks (with
+    ZeRO-1, then ZeRO-3, over the rest), `pps` pipeline stages, and each pair of them that divides `gpus`;
+    their shards cut by `shard` where they have shards, ZeRO-3's gathers `prefetch` ahead, their gradients
+    reduced in buckets of `bucket_bytes`, BatchNormalization's statistics all-reduced over the data ranks where
+    `sync_batchnorm` (planner.parallel)."""
     rows = []
     rules = {"shard": shard, "prefetch": prefetch, "bucket_bytes": bucket_bytes, "sync_batchnorm": sync_batchnorm}
-    for remat in REMATS:
+    for remat in remats:
         layouts = [_parallel(gpus, zero=zero, **rules) for zero in STAGES]
-        layouts += [_parallel(gpus, tp=tp, **rules) for tp in tps] + [_parallel(gpus, pp=pp, **rules) for pp in pps]
+        layouts += [_parallel(gpus, tp=tp, **rules) for tp in tps]
+        layouts += [_parallel(gpus, tp=tp, zero=3, **rules) for tp in tps if gpus > tp]
+        layouts += [_parallel(gpus, pp=pp, **rules) for pp in pps]
+        layouts += [_parallel(gpus, tp=tp, pp=pp, **rules) for tp in tps for pp in pps if gpus % (tp * pp) == 0]
         rows += [(_label(p) + (f", {remat}" if remat else ""), {"parallel": p, "remat": remat}) for p in layouts]
     return rows
+
+
+def least_states(params, states):
+    """f(parallel): bytes that a rank of the layout `parallel` holds at least whatever its batch: its share of the
+    params and optimizer state. `params` is [(elements, bytes an element, trains)], `states` the optimizer's state
+    tensors per trained param. The fullest stage holds at least 1/pp of the params and a tensor-parallel rank at
+    least 1/tp of its stage's; ZeRO-1 divides the state by dp, ZeRO-3 the trained params too; gradients, live
+    for a moment under eager updates, and the activations count nothing here."""
+    def least(parallel):
+        dp, share = parallel.dp, 1 / (parallel.tp * parallel.pp)
+        total = 0.0
+        for elements, itemsize, trains in params:
+            held = 1 / dp if trains and parallel.zero == 3 else 1
+            state = states * (1 / dp if parallel.zero else 1) if trains else 0
+            total += elements * share * itemsize * (held + state)
+        return int(total)
+    return least
 
 
 def _label(p):
@@ -77,28 +108,32 @@ def _label(p):
     return " x ".join(parts) + f", ZeRO-{p.zero}" + (f", {p.microbatches} microbatches" if p.pp > 1 else "")
 
 
-def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), **rules):
+def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), remats=REMATS, least=None, **rules):
     """([(label, per-rank batch, global batch, the rank's arena bytes or None, its cost a step or None: see `cost`)],
     the largest global batch first;
     [note]): a layout whose planning fails (a MemplanError other than no fit) is left out, a note saying why,
     and the first error is raised where every layout fails.
     `compile_at(batch, **options)` plans one rank at a per-rank batch (a tensor-parallel rank's batch is its
     data rank's, a pipeline's its microbatch; a pipeline fits where its fullest stage does), `progress(label,
-    batch)` is told of each plan; `tps`, `pps` and `rules` (Parallel's shard, prefetch, bucket_bytes and
-    sync_batchnorm) are `candidates`'. The layouts are dealt to CHAINS chains, every CHAINS-th to each, so
+    batch)` is told of each plan; `tps`, `pps`, `remats` and `rules` (Parallel's shard, prefetch, bucket_bytes and
+    sync_batchnorm) are `candidates`'. A layout for which `least(parallel)` (least_states) is over `memory` is not
+    planned: its row fits no batch, and a note says why. The layouts are dealt to CHAINS chains, every CHAINS-th to each, so
     that each chain's layouts are neighbours as in one search; the layouts with recomputation are dealt in the
     opposite order, so that the costliest layouts with and without it (the last: the most pipeline stages) go
     to different chains, which take about as long. With `workers` > 1 each chain runs in a forked process (on Linux; the
     chains run one after the other in this process elsewhere)."""
-    layouts, compile_at = candidates(gpus, tps=tps, pps=pps, **rules), _fullest_stage(compile_at, memory)
-    per_remat = len(layouts) // len(REMATS)
-    chains = [[layout for j, layout in enumerate(layouts) if _dealt(j % per_remat, j // per_remat) == k]
-              for k in range(CHAINS)]
+    layouts, compile_at = candidates(gpus, tps=tps, pps=pps, remats=remats, **rules), _fullest_stage(compile_at, memory)
+    held = {label: least(options["parallel"]) if least else 0 for label, options in layouts}
+    full = {label for label, nbytes in held.items() if nbytes > memory}
+    per_remat = len(layouts) // len(remats)
+    chains = [[layout for j, layout in enumerate(layouts) if _dealt(j % per_remat, j // per_remat) == k
+               and layout[0] not in full] for k in range(CHAINS)]
     forked = workers > 1 and "fork" in multiprocessing.get_all_start_methods()
     found, failed = {}, {}
     for rows, errors in _searched(compile_at, memory, [c for c in chains if c], progress, forked):
         found.update((label, row) for label, *row in rows)
         failed.update(errors)
+    found.update((label, (0, None, None)) for label in full)
     if not found:
         raise MemplanError(f"no layout could be planned: {failed[layouts[0][0]]}")
     rows = [(label, *found[label]) for label, _ in layouts if label in found]
@@ -108,6 +143,9 @@ def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), *
         if label in failed:
             by_reason.setdefault(failed[label], []).append(label)
     notes = [f"left out {'; '.join(labels)}: {reason}" for reason, labels in by_reason.items()]
+    if full:
+        notes.append(f"not planned, fitting no batch: {len(full)} layout(s) whose params and optimizer state alone "
+                     f"need more than {format_bytes(memory)} a rank (at least {format_bytes(min(held[f] for f in full))})")
     return sorted(((label, batch, batch * ranks[label], arena, cost) for label, batch, arena, cost in rows),
                   key=lambda r: -r[2]), notes
 

@@ -117,3 +117,42 @@ def test_fit_draws_one_progress_line_for_the_whole_search(capfd, monkeypatch):
     assert err.endswith("\n") and err.count("\n") == 1, err
     assert "\rmemplan fit, layouts: 12/12 [" in err and "(sublinear search " in err
     assert "memplan: sublinear search" not in err
+
+
+@pytest.mark.parametrize("layout", [dict(dp=4), dict(dp=4, zero=1), dict(dp=4, zero=3), dict(dp=2, tp=2, zero=1),
+                                    dict(dp=2, tp=2, zero=3), dict(tp=2, pp=2, microbatches=4),
+                                    dict(dp=2, pp=2, zero=1, microbatches=4)])
+def test_least_states_is_a_lower_bound_of_every_rank_plan(layout):
+    """What `least_states` says a rank holds at least is at most the params and optimizer state the fullest stage's
+    rank plan holds (and not far below: the bound prunes only layouts that cannot fit)."""
+    import math
+
+    from zoo_cases import input_shapes, small_model
+    m = small_model("gpt2_small")
+    graph = planner.load(m, input_shapes(m, 2))
+    params = [(math.prod(t.shape), t.dtype.itemsize, t.name not in graph.buffers) for t in graph.params()]
+    parallel = planner.Parallel(**layout)
+    plans = planner.compile_stages(m, input_shapes(m, 2), training=True, optimizer="adam", parallel=parallel)
+    held = max(p.breakdown["params"] + p.breakdown["optimizer"] for p in plans)
+    assert 0.5 * held <= fit.least_states(params, 2)(parallel) <= held
+
+
+def test_a_layout_whose_states_cannot_fit_is_not_planned():
+    planned = []
+
+    def counting(batch, **options):
+        planned.append(options["parallel"].zero)
+        return compile_at(batch, **options)
+    rows, notes = fit.search(counting, 2, MEMORY, least=lambda p: MEMORY + 1 if p.zero < 3 else 0)
+    assert set(planned) == {3}
+    assert {label: batch for label, batch, *_ in rows if "ZeRO-3" not in label} == \
+        {label: 0 for label, _ in fit.candidates(2) if "ZeRO-3" not in label}
+    assert notes == ["not planned, fitting no batch: 6 layout(s) whose params and optimizer state alone need more "
+                     "than 8.00 MiB a rank (at least 8.00 MiB)"]
+
+
+def test_a_transformer_gets_pipelines_of_tensor_parallel_ranks_and_megatrons_recomputation():
+    layouts = fit.candidates(8, tps=(2, 4), pps=(2, 4, 8), remats=fit.LAYER_REMATS)
+    shapes = {(o["parallel"].dp, o["parallel"].tp, o["parallel"].pp, o["parallel"].zero) for _, o in layouts}
+    assert {(2, 2, 2, 1), (1, 2, 4, 0), (1, 4, 2, 0), (4, 2, 1, 3), (2, 4, 1, 3), (1, 1, 8, 0)} <= shapes
+    assert {o["remat"] for _, o in layouts} == {None, "full"}

@@ -21,6 +21,13 @@ STAGE_OPS = {("memplan", "Recv"), ("memplan", "Send")}
 """The ops of a pipeline stage, one of which may hold no transformer layer (the LM head and loss alone)."""
 
 
+def attends(graph):
+    """Whether a forward graph has attention these strategies find (an unfused core or a fused attention op), so
+    that they apply to it."""
+    return any(n.op == "Softmax" and not n.domain and _core(graph, n) for n in graph.nodes) or \
+        any(ops.of(n, graph.opsets).stat == "fused_attention" for n in graph.nodes)
+
+
 def rematerialize(graph, strategy):
     """(the training graph with `strategy`'s clones, what was decided): "attention" (the unfused cores found),
     "fused" (memplan.ScaledDotProductAttention nodes, whose gradient op already recomputes the scores tile by

@@ -302,6 +302,11 @@ def max_batch(args):
     return 0
 
 
+def _sizes(sizes, pinned):
+    """The model-parallel sizes fit tries: `sizes`, or the one given (none for 1)."""
+    return sizes if pinned is None else [pinned] if pinned > 1 else []
+
+
 def fit(args):
     """The data-, tensor- and pipeline-parallel layouts of --gpus devices of --memory each, with the largest
     per-rank batch each fits."""
@@ -309,9 +314,13 @@ def fit(args):
     from .optimizers import OPTIMIZERS
     from .remat import layers
     from executor.threads import cores
-    if any(getattr(args, name) is not None for name in PARALLEL_ARGS):
-        raise MemplanError("fit chooses --dp, --tp, --pp, --microbatches and --zero itself: give --gpus N and "
-                           "--memory SIZE")
+    if args.microbatches is not None or args.stage is not None:
+        raise MemplanError(f"fit plans every stage of a pipeline, with {layouts.MICROBATCHES} microbatches a stage: "
+                           "leave out --microbatches and --stage")
+    pinned = {name: getattr(args, name) for name in ("dp", "tp", "pp", "zero") if getattr(args, name) is not None}
+    remat, args.remat = args.remat, None
+    for name in PARALLEL_ARGS:
+        setattr(args, name, None)
     check_output(args.output)
     memory, args.training = parse_bytes(args.memory, "--memory"), True
     rules = {"shard": args.shard, "prefetch": args.prefetch, "sync_batchnorm": args.sync_batchnorm,  # each layout's
@@ -322,18 +331,22 @@ def fit(args):
         bar.update(detail="which tensor- and pipeline-parallel sizes split the model")
         transformer = layers.attends(compile_at.typed(1))
         tps, pps, notes = layouts.model_parallel_sizes(
-            compile_at, args.gpus, layouts.LAYER_PIPELINE if transformer else layouts.PIPELINE)
-        remats = layouts.LAYER_REMATS if transformer else layouts.REMATS
+            compile_at, args.gpus, _sizes(layouts.TENSOR_PARALLEL, pinned.get("tp")),
+            _sizes(layouts.LAYER_PIPELINE if transformer else layouts.PIPELINE, pinned.get("pp")))
+        remats = (remat,) if remat else layouts.LAYER_REMATS if transformer else layouts.REMATS
         least = layouts.least_states(compile_at.params(), len(OPTIMIZERS[args.optimizer or "sgd"][2]))
+
+        def keep(parallel):
+            return all(getattr(parallel, name) == value for name, value in pinned.items())
         bar.label, bar.total = "memplan fit, layouts", len(layouts.candidates(args.gpus, tps=tps, pps=pps,
-                                                                               remats=remats, **rules))
+                                                                               remats=remats, keep=keep, **rules))
         started = {}
 
         def told(label, batch):
             started.setdefault(label, len(started) + 1)
             bar.update(len(started), f"{label}: batch {batch}")
         found, dropped = layouts.search(compile_at, args.gpus, memory, told, args.workers or cores(), tps, pps,
-                                        remats, least, **rules)
+                                        remats, least, keep, **rules)
     notes += dropped
     if pps:
         notes.append(f"a pipeline's batch per rank is its microbatch; it plans {layouts.MICROBATCHES} microbatches "

@@ -15,7 +15,9 @@ EXAMPLES = {
     "plan": ["memplan plan zoo:gpt2_small --input input_ids:8x128 --strategy share -o plan.json"],
     "viz": ["memplan viz zoo:lenet --batch 8 --training -o timeline.svg --graph graph.svg"],
     "max-batch": ["memplan max-batch zoo:lenet --budget 64MiB --training --optimizer adam"],
-    "fit": ["memplan fit zoo:resnet50 --batch 8 --gpus 8 --memory 16GiB --optimizer adam"],
+    "fit": ["memplan fit zoo:resnet50 --batch 8 --gpus 8 --memory 16GiB --optimizer adam",
+            "memplan fit config.json --input input_ids:1x8192 --precision amp-bf16 --optimizer adamw --gpus 64 "
+            "--memory 80GiB --tp 8  # only the layouts of 8 tensor-parallel ranks"],
     "run": ["memplan run zoo:lenet --batch 8 --training --remat sublinear --repeat 3",
             "memplan run zoo:resnet50 --batch 8 --profile      # time per op type and the slowest steps"],
 }
@@ -202,7 +204,8 @@ def build_parser(commands):
                    default=["naive", "inplace", "share", "bestfit", "auto"],
                    help="strategies to search (recomputation rows take the last)")
     _output_args(p)
-    p = command("fit", "the largest global batch each parallel layout trains on --gpus devices of --memory")
+    p = command("fit", "the largest global batch each parallel layout trains on --gpus devices of --memory "
+                       "(--dp, --tp, --pp, --zero and --remat, where given, keep the layouts that have them)")
     p.add_argument("--gpus", type=count(1), required=True, help="how many devices")
     p.add_argument("--memory", required=True, metavar="SIZE", help="the memory of each device, e.g. 80GiB")
     p.add_argument("--workers", type=count(1), default=None,

@@ -39,12 +39,12 @@ it in its chain, and a batch's arena is not always monotone (recomputation may p
 at a smaller one), so the answers depend on the chains: they are the same however many processes run."""
 
 
-def model_parallel_sizes(compile_at, gpus, pipeline=PIPELINE):
-    """([tp], [pp], [note]): the sizes of TENSOR_PARALLEL and `pipeline` (PIPELINE or LAYER_PIPELINE) that divide
-    `gpus` and split the model (planned once at batch 1), and why each other one that divides `gpus` does not (its
-    planning's error)."""
+def model_parallel_sizes(compile_at, gpus, tensor=TENSOR_PARALLEL, pipeline=PIPELINE):
+    """([tp], [pp], [note]): the sizes of `tensor` and `pipeline` (PIPELINE, or LAYER_PIPELINE for a transformer)
+    that divide `gpus` and split the model (planned once at batch 1), and why each other one that divides `gpus`
+    does not (its planning's error)."""
     found, refused = {"tp": [], "pp": []}, {}
-    for kind, sizes in (("tp", TENSOR_PARALLEL), ("pp", pipeline)):
+    for kind, sizes in (("tp", tensor), ("pp", pipeline)):
         for size in sizes:
             if gpus % size == 0:
                 try:
@@ -67,13 +67,13 @@ def _parallel(gpus, tp=1, pp=1, zero=None, shard="flat", prefetch=0, bucket_byte
 
 
 def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0, tps=(), pps=(), sync_batchnorm=False,
-               remats=REMATS):
+               remats=REMATS, keep=None):
     """(label, compile options) of each layout of `gpus` ranks under each of `remats`, neighbours alike (each
     search starts from the one before): data-parallel at each ZeRO stage, then `tps` tensor-parallel ranks (with
     ZeRO-1, then ZeRO-3, over the rest), `pps` pipeline stages, and each pair of them that divides `gpus`;
     their shards cut by `shard` where they have shards, ZeRO-3's gathers `prefetch` ahead, their gradients
     reduced in buckets of `bucket_bytes`, BatchNormalization's statistics all-reduced over the data ranks where
-    `sync_batchnorm` (planner.parallel)."""
+    `sync_batchnorm` (planner.parallel); only those whose Parallel `keep(parallel)` keeps, where given."""
     rows = []
     rules = {"shard": shard, "prefetch": prefetch, "bucket_bytes": bucket_bytes, "sync_batchnorm": sync_batchnorm}
     for remat in remats:
@@ -82,6 +82,7 @@ def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0, tps=(), pps=(), s
         layouts += [_parallel(gpus, tp=tp, zero=3, **rules) for tp in tps if gpus > tp]
         layouts += [_parallel(gpus, pp=pp, **rules) for pp in pps]
         layouts += [_parallel(gpus, tp=tp, pp=pp, **rules) for tp in tps for pp in pps if gpus % (tp * pp) == 0]
+        layouts = [p for p in layouts if keep is None or keep(p)]
         rows += [(_label(p) + (f", {remat}" if remat else ""), {"parallel": p, "remat": remat}) for p in layouts]
     return rows
 
@@ -108,21 +109,25 @@ def _label(p):
     return " x ".join(parts) + f", ZeRO-{p.zero}" + (f", {p.microbatches} microbatches" if p.pp > 1 else "")
 
 
-def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), remats=REMATS, least=None, **rules):
+def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), remats=REMATS, least=None, keep=None,
+           **rules):
     """([(label, per-rank batch, global batch, the rank's arena bytes or None, its cost a step or None: see `cost`)],
     the largest global batch first;
     [note]): a layout whose planning fails (a MemplanError other than no fit) is left out, a note saying why,
     and the first error is raised where every layout fails.
     `compile_at(batch, **options)` plans one rank at a per-rank batch (a tensor-parallel rank's batch is its
     data rank's, a pipeline's its microbatch; a pipeline fits where its fullest stage does), `progress(label,
-    batch)` is told of each plan; `tps`, `pps`, `remats` and `rules` (Parallel's shard, prefetch, bucket_bytes and
-    sync_batchnorm) are `candidates`'. A layout for which `least(parallel)` (least_states) is over `memory` is not
+    batch)` is told of each plan; `tps`, `pps`, `remats`, `keep` and `rules` (Parallel's shard, prefetch,
+    bucket_bytes and sync_batchnorm) are `candidates`'. A layout for which `least(parallel)` (least_states) is over `memory` is not
     planned: its row fits no batch, and a note says why. The layouts are dealt to CHAINS chains, every CHAINS-th to each, so
     that each chain's layouts are neighbours as in one search; the layouts with recomputation are dealt in the
     opposite order, so that the costliest layouts with and without it (the last: the most pipeline stages) go
     to different chains, which take about as long. With `workers` > 1 each chain runs in a forked process (on Linux; the
     chains run one after the other in this process elsewhere)."""
-    layouts, compile_at = candidates(gpus, tps=tps, pps=pps, remats=remats, **rules), _fullest_stage(compile_at, memory)
+    layouts = candidates(gpus, tps=tps, pps=pps, remats=remats, keep=keep, **rules)
+    if not layouts:
+        raise MemplanError(f"no layout of {gpus} devices is what was asked for")
+    compile_at = _fullest_stage(compile_at, memory)
     held = {label: least(options["parallel"]) if least else 0 for label, options in layouts}
     full = {label for label, nbytes in held.items() if nbytes > memory}
     per_remat = len(layouts) // len(remats)

@@ -364,8 +364,15 @@ def test_fit_finds_each_layouts_largest_batch(capsys):
                                    parallel=planner.Parallel(dp=2, zero=zero)).arena_bytes
         assert row["global_batch"] == 2 * row["batch_per_rank"]
         assert arena(row["batch_per_rank"]) == row["arena_bytes"] <= 8 << 20 < arena(row["batch_per_rank"] + 1)
-    assert cli.main(["fit", "zoo:mlp", "--gpus", "2", "--memory", "8MiB", "--dp", "2"]) == 2
-    assert "fit chooses --dp, --tp, --pp, --microbatches and --zero itself" in capsys.readouterr().err
+    assert cli.main(["fit", "zoo:mlp", "--batch", "4", "--gpus", "2", "--memory", "8MiB", "--optimizer", "adam",
+                     "--zero", "3", "--remat", "sublinear", "--json"]) == 0
+    pinned = {r["layout"]: r["batch_per_rank"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert pinned == {"dp 2, ZeRO-3, sublinear": next(r["batch_per_rank"] for r in doc["rows"]
+                                                       if r["layout"] == "dp 2, ZeRO-3, sublinear")}
+    assert cli.main(["fit", "zoo:mlp", "--gpus", "2", "--memory", "8MiB", "--microbatches", "2"]) == 2
+    assert "fit plans every stage of a pipeline, with 2 microbatches a stage" in capsys.readouterr().err
+    assert cli.main(["fit", "zoo:mlp", "--batch", "4", "--gpus", "2", "--memory", "8MiB", "--dp", "4"]) == 2
+    assert "no layout of 2 devices is what was asked for" in capsys.readouterr().err
     assert cli.main(["report", "zoo:mlp", "--training", "--shard", "dim0"]) == 2
     assert "--shard, --prefetch, --bucket and --sync-batchnorm say how the ranks of --dp N --zero Z shard" in \
         capsys.readouterr().err

@@ -156,3 +156,15 @@ def test_a_transformer_gets_pipelines_of_tensor_parallel_ranks_and_megatrons_rec
     shapes = {(o["parallel"].dp, o["parallel"].tp, o["parallel"].pp, o["parallel"].zero) for _, o in layouts}
     assert {(2, 2, 2, 1), (1, 2, 4, 0), (1, 4, 2, 0), (4, 2, 1, 3), (2, 4, 1, 3), (1, 1, 8, 0)} <= shapes
     assert {o["remat"] for _, o in layouts} == {None, "full"}
+
+
+def test_a_model_parallel_size_whose_layouts_cannot_hold_the_states_is_not_probed():
+    probed = []
+
+    def probing(batch, parallel, remat):
+        probed.append((parallel.tp, parallel.pp))
+        return SimpleNamespace(arena_bytes=1, training={}, stats={})
+    tps, pps, notes = fit.model_parallel_sizes(probing, 8, (2, 4, 8), (2, 4, 8), fits=lambda p: 8 in (p.tp, p.pp))
+    assert (tps, pps) == ([8], [8]) and probed == [(8, 1), (1, 8)]
+    assert notes == ["no tp 2, 4: no layout of it holds the params and optimizer state",
+                     "no pp 2, 4: no layout of it holds the params and optimizer state"]

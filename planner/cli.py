@@ -331,14 +331,14 @@ def fit(args):
         bar.update(detail="which tensor- and pipeline-parallel sizes split the model")
         transformer = layers.attends(compile_at.typed(1))
         least = layouts.least_states(compile_at.params(), len(OPTIMIZERS[args.optimizer or "sgd"][2]))
-        tps, pps, notes = layouts.model_parallel_sizes(
-            compile_at, args.gpus, _sizes(layouts.TENSOR_PARALLEL, pinned.get("tp")),
-            _sizes(layouts.LAYER_PIPELINE if transformer else layouts.PIPELINE, pinned.get("pp")),
-            lambda parallel: least(parallel) <= memory)
-        remats = (remat,) if remat else layouts.LAYER_REMATS if transformer else layouts.REMATS
 
         def keep(parallel):
             return all(getattr(parallel, name) == value for name, value in pinned.items())
+        tps, pps, notes = layouts.model_parallel_sizes(
+            compile_at, args.gpus, _sizes(layouts.TENSOR_PARALLEL, pinned.get("tp")),
+            _sizes(layouts.LAYER_PIPELINE if transformer else layouts.PIPELINE, pinned.get("pp")),
+            lambda parallel: least(parallel) <= memory, keep)
+        remats = (remat,) if remat else layouts.LAYER_REMATS if transformer else layouts.REMATS
         bar.label, bar.total = "memplan fit, layouts", len(layouts.candidates(args.gpus, tps=tps, pps=pps,
                                                                                remats=remats, keep=keep, **rules))
         started = {}

@@ -39,16 +39,18 @@ it in its chain, and a batch's arena is not always monotone (recomputation may p
 at a smaller one), so the answers depend on the chains: they are the same however many processes run."""
 
 
-def model_parallel_sizes(compile_at, gpus, tensor=TENSOR_PARALLEL, pipeline=PIPELINE, fits=None):
+def model_parallel_sizes(compile_at, gpus, tensor=TENSOR_PARALLEL, pipeline=PIPELINE, fits=None, keep=None):
     """([tp], [pp], [note]): the sizes of `tensor` and `pipeline` (PIPELINE, or LAYER_PIPELINE for a transformer)
     that divide `gpus` and split the model (planned once at batch 1), and why each other one that divides `gpus`
-    does not (its planning's error). A size no layout of which `fits(parallel)` (the params and optimizer state
-    alone) is not planned."""
+    does not (its planning's error). A size none of whose layouts `keep(parallel)` keeps is left alone, and one
+    none of whose kept layouts `fits(parallel)` (the params and optimizer state alone) is not planned."""
     found, refused = {"tp": [], "pp": []}, {}
     tensor, pipeline = [s for s in tensor if gpus % s == 0], [s for s in pipeline if gpus % s == 0]
-    layouts = [o["parallel"] for _, o in candidates(gpus, tps=tensor, pps=pipeline, remats=(None,))]
+    layouts = [o["parallel"] for _, o in candidates(gpus, tps=tensor, pps=pipeline, remats=(None,), keep=keep)]
     for kind, sizes in (("tp", tensor), ("pp", pipeline)):
         for size in sizes:
+            if not any(getattr(p, kind) == size for p in layouts):
+                continue
             if fits and not any(fits(p) for p in layouts if getattr(p, kind) == size):
                 refused.setdefault((kind, "no layout of it holds the params and optimizer state"), []).append(str(size))
             else:

@@ -338,6 +338,10 @@ def fit(args):
             compile_at, args.gpus, _sizes(layouts.TENSOR_PARALLEL, pinned.get("tp")),
             _sizes(layouts.LAYER_PIPELINE if transformer else layouts.PIPELINE, pinned.get("pp")),
             lambda parallel: least(parallel) <= memory, keep)
+        for kind, sizes in (("tp", tps), ("pp", pps)):
+            if pinned.get(kind, 1) > 1 and pinned[kind] not in sizes:
+                raise MemplanError(f"--{kind} {pinned[kind]}: " + next(
+                    (n.split(": ", 1)[1] for n in notes if n.startswith(f"no {kind} ")), "it does not divide --gpus"))
         remats = (remat,) if remat else layouts.LAYER_REMATS if transformer else layouts.REMATS
         bar.label, bar.total = "memplan fit, layouts", len(layouts.candidates(args.gpus, tps=tps, pps=pps,
                                                                                remats=remats, keep=keep, **rules))

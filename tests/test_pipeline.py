@@ -7,6 +7,7 @@ from functools import partial
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import planner
 from executor import Executor
@@ -174,3 +175,46 @@ def test_a_gpt2_export_with_tied_embeddings_trains_in_two_stages_as_one_process(
     made = {o: step for step in zero1.steps for o in step.outputs}
     sent = [made[step.inputs[0]].op for step in zero1.steps if step.op == "Send" and step.phase == "optimizer"]
     assert sent and set(sent) == {"AllGather"}, "under ZeRO-1 a stage sends the new value all-gathered, whole"
+
+
+
+def int_boundary_model(layers=6, width=8):
+    """x -> layers of Relu(x W) -> y = h * Cast(ArgMax(x)): the int64 ArgMax, made first and read last, crosses every
+    cut, as Mixtral's exported routing indices do."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("ArgMax", ["x"], ["idx"], axis=1, keepdims=1)]
+    inits, h = [], "x"
+    for k in range(layers):
+        inits.append(numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32) / 3, f"w{k}"))
+        nodes += [helper.make_node("MatMul", [h, f"w{k}"], [f"m{k}"]), helper.make_node("Relu", [f"m{k}"], [f"h{k}"])]
+        h = f"h{k}"
+    nodes += [helper.make_node("Cast", ["idx"], ["scale"], to=TensorProto.FLOAT),
+              helper.make_node("Mul", [h, "scale"], ["y"])]
+    graph = helper.make_graph(nodes, "int_boundary", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, width])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _int_rank(rank, port, results, feeds):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        plan = planner.compile(int_boundary_model(), training=True, optimizer="momentum",
+                               parallel=planner.Parallel(pp=2, stage=rank))
+        ex = Executor(plan, backend="numpy", poison=True)
+        sent = [plan.tensors[s.inputs[0]].dtype for s in plan.steps if s.op == "Send"]
+        results.put((rank, [ex.train_step({k: v for k, v in f.items() if k in plan.inputs}) for f in feeds], sent))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.torch
+def test_an_integer_tensor_crossing_a_cut_is_sent_between_stages():
+    """A stage's boundary may carry integers (Mixtral's exported routing indices): Send takes them, and the
+    stages train as one process."""
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((4, 8), dtype=np.float32), "labels": rng.integers(0, 8, 4)} for _ in range(3)]
+    got = spawned(partial(_int_rank, feeds=feeds), 2)
+    assert "int64" in got[0][2]
+    single = Executor(planner.compile(int_boundary_model(), training=True, optimizer="momentum"), backend="numpy")
+    np.testing.assert_allclose(got[1][1], [single.train_step(f) for f in feeds], rtol=1e-5)

@@ -188,7 +188,8 @@ class Send(Schema):
     effect. The executor hands the communication library a copy, so that X's bytes are free at once."""
 
     defaults = {"peer": 0, "tag": 0, "group": "pp"}
-    types = (("T",), {"T": FLOATS})
+    types = (("T",), {"T": FLOATS | {f"tensor({t})" for t in ("int8", "int16", "int32", "int64", "uint8", "bool")}})
+    """Floats, and the integers and masks a stage's boundary may carry (a mixture of experts' routing indices)."""
     effect = True
     mirror = False
 

@@ -297,9 +297,15 @@ def max_batch(args):
         return 0
     lines = [f"{args.model}: the largest batch whose {'training step' if training else 'plan'} fits "
              f"{format_bytes(budget)}", f"{'strategy':<22} {'max batch':>9} {'arena':>13}"]
-    lines += [f"{r['strategy']:<22} {r['max_batch']:>9} {format_bytes(r['arena_bytes'] or 0):>13}" for r in rows]
+    lines += [f"{r['strategy']:<22} {r['max_batch']:>9} {_bytes(r['arena_bytes']):>13}" for r in rows]
+    if any(not r["max_batch"] for r in rows):
+        notes.append("a row fitting no batch shows its arena at batch 1")
     emit(args, "\n".join([*lines, *(f"note: {n}" for n in notes)]))
     return 0
+
+
+def _bytes(nbytes):
+    return "-" if nbytes is None else format_bytes(nbytes)
 
 
 def _sizes(sizes, pinned):
@@ -369,9 +375,10 @@ def fit(args):
              f"{'layout':<{width}} {'batch per rank':>14} {'global batch':>12} {'arena per rank':>15} "
              f"{'TFLOP a step':>12} {'sent a step':>12}"]
     lines += [f"{r['layout']:<{width}} {r['batch_per_rank']:>14} {r['global_batch']:>12} "
-              f"{format_bytes(r['arena_bytes'] or 0):>15} {_tflop(r['flops_per_rank']):>12} "
-              f"{format_bytes(r['sent_bytes_per_rank'] or 0):>12}" for r in rows]
-    notes.append("per rank: its arena, the FLOPs of its step (forward, backward and recomputation; a pipeline's "
+              f"{_bytes(r['arena_bytes']):>15} {_tflop(r['flops_per_rank']):>12} "
+              f"{_bytes(r['sent_bytes_per_rank']):>12}" for r in rows]
+    notes.append("per rank: its arena (a layout fitting no batch: at batch 1, where it was planned), the FLOPs of its "
+                 "step (forward, backward and recomputation; a pipeline's "
                  "fullest stage) and the bytes its collectives and sends move a step")
     emit(args, "\n".join([*lines, *notes]))
     return 0

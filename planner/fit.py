@@ -194,10 +194,10 @@ def _fullest_stage(compile_at, memory):
 
 
 def _chain(compile_at, memory, layouts, progress):
-    """([(label, largest batch, its arena bytes or None, its cost or None)], {label: why it failed}) of one chain of
-    layouts."""
+    """([(label, largest batch, its arena bytes (at batch 1 where none fits) or None, its cost or None)], {label: why
+    it failed}) of one chain of layouts."""
     failed = []
-    rows = [(label, batch, plan.arena_bytes if plan else None, cost(plan) if plan else None)
+    rows = [(label, batch, plan.arena_bytes if plan else None, cost(plan) if plan and batch else None)
             for label, batch, plan in maxbatch.table(compile_at, memory, layouts, progress, failed)]
     return rows, {label: str(e) for label, e in failed}
 

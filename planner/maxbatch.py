@@ -72,7 +72,9 @@ def _between(known, lo, hi, budget):
 
 
 def table(compile_at, budget, rows, progress=None, failed=None):
-    """[(label, largest batch, its plan or None)] for each (label, compile options) row; `compile_at(b,
+    """[(label, largest batch, its plan)] for each (label, compile options) row (a row fitting no batch: its plan at
+    batch 1, over the budget, or None where there is none, as a budget-driven recomputation that cannot meet it
+    makes); `compile_at(b,
     **options)` plans the model at batch b. A plan fits when its arena is at most `budget` bytes. Each
     row's search starts from the row before it: its answer, and its bytes per batch. A row whose planning
     fails (a MemplanError other than no fit) is left out and (label, error) appended to `failed` where it
@@ -95,6 +97,6 @@ def table(compile_at, budget, rows, progress=None, failed=None):
                 raise
             failed.append((label, e))
             continue
-        out.append((label, batch, plans.get(batch)))
+        out.append((label, batch, plans.get(batch or 1)))
         start, slope = max(batch, 1), line_slope(known, budget) or slope
     return out

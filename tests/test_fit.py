@@ -168,3 +168,9 @@ def test_a_model_parallel_size_whose_layouts_cannot_hold_the_states_is_not_probe
     assert (tps, pps) == ([8], [8]) and probed == [(8, 1), (1, 8)]
     assert notes == ["no tp 2, 4: no layout of it holds the params and optimizer state",
                      "no pp 2, 4: no layout of it holds the params and optimizer state"]
+
+
+def test_a_layout_fitting_no_batch_shows_what_batch_1_needs():
+    rows, _ = fit.search(compile_at, 2, 4096)
+    assert rows and all(batch == 0 and arena > 4096 and cost is None for _, batch, _, arena, cost in rows)
+    assert {arena for *_, arena, _ in rows} >= {compile_at(1, parallel=planner.Parallel(dp=2)).arena_bytes}

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 CONFIGS = Path(__file__).parent / "configs"
-MODELS = ["llama-3.2-1b", "llama-3.2-3b", "llama-3-8b", "llama-2-13b", "qwen2.5-32b", "llama-3-70b"]
+MODELS = ["llama-3.2-1b", "llama-3.2-3b", "llama-3-8b", "llama-2-13b", "qwen2.5-32b", "mixtral-8x7b", "llama-3-70b"]
 LAYOUTS = {  # name: (tp, pp, zero, remat) over --gpus devices
     "tp8 pp4 zero1": (8, 4, 1, None),
     "tp8 pp8 zero1": (8, 8, 1, None),

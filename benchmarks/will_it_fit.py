@@ -26,7 +26,7 @@ ROWS = {  # model: {row: extra flags}; a model too large to search every layout 
                      "infer": ["--tp", "2"]},
     "qwen2.5-32b": {"train8": ["--gpus", "8", "--tp", "8"], "train64": ["--gpus", "64", "--tp", "8", "--pp", "4"],
                     "infer": []},
-    "llama-3-70b": {"train8": ["--gpus", "8"], "train64": ["--gpus", "64", "--tp", "8", "--pp", "4", "--remat", "full"],
+    "llama-3-70b": {"train8": ["--gpus", "8"], "train64": ["--gpus", "64", "--tp", "8", "--pp", "8", "--remat", "full"],
                     "infer": ["--tp", "2"]},
 }
 GiB = 2 ** 30
@@ -60,7 +60,11 @@ def answer(row, doc):
         return f"{arena / GiB:,.1f} GiB on {where}: {verdict} 80 GiB"
     fitting = [r for r in doc["rows"] if r["global_batch"]]
     if not fitting:
-        return f"no layout fits ({len(doc['rows'])} tried); " + "; ".join(doc["notes"][:1])
+        planned = sorted((r for r in doc["rows"] if r["arena_bytes"]), key=lambda r: r["arena_bytes"])
+        unplanned = [n for n in doc["notes"] if n.startswith("not planned")]
+        least = f"the least at batch 1: {planned[0]['layout']}, {planned[0]['arena_bytes'] / GiB:,.1f} GiB a rank" \
+            if planned else "none planned"
+        return f"no layout fits ({len(doc['rows'])} tried); {least}" + (f"; {unplanned[0]}" if unplanned else "")
     best = fitting[0]
     return (f"{len(fitting)} of {len(doc['rows'])} layouts fit; best {best['layout']}: global batch "
             f"{best['global_batch']} ({best['batch_per_rank']} a rank), {best['arena_bytes'] / GiB:,.1f} GiB a rank")

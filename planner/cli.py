@@ -295,7 +295,7 @@ def max_batch(args):
         emit(args, json.dumps({"model": args.model, "budget_bytes": budget, "rows": rows, "notes": notes}, indent=1)
              if args.json else as_csv(rows))
         return 0
-    lines = [f"{args.model}: the largest batch whose {'training step' if training else 'plan'} fits "
+    lines = [f"{args.model}: the largest batch whose {'training step' if training.get('training') else 'plan'} fits "
              f"{format_bytes(budget)}", f"{'strategy':<22} {'max batch':>9} {'arena':>13}"]
     lines += [f"{r['strategy']:<22} {r['max_batch']:>9} {_bytes(r['arena_bytes']):>13}" for r in rows]
     if any(not r["max_batch"] for r in rows):

@@ -433,3 +433,8 @@ def test_the_report_plans_an_inference_rank(capsys):
     assert cli.main(["report", "zoo:gpt2_small", "--input", "input_ids:1x32", "--tp", "2", "--strategy", "bestfit"]) == 0
     assert "one of 2 tensor-parallel ranks" in capsys.readouterr().out
     assert cli.main(["report", "zoo:gpt2_small", "--input", "input_ids:1x32", "--tp", "2", "--pp", "2"]) == 2
+    capsys.readouterr()
+    assert cli.main(["max-batch", "zoo:gpt2_small", "--input", "input_ids:1x32", "--tp", "2", "--budget", "4MiB",
+                     "--strategy", "bestfit"]) == 0
+    out = capsys.readouterr().out
+    assert "the largest batch whose plan fits" in out and "mirror" not in out

@@ -30,7 +30,7 @@ STRATEGIES = ("none", "mirror", "sublinear", "budget")
 def median_seconds(step, steps, sync=lambda: None):
     """Median wall time of `steps` calls of `step` after two warm-up ones, the device synchronised around each."""
     times = []
-    for k in range(steps + 2):
+    for _ in range(steps + 2):
         sync()
         start = time.perf_counter()
         step()

@@ -256,16 +256,8 @@ def batch_planner(args, training):
 
     def compile_at(batch, **options):
         return planned(batch, options, compile)
-
-    def params():
-        """[(elements, bytes an element as planned, trains)] of the model's params."""
-        graph, low = compile_at.typed(1), precision_option(args).get("precision") in ("fp16", "bf16")
-        frozen, trainable = set(training.get("frozen", ())), set(training.get("trainable", ()))
-        return [(math.prod(t.shape), 2 if low and t.dtype.kind == "f" else t.dtype.itemsize,
-                 t.dtype.kind == "f" and t.name not in graph.buffers and t.name not in frozen
-                 and (not trainable or t.name in trainable)) for t in graph.params()]
     compile_at.stages = lambda batch, order, **options: planned(batch, {**options, "stages": order}, compile_stages)
-    compile_at.params, compile_at.typed = params, typed
+    compile_at.typed = typed
     return compile_at
 
 
@@ -332,11 +324,15 @@ def fit(args):
     rules = {"shard": args.shard, "prefetch": args.prefetch, "sync_batchnorm": args.sync_batchnorm,  # each layout's
              "bucket_bytes": parse_bytes(args.bucket, "--bucket") if args.bucket else 0}
     args.shard, args.prefetch, args.bucket, args.sync_batchnorm = "flat", 0, None, False
-    compile_at = batch_planner(args, training_options(args))
+    training = training_options(args)
+    compile_at = batch_planner(args, training)
     with Progress("memplan fit") as bar:
         bar.update(detail="which tensor- and pipeline-parallel sizes split the model")
-        transformer = layers.attends(compile_at.typed(1))
-        least = layouts.least_states(compile_at.params(), len(OPTIMIZERS[args.optimizer or "sgd"][2]))
+        graph = compile_at.typed(1)
+        transformer = layers.attends(graph)
+        least = layouts.least_states(
+            layouts.param_sizes(graph, args.precision, training["frozen"], training["trainable"]),
+            len(OPTIMIZERS[training["optimizer"]][2]))
 
         def keep(parallel):
             return all(getattr(parallel, name) == value for name, value in pinned.items())

@@ -10,6 +10,7 @@ planned. A pipeline is planned with MICROBATCHES microbatches a stage: its memor
 a larger global batch and a smaller bubble at about the same memory. The layouts are dealt to CHAINS chains,
 each searched in its own worker process where there are cores for them: the planner is pure Python, so this is
 how a search uses more than one core."""
+import math
 import multiprocessing
 import pickle
 import queue as queues
@@ -17,8 +18,11 @@ import signal
 from dataclasses import replace
 
 from . import maxbatch, progress as progress_line
+from .dtypes import is_float
 from .errors import MemplanError
+from .options import Precision
 from .parallel import STAGES, Parallel
+from .training import choose_params
 from .units import format_bytes
 
 REMATS = (None, "sublinear")
@@ -92,6 +96,16 @@ def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0, tps=(), pps=(), s
         layouts = [p for p in layouts if keep is None or keep(p)]
         rows += [(_label(p) + (f", {remat}" if remat else ""), {"parallel": p, "remat": remat}) for p in layouts]
     return rows
+
+
+def param_sizes(graph, precision="fp32", frozen=(), trainable=()):
+    """[(elements, bytes an element as `precision` stores it, trains)] of a typed graph's params: those a step
+    training on its outputs updates (planner.training.choose_params) train."""
+    trained = set(choose_params(graph, frozen, trainable, graph.outputs)[0])
+    stored = Precision.parse(precision)
+    low = stored.low if stored.low is not None and not stored.mixed else None
+    return [(math.prod(t.shape), (low if low is not None and is_float(t.dtype) else t.dtype).itemsize,
+             t.name in trained) for t in graph.params()]
 
 
 def least_states(params, states):

@@ -77,6 +77,12 @@ class Step:
     version: int | None = None
 
 
+def trains(training):
+    """Whether a plan's training facts are a training step's (it has an optimizer); a tensor-parallel rank's
+    inference plan holds its tensor_parallel facts alone."""
+    return "optimizer" in (training or {})
+
+
 @dataclass
 class Plan:
     """A memory plan: the arena size, its lower bound and breakdown, every tensor's place, the steps."""
@@ -106,8 +112,8 @@ class Plan:
 
     @property
     def trains(self):
-        """Whether this is a training step's plan (it has an optimizer), not inference."""
-        return "optimizer" in self.training
+        """Whether this is a training step's plan, not inference (`trains`)."""
+        return trains(self.training)
 
     def buffer_spans(self):
         """{root tensor: (first, last)} of every transient buffer: an alias group's root and the union

@@ -18,7 +18,7 @@ from .inplace import aliases
 from .ir import Phase
 from .liveness import lifetimes
 from .options import STRATEGIES
-from .plan import ALIGNMENT, Plan, PlannedTensor, Step
+from .plan import ALIGNMENT, Plan, PlannedTensor, Step, trains
 from .schedule import schedule as make_schedule
 
 
@@ -202,7 +202,7 @@ class Buffers:
             phase = "recompute" if node.notes.recompute else "" if node.notes.forward else node.notes.phase.value
             steps.append(Step(node.name, node.op, node.inputs, node.outputs, ops.of(node, graph.opsets).normalize(node),
                               used, phase, node.domain, layout.slices if layout else (), graph.opsets.get(node.domain)))
-        parts, fullest = breakdown(places, len(steps), self.base + total, "optimizer" in (self.training or {}))
+        parts, fullest = breakdown(places, len(steps), self.base + total, trains(self.training))
         return Plan(self.strategy, self.order, self.base + total, self.load, parts, places, tuple(steps),
                     tuple(graph.inputs), tuple(graph.outputs),
                     stats={"allocator": self.allocator, "steps": len(steps), "buffers": len(self.roots),
@@ -255,7 +255,7 @@ def _allocator_options(name, config, steps, starts, ends):
 def _roles(graph, training):
     """{tensor: role} of a training graph (see plan.ROLES): gradients, updates, and activations of the
     forward pass that a backward node reads."""
-    if "optimizer" not in (training or {}):
+    if not trains(training):
         return {}
     roles = {g: "gradient" for g in training["grads"].values() if graph.tensors[g].kind == "activation"}
     roles.update((new, "update") for new, _ in graph.updates)

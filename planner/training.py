@@ -35,11 +35,12 @@ from .optimizers import OPTIMIZERS
 LR, STEP = "optimizer/lr", "optimizer/step"
 
 
-def choose_params(graph, frozen=(), trainable=()):
+def choose_params(graph, frozen=(), trainable=(), loss=("loss",)):
     """The params of a graph with a "loss" that a training step updates (see the module's docstring),
-    and {initializer: why it stays constant} for the others."""
+    and {initializer: why it stays constant} for the others; `loss` names what the loss reads where the graph
+    has none yet (its outputs, for the params a step of it would train)."""
     stats = {t for _, t in graph.updates}
-    reached = _reaching(graph, "loss")
+    reached = _reaching(graph, loss)
     readers = {}
     for node in graph.nodes:
         schema = ops.of(node, graph.opsets)
@@ -188,9 +189,9 @@ def _interleave(nodes, steps, param_of):
     return [*after.get(-1, []), *(n for k, node in enumerate(nodes) for n in (node, *after.get(k, [])))]
 
 
-def _reaching(graph, target):
-    """The tensors `target` depends on (itself included)."""
-    found = {target}
+def _reaching(graph, targets):
+    """The tensors the `targets` depend on (themselves included)."""
+    found = set(targets)
     for node in reversed(graph.nodes):
         if found.intersection(node.outputs):
             found.update(i for i in node.inputs if i)

@@ -1,11 +1,13 @@
 """Planning full-size LLMs from their configs: the export's time, and each training layout's planning time and peak
 RSS, from 1B to 70B parameters (benchmarks/configs/*.json, as the Hub's config.json files hold them).
 
-    python benchmarks/llm_scale.py [--models llama-3.2-1b ... llama-3-70b] [--seq 8192] [--layouts ...]
+    python benchmarks/llm_scale.py [--models llama-3.2-1b ... llama-3-70b] [--seq 8192] [--layouts ...] [--workers N]
 
 Each model is exported once (frontends/hf_config.py; a cached export is reported as such), then each layout is
 planned in a fresh process of its own, so that its peak RSS (the child's VmHWM; Linux's ru_maxrss would keep the
-parent's across exec) is the planning's alone:
+parent's across exec) is the planning's alone; a pipeline's stages are planned in --workers forked processes at once
+(default: the cores), whose largest peak RSS is shown beside it (it counts the pages a worker shares with its
+parent, so the workers add less than that many times it):
 --precision (amp-bf16), AdamW, batch 1 (a pipeline's microbatch) at --seq tokens, bestfit. A layout names
 `tp`, `pp` (with 2 pp microbatches, 1F1B), `dp` and `zero` over --gpus devices, and `remat`; a pipeline is every
 stage planned (planner.compile_stages), its fullest stage's arena shown. Progress goes to stderr.
@@ -30,16 +32,19 @@ LAYOUTS = {  # name: (tp, pp, zero, remat) over --gpus devices
 CHILD = """
 import json, sys, time
 import planner
-model, seq, gpus, precision, tp, pp, zero, remat = json.loads(sys.argv[1])
+import resource
+model, seq, gpus, precision, workers, tp, pp, zero, remat = json.loads(sys.argv[1])
 start = time.perf_counter()
 dp = gpus // tp // pp
 parallel = planner.Parallel(dp=dp, tp=tp, pp=pp, zero=zero if dp > 1 else 0, microbatches=2 * pp if pp > 1 else 1)
 plans = list(planner.compile_stages(model, {"input_ids": (1, seq)}, training=True, optimizer="adamw",
-                                    precision=precision, strategy="bestfit", parallel=parallel, remat=remat))
+                                    precision=precision, strategy="bestfit", parallel=parallel, remat=remat,
+                                    workers=workers))
 fullest = max(plans, key=lambda p: p.arena_bytes)
 peak = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))  # kB, since this exec
 print(json.dumps({"seconds": time.perf_counter() - start, "stages": len(plans), "steps": len(fullest.steps),
-                  "arena": fullest.arena_bytes, "rss": int(peak.split()[1]) * 1024}))
+                  "arena": fullest.arena_bytes, "rss": int(peak.split()[1]) * 1024,
+                  "worker_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))
 """
 
 
@@ -53,9 +58,10 @@ def export(name):
     return path, None if cached else time.perf_counter() - start
 
 
-def plan(path, seq, gpus, precision, layout):
-    """The layout's planning in a child process of its own: {"seconds", "stages", "steps", "arena", "rss"}."""
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([path, seq, gpus, precision, *layout])],
+def plan(path, seq, gpus, precision, workers, layout):
+    """The layout's planning in a child process of its own: {"seconds", "stages", "steps", "arena", "rss",
+    "worker_rss"}."""
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([path, seq, gpus, precision, workers, *layout])],
                           capture_output=True, text=True)
     if done.returncode:
         return {"error": done.stderr.strip().splitlines()[-1]}
@@ -69,23 +75,24 @@ def main():
     parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--gpus", type=int, default=64)
     parser.add_argument("--precision", default="amp-bf16")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     os.environ.setdefault("MEMPLAN_CACHE", str(Path.home() / ".cache" / "memplan"))
     print(f"{args.gpus} GPUs, sequence {args.seq}, batch 1, {args.precision}, AdamW, bestfit; each layout planned in a "
-          "process of its own")
+          f"process of its own, a pipeline's stages in {args.workers} worker(s)")
     print(f"{'model':<14} {'export s':>9} {'layout':<26} {'stages':>6} {'steps':>6} {'plan s':>7} {'peak RSS':>9} "
-          f"{'arena (fullest rank)':>20}")
+          f"{'workers RSS':>11} {'arena (fullest rank)':>20}")
     for name in args.models:
         path, took = export(name)
         for label in args.layouts:
             print(f"{name}: {label}...", file=sys.stderr, flush=True)
-            result = plan(path, args.seq, args.gpus, args.precision, LAYOUTS[label])
+            result = plan(path, args.seq, args.gpus, args.precision, args.workers, LAYOUTS[label])
             exported = "cached" if took is None else f"{took:.0f}"
             if "error" in result:
                 print(f"{name:<14} {exported:>9} {label:<26} {result['error']}")
                 continue
             print(f"{name:<14} {exported:>9} {label:<26} {result['stages']:>6} {result['steps']:>6} "
-                  f"{result['seconds']:>7.1f} {result['rss'] / 2**30:>7.2f} G "
+                  f"{result['seconds']:>7.1f} {result['rss'] / 2**30:>7.2f} G {result['worker_rss'] / 2**30:>9.2f} G "
                   f"{result['arena'] / 2**30:>18.2f} G", flush=True)
 
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 from types import MappingProxyType
 
-from . import allocators, ops, passes, planning
+from . import allocators, forked, ops, passes, planning
 from .config import Config
 from .errors import PlanError
 from .options import SCHEDULES, STRATEGIES, CompileOptions
@@ -62,10 +62,12 @@ def compile(model, input_shapes=None, options=None, **keywords):
     return _planned(graph, facts, options, start)
 
 
-def compile_stages(model, input_shapes=None, options=None, *, stages=None, **keywords):
+def compile_stages(model, input_shapes=None, options=None, *, stages=None, workers=1, **keywords):
     """Each pipeline stage's plan of a training step under `options.parallel` (pp stages; one plan without),
     as compile makes it, yielded stage by stage (the indices `stages`, in their order; default all): the
-    passes before the cut run once for all of them."""
+    passes before the cut run once for all of them. With `workers` > 1 (and fork, on Linux) the stages are
+    planned in that many forked processes at once, as the planner is pure Python and a stage is independent
+    of the others; not from a daemonic process (a `memplan fit` worker), which may have none."""
     from frontends import read
     start = time.perf_counter()
     options = _configured(CompileOptions.of(options, **keywords))
@@ -77,15 +79,18 @@ def compile_stages(model, input_shapes=None, options=None, *, stages=None, **key
     cut = [p.name for p in pipeline].index("pipeline_stage")
     model = read(model, options.weights, options.training)
     whole, facts = passes.run(pipeline[:cut], model, _context(options, input_shapes))
-    for stage in range(parallel.pp) if stages is None else stages:
+
+    def planned(stage):
         staged = replace(options, parallel=replace(parallel, stage=stage))
         context = replace(_context(staged, input_shapes), facts=MappingProxyType(facts))
         graph, found = passes.run(passes.pipeline(staged)[cut:], whole, context, STEP)
-        yield _planned(graph, found, staged, start)
+        return _planned(graph, found, staged, start)
+
+    yield from forked.mapped(planned, list(range(parallel.pp) if stages is None else stages), workers)
 
 
-STEP = frozenset({passes.TYPED, passes.LOSS, passes.GRADIENTS, passes.UPDATES})
-"""What the training pipeline's graph is before the pipeline cut."""
+STEP = frozenset({passes.TYPED, passes.LOSS, passes.GRADIENTS, passes.UPDATES, passes.CUT})
+"""What the training pipeline's graph is before the pipeline stage is made."""
 
 
 def _configured(options):

@@ -12,12 +12,11 @@ each searched in its own worker process where there are cores for them: the plan
 how a search uses more than one core."""
 import math
 import multiprocessing
-import pickle
 import queue as queues
 import signal
 from dataclasses import replace
 
-from . import maxbatch, progress as progress_line
+from . import forked, maxbatch, progress as progress_line
 from .dtypes import is_float
 from .errors import MemplanError
 from .options import Precision
@@ -285,8 +284,4 @@ def _worker(compile_at, memory, layouts, messages, k):
         rows = _chain(compile_at, memory, layouts, lambda label, batch: messages.put(("progress", k, (label, batch))))
         messages.put(("rows", k, rows))
     except Exception as e:  # the parent raises it, as it is where it crosses processes
-        try:
-            pickle.loads(pickle.dumps(e))
-        except Exception:
-            e = MemplanError(f"{type(e).__name__}: {e}")
-        messages.put(("error", k, e))
+        messages.put(("error", k, forked.portable(e)))

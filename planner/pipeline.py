@@ -38,9 +38,9 @@ def in_flight(stage, stages, microbatches):
     return min(stages - stage, microbatches)
 
 
-def assign(graph, stages, microbatches, labels):
-    """[stage of each node of the training step `graph`], the forward pass cut into `stages` runs at or
-    before the first forward node reading `labels` (the loss goes with the last stage)."""
+def cut(graph, stages, microbatches, labels):
+    """[j]: the stages - 1 places the forward pass of the training step `graph` is cut at (after its j-th forward
+    node), at or before the first forward node reading `labels` (the loss goes with the last stage)."""
     nodes = graph.nodes
     forward = [k for k, n in enumerate(nodes) if n.notes.phase is Phase.FORWARD]
     index = {nodes[k].name: j for j, k in enumerate(forward)}
@@ -53,7 +53,14 @@ def assign(graph, stages, microbatches, labels):
                sum(graph.tensors[i].nbytes for i in nodes[k].inputs if i and graph.tensors[i].kind == "param"))
               for k in forward]
     candidates = _candidates(graph, forward, loss)
-    cuts = _balanced(work, memory, candidates, _fewest_flops(work, candidates, stages), stages, microbatches)
+    return _balanced(work, memory, candidates, _fewest_flops(work, candidates, stages), stages, microbatches)
+
+
+def assign(graph, cuts):
+    """[stage of each node of the training step `graph`] whose forward pass is cut at `cuts` (see `cut`)."""
+    nodes = graph.nodes
+    forward = [k for k, n in enumerate(nodes) if n.notes.phase is Phase.FORWARD]
+    index = {nodes[k].name: j for j, k in enumerate(forward)}
     stage_of = {}
     for j, k in enumerate(forward):
         stage_of[k] = sum(1 for c in cuts if c < j)

@@ -61,6 +61,11 @@ def test_compile_stages_plans_each_stage_as_compile_does():
         alone = compiled("gpt2_small", 2, replace(parallel, stage=stage), "sgd")
         assert plan.arena_bytes == alone.arena_bytes and [s.name for s in plan.steps] == [s.name for s in alone.steps]
         assert plan.training["pipeline"]["stage"] == stage
+    forked = list(planner.compile_stages(m, input_shapes(m, 2), training=True, parallel=parallel, stages=[1, 0],
+                                         workers=2))  # in forked processes, in the order asked
+    assert [p.training["pipeline"]["stage"] for p in forked] == [1, 0]
+    for plan, alone in zip(forked, staged[::-1]):
+        assert plan.arena_bytes == alone.arena_bytes and plan.tensors == alone.tensors and plan.steps == alone.steps
 
 
 def test_bad_pipelines_are_refused():

@@ -88,7 +88,7 @@ CPU = ["inverted_residual", "winograd", "batch_conv"]
                            "optimizer", "recomputation"]),
     (dict(training=True, parallel=Parallel(dp=2, tp=2, pp=2)),
      [*LOADING, "check_names", *FUSIONS, "prune", "tensor_parallel", "training_mode", "loss", "gradients",
-      "optimizer", "pipeline_stage", "recomputation", "data_parallel"]),
+      "optimizer", "pipeline_cut", "pipeline_stage", "recomputation", "data_parallel"]),
 ], ids=["inference", "cuda bf16", "some off", "training", "3-D parallel"])
 def test_the_pipeline_holds_the_passes_the_options_turn_on(options, expected):
     assert names(**options) == expected

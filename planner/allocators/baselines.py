@@ -11,7 +11,7 @@
 import heapq
 
 from . import allocator
-from .bestfit import place
+from .bestfit import place, smallest
 
 
 @allocator("first_fit")
@@ -21,7 +21,7 @@ def first_fit(sizes, starts, ends, alignment):
 
 @allocator("xla")
 def xla(sizes, starts, ends, alignment):
-    return min((place(sizes, starts, ends, order) for order in ("xla_spatial", "xla_temporal")), key=lambda p: p[1])
+    return smallest(sizes, starts, ends, ("xla_spatial", "xla_temporal"))
 
 
 @allocator("usmp")

@@ -5,6 +5,7 @@ Each interval, in order, goes into the smallest gap left by the already placed i
 a step with it, or above the highest of them. Only the union of those intervals' byte ranges
 matters, which `_Neighbours` collects without looking at intervals far away in time.
 """
+import math
 from bisect import bisect_left
 from statistics import median
 
@@ -28,21 +29,36 @@ def greedy_by_size(sizes, starts, ends, alignment):
 @allocator("bestfit")
 def bestfit(sizes, starts, ends, alignment):
     """The smallest of the TFLite, XLA spatial and XLA temporal orders (ties: the first)."""
-    return min((place(sizes, starts, ends, order) for order in ORDERS), key=lambda plan: plan[1])
+    return smallest(sizes, starts, ends, ORDERS)
 
 
-def place(sizes, starts, ends, order, gap=None):
+def smallest(sizes, starts, ends, orders, gap=None):
+    """The placement of the least total among `orders` (ties: the first). An order stops as soon as its top
+    reaches the best total so far, as the top only grows: it could not win."""
+    best = None
+    for order in orders:
+        placed = place(sizes, starts, ends, order, gap, below=math.inf if best is None else best[1])
+        if placed is not None:
+            best = placed
+    return best
+
+
+def place(sizes, starts, ends, order, gap=None, below=math.inf):
     """Offsets of (aligned) intervals placed in the order `ORDERS[order]`, each where `gap(size, sorted
-    byte ranges of its placed neighbours)` says (default best_gap), and the total. Empty intervals
-    occupy nothing and stay at offset 0."""
+    byte ranges of its placed neighbours)` says (default best_gap), and the total; None as soon as the
+    total would reach `below`. Empty intervals occupy nothing and stay at offset 0."""
     key, gap = ORDERS[order], gap or best_gap
-    offsets = [0] * len(sizes)
+    offsets, top = [0] * len(sizes), 0
     neighbours = _Neighbours(starts, ends)
     for i in sorted(range(len(sizes)), key=lambda i: key(sizes, starts, ends, i)):
         if sizes[i]:
             offsets[i] = gap(sizes[i], sorted(neighbours.ranges(i)))
             neighbours.add(i, offsets[i], offsets[i] + sizes[i])
-    return offsets, max((o + s for o, s in zip(offsets, sizes)), default=0)
+            if offsets[i] + sizes[i] > top:
+                top = offsets[i] + sizes[i]
+                if top >= below:
+                    return None
+    return offsets, top
 
 
 def best_gap(size, ranges):

@@ -19,7 +19,7 @@ from .optimizer import optimizer
 from .data_parallel import data_parallel
 from .tensor_parallel import tensor_parallel
 from .sequence_parallel import sequence_parallel
-from .pipeline_stage import pipeline_stage
+from .pipeline_stage import CUT, pipeline_cut, pipeline_stage
 from .precision import precision_pass as precision
 from .pretranspose import pretranspose
 from .prune import prune
@@ -82,6 +82,7 @@ def pipeline(options):
             gradients(options.frozen, options.trainable, options.precision.scales_loss,
                       parallel.microbatches if parallel else 1),  # the backward pass
             optimizer(options.optimizer or "sgd", options.optimizer_args, options.update, config.inplace_update),
+            parallel and (parallel.pp > 1 or parallel.microbatches > 1) and pipeline_cut(parallel),  # where to cut
             parallel and (parallel.pp > 1 or parallel.microbatches > 1) and pipeline_stage(parallel),  # 1F1B
             recomputation(options.remat, options.memory_budget, config),  # forward values recomputed in backward
             parallel and data_parallel(parallel),  # gradients reduced over the ranks, ZeRO's shards (after
@@ -91,8 +92,8 @@ def pipeline(options):
 
 
 __all__ = ["Pass", "Property", "Result", "Context", "run", "loading", "pipeline", "LOADING", "TYPED", "PRUNED",
-           "LOSS", "GRADIENTS", "UPDATES", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm",
+           "LOSS", "GRADIENTS", "UPDATES", "CUT", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm",
            "fuse_conv", "fuse_attention", "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose",
            "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss",
-           "gradients", "optimizer", "data_parallel", "tensor_parallel", "sequence_parallel", "pipeline_stage",
-           "recomputation", "sync_batchnorm"]
+           "gradients", "optimizer", "data_parallel", "tensor_parallel", "sequence_parallel", "pipeline_cut",
+           "pipeline_stage", "recomputation", "sync_batchnorm"]

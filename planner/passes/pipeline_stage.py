@@ -25,11 +25,26 @@ from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Property, Result
 from .data_parallel import OPTIMIZER_OPS
 
 
+CUT = Property("cut into pipeline stages", lambda graph, facts: "pipeline_cuts" in facts)
+"""facts["pipeline_cuts"] holds where the step's forward pass is cut (planner.pipeline.cut)."""
+
+
+def pipeline_cut(parallel):
+    """The Pass choosing where the step is cut into `parallel.pp` stages: the same for every stage, so that
+    planner.compile_stages chooses it once for all of them."""
+    def apply(graph, context):
+        cuts = pipeline.cut(graph, parallel.pp, parallel.microbatches, context.facts["labels"])
+        return Result(graph, False, {"pipeline_cuts": cuts})
+    return Pass("pipeline_cut", apply, needs=frozenset({TYPED, UPDATES}), keeps=frozenset({TYPED, LOSS, GRADIENTS,
+                                                                                         UPDATES}),
+                makes=frozenset({CUT}))
+
+
 def pipeline_stage(parallel):
     """The Pass making stage `parallel.stage`'s step of `parallel.pp` stages and `parallel.microbatches` (a
-    planner.Parallel of more than one of either); the loss is the last stage's alone."""
+    planner.Parallel of more than one of either) where pipeline_cut cut it; the loss is the last stage's alone."""
     kept = {LOSS, GRADIENTS} if parallel.stage == parallel.pp - 1 else {GRADIENTS}
-    return Pass("pipeline_stage", partial(_pipeline_stage, parallel=parallel), needs=frozenset({TYPED, UPDATES}),
+    return Pass("pipeline_stage", partial(_pipeline_stage, parallel=parallel), needs=frozenset({TYPED, UPDATES, CUT}),
                 makes=frozenset({TYPED, UPDATES}), keeps=frozenset(kept),
                 ensures=frozenset({Property("with every value made, received or held before it is read", _closed)}))
 
@@ -48,20 +63,16 @@ def _pipeline_stage(graph, context, parallel):
         raise ConfigError("amp-fp16's loss scaling checks every gradient of the step at once: plan pipeline "
                           "stages and microbatches in fp32, fp16, bf16 or amp-bf16")
     stages, microbatches, me = parallel.pp, parallel.microbatches, parallel.stage
-    stage_of = pipeline.assign(graph, stages, microbatches, context.facts["labels"])
+    stage_of = pipeline.assign(graph, context.facts["pipeline_cuts"])
     producer, readers = pipeline.indexed(graph)
     transfers = _transfers(graph, stage_of, producer, readers)
-    single = _stage_nodes(graph, stage_of, me, transfers, producer, readers)
-    nodes, tensors, inputs = _unrolled(graph, single, pipeline.order(me, stages, microbatches), microbatches,
-                                       len(transfers))
     last = me == stages - 1
+    one = _one_microbatch(graph, _stage_nodes(graph, stage_of, me, transfers, producer, readers), last)
+    nodes, tensors, inputs = _unrolled(one, one.nodes, pipeline.order(me, stages, microbatches), microbatches,
+                                       len(transfers))
     if last and microbatches > 1:
-        nodes += _mean_loss(graph, tensors, microbatches)
-    made = {o for n in nodes for o in n.outputs if o}
-    stage = replace(graph, nodes=tuple(nodes), tensors=tensors, inputs=tuple(inputs),
-                    outputs=("loss",) if last else (), updates=tuple((new, old) for new, old in graph.updates
-                                                                     if new in made))
-    typed = shapes.retype(stage, graph)
+        nodes += _mean_loss(one, tensors, microbatches)
+    typed = replace(one, nodes=tuple(nodes), tensors=tensors, inputs=tuple(inputs))
     updated_values = {new for new, _ in graph.updates}  # sent once a step, the others once a microbatch
     sent = sum(graph.tensors[name].nbytes * (1 if name in updated_values else microbatches)
                for name, src, _ in transfers if src == me)
@@ -73,6 +84,19 @@ def _pipeline_stage(graph, context, parallel):
     params = [p for p in context.facts["params"] if p in updated]
     return Result(typed, True, {"pipeline": facts, "params": params, "grads": {p: updated[p] for p in params},
                                 "loss": "loss" if last else None})
+
+
+def _one_microbatch(graph, nodes, last):
+    """The typed graph of the stage's `nodes` for one microbatch (planner.shapes.retype types only the sends and
+    receives): each other microbatch's copy is typed as it is, so that the step is typed without inferring it
+    microbatch by microbatch."""
+    made = {o for n in nodes for o in n.outputs if o}
+    read = {i for n in nodes for i in n.inputs}
+    inputs = [i for i in graph.inputs if i in (LR, STEP) or i in read]
+    stage = replace(graph, nodes=tuple(nodes), tensors=_used(graph.tensors, nodes, inputs), inputs=tuple(inputs),
+                    outputs=("loss",) if last else (), updates=tuple((new, old) for new, old in graph.updates
+                                                                     if new in made))
+    return shapes.retype(stage, graph)
 
 
 def _transfers(graph, stage_of, producer, readers):
@@ -124,7 +148,8 @@ def _stage_nodes(graph, stage_of, me, transfers, producer, readers):
 
 
 def _unrolled(graph, single, steps, microbatches, tags):
-    """(nodes, tensors, inputs) of the stage's step: `single`'s forward nodes at each ("F", j) of `steps`,
+    """(nodes, tensors, inputs) of the stage's step from `graph`, its nodes `single` for one microbatch
+    (_one_microbatch): `single`'s forward nodes at each ("F", j) of `steps`,
     its backward ones at each ("B", j), the optimizer's (and the sends and receives of new param values) in
     the last microbatch's backward, reading each gradient summed over the microbatches. With one microbatch,
     `single` as it is."""
@@ -132,7 +157,7 @@ def _unrolled(graph, single, steps, microbatches, tags):
     grads = {n.inputs[len(ops.of(n).scalars) + 1] for n in optimizing if (n.domain, n.op) in OPTIMIZER_OPS}
     per_batch = dict.fromkeys(o for n in single if n not in optimizing for o in n.outputs if o)  # in order: tensors
     per_batch.update(dict.fromkeys(i for n in single if n not in optimizing for i in n.inputs if i in graph.inputs))
-    inputs = [i for i in graph.inputs if i in (LR, STEP) or any(i in n.inputs for n in single)]
+    inputs = list(graph.inputs)
     if microbatches == 1:
         return single, _used(graph.tensors, single, inputs), inputs
 

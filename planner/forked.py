@@ -1,0 +1,47 @@
+"""`mapped(f, items, workers)`: f over items in forked worker processes, yielded in order. The planner is pure
+Python, so this is how independent plans (a pipeline's stages) use more than one core. `f` may be a closure: the
+workers inherit it by fork, and only its results cross back, pickled."""
+import multiprocessing
+import pickle
+
+from .errors import MemplanError
+
+_WORK = None
+"""The function the workers forked from this process run (set just before they fork)."""
+
+
+def mapped(f, items, workers=1):
+    """f(item) for each of `items`, in their order: one after the other in this process where `workers` is 1, fork
+    is missing or this process is daemonic (which may fork no workers), else in `workers` forked processes. A
+    generator closed early ends its workers."""
+    workers = min(workers, len(items))
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods() or \
+            multiprocessing.current_process().daemon:
+        yield from map(f, items)
+        return
+    global _WORK
+    _WORK = f
+    pool = multiprocessing.get_context("fork").Pool(workers)
+    try:
+        yield from pool.imap(_run, items)
+    finally:
+        _WORK = None
+        pool.terminate()
+        pool.join()
+
+
+def portable(error):
+    """`error`, or a MemplanError saying the same where it would not come back whole from a pickle (an exception
+    whose arguments do not rebuild it), as what crosses from a worker must."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return MemplanError(f"{type(error).__name__}: {error}")
+
+
+def _run(item):
+    try:
+        return _WORK(item)
+    except Exception as e:
+        raise portable(e) from None

@@ -79,6 +79,24 @@ def test_saved_bytes_per_layer_are_megatrons(gpt2, precision, f):
 
 
 @pytest.mark.torch
+def test_full_recomputation_casts_the_weights_again_under_amp(gpt2):
+    """Under amp-bf16 each layer's weights are cast to bf16 where they are read; "full" recomputes those casts
+    with the layer, as Megatron's checkpointed layer does, so that a layer keeps its float32 input alone (4sbh),
+    and none of its 16-bit weight copies (12h² x 2 bytes a layer before). Outside the layers: the ids and the
+    embedding dropout's mask, the final norm's bf16 output, the float32 logits, the labels and the LM head's
+    bf16 weight, which its gradient reads."""
+    s, b, h, v = SEQ, BATCH, HIDDEN, VOCAB
+    unfused = {"fuse_attention": False, "fuse_norm": False, "precision": "amp-bf16"}
+    plans = {r: compiled(gpt2, r, **unfused) for r in (None, "full")}
+    outside = (8 * s * b + s * b * h) + (2 * s * b * h + 4 * s * b * v + 8 * s * b) + 2 * h * v
+    assert saved(plans["full"]) == LAYERS * 4 * s * b * h + outside
+    casts = {t.name for t in plans["full"].tensors.values() if t.role == "recomputed" and t.dtype == "bfloat16"
+             and t.shape in {(h, 3 * h), (h, h), (h, 4 * h), (4 * h, h)}}
+    assert len(casts) == 4 * LAYERS
+    assert plans["full"].arena_bytes < plans[None].arena_bytes
+
+
+@pytest.mark.torch
 def test_fused_attention_and_norms(gpt2):
     """The fused attention keeps no (s, s) tensor and its gradient op recomputes the scores, so "selective"
     leaves the plan as it is; "full" keeps, past the first layer, the fused residual Add and norm's two

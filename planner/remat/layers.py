@@ -126,7 +126,8 @@ def _size(graph, name):
 def _layers(graph, anchors, strategy):
     """[(nodes, kept, inputs)] of each transformer layer, one per attention node in `anchors` (in each run of
     the forward pass): from the residual stream entering it (_start) to the one entering the next layer, the
-    last layer to _end. `nodes`: its nodes that depend on its input; `kept`: what crosses its end."""
+    last layer to _end. `nodes`: its nodes that depend on its input, and those of its weights alone (_own);
+    `kept`: what crosses its end."""
     layers = []
     for run in _runs(graph):
         at = [p for p, n in enumerate(run) if n.name in anchors]
@@ -135,11 +136,38 @@ def _layers(graph, anchors, strategy):
         crossing, held, data = *_crossing(graph, run), _data(graph, run)
         starts = [_start(run, a, at[k - 1] if k else None, crossing, held, data, strategy)
                   for k, a in enumerate(at)]
-        for start, end in zip(starts, starts[1:] + [_end(graph, run, at[-1], held, data)]):
-            inputs = set(crossing(start))
-            nodes = [n for n in run[start + 1:end + 1] if n.name in _reached(run[start + 1:end + 1], inputs)]
-            layers.append((nodes, set(crossing(end)), inputs))
+        spans = list(zip(starts, starts[1:] + [_end(graph, run, at[-1], held, data)]))
+        reached = [_reached(run[start + 1:end + 1], crossing(start)) for start, end in spans]
+        layer_of = _own(graph, run, data, reached)
+        for k, (start, end) in enumerate(spans):
+            nodes = [n for n in run[:end + 1] if layer_of.get(n.name) == k]
+            layers.append((nodes, set(crossing(end)), set(crossing(start))))
     return layers
+
+
+def _own(graph, run, data, reached):
+    """{node name: its layer} of the nodes each layer `reached` from its input, and of the nodes computing from
+    params (and constant tensors) alone (a 16-bit copy of a weight, its transpose) whose values only that
+    layer's nodes read in the run, wherever they run before its end: a layer recomputed whole computes them
+    again from what is kept anyway, as Megatron's checkpointed layer casts its weights again. A value made from
+    no param (a causal mask, which an export may make once for all layers or once a layer) or one that several
+    layers read is no layer's."""
+    layer_of = {name: k for k, names in enumerate(reached) for name in names}
+    readers, weighted = {}, {name for name, t in graph.tensors.items() if t.kind == "param"}
+    for node in run:
+        for name in node.inputs:
+            readers.setdefault(name, []).append(node.name)
+        if weighted.intersection(node.inputs) and all(i in weighted or graph.tensors[i].kind == "const"
+                                                      for i in node.inputs if i):
+            weighted.update(o for o in node.outputs if o)
+    for node in reversed(run):
+        outputs = [o for o in node.outputs if o]
+        if node.name in layer_of or not weighted.issuperset(outputs) or data.intersection(outputs):
+            continue
+        owners = {layer_of.get(r) for o in outputs for r in readers.get(o, ())}
+        if len(owners) == 1 and None not in owners:
+            layer_of[node.name] = owners.pop()
+    return layer_of
 
 
 def _start(run, a, previous, crossing, held, data, strategy):

@@ -7,8 +7,8 @@ from .compiler import compile, compile_stages  # noqa: E402
 from .options import CompileOptions  # noqa: E402
 from .parallel import Parallel  # noqa: E402
 from .config import Config  # noqa: E402
-from .errors import (ConfigError, InfeasibleBudgetError, MemplanError, MissingDependencyError, ModelError,
-                     PlanError, ShapeError, UnsupportedOpError)  # noqa: E402
+from .errors import (AboveLimitError, ConfigError, InfeasibleBudgetError, MemplanError, MissingDependencyError,
+                     ModelError, PlanError, ShapeError, UnsupportedOpError)  # noqa: E402
 from .ir import Graph, Node, Tensor  # noqa: E402
 from .plan import Plan, PlannedTensor, Step  # noqa: E402
 
@@ -30,4 +30,4 @@ def load(model, input_shapes=None):
 
 __all__ = ["load", "compile", "compile_stages", "CompileOptions", "Parallel", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",
            "MemplanError", "ModelError", "UnsupportedOpError", "ShapeError", "InfeasibleBudgetError",
-           "PlanError", "ConfigError", "MissingDependencyError"]
+           "AboveLimitError", "PlanError", "ConfigError", "MissingDependencyError"]

@@ -236,9 +236,11 @@ def viz(args):
 def batch_planner(args, training):
     """compile_at(batch, **options): the command's model planned at another batch (the first dim of its
     inputs), with the command's options and `training` ones under `options`; compile_at.stages(batch, order,
-    **options) yields the plans of the pipeline stages `order` lists (planner.compile_stages)."""
+    **options) yields the plans of the pipeline stages `order` lists (planner.compile_stages), and
+    compile_at.splits(batch, **options) raises what compile_at would where the model does not split so
+    (planner.compiler.split)."""
     from frontends import read
-    from .compiler import compile, compile_stages
+    from .compiler import compile, compile_stages, split
     from .shapes import infer
     config = config_of(args)
     raw = read(args.model, not args.no_weights, args.training)
@@ -257,6 +259,7 @@ def batch_planner(args, training):
     def compile_at(batch, **options):
         return planned(batch, options, compile)
     compile_at.stages = lambda batch, order, **options: planned(batch, {**options, "stages": order}, compile_stages)
+    compile_at.splits = lambda batch, **options: planned(batch, options, split)
     compile_at.typed = typed
     return compile_at
 
@@ -359,6 +362,7 @@ def fit(args):
         notes.append(f"a pipeline's batch per rank is its microbatch; it plans {layouts.MICROBATCHES} microbatches "
                      "a stage, and more give a larger global batch and a smaller bubble at about the same memory")
     rows = [{"layout": label, "batch_per_rank": batch, "global_batch": total, "arena_bytes": arena,
+             "arena_at_least": isinstance(arena, layouts.AtLeast),
              "flops_per_rank": (cost or {}).get("flops"), "sent_bytes_per_rank": (cost or {}).get("sent_bytes")}
             for label, batch, total, arena, cost in found]
     if args.json or args.csv:
@@ -371,11 +375,12 @@ def fit(args):
              f"{'layout':<{width}} {'batch per rank':>14} {'global batch':>12} {'arena per rank':>15} "
              f"{'TFLOP a step':>12} {'sent a step':>12}"]
     lines += [f"{r['layout']:<{width}} {r['batch_per_rank']:>14} {r['global_batch']:>12} "
-              f"{_bytes(r['arena_bytes']):>15} {_tflop(r['flops_per_rank']):>12} "
+              f"{('>= ' if r['arena_at_least'] else '') + _bytes(r['arena_bytes']):>15} {_tflop(r['flops_per_rank']):>12} "
               f"{_bytes(r['sent_bytes_per_rank']):>12}" for r in rows]
-    notes.append("per rank: its arena (a layout fitting no batch: at batch 1, where it was planned), the FLOPs of its "
-                 "step (forward, backward and recomputation; a pipeline's "
-                 "fullest stage) and the bytes its collectives and sends move a step")
+    notes.append("per rank: its arena (a layout fitting no batch: at batch 1, where it was planned; '>=' the least "
+                 "any placement of its buffers needs, its LOAD, where that alone is over the memory and it was not "
+                 "placed), the FLOPs of its step (forward, backward and recomputation; a pipeline's fullest stage) "
+                 "and the bytes its collectives and sends move a step")
     emit(args, "\n".join([*lines, *notes]))
     return 0
 

@@ -16,7 +16,7 @@ from .passes.pretranspose import SUFFIX as PRETRANSPOSED
 from .plan import ALIGNMENT
 from .planning import plan_graph, smallest_plan
 
-__all__ = ["compile", "compile_stages", "plan_graph", "CompileOptions", "STRATEGIES", "SCHEDULES"]
+__all__ = ["compile", "compile_stages", "split", "plan_graph", "CompileOptions", "STRATEGIES", "SCHEDULES"]
 
 
 def compile(model, input_shapes=None, options=None, **keywords):
@@ -89,6 +89,18 @@ def compile_stages(model, input_shapes=None, options=None, *, stages=None, worke
     yield from forked.mapped(planned, list(range(parallel.pp) if stages is None else stages), workers)
 
 
+def split(model, input_shapes=None, options=None, **keywords):
+    """Check that compile can split `model` as `options.parallel` says, in the time of the passes alone: they run
+    as far as the tensor-parallel split and the pipeline cut (not the planning) and raise what compile would
+    raise there (memplan fit asks which sizes split a model before it plans their layouts)."""
+    from frontends import read
+    options = _configured(CompileOptions.of(options, **keywords))
+    pipeline = passes.pipeline(options)
+    names = [p.name for p in pipeline]
+    last = max((names.index(n) for n in ("tensor_parallel", "pipeline_cut") if n in names), default=len(names) - 1)
+    passes.run(pipeline[:last + 1], read(model, options.weights, options.training), _context(options, input_shapes))
+
+
 STEP = frozenset({passes.TYPED, passes.LOSS, passes.GRADIENTS, passes.UPDATES, passes.CUT})
 """What the training pipeline's graph is before the pipeline stage is made."""
 
@@ -116,7 +128,7 @@ def _planned(graph, facts, options, start):
     config = options.config
     fetch = tuple(options.fetch)
     _check_plannable(graph, fetch)
-    plan = smallest_plan(graph, options.strategy, options.orders, config, fetch, facts)
+    plan = smallest_plan(graph, options.strategy, options.orders, config, fetch, facts, options.arena_limit)
     plan.training, plan.device, plan.rank = facts, str(options.device), options.rank
     plan.stats.update(_flops(graph), plan_seconds=time.perf_counter() - start, precision=options.precision.value,
                       **_counted(graph),

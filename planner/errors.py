@@ -43,6 +43,16 @@ class InfeasibleBudgetError(MemplanError):
         super().__init__(f"no plan fits the budget of {_mib(budget)}; the smallest arena found needs {_mib(minimum)}")
 
 
+class AboveLimitError(InfeasibleBudgetError):
+    """A plan's LOAD (the least arena any placement of its buffers can have) is above the `arena_limit` it was
+    asked to keep within, so it was not placed; carries the LOAD as `minimum`."""
+
+    def __init__(self, limit, load):
+        MemplanError.__init__(self, f"the plan needs at least {_mib(load)} (its LOAD), above the arena limit of "
+                                    f"{_mib(limit)}")
+        self.budget, self.minimum = limit, load
+
+
 def _mib(n):
     """Bytes in MiB and in full, as the errors print them (planner.units, which raises these errors, sits above)."""
     return f"{n / 2**20:,.2f} MiB ({n:,} bytes)"

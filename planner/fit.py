@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from . import forked, maxbatch, progress as progress_line
 from .dtypes import is_float
-from .errors import MemplanError
+from .errors import AboveLimitError, MemplanError
 from .options import Precision
 from .parallel import STAGES, Parallel
 from .training import choose_params
@@ -44,10 +44,11 @@ at a smaller one), so the answers depend on the chains: they are the same howeve
 
 def model_parallel_sizes(compile_at, gpus, tensor=TENSOR_PARALLEL, pipeline=PIPELINE, fits=None, keep=None):
     """([tp], [pp], [note]): the sizes of `tensor` and `pipeline` (PIPELINE, or LAYER_PIPELINE for a transformer)
-    that divide `gpus` and split the model (planned once at batch 1), and why each other one that divides `gpus`
-    does not (its planning's error). A size none of whose layouts `keep(parallel)` keeps is left alone, and one
-    none of whose kept layouts `fits(parallel)` (the params and optimizer state alone) is not planned."""
-    found, refused = {"tp": [], "pp": []}, {}
+    that divide `gpus` and split the model (at batch 1: `compile_at.splits` where it has one, which runs the passes
+    as far as the split, else planned), and why each other one that divides `gpus` does not (the error). A size
+    none of whose layouts `keep(parallel)` keeps is left alone, and one none of whose kept layouts
+    `fits(parallel)` (the params and optimizer state alone) is not tried."""
+    found, refused, splits = {"tp": [], "pp": []}, {}, getattr(compile_at, "splits", compile_at)
     tensor, pipeline = [s for s in tensor if gpus % s == 0], [s for s in pipeline if gpus % s == 0]
     layouts = [o["parallel"] for _, o in candidates(gpus, tps=tensor, pps=pipeline, remats=(None,), keep=keep)]
     for kind, sizes in (("tp", tensor), ("pp", pipeline)):
@@ -58,7 +59,7 @@ def model_parallel_sizes(compile_at, gpus, tensor=TENSOR_PARALLEL, pipeline=PIPE
                 refused.setdefault((kind, "no layout of it holds the params and optimizer state"), []).append(str(size))
             else:
                 try:
-                    compile_at(1, parallel=_parallel(gpus, **{kind: size}), remat=None)
+                    splits(1, parallel=_parallel(gpus, **{kind: size}), remat=None)
                     found[kind].append(size)
                 except MemplanError as e:
                     refused.setdefault((kind, str(e)), []).append(str(size))
@@ -175,6 +176,17 @@ def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), r
                   key=lambda r: -r[2]), notes
 
 
+class AtLeast(int):
+    """An arena that was not placed, as its LOAD is above the memory (planner.AboveLimitError): the least it can be."""
+
+
+class _Unplaced:
+    """A rank plan left unplaced (AboveLimitError): its arena_bytes, an AtLeast."""
+
+    def __init__(self, load):
+        self.arena_bytes = AtLeast(load)
+
+
 def _dealt(index, group):
     """The chain of the `index`-th layout of a group of layouts (one remat): every CHAINS-th, from the first
     chain in even groups and from the last in odd ones."""
@@ -183,20 +195,25 @@ def _dealt(index, group):
 
 def _fullest_stage(compile_at, memory):
     """compile_at planning each pipeline stage of a layout and returning the one of the largest arena, or the
-    first that does not fit `memory`. The stage that was the fullest at the layout's last batch goes first
-    (at first the first stage, which holds the most microbatches in flight), so that a batch too large is
-    most often told by one stage. The stages come from compile_at.stages where it has one (the passes before
-    the cut run once)."""
+    first that does not fit `memory`: placed only where its LOAD fits (`arena_limit`), else a stand-in whose
+    arena is that LOAD (AtLeast). The stage that was the fullest at the layout's last batch goes first (at first
+    the first stage, which holds the most microbatches in flight), so that a batch too large is most often told
+    by one stage. The stages come from compile_at.stages where it has one (the passes before the cut run once)."""
     stages_at, fullest_of = getattr(compile_at, "stages", None), {}
 
     def plan(batch, parallel, **options):
         layout = (parallel, tuple(options.items()))
         first = fullest_of.get(layout, 0)
         order = [first, *(s for s in range(parallel.pp) if s != first)]
+        options["arena_limit"] = memory
         stages = stages_at(batch, order, parallel=parallel, **options) if stages_at else \
             (compile_at(batch, parallel=replace(parallel, stage=s), **options) for s in order)
         fullest = None
-        for index, stage in zip(order, stages):
+        for index in order:
+            try:
+                stage = next(stages)
+            except AboveLimitError as e:
+                stage = _Unplaced(e.minimum)
             if fullest is None or stage.arena_bytes > fullest[1].arena_bytes:
                 fullest = (index, stage)
             if stage.arena_bytes > memory:

@@ -95,7 +95,10 @@ class CompileOptions:
     may be given by name ("cuda:0", "amp-fp16") and are held as a Device and a Precision. None means the
     default: `loss` "cross_entropy", `optimizer` "sgd", `config` Config.from_env() when compile runs.
     `weights=False` plans from the weights' shapes alone: an initializer's external data is not read, whether
-    its file is there or not (its plan is planner.deferred's Absent weights, which no Executor runs)."""
+    its file is there or not (its plan is planner.deferred's Absent weights, which no Executor runs).
+    `arena_limit` (bytes): a plan whose LOAD is above it cannot fit it and is not placed (AboveLimitError, in the
+    time of the passes and lifetimes alone): how a search for what fits a device skips the offsets of what
+    cannot."""
 
     strategy: str = "auto"
     schedule: str = "auto"
@@ -108,6 +111,7 @@ class CompileOptions:
     update: str = "eager"
     remat: str | None = None
     memory_budget: int | None = None
+    arena_limit: int | None = None
     config: Config | None = None
     fetch: tuple = ()
     trainable: tuple = ()
@@ -132,6 +136,9 @@ class CompileOptions:
     def __post_init__(self):
         if not isinstance(self.weights, bool):
             raise PlanError(f"weights must be True or False, got {self.weights!r}")
+        if self.arena_limit is not None and (isinstance(self.arena_limit, bool) or not isinstance(self.arena_limit, int)
+                                             or self.arena_limit < 0):
+            raise PlanError(f"arena_limit must be a number of bytes (an int >= 0) or None, got {self.arena_limit!r}")
         object.__setattr__(self, "device", Device.parse(self.device))
         object.__setattr__(self, "precision", Precision.parse(self.precision))
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:

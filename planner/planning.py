@@ -14,6 +14,7 @@ import math
 
 from . import allocators, ops, workspace
 from .breakdown import breakdown
+from .errors import AboveLimitError
 from .inplace import aliases
 from .ir import Phase
 from .liveness import lifetimes
@@ -34,9 +35,13 @@ def plan_graph(graph, strategy, order, config, fetch=(), training=None):
     return measure(graph, strategy, (order,), config, fetch, training).plan()
 
 
-def smallest_plan(graph, strategy, orders, config, fetch=(), training=None):
-    """The Plan of the smallest arena among the schedule `orders` (ties: the first order's)."""
-    return measure(graph, strategy, orders, config, fetch, training).plan()
+def smallest_plan(graph, strategy, orders, config, fetch=(), training=None, limit=None):
+    """The Plan of the smallest arena among the schedule `orders` (ties: the first order's); AboveLimitError,
+    before any offset is placed, where even its LOAD is above `limit` bytes."""
+    measured = measure(graph, strategy, orders, config, fetch, training)
+    if limit is not None and measured.load > limit:
+        raise AboveLimitError(limit, measured.load)
+    return measured.plan()
 
 
 def smallest(loads, arena, below=math.inf):

@@ -60,6 +60,31 @@ def test_a_layout_that_fits_no_batch_gets_zero():
     assert {row[1:] for row in fit.search(nothing_fits, 2, MEMORY, workers=2)[0]} == {(0, 0, None, None)}
 
 
+def test_a_plan_whose_load_is_over_the_memory_is_not_placed():
+    """A rank plan that its LOAD alone rules out is not placed (compile's arena_limit): the row says the least its
+    arena can be (fit.AtLeast), at most the arena planned in full, and the command marks it '>='."""
+    memory = 300_000
+    rows, _ = fit.search(compile_at, 2, memory)
+    assert all(batch == 0 and isinstance(arena, fit.AtLeast) for _, batch, _, arena, _ in rows)
+    for label, options in fit.candidates(2):
+        (arena,) = [a for row_label, _, _, a, _ in rows if row_label == label]
+        assert memory < arena <= compile_at(1, **options).arena_bytes
+    with pytest.raises(planner.AboveLimitError, match="its LOAD"):
+        compile_at(1, arena_limit=memory)
+
+    from planner import cli
+    out = cli_output(cli, ["fit", "zoo:mlp", "--batch", "4", "--gpus", "2", "--memory", "3MB", "--workers", "1"])
+    assert ">= " in out and "'>=' the least any placement" in out
+
+
+def cli_output(cli, argv):
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert cli.main(argv) == 0
+    return out.getvalue()
+
+
 def test_an_error_that_does_not_cross_processes_still_says_what_it_was():
     class Odd(Exception):
         def __init__(self, a, b):
@@ -89,7 +114,7 @@ def test_a_pipeline_plans_the_stage_that_was_fullest_first():
     large is told by it alone."""
     calls = []
 
-    def staged(batch, parallel, remat):
+    def staged(batch, parallel, remat, arena_limit):
         if parallel.pp > 1:
             calls.append((remat, batch, parallel.stage))
         return SimpleNamespace(arena_bytes=batch * (2 if parallel.stage == parallel.pp - 1 else 1) * 1000, training={},

@@ -10,6 +10,7 @@ import pytest
 import planner
 from executor import Executor
 from planner import cli
+from planner.compiler import split
 from planner.errors import ConfigError
 from planner.parallel import joined, piece
 from gloo import spawned
@@ -147,6 +148,11 @@ def test_the_report_and_fit_plan_tensor_parallel_ranks(tmp_path, capsys):
     assert notes == ["no tp 2, 4: tensor parallelism found no linear layers to split: it splits MatMuls and Gemms "
                      "of 2-D weights whose outputs reach another one's contraction (transformer blocks' attention "
                      "and MLPs)"]
+
+    def unplanned(batch, **o):  # the same answers from the passes alone (planner.compiler.split), as the CLI asks
+        raise AssertionError("a split is told without planning")
+    unplanned.splits = lambda batch, **o: split(cnn, input_shapes(cnn, batch), training=True, **o)
+    assert fit.model_parallel_sizes(unplanned, 4) == (tps, pps, notes)
 
 
 @pytest.mark.torch

@@ -119,11 +119,14 @@ class Region:
 def column(region, node):
     """The dim of the weight to cut where `node` is a column-parallel layer: a MatMul or Gemm (an op of the
     default domain that the "matmul" or "gemm" rule follows; a Gemm not transposing A) of an activation by a
-    2-D weight read nowhere else (or its 16-bit copy: Region.weight); else None."""
+    2-D weight read nowhere else (or its 16-bit copy: Region.weight), or an Einsum making the last dim of its output
+    from such a weight's (_einsum_column); else None."""
     split = None if node.domain else ops.of(node).split
-    if split not in ("matmul", "gemm") or len(node.inputs) < 2:
+    if split not in ("matmul", "gemm", "einsum") or len(node.inputs) < 2:
         return None
     x, w = (region.graph.tensors[i] for i in node.inputs[:2])
+    if split == "einsum":
+        return _einsum_column(region, node, x, w)
     if not (region.weight(w.name) is not None and len(w.shape) == 2
             and x.kind in ("activation", "input") and len(x.shape) >= 2):
         return None
@@ -132,6 +135,44 @@ def column(region, node):
             return None
         return 0 if node.attrs.get("transB", 0) else 1
     return 1
+
+
+def _einsum_roles(region, node):
+    """{"batch", "contracted", "features"}: the letters of an Einsum of an activation by a weight (a mixture of
+    experts' grouped GEMM, (E, C, in) by (E, out, in) -> (E, C, out)) that both operands and the output have, that
+    both operands have alone, and that the weight and the output have alone; None where its equation is not such a
+    product: one contracted and one feature letter, and the weight's others batch letters."""
+    terms, out = ops.of(node).subscripts(node, [region.shape(i) for i in node.inputs])
+    if len(terms) != 2 or "..." in "".join(terms) + out:
+        return None
+    xs, ws = terms
+    roles = {"batch": set(xs) & set(ws) & set(out), "contracted": (set(xs) & set(ws)) - set(out),
+             "features": (set(ws) & set(out)) - set(xs)}
+    if len(roles["contracted"]) != 1 or len(roles["features"]) != 1 or len(set(ws)) != len(ws) or \
+            set(ws) != set().union(*roles.values()):
+        return None
+    return {"batch": roles["batch"], **{k: roles[k].pop() for k in ("contracted", "features")},
+            "terms": terms, "out": out}
+
+
+def _einsum_column(region, node, x, w):
+    """The dim of the weight to cut where the Einsum `node` is a column-parallel layer: an activation by a weight
+    read nowhere else (Region.weight) whose feature letter is the output's last dim."""
+    roles = _einsum_roles(region, node)
+    if roles is None or region.weight(w.name) is None or x.kind not in ("activation", "input") or \
+            roles["out"][-1] != roles["features"]:
+        return None
+    return roles["terms"][1].index(roles["features"])
+
+
+def _einsum(region, k, node, ins):
+    """A row-parallel Einsum: its activation split on the letter it contracts with a weight (each expert's down
+    projection of a grouped GEMM), the weight cut alike, the product all-reduced."""
+    cx, cw = ins
+    roles = _einsum_roles(region, node)
+    if roles is None or cx is None or cw is not None or roles["terms"][0][cx.axis] != roles["contracted"]:
+        raise Unsplittable(f"{node.name} (Einsum) reads a split tensor other than the features it contracts")
+    return _row(region, k, node, cx, roles["terms"][1].index(roles["contracted"]))
 
 
 def rule(node):
@@ -374,5 +415,5 @@ def _gemm(region, k, node, ins):
 
 RULES = {"elementwise": _elementwise, "same": _same, "norm": _norm, "softmax": _softmax, "split": _split,
          "view": _view, "slice": _slice, "concat": _concat, "expand": _expand, "transpose": _transpose,
-         "attention": _attention, "matmul": _matmul, "gemm": _gemm}
+         "attention": _attention, "matmul": _matmul, "gemm": _gemm, "einsum": _einsum}
 """The rules by the name an op's schema gives (`Schema.split`)."""

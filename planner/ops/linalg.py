@@ -145,9 +145,16 @@ def _einsum_shape(equation, shapes):
 class Einsum(Schema):
     autocast = "low"
     mirror = False
+    split = "einsum"
 
     def infer(self, node, ins):
         return [(_einsum_shape(self.attr(node, "equation"), [i.shape for i in ins]), same_dtype(ins))]
+
+    def subscripts(self, node, shapes):
+        """(the input terms, the output term) of the node's equation read against its inputs' `shapes`, an
+        implicit output made explicit."""
+        terms, out, *_ = _parse(self.attr(node, "equation"), shapes)
+        return terms, out
 
     def flops(self, node, ins, outs):
         """Evaluated naively: over every combination of the indices (and broadcast dims), one multiply

@@ -1,14 +1,15 @@
 """One rank's forward pass under Megatron-style tensor parallelism (planner.parallel's `tp`; Shoeybi et al.
 2019): the linear layers and attention heads of transformer blocks split over `tp` ranks, found in the graph.
 
-A region starts at each column-parallel MatMul or Gemm (an activation times a 2-D weight whose columns split:
-each rank makes its share of the output features) and follows the split forward through the ops that need only
-their own share (planner/tensor_split.py: elementwise ops and their biases, the Split or Slices cutting a
-fused projection into consecutive blocks of any sizes, each block cut over the ranks (QKV, grouped-query
-included; gate and up), reshapes into heads and the exporters' merges of heads with the batch, transposes,
-RoPE's slices, grouped-query expands, attention, batched MatMuls over heads, Softmax over another axis) to the
-row-parallel MatMuls or Gemms that contract it (the weight's rows split: each rank's product is a partial sum,
-all-reduced, a Gemm's bias added after). Each activation a region reads enters through memplan.ParallelInput
+A region starts at each column-parallel MatMul or Gemm (an activation times a 2-D weight whose columns split: each
+rank makes its share of the output features), or Einsum (a mixture of experts' grouped GEMM, each expert's weight
+split alike: its gate/up projection by columns, its down projection by rows) and follows the split forward through
+the ops that need only their own share (planner/tensor_split.py: elementwise ops and their biases, the Split or
+Slices cutting a fused projection into consecutive blocks of any sizes, each block cut over the ranks (QKV,
+grouped-query included; gate and up), reshapes into heads and the exporters' merges of heads with the batch,
+transposes, RoPE's slices, grouped-query expands, attention, batched MatMuls over heads, Softmax over another axis)
+to the row-parallel MatMuls, Gemms or Einsums that contract it (the weight's rows split: each rank's product is a
+partial sum, all-reduced, a Gemm's bias added after). Each activation a region reads enters through memplan.ParallelInput
 (its gradient all-reduced: Megatron's f) and each row-parallel product leaves through memplan.AllReduce
 (Megatron's g); the rest of the graph runs whole on every rank. A region that meets anything else (a graph
 output, a reduction over the split axis, overlapping or strided slices of it) stays whole, as do embeddings,

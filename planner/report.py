@@ -205,9 +205,8 @@ def _parallel(plan, unsharded, stages=None):
 def _inference_parallel(plan, unsharded):
     """A tensor-parallel rank's inference facts, with the bestfit plan of one device beside them and the bytes
     its all-reduces send a run."""
-    from .ops.collectives import communicated
-    sent = sum(communicated(s, [plan.tensors[s.inputs[0]]]) for s in plan.steps
-               if s.domain == "memplan" and s.op == "AllReduce")
+    from .ops.collectives import sent_by_group
+    sent = sum(sent_by_group(plan.steps, plan.tensors).values())
     return {**plan.training["tensor_parallel"], "unsharded_arena_bytes": unsharded.arena_bytes, "collective_bytes": sent}
 
 

@@ -236,3 +236,17 @@ def communicated(node, ins):
     share = (world - 1) / world
     factor = {"AllReduce": 2 * share, "ReduceScatter": share, "AllGather": share * world, "Send": 1}.get(node.op, 0)
     return int(factor * elements * itemsize)
+
+
+COLLECTIVES = ("AllReduce", "ReduceScatter", "AllGather")
+
+
+def sent_by_group(nodes, tensors):
+    """{group: bytes one rank sends} over the collective `nodes` (Nodes or a plan's Steps) among `nodes`, their
+    input tensors typed in `tensors` (a graph's or a plan's, by name)."""
+    sent = {}
+    for n in nodes:
+        if n.domain == "memplan" and n.op in COLLECTIVES:
+            group = n.attrs.get("group", "dp")
+            sent[group] = sent.get(group, 0) + communicated(n, [tensors[n.inputs[0]]])
+    return sent

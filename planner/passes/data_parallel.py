@@ -15,7 +15,7 @@ from .. import ops, shapes
 from ..builder import Builder
 from ..errors import ConfigError
 from ..ir import Annotations, Node, Phase, Tensor
-from ..ops.collectives import communicated
+from ..ops.collectives import sent_by_group
 from ..parallel import Whole, shard_size
 from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Property, Result
 
@@ -81,11 +81,7 @@ def _data_parallel(graph, context, parallel):
                     nodes += _rank_update(b, graph, update, tensors, updates, parallel, sharded, reduced[_grad(update)])
     typed = shapes.retype(replace(graph, nodes=tuple(nodes), tensors={**tensors, **b.tensors},
                                   updates=tuple(updates.items())), graph)
-    sent = {}
-    for n in typed.nodes:
-        if n.domain == "memplan" and n.op in ("AllReduce", "ReduceScatter", "AllGather"):
-            group = n.attrs.get("group", "dp")
-            sent[group] = sent.get(group, 0) + communicated(n, [typed.tensors[n.inputs[0]]])
+    sent = sent_by_group(typed.nodes, typed.tensors)
     facts = {"dp": world, "zero": zero, "tp": parallel.tp, "shard": parallel.shard, "prefetch": parallel.prefetch,
              "bucket_bytes": parallel.bucket_bytes, "buckets": len(buckets), "collective_bytes": sum(sent.values()),
              "collective_bytes_by_group": sent, "sharded": sorted(sharded)}

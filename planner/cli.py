@@ -375,8 +375,8 @@ def fit(args):
              f"{'layout':<{width}} {'batch per rank':>14} {'global batch':>12} {'arena per rank':>15} "
              f"{'TFLOP a step':>12} {'sent a step':>12}"]
     lines += [f"{r['layout']:<{width}} {r['batch_per_rank']:>14} {r['global_batch']:>12} "
-              f"{('>= ' if r['arena_at_least'] else '') + _bytes(r['arena_bytes']):>15} {_tflop(r['flops_per_rank']):>12} "
-              f"{_bytes(r['sent_bytes_per_rank']):>12}" for r in rows]
+              f"{('>= ' if r['arena_at_least'] else '') + _bytes(r['arena_bytes']):>15} "
+              f"{_tflop(r['flops_per_rank']):>12} {_bytes(r['sent_bytes_per_rank']):>12}" for r in rows]
     notes.append("per rank: its arena (a layout fitting no batch: at batch 1, where it was planned; '>=' the least "
                  "any placement of its buffers needs, its LOAD, where that alone is over the memory and it was not "
                  "placed), the FLOPs of its step (forward, backward and recomputation; a pipeline's fullest stage) "

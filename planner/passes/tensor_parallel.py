@@ -9,8 +9,8 @@ Slices cutting a fused projection into consecutive blocks of any sizes, each blo
 grouped-query included; gate and up), reshapes into heads and the exporters' merges of heads with the batch,
 transposes, RoPE's slices, grouped-query expands, attention, batched MatMuls over heads, Softmax over another axis)
 to the row-parallel MatMuls, Gemms or Einsums that contract it (the weight's rows split: each rank's product is a
-partial sum, all-reduced, a Gemm's bias added after). Each activation a region reads enters through memplan.ParallelInput
-(its gradient all-reduced: Megatron's f) and each row-parallel product leaves through memplan.AllReduce
+partial sum, all-reduced, a Gemm's bias added after). Each activation a region reads enters through
+memplan.ParallelInput (its gradient all-reduced: Megatron's f) and each row-parallel product leaves through memplan.AllReduce
 (Megatron's g); the rest of the graph runs whole on every rank. A region that meets anything else (a graph
 output, a reduction over the split axis, overlapping or strided slices of it) stays whole, as do embeddings,
 norms and the LM head; one whose split sizes `tp` does not divide is an error, the ops failing only for want

@@ -28,6 +28,7 @@ LAYOUTS = {  # name: (tp, pp, zero, remat) over --gpus devices
     "tp8 zero3": (8, 1, 3, None),
     "tp8 pp4 zero1 selective": (8, 4, 1, "selective"),
     "tp8 pp4 zero1 full": (8, 4, 1, "full"),
+    "tp8 pp8 zero1 full": (8, 8, 1, "full"),
 }
 CHILD = """
 import json, sys, time

@@ -89,7 +89,16 @@ def torch_peak_bytes(*workload, device="cuda", precision="fp32"):
         step()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated()
+    return profiled_peak(step, resident, warm=False)[0]
+
+
+def profiled_peak(step, resident, warm=True):
+    """(the peak bytes of live tensors over one `step` on the CPU, after a warm-up one where `warm`; the bytes
+    alive before it): those `resident()` counts plus the highest running sum of the profiler's "[memory]"
+    events (PyTorch has no CPU allocator statistics)."""
     from torch.profiler import ProfilerActivity, profile
+    if warm:
+        step()
     before = resident()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
@@ -99,7 +108,7 @@ def torch_peak_bytes(*workload, device="cuda", precision="fp32"):
     for e in events:
         live += e.nbytes()
         peak = max(peak, live)
-    return before + peak
+    return before + peak, before
 
 
 def measure(name, batch, optimizer, seq, device, precision):

@@ -20,14 +20,11 @@ from pathlib import Path
 CONFIGS = Path(__file__).parent / "configs"
 COMMON = ["--input", "input_ids:1x8192"]
 TRAIN = [*COMMON, "--precision", "amp-bf16", "--optimizer", "adamw", "--memory", "80GiB"]
-ROWS = {  # model: {row: extra flags}; a model too large to search every layout on a 2-core box keeps some
-    "llama-3-8b": {"train8": ["--gpus", "8"], "train64": ["--gpus", "64", "--tp", "8"], "infer": []},
-    "mixtral-8x7b": {"train8": ["--gpus", "8"], "train64": ["--gpus", "64", "--tp", "8", "--pp", "4"],
-                     "infer": ["--tp", "2"]},
-    "qwen2.5-32b": {"train8": ["--gpus", "8", "--tp", "8"], "train64": ["--gpus", "64", "--tp", "8", "--pp", "4"],
-                    "infer": []},
-    "llama-3-70b": {"train8": ["--gpus", "8"], "train64": ["--gpus", "64", "--tp", "8", "--pp", "8", "--remat", "full"],
-                    "infer": ["--tp", "2"]},
+ROWS = {  # model: {row: extra flags}
+    "llama-3-8b": {"train8": ["--gpus", "8"], "train64": ["--gpus", "64"], "infer": []},
+    "mixtral-8x7b": {"train8": ["--gpus", "8"], "train64": ["--gpus", "64"], "infer": ["--tp", "2"]},
+    "qwen2.5-32b": {"train8": ["--gpus", "8"], "train64": ["--gpus", "64"], "infer": []},
+    "llama-3-70b": {"train8": ["--gpus", "8"], "train64": ["--gpus", "64"], "infer": ["--tp", "2"]},
 }
 GiB = 2 ** 30
 
@@ -62,8 +59,8 @@ def answer(row, doc):
     if not fitting:
         planned = sorted((r for r in doc["rows"] if r["arena_bytes"]), key=lambda r: r["arena_bytes"])
         unplanned = [n for n in doc["notes"] if n.startswith("not planned")]
-        least = f"the least at batch 1: {planned[0]['layout']}, {planned[0]['arena_bytes'] / GiB:,.1f} GiB a rank" \
-            if planned else "none planned"
+        least = (f"the least at batch 1: {planned[0]['layout']}, {'>= ' if planned[0]['arena_at_least'] else ''}"
+                 f"{planned[0]['arena_bytes'] / GiB:,.1f} GiB a rank") if planned else "none planned"
         return f"no layout fits ({len(doc['rows'])} tried); {least}" + (f"; {unplanned[0]}" if unplanned else "")
     best = fitting[0]
     return (f"{len(fitting)} of {len(doc['rows'])} layouts fit; best {best['layout']}: global batch "

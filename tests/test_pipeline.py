@@ -223,3 +223,13 @@ def test_an_integer_tensor_crossing_a_cut_is_sent_between_stages():
     assert "int64" in got[0][2]
     single = Executor(planner.compile(int_boundary_model(), training=True, optimizer="momentum"), backend="numpy")
     np.testing.assert_allclose(got[1][1], [single.train_step(f) for f in feeds], rtol=1e-5)
+
+
+def test_stages_of_a_model_with_batch_statistics_plan_under_recomputation():
+    """BatchNormalization's running statistics are made once a microbatch, under each microbatch's names: a stage's
+    graph updates only what its nodes make, so that recomputation (which replays the updates' makers) plans it."""
+    m = small_model("resnet18")
+    for remat in (None, "sublinear"):
+        for plan in planner.compile_stages(m, input_shapes(m, 2), training=True, remat=remat,
+                                           parallel=planner.Parallel(pp=2, microbatches=2)):
+            assert plan.verify() is plan and plan.training["pipeline"]["microbatches"] == 2

@@ -72,7 +72,7 @@ def _pipeline_stage(graph, context, parallel):
                                        len(transfers))
     if last and microbatches > 1:
         nodes += _mean_loss(one, tensors, microbatches)
-    made = {o for n in nodes for o in n.outputs if o}  # a value updated a microbatch (BatchNorm's statistics) is not
+    made = {o for n in nodes for o in n.outputs if o}  # what a microbatch makes under its names is no update
     typed = shapes.prune(replace(one, nodes=tuple(nodes), tensors=tensors, inputs=tuple(inputs),
                                  updates=tuple((new, old) for new, old in one.updates if new in made)))
     updated_values = {new for new, _ in graph.updates}  # sent once a step, the others once a microbatch

@@ -348,15 +348,16 @@ def fit(args):
                 raise MemplanError(f"--{kind} {pinned[kind]}: " + next(
                     (n.split(": ", 1)[1] for n in notes if n.startswith(f"no {kind} ")), "it does not divide --gpus"))
         remats = (remat,) if remat else layouts.LAYER_REMATS if transformer else layouts.REMATS
-        bar.label, bar.total = "memplan fit, layouts", len(layouts.candidates(args.gpus, tps=tps, pps=pps,
-                                                                               remats=remats, keep=keep, **rules))
+        candidates = layouts.candidates(args.gpus, tps=tps, pps=pps, remats=remats, keep=keep, **rules)
+        if not candidates:
+            raise MemplanError(f"no layout of {args.gpus} devices is what was asked for")
+        bar.label, bar.total = "memplan fit, layouts", len(candidates)
         started = {}
 
         def told(label, batch):
             started.setdefault(label, len(started) + 1)
             bar.update(len(started), f"{label}: batch {batch}")
-        found, dropped = layouts.search(compile_at, args.gpus, memory, told, args.workers or cores(), tps, pps,
-                                        remats, least, keep, **rules)
+        found, dropped = layouts.search(compile_at, memory, candidates, told, args.workers or cores(), least)
     notes += dropped
     if pps:
         notes.append(f"a pipeline's batch per rank is its microbatch; it plans {layouts.MICROBATCHES} microbatches "

@@ -130,28 +130,24 @@ def _label(p):
     return " x ".join(parts) + f", ZeRO-{p.zero}" + (f", {p.microbatches} microbatches" if p.pp > 1 else "")
 
 
-def search(compile_at, gpus, memory, progress=None, workers=1, tps=(), pps=(), remats=REMATS, least=None, keep=None,
-           **rules):
+def search(compile_at, memory, layouts, progress=None, workers=1, least=None):
     """([(label, per-rank batch, global batch, the rank's arena bytes or None, its cost a step or None: see `cost`)],
     the largest global batch first;
     [note]): a layout whose planning fails (a MemplanError other than no fit) is left out, a note saying why,
     and the first error is raised where every layout fails.
-    `compile_at(batch, **options)` plans one rank at a per-rank batch (a tensor-parallel rank's batch is its
-    data rank's, a pipeline's its microbatch; a pipeline fits where its fullest stage does), `progress(label,
-    batch)` is told of each plan; `tps`, `pps`, `remats`, `keep` and `rules` (Parallel's shard, prefetch,
-    bucket_bytes and sync_batchnorm) are `candidates`'. A layout for which `least(parallel)` (least_states) is over `memory` is not
-    planned: its row fits no batch, and a note says why. The layouts are dealt to CHAINS chains, every CHAINS-th to each, so
-    that each chain's layouts are neighbours as in one search; the layouts with recomputation are dealt in the
-    opposite order, so that the costliest layouts with and without it (the last: the most pipeline stages) go
-    to different chains, which take about as long. With `workers` > 1 each chain runs in a forked process (on Linux; the
-    chains run one after the other in this process elsewhere)."""
-    layouts = candidates(gpus, tps=tps, pps=pps, remats=remats, keep=keep, **rules)
-    if not layouts:
-        raise MemplanError(f"no layout of {gpus} devices is what was asked for")
+    `compile_at(batch, **options)` plans one rank at a per-rank batch (a tensor-parallel rank's batch is its data
+    rank's, a pipeline's its microbatch; a pipeline fits where its fullest stage does), `progress(label, batch)` is
+    told of each plan; `layouts` are `candidates`' (label, compile options), one group of them a recomputation. A
+    layout for which `least(parallel)` (least_states) is over `memory` is not planned: its row fits no batch, and a
+    note says why. The layouts are dealt to CHAINS chains, every CHAINS-th to each, so that each chain's layouts are
+    neighbours as in one search; the layouts with recomputation are dealt in the opposite order, so that the
+    costliest layouts with and without it (the last: the most pipeline stages) go to different chains, which take
+    about as long. With `workers` > 1 each chain runs in a forked process (on Linux; the chains run one after the
+    other in this process elsewhere)."""
     compile_at = _fullest_stage(compile_at, memory)
     held = {label: least(options["parallel"]) if least else 0 for label, options in layouts}
     full = {label for label, nbytes in held.items() if nbytes > memory}
-    per_remat = len(layouts) // len(remats)
+    per_remat = len(layouts) // len({options["remat"] for _, options in layouts})
     chains = [[layout for j, layout in enumerate(layouts) if _dealt(j % per_remat, j // per_remat) == k
                and layout[0] not in full] for k in range(CHAINS)]
     forked = workers > 1 and "fork" in multiprocessing.get_all_start_methods()

@@ -19,8 +19,8 @@ def compile_at(batch, **options):
 
 def test_workers_find_what_one_process_finds():
     seen = []
-    alone, notes = fit.search(compile_at, 2, MEMORY)
-    shared = fit.search(compile_at, 2, MEMORY, lambda label, batch: seen.append(label), workers=2)
+    alone, notes = fit.search(compile_at, MEMORY, fit.candidates(2))
+    shared = fit.search(compile_at, MEMORY, fit.candidates(2), lambda label, batch: seen.append(label), workers=2)
     assert shared == (alone, notes) and len(alone) == 8 and notes == []
     assert {label for label, _ in fit.candidates(2)} == set(seen)
     assert all(arena <= MEMORY for _, batch, _, arena, _ in alone if batch)
@@ -35,14 +35,14 @@ def test_a_layout_that_cannot_be_planned_is_left_out_with_a_note(workers):
         if options["parallel"].zero == 3:
             raise MemplanError("no ZeRO-3 here")
         return compile_at(batch, **options)
-    rows, notes = fit.search(refusing, 2, MEMORY, workers=workers)
+    rows, notes = fit.search(refusing, MEMORY, fit.candidates(2), workers=workers)
     assert [label for label, *_ in rows if "ZeRO-3" in label] == [] and len(rows) == 6
     assert notes == ["left out dp 2, ZeRO-3; dp 2, ZeRO-3, sublinear: no ZeRO-3 here"]
 
     def failing(batch, **options):
         raise MemplanError(f"no ZeRO-{options['parallel'].zero} here")
     with pytest.raises(MemplanError, match="no layout could be planned: no ZeRO-0 here"):
-        fit.search(failing, 2, MEMORY, workers=workers)
+        fit.search(failing, MEMORY, fit.candidates(2), workers=workers)
 
 
 def test_a_worker_that_dies_is_named():
@@ -51,20 +51,21 @@ def test_a_worker_that_dies_is_named():
             os._exit(3)
         return compile_at(batch, **options)
     with pytest.raises(MemplanError, match=r"a fit worker process died \(exit code 3\)"):
-        fit.search(dying, 2, MEMORY, workers=2)
+        fit.search(dying, MEMORY, fit.candidates(2), workers=2)
 
 
 def test_a_layout_that_fits_no_batch_gets_zero():
     def nothing_fits(batch, **options):
         raise InfeasibleBudgetError(MEMORY, MEMORY + 1)
-    assert {row[1:] for row in fit.search(nothing_fits, 2, MEMORY, workers=2)[0]} == {(0, 0, None, None)}
+    rows, _ = fit.search(nothing_fits, MEMORY, fit.candidates(2), workers=2)
+    assert {row[1:] for row in rows} == {(0, 0, None, None)}
 
 
 def test_a_plan_whose_load_is_over_the_memory_is_not_placed():
     """A rank plan that its LOAD alone rules out is not placed (compile's arena_limit): the row says the least its
     arena can be (fit.AtLeast), at most the arena planned in full, and the command marks it '>='."""
     memory = 300_000
-    rows, _ = fit.search(compile_at, 2, memory)
+    rows, _ = fit.search(compile_at, memory, fit.candidates(2))
     assert all(batch == 0 and isinstance(arena, fit.AtLeast) for _, batch, _, arena, _ in rows)
     for label, options in fit.candidates(2):
         (arena,) = [a for row_label, _, _, a, _ in rows if row_label == label]
@@ -93,7 +94,7 @@ def test_an_error_that_does_not_cross_processes_still_says_what_it_was():
     def odd(batch, **options):
         raise Odd(1, 2)
     with pytest.raises(MemplanError, match="Odd: 1 and 2"):
-        fit.search(odd, 2, MEMORY, workers=2)
+        fit.search(odd, MEMORY, fit.candidates(2), workers=2)
 
 
 def test_each_layout_takes_the_rules_that_apply_to_its_stage():
@@ -120,7 +121,7 @@ def test_a_pipeline_plans_the_stage_that_was_fullest_first():
         return SimpleNamespace(arena_bytes=batch * (2 if parallel.stage == parallel.pp - 1 else 1) * 1000, training={},
                                stats={})
 
-    rows = {label: batch for label, batch, *_ in fit.search(staged, 2, 100_000, pps=(2,))[0]}
+    rows = {label: batch for label, batch, *_ in fit.search(staged, 100_000, fit.candidates(2, pps=(2,)))[0]}
     assert rows["dp 1 x pp 2, ZeRO-0, 4 microbatches"] == 50
     for remat in fit.REMATS:
         batches = list(dict.fromkeys(batch for r, batch, _ in calls if r == remat))
@@ -168,7 +169,7 @@ def test_a_layout_whose_states_cannot_fit_is_not_planned():
     def counting(batch, **options):
         planned.append(options["parallel"].zero)
         return compile_at(batch, **options)
-    rows, notes = fit.search(counting, 2, MEMORY, least=lambda p: MEMORY + 1 if p.zero < 3 else 0)
+    rows, notes = fit.search(counting, MEMORY, fit.candidates(2), least=lambda p: MEMORY + 1 if p.zero < 3 else 0)
     assert set(planned) == {3}
     assert {label: batch for label, batch, *_ in rows if "ZeRO-3" not in label} == \
         {label: 0 for label, _ in fit.candidates(2) if "ZeRO-3" not in label}
@@ -196,6 +197,6 @@ def test_a_model_parallel_size_whose_layouts_cannot_hold_the_states_is_not_probe
 
 
 def test_a_layout_fitting_no_batch_shows_what_batch_1_needs():
-    rows, _ = fit.search(compile_at, 2, 4096)
+    rows, _ = fit.search(compile_at, 4096, fit.candidates(2))
     assert rows and all(batch == 0 and arena > 4096 and cost is None for _, batch, _, arena, cost in rows)
     assert {arena for *_, arena, _ in rows} >= {compile_at(1, parallel=planner.Parallel(dp=2)).arena_bytes}

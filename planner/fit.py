@@ -150,9 +150,9 @@ def search(compile_at, memory, layouts, progress=None, workers=1, least=None):
     per_remat = len(layouts) // len({options["remat"] for _, options in layouts})
     chains = [[layout for j, layout in enumerate(layouts) if _dealt(j % per_remat, j // per_remat) == k
                and layout[0] not in full] for k in range(CHAINS)]
-    forked = workers > 1 and "fork" in multiprocessing.get_all_start_methods()
+    in_workers = workers > 1 and "fork" in multiprocessing.get_all_start_methods()
     found, failed = {}, {}
-    for rows, errors in _searched(compile_at, memory, [c for c in chains if c], progress, forked):
+    for rows, errors in _searched(compile_at, memory, [c for c in chains if c], progress, in_workers):
         found.update((label, row) for label, *row in rows)
         failed.update(errors)
     found.update((label, (0, None, None)) for label in full)
@@ -237,17 +237,18 @@ def cost(plan):
             "sent_bytes": parallel.get("collective_bytes", 0) + pipeline.get("sent_bytes", 0)}
 
 
-def _searched(compile_at, memory, chains, progress, forked):
-    """Each chain's rows: one forked process a chain, or `forked` False (or one chain) one after the other in
+def _searched(compile_at, memory, chains, progress, in_workers):
+    """Each chain's rows: one forked process a chain, or `in_workers` False (or one chain) one after the other in
     this process."""
-    if not forked or len(chains) == 1:
+    if not in_workers or len(chains) == 1:
         return [_chain(compile_at, memory, chain, progress) for chain in chains]
     context = multiprocessing.get_context("fork")
     messages = context.Queue()
     workers = [context.Process(target=_worker, args=(compile_at, memory, chain, messages, k), daemon=True)
                for k, chain in enumerate(chains)]
-    for worker in workers:
-        worker.start()
+    with forked.forking():
+        for worker in workers:
+            worker.start()
     done = {}
     try:
         while len(done) < len(workers):

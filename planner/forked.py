@@ -3,6 +3,8 @@ Python, so this is how independent plans (a pipeline's stages) use more than one
 workers inherit it by fork, and only its results cross back, pickled."""
 import multiprocessing
 import pickle
+import signal
+from contextlib import contextmanager
 
 from .errors import MemplanError
 
@@ -21,13 +23,26 @@ def mapped(f, items, workers=1):
         return
     global _WORK
     _WORK = f
-    pool = multiprocessing.get_context("fork").Pool(workers)
+    with forking():
+        pool = multiprocessing.get_context("fork").Pool(workers)
     try:
         yield from pool.imap(_run, items)
     finally:
         _WORK = None
         pool.terminate()
         pool.join()
+
+
+@contextmanager
+def forking():
+    """Fork inside it: Ctrl-C waits until the forks are done, as a KeyboardInterrupt raised in an at-fork hook
+    (logging's) is printed and lost rather than stopping the command; the workers inherit SIGINT blocked, and the
+    parent ends them."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def portable(error):

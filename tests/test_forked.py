@@ -39,3 +39,15 @@ def test_errors_cross_from_the_workers():
         raise Unpicklable(x, "more")
     with pytest.raises(MemplanError, match="Unpicklable: 1 and more"):
         list(forked.mapped(odd, [1, 2], workers=2))
+
+
+def test_ctrl_c_waits_until_the_forks_are_done():
+    """A SIGINT that arrives while workers are forked is raised once the forking is over, not inside it."""
+    import os
+    import signal
+    reached = False
+    with pytest.raises(KeyboardInterrupt):
+        with forked.forking():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached = True
+    assert reached

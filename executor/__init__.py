@@ -68,20 +68,23 @@ class Executor:
     On CuPy, `cuda_graph=True` runs the first run's kernels one by one, then captures them as one CUDA graph
     that every later run replays (executor/backends/cuda_graph.py): feeds are copied into their places in the
     arena, the graph launched, and the outputs returned as host (NumPy) arrays; nothing is allocated on the
-    device. `tf32=True` lets fp32 GEMMs and convolutions round to TF32 on the tensor cores.
+    device. `tf32=True` lets fp32 GEMMs and convolutions round to TF32 on the tensor cores. `arena`: run in the
+    Arena of another Executor whose plan places its params, consts and state alike (the steps of a GenerationPlan,
+    executor.Generator), loading nothing.
     `self.libraries` says which GPU libraries run the GEMMs and convolutions, or why none do."""
 
     def __init__(self, plan, backend="auto", poison=False, config=None, profile=False, threads=None, jit=None,
-                 group=None, cuda_graph=False, tf32=False):
+                 group=None, cuda_graph=False, tf32=False, arena=None):
         _check_weights(plan)
         self.backend = backends.get(backend)
         self.groups = groups_for(plan, group)
         if cuda_graph:
             _check_graphable(self.backend, plan, poison, profile, self.groups["world"].size)
         self.config = config or Config.from_env()
-        check_memory(plan, self.backend, self.config, cuda_graph=cuda_graph)
-        plan.check_values()
-        heap.trim()
+        if arena is None:
+            check_memory(plan, self.backend, self.config, cuda_graph=cuda_graph)
+            plan.check_values()
+            heap.trim()
         values, plan = plan.data, replace(plan, data={})
         self.plan, self.poison, self.copies = plan, poison, _outputs(plan)
         foreign = sorted({t.dtype for t in plan.tensors.values() if not self.backend.holds(np.dtype(t.dtype))})
@@ -95,16 +98,19 @@ class Executor:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.runtime = self.backend.runtime(tf32)
         self.libraries = self.runtime.libraries
-        with self.backend.allocating(plan.arena_bytes, "the arena", self.config):
-            self.arena = Arena(plan, self.backend.xp)
-        with self.backend.allocating(sum(plan.tensors[n].nbytes for n in values), "the params' and consts' values",
-                                     self.config):
-            self.arena.load(shards(plan, values, self.groups))
+        if arena is not None:
+            self.arena = arena.sharing(plan)
+        else:
+            with self.backend.allocating(plan.arena_bytes, "the arena", self.config):
+                self.arena = Arena(plan, self.backend.xp)
+            with self.backend.allocating(sum(plan.tensors[n].nbytes for n in values),
+                                         "the params' and consts' values", self.config):
+                self.arena.load(shards(plan, values, self.groups))
+            heap.trim()
+            for t in plan.tensors.values():
+                if t.kind == "state":
+                    self.arena.view(t.name).fill(0)
         del values
-        heap.trim()
-        for t in plan.tensors.values():
-            if t.kind == "state":
-                self.arena.view(t.name).fill(0)
         self.steps_taken = 0
         self.lr = plan.training.get("args", {}).get("lr")
         self.views = {}
@@ -170,9 +176,21 @@ class Executor:
         with self._exclusive():
             return self._run(feeds, {})
 
-    def _run(self, feeds, scalars):
-        """`run`, with the scalar inputs in `scalars` filled in place (no host array to copy)."""
-        feeds = self._feeds(feeds, scalars)
+    def run_in_place(self, feeds):
+        """Run once on `feeds`, arrays of exactly the planned shapes and dtypes (taken as they are, unchecked), and
+        leave the outputs in the arena, read through `view`: a run that allocates nothing, as executor.Generator
+        runs each token."""
+        with self._exclusive():
+            self._run(feeds, {}, checked=True)
+
+    def view(self, name):
+        """The arena's view of tensor `name` of the plan (an input to write, an output to read after a run)."""
+        return self._view(name)
+
+    def _run(self, feeds, scalars, checked=False):
+        """`run`, with the scalar inputs in `scalars` filled in place (no host array to copy); `checked`: the feeds
+        are taken as they are and the outputs left in the arena (run_in_place)."""
+        feeds = feeds if checked else self._feeds(feeds, scalars)
         with self.replay.stream if self.replay else nullcontext():
             if self.poison:
                 base = self.plan.stats.get("persistent_bytes", 0)
@@ -195,6 +213,8 @@ class Executor:
         for group in {id(g): g for g in self.groups.values()}.values():
             group.flush()
         self.backend.synchronize()
+        if checked:
+            return None
         with self.backend.allocating(self.copies[1], self.copies[0], self.config):
             return {name: self.arena.view(name).copy() for name in self.plan.outputs}
 

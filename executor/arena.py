@@ -12,6 +12,14 @@ class Arena:
         self.plan, self.xp = plan, xp
         self.buffer = xp.empty(max(plan.arena_bytes, 1), dtype=xp.uint8)
 
+    def sharing(self, plan):
+        """This arena's buffer as the arena of `plan`, whose persistent tensors it already holds (Executor's `arena`)."""
+        if plan.arena_bytes > self.buffer.size:
+            raise ValueError(f"a plan of {plan.arena_bytes} bytes cannot run in an arena of {self.buffer.size}")
+        shared = Arena.__new__(Arena)
+        shared.plan, shared.xp, shared.buffer = plan, self.xp, self.buffer
+        return shared
+
     def view(self, name):
         t = self.plan.tensors[name]
         raw = self.buffer[t.offset:t.offset + t.nbytes]

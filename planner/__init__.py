@@ -11,6 +11,7 @@ from .errors import (AboveLimitError, ConfigError, InfeasibleBudgetError, Mempla
                      ModelError, PlanError, ShapeError, UnsupportedOpError)  # noqa: E402
 from .ir import Graph, Node, Tensor  # noqa: E402
 from .plan import Plan, PlannedTensor, Step  # noqa: E402
+from .generation import Generation, GenerationPlan  # noqa: E402
 
 
 def load(model, input_shapes=None):
@@ -28,6 +29,6 @@ def load(model, input_shapes=None):
     return passes.run(passes.LOADING, read(model), passes.Context(input_shapes=input_shapes))[0]
 
 
-__all__ = ["load", "compile", "compile_stages", "CompileOptions", "Parallel", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",
+__all__ = ["load", "compile", "compile_stages", "CompileOptions", "Generation", "GenerationPlan", "Parallel", "Config", "Plan", "PlannedTensor", "Step", "Graph", "Node", "Tensor",
            "MemplanError", "ModelError", "UnsupportedOpError", "ShapeError", "InfeasibleBudgetError",
            "AboveLimitError", "PlanError", "ConfigError", "MissingDependencyError"]

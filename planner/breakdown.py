@@ -6,6 +6,7 @@ Each field has one definition, whatever the strategy:
 
 - params: params and consts (persistent), and new param values made out of place in a training step;
 - optimizer: optimizer state (persistent; training steps only);
+- kv_cache: a generation step's static key/value cache (persistent; planner/passes/kv_cache.py);
 - workspace: the pooled scratch slots (persistent), or the one-step workspaces live at the fullest step;
 - io, saved, grads, activations: the transient buffers live at the fullest step, each counted once in
   the category of the tensor holding it then: graph inputs and outputs; forward values a backward step
@@ -19,7 +20,7 @@ import numpy as np
 from .allocators import align
 from .units import format_bytes
 
-FIELDS = {"param": "params", "optimizer": "optimizer", "workspace": "workspace", "io": "io", "saved": "saved",
+FIELDS = {"param": "params", "optimizer": "optimizer", "cache": "kv_cache", "workspace": "workspace", "io": "io", "saved": "saved",
           "gradient": "grads", "activation": "activations", "recomputed": "activations"}
 """The breakdown field of each category."""
 TRAINING_ONLY = ("optimizer", "saved", "grads")
@@ -30,7 +31,7 @@ def category(tensor):
     if tensor.kind in ("param", "const"):
         return "param"
     if tensor.kind == "state":
-        return "optimizer"
+        return "cache" if tensor.role == "cache" else "optimizer"
     if tensor.kind in ("workspace", "workspace_slot"):
         return "workspace"
     if tensor.kind in ("input", "output"):
@@ -39,15 +40,15 @@ def category(tensor):
         tensor.role, "activation")
 
 
-def fields(training):
-    """The breakdown's fields, in the order the report shows them."""
+def fields(training, cache=False):
+    """The breakdown's fields, in the order the report shows them: kv_cache for a plan with a KV cache alone."""
     names = dict.fromkeys(FIELDS.values())
-    return [f for f in (*names, "free") if training or f not in TRAINING_ONLY]
+    return [f for f in (*names, "free") if (training or f not in TRAINING_ONLY) and (cache or f != "kv_cache")]
 
 
 def breakdown(tensors, nsteps, arena_bytes, training):
     """({field: bytes} of the arena, summing to `arena_bytes` (see the module docstring); the fullest step)."""
-    parts = dict.fromkeys(fields(training), 0)
+    parts = dict.fromkeys(fields(training, any(t.role == "cache" for t in tensors.values())), 0)
     for t in tensors.values():
         if t.lifetime is None and t.alias_of is None:
             parts[FIELDS[category(t)]] += align(t.nbytes)

@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 from types import MappingProxyType
 
-from . import allocators, forked, ops, passes, planning
+from . import allocators, forked, generation, ops, passes, planning
 from .config import Config
 from .errors import PlanError
 from .options import SCHEDULES, STRATEGIES, CompileOptions
@@ -58,8 +58,24 @@ def compile(model, input_shapes=None, options=None, **keywords):
     start = time.perf_counter()
     options = _configured(CompileOptions.of(options, **keywords))
     model = read(model, options.weights, options.training)
+    if options.generation is not None:
+        return _generation(model, input_shapes, options, start)
     graph, facts = passes.run(passes.pipeline(options), model, _context(options, input_shapes))
     return _planned(graph, facts, options, start)
+
+
+def _generation(model, input_shapes, options, start):
+    """The GenerationPlan of a model read with a cache: each step's passes, their shared tensors placed alike."""
+    if input_shapes:
+        raise PlanError("a plan with generation= takes its input shapes from the Generation, not input_shapes")
+    found = []
+    for step in generation.ENTRIES:
+        staged = replace(options, generation=options.generation.entries()[step])
+        found.append(passes.run(passes.pipeline(staged), model,
+                                _context(staged, staged.generation.input_shapes(model))))
+    graphs = generation.shared([graph for graph, _ in found])
+    plans = [_planned(graph, facts, options, start) for graph, (_, facts) in zip(graphs, found)]
+    return generation.GenerationPlan(options.generation, *plans, found[1][1]["kv_cache"]["caches"]).verify()
 
 
 def compile_stages(model, input_shapes=None, options=None, *, stages=None, workers=1, **keywords):

@@ -7,6 +7,7 @@ import numpy as np
 
 from .config import Config
 from .errors import ModelError, PlanError
+from .generation import Generation
 from .parallel import Parallel
 from .optimizers import UPDATES, optimizer_arguments
 
@@ -98,7 +99,8 @@ class CompileOptions:
     its file is there or not (its plan is planner.deferred's Absent weights, which no Executor runs).
     `arena_limit` (bytes): a plan whose LOAD is above it cannot fit it and is not placed (AboveLimitError, in the
     time of the passes and lifetimes alone): how a search for what fits a device skips the offsets of what
-    cannot."""
+    cannot. `generation` (a planner.Generation) plans a causal LM exported with a cache as a GenerationPlan: its
+    prefill and decode steps in one arena, the cache static and written in place (planner.generation)."""
 
     strategy: str = "auto"
     schedule: str = "auto"
@@ -132,8 +134,13 @@ class CompileOptions:
     inverted_residual: bool = True
     parallel: Parallel | None = None
     weights: bool = True
+    generation: Generation | None = None
 
     def __post_init__(self):
+        if self.generation is not None and (not isinstance(self.generation, Generation) or self.training
+                                            or self.parallel is not None):
+            raise PlanError("generation takes a planner.Generation, for an inference plan on one device (no training, "
+                            f"no parallel); got {self.generation!r}")
         if not isinstance(self.weights, bool):
             raise PlanError(f"weights must be True or False, got {self.weights!r}")
         if self.arena_limit is not None and (isinstance(self.arena_limit, bool) or not isinstance(self.arena_limit, int)

@@ -22,7 +22,7 @@ from .ir import KINDS as GRAPH_KINDS, op_name
 ALIGNMENT = 256
 PERSISTENT = ("param", "const", "state", "workspace_slot")
 KINDS = (*GRAPH_KINDS, "workspace", "workspace_slot")
-ROLES = ("", "saved", "gradient", "update", "recomputed")
+ROLES = ("", "saved", "gradient", "update", "recomputed", "cache")
 """A transient tensor's part in a training step: a forward value that backward reads ("saved"), a
 parameter's gradient, the new value of a param or state written over it ("update"), or a forward
 value computed again for backward ("recomputed")."""

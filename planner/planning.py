@@ -260,8 +260,9 @@ def _allocator_options(name, config, steps, starts, ends):
 def _roles(graph, training):
     """{tensor: role} of a training graph (see plan.ROLES): gradients, updates, and activations of the
     forward pass that a backward node reads."""
-    if not trains(training):
-        return {}
+    if not trains(training):  # a generation step's cache, written in place by its update
+        return {**{new: "update" for new, _ in graph.updates},
+                **{state: "cache" for state, _ in (training or {}).get("kv_cache", {}).get("caches", ())}}
     roles = {g: "gradient" for g in training["grads"].values() if graph.tensors[g].kind == "activation"}
     roles.update((new, "update") for new, _ in graph.updates)
     roles.update((o, "recomputed") for n in graph.nodes if n.notes.recompute for o in n.outputs if o)

@@ -10,6 +10,8 @@ from .fold_batchnorm import fold_batchnorm
 from .fuse_activation import fuse_activation
 from .fold_transpose import fold_transpose
 from .fuse_attention import fuse_attention
+from .fold_repeat_kv import fold_repeat_kv
+from .kv_cache import kv_cache
 from .fuse_conv import fuse_conv
 from .fuse_norm import fuse_norm
 from .gradients import gradients
@@ -61,6 +63,7 @@ def pipeline(options):
         inference and options.fold_batchnorm and fold_batchnorm,  # BatchNormalization into the Conv before it
         inference and options.fuse_conv and fuse_conv,  # Conv with the residual Add and activation after it, one op
         options.fuse_attention and fuse_attention(training),  # attention as one tiled op, its scores never held
+        options.fuse_attention and fold_repeat_kv,  # grouped-query attention reads its kv heads, not G copies
         options.fuse_norm and fuse_norm,  # residual add + (RMS) layer norm as one chunked op
         options.fuse_activation and fuse_activation,  # an activation's pieces and its bias Add as one op
         options.fold_transpose and fold_transpose,  # MatMul of a transposed matrix as a Gemm, no transposed copy
@@ -70,6 +73,8 @@ def pipeline(options):
         cpu and options.inverted_residual and inverted_residual(config),  # MobileNetV2 blocks as one op each
         cpu and options.winograd and winograd(config),  # 3x3 convolutions by Winograd, in the scratch held
         cpu and options.batch_conv and batch_conv(config),  # convolutions of small images as one GEMM
+        options.generation and options.generation.tokens and kv_cache(options.generation.tokens,
+                                                                     options.generation.max_length),  # static cache
         prune,  # what no output needs dropped
         tp > 1 and tensor_parallel(tp),  # one rank's piece of the blocks' layers
     ]
@@ -93,7 +98,7 @@ def pipeline(options):
 
 __all__ = ["Pass", "Property", "Result", "Context", "run", "loading", "pipeline", "LOADING", "TYPED", "PRUNED",
            "LOSS", "GRADIENTS", "UPDATES", "CUT", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm",
-           "fuse_conv", "fuse_attention", "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose",
+           "fuse_conv", "fuse_attention", "fold_repeat_kv", "kv_cache", "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose",
            "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss",
            "gradients", "optimizer", "data_parallel", "tensor_parallel", "sequence_parallel", "pipeline_cut",
            "pipeline_stage", "recomputation", "sync_batchnorm"]

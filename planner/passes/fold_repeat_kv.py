@@ -1,0 +1,44 @@
+"""Grouped-query attention reads its key and value heads in place: transformers' `repeat_kv` (Unsqueeze, Expand,
+Reshape: each of the Hkv heads copied G times) before memplan.ScaledDotProductAttention is dropped, as the op
+reads kv head h // G for query head h itself. The copy is G times the keys' and values' bytes each layer: under
+a KV cache, G copies of the whole cache at every step."""
+from dataclasses import replace
+
+from .base import TYPED, Pass, Property, Result
+
+ATTENTION = ("memplan", "ScaledDotProductAttention")
+
+
+def _repeated(graph, name):
+    """The (B, Hkv, T, D) tensor that `name` (B, Hkv * G, T, D) repeats each head of G times, or None."""
+    reshape = graph.producer(name)
+    expand = reshape and reshape.op == "Reshape" and graph.producer(reshape.inputs[0])
+    unsqueeze = expand and expand.op == "Expand" and graph.producer(expand.inputs[0])
+    if not unsqueeze or unsqueeze.op != "Unsqueeze":
+        return None
+    x, ones, wide, out = (graph.tensors[n].shape for n in (unsqueeze.inputs[0], unsqueeze.outputs[0],
+                                                          expand.outputs[0], name))
+    if len(x) != 4 or ones != (*x[:2], 1, *x[2:]) or wide[:2] + wide[3:] != x or out != (x[0], x[1] * wide[2], *x[2:]):
+        return None
+    return unsqueeze.inputs[0]
+
+
+def folded(graph):
+    """(graph with each attention reading the kv heads its repeat_kv copied, how many attentions were)."""
+    nodes, count = [], 0
+    for node in graph.nodes:
+        if (node.domain, node.op) == ATTENTION:
+            k, v = (_repeated(graph, n) or n for n in node.inputs[1:3])
+            if (k, v) != tuple(node.inputs[1:3]) and graph.tensors[k].shape[1] == graph.tensors[v].shape[1]:
+                node, count = replace(node, inputs=(node.inputs[0], k, v, *node.inputs[3:])), count + 1
+        nodes.append(node)
+    return (replace(graph, nodes=tuple(nodes)) if count else graph), count
+
+
+def _apply(graph, context):
+    graph, count = folded(graph)
+    return Result(graph, bool(count))
+
+
+fold_repeat_kv = Pass("fold_repeat_kv", _apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}),
+                      ensures=frozenset({Property("no repeated kv heads left", lambda g, facts: not folded(g)[1])}))

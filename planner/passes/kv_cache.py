@@ -1,0 +1,150 @@
+"""A static KV cache in place of an export's concatenated one. An export with a cache takes each layer's past keys
+and values as inputs and returns `present = Concat(past, new)`: a copy of the whole cache at every step, whose
+length grows with it. Planned for `length` positions and `tokens` new ones a step, each past input becomes a
+persistent cache (a "state" tensor of `length` positions) and each Concat a memplan.CacheWrite of the new
+positions into it at the `POSITION` input, in place (Graph.updates), so that prefill and decode read and write the
+same bytes and nothing else moves.
+
+The graph is typed with `length - tokens` past positions, so every attention reads `length` keys, and it computes
+its masks as for a cache filled to the end: in its coordinates the step's tokens are the last ones and the past
+ones come before them (left-padded). The cache holds position p at slot p instead, so each attention's mask and
+bias, and its causal band and window, are rolled by `length - tokens - position` along the keys (a Gather of the
+mask, never of the cache), and the slots after the step's last token, not yet written, are hidden. The masks of
+the export (causal, sliding windows, padding by attention_mask) are thereby kept as they are."""
+from dataclasses import replace
+
+import numpy as np
+
+from .. import shapes
+from ..errors import ModelError
+from ..generation import POSITION, caches
+from ..ir import Node, Tensor, op_name
+from .base import TYPED, Pass, Result
+
+ATTENTION = ("memplan", "ScaledDotProductAttention")
+
+
+def kv_cache(tokens, length):
+    """The Pass planning a step of `tokens` new positions over a static cache of `length` (see the module)."""
+    def apply(graph, context):
+        found = caches(graph)
+        if not found:
+            raise ModelError("the model has no cache: no output is a Concat of a past input and new values (an "
+                             "export with past key/values in and present key/values out)")
+        tensors, nodes, updates = dict(graph.tensors), {}, list(graph.updates)
+        tensors[POSITION] = Tensor(POSITION, (), np.dtype(np.int64), "input")
+        for past, present, concat in found:
+            axis = concat.attrs["axis"] % len(tensors[present].shape)
+            if tensors[present].shape[axis] != length:
+                raise ModelError(f"{present!r} holds {tensors[present].shape[axis]} positions on axis {axis}, "
+                                 f"not the cache's {length}")
+            tensors[past] = Tensor(past, tensors[present].shape, tensors[present].dtype, "state")
+            nodes[concat.name] = Node("CacheWrite", (past, concat.inputs[1], POSITION), (present,), {"axis": axis},
+                                      concat.name, concat.notes, "memplan")
+            updates.append((present, past))
+        pasts, presents = {p for p, _, _ in found}, {o for _, o, _ in found}
+        rolled = _Rolled(graph, tokens, length, tensors)
+        kept = []
+        for node in graph.nodes:
+            node = nodes.get(node.name, node)
+            if (node.domain, node.op) == ATTENTION and presents & set(node.inputs[1:3]):
+                kept += rolled.nodes(node)
+                node = rolled.attention(node)
+            elif presents & set(node.inputs) and node.op != "CacheWrite":
+                raise ModelError(f"{op_name(node.domain, node.op)} {node.name!r} reads the cache "
+                                 f"{sorted(presents & set(node.inputs))[0]!r}; a static cache is read by memplan's "
+                                 "fused attention alone (fuse_attention on)")
+            kept.append(node)
+        tensors.update((o, Tensor(o, None, None, "activation")) for n in kept for o in n.outputs if o not in tensors)
+        rewritten = shapes.prune(replace(graph, nodes=tuple(kept), tensors=tensors, updates=tuple(updates),
+                                         inputs=tuple(n for n in graph.inputs if n not in pasts) + (POSITION,),
+                                         outputs=tuple(n for n in graph.outputs if n not in presents)))
+        for past in pasts:
+            other = [n for n in rewritten.consumers[past] if n.op != "CacheWrite"]
+            if other:
+                raise ModelError(f"{op_name(other[0].domain, other[0].op)} {other[0].name!r} reads the past input "
+                                 f"{past!r} besides its Concat; a static cache replaces the past it reads")
+        graph = shapes.retype(rewritten, graph)
+        facts = {"kv_cache": {"caches": [[p, o] for p, o, _ in found], "position": POSITION, "length": length,
+                              "tokens": tokens}}
+        return Result(graph, True, facts)
+
+    return Pass("kv_cache", apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}))
+
+
+class _Rolled:
+    """The nodes rolling masks from the graph's coordinates (the step's tokens last) to the cache's slots: `nodes(a)`
+    those attention `a` needs first (each made once), `attention(a)` it reading the rolled mask and bias."""
+
+    def __init__(self, graph, tokens, length, tensors):
+        self.graph, self.tokens, self.length, self.tensors = graph, tokens, length, tensors
+        self.made, self.names = set(), {}
+        shift, slots, index = "kv_cache/shift", "kv_cache/slots", "kv_cache/roll"
+        self._const("kv_cache/arange", np.arange(length, dtype=np.int64))
+        self._const("kv_cache/first_hidden", np.int64(tokens))
+        self._const("kv_cache/last_start", np.int64(length - tokens))
+        self._const("kv_cache/length", np.int64(length))
+        self.common = [Node("Sub", ("kv_cache/last_start", POSITION), (shift,), name=shift),
+                       Node("Add", ("kv_cache/arange", shift), (slots,), name=slots),
+                       Node("Mod", (slots, "kv_cache/length"), (index,), name=index),
+                       Node("Add", (POSITION, "kv_cache/first_hidden"), ("kv_cache/end",), name="kv_cache/end"),
+                       Node("Less", ("kv_cache/arange", "kv_cache/end"), ("kv_cache/written",),
+                            name="kv_cache/written")]
+        self.index = index
+
+    def _const(self, name, value):
+        self.tensors[name] = Tensor(name, value.shape, value.dtype, "const", value)
+
+    def nodes(self, node):
+        """The nodes `attention(node)` reads that are not made yet."""
+        new = [] if self.made else list(self.common)
+        self.made.add("common")
+        for made in self._plan(node)[1]:
+            if made.name not in self.made:
+                self.made.add(made.name)
+                new.append(made)
+        return new
+
+    def attention(self, node):
+        """`node` reading the rolled bias and mask, its band and window among the mask."""
+        inputs, _ = self._plan(node)
+        attrs = {**node.attrs, "causal": 0, "window": 0}
+        return replace(node, inputs=inputs, attrs=attrs)
+
+    def _plan(self, node):
+        """(the attention's new inputs, the nodes making them)."""
+        inputs = list(node.inputs) + [""] * max(0, 5 - len(node.inputs))
+        made = []
+        bias = inputs[3]
+        if bias and self.tensors[bias].shape[-1] == self.length:
+            inputs[3] = self._gather(bias, made)
+        mask = "kv_cache/written"
+        causal, window = int(node.attrs.get("causal", 0)), int(node.attrs.get("window", 0))
+        if causal:
+            mask = self._and(self._gather(self._band(window), made), mask, made)
+        if inputs[4]:
+            given = inputs[4]
+            if self.tensors[given].shape[-1] == self.length:
+                given = self._gather(given, made)
+            mask = self._and(given, mask, made)
+        inputs[4] = mask
+        return tuple(inputs), made
+
+    def _band(self, window):
+        """The const (tokens, length) bool band of `causal` (and `window`) in the graph's coordinates."""
+        name = f"kv_cache/band{window}" if window else "kv_cache/band"
+        if name not in self.tensors:
+            i, j = np.arange(self.tokens)[:, None], np.arange(self.length)[None, :]
+            last = i + self.length - self.tokens
+            self._const(name, (j <= last) & ((j > last - window) if window else True))
+        return name
+
+    def _gather(self, name, made):
+        out = f"{name}/rolled"
+        made.append(Node("Gather", (name, self.index), (out,), {"axis": -1}, out))
+        return out
+
+    def _and(self, a, b, made):
+        out = f"{a}&{b}"
+        made.append(Node("And", (a, b), (out,), name=out))
+        return out

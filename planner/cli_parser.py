@@ -11,10 +11,12 @@ EXAMPLES = {
                 "memplan inspect model.onnx --input input:8x3x224x224"],
     "report": ["memplan report                                    # the built-in default model (zoo:resnet50, batch 1)",
                "memplan report zoo:resnet50 --batch 32            # arena per strategy and the lower bound",
-               "memplan report zoo:lenet --batch 16 --training --optimizer adam --budget 2.75MiB"],
+               "memplan report zoo:lenet --batch 16 --training --optimizer adam --budget 2.75MiB",
+               "memplan report model_with_past.onnx --serve --batch 8 --context 8192 --precision all"],
     "plan": ["memplan plan zoo:gpt2_small --input input_ids:8x128 --strategy share -o plan.json"],
     "viz": ["memplan viz zoo:lenet --batch 8 --training -o timeline.svg --graph graph.svg"],
-    "max-batch": ["memplan max-batch zoo:lenet --budget 64MiB --training --optimizer adam"],
+    "max-batch": ["memplan max-batch zoo:lenet --budget 64MiB --training --optimizer adam",
+                  "memplan max-batch model_with_past.onnx --serve --context 8192 --budget 80GiB --precision bf16"],
     "fit": ["memplan fit zoo:resnet50 --batch 8 --gpus 8 --memory 16GiB --optimizer adam",
             "memplan fit config.json --input input_ids:1x8192 --precision amp-bf16 --optimizer adamw --gpus 64 "
             "--memory 80GiB --tp 8  # only the layouts of 8 tensor-parallel ranks"],
@@ -167,6 +169,16 @@ def _output_args(p):
     p.add_argument("-o", "--output", default=None, help="write the result to this file instead of stdout")
 
 
+def _serve_args(p):
+    p.add_argument("--serve", action="store_true",
+                   help="plan serving a causal LM exported with a cache (past key/values in, present out): prefill and "
+                        "decode over a static KV cache in one arena, --batch sequences of --context positions")
+    p.add_argument("--context", type=count(2), default=None, metavar="L",
+                   help="with --serve: the positions each sequence holds in the cache (prompt and generated tokens)")
+    p.add_argument("--prompt", type=count(1), default=None, metavar="P",
+                   help="with --serve: the prompt's tokens, which prefill runs at once (default half of --context)")
+
+
 def build_parser(commands):
     """The parser of every command; `commands` maps each name to the function that runs it (on the args)."""
     from .compiler import STRATEGIES
@@ -192,6 +204,10 @@ def build_parser(commands):
     p.add_argument("--time-limit", type=seconds, default=None,
                    help="seconds for each optimal search: the allocator, each try of --remat optimal (default "
                         f"MEMPLAN_TIME_LIMIT or {Config.time_limit:g})")
+    _serve_args(p)
+    p.add_argument("--lengths", default=None, metavar="N,N,...",
+                   help="with --serve: also the KV cache of sequences of these lengths in a paged cache (blocks of 16 "
+                        "tokens, vLLM's)")
     _output_args(p)
     p = command("plan", "write a verified plan as JSON")
     p.add_argument("-o", "--output", required=True, help="where to write the plan (.json; values go beside it as .npz)")
@@ -203,6 +219,7 @@ def build_parser(commands):
     p.add_argument("--strategy", choices=[s for s in STRATEGIES if s != "optimal"], nargs="+",
                    default=["naive", "inplace", "share", "bestfit", "auto"],
                    help="strategies to search (recomputation rows take the last)")
+    _serve_args(p)
     _output_args(p)
     p = command("fit", "the largest global batch each parallel layout trains on --gpus devices of --memory "
                        "(--dp, --tp, --pp, --zero and --remat, where given, keep the layouts that have them)")

@@ -21,10 +21,11 @@ SHARED = ("param", "const", "state")
 
 def caches(graph):
     """[(past input, present output, the Concat writing it)] of an export with a cache: each graph output a
-    two-input Concat makes of a graph input (through Identity, Cast or a one-input Concat) and new values."""
+    two-input Concat makes (through PASS_THROUGH: the precision pass's Cast back to the output's type) of a graph
+    input (through PASS_THROUGH and one-input Concats) and new values."""
     found = []
     for name in graph.outputs:
-        concat = graph.producer(name)
+        concat = graph.producer(_source(graph, name, concats=False))
         if concat is None or concat.op != "Concat" or len(concat.inputs) != 2:
             continue
         past = _source(graph, concat.inputs[0])
@@ -33,10 +34,10 @@ def caches(graph):
     return found
 
 
-def _source(graph, name):
-    """The tensor `name` passes on unchanged in value (through PASS_THROUGH and one-input Concats)."""
+def _source(graph, name, concats=True):
+    """The tensor whose value `name` holds (through PASS_THROUGH, and one-input Concats where `concats`)."""
     node = graph.producer(name)
-    while node is not None and (node.op in PASS_THROUGH or (node.op == "Concat" and len(node.inputs) == 1)):
+    while node is not None and (node.op in PASS_THROUGH or (concats and node.op == "Concat" and len(node.inputs) == 1)):
         name, node = node.inputs[0], graph.producer(node.inputs[0])
     return name
 

@@ -33,16 +33,18 @@ def kv_cache(tokens, length):
                              "export with past key/values in and present key/values out)")
         tensors, nodes, updates = dict(graph.tensors), {}, list(graph.updates)
         tensors[POSITION] = Tensor(POSITION, (), np.dtype(np.int64), "input")
-        for past, present, concat in found:
-            axis = concat.attrs["axis"] % len(tensors[present].shape)
-            if tensors[present].shape[axis] != length:
-                raise ModelError(f"{present!r} holds {tensors[present].shape[axis]} positions on axis {axis}, "
-                                 f"not the cache's {length}")
-            tensors[past] = Tensor(past, tensors[present].shape, tensors[present].dtype, "state")
-            nodes[concat.name] = Node("CacheWrite", (past, concat.inputs[1], POSITION), (present,), {"axis": axis},
-                                      concat.name, concat.notes, "memplan")
-            updates.append((present, past))
-        pasts, presents = {p for p, _, _ in found}, {o for _, o, _ in found}
+        for past, output, concat in found:
+            present = tensors[concat.outputs[0]]
+            axis = concat.attrs["axis"] % len(present.shape)
+            if present.shape[axis] != length:
+                raise ModelError(f"{output!r} holds {present.shape[axis]} positions on axis {axis}, not the cache's "
+                                 f"{length}")
+            tensors[past] = Tensor(past, present.shape, present.dtype, "state")
+            nodes[concat.name] = Node("CacheWrite", (past, concat.inputs[1], POSITION), (present.name,),
+                                      {"axis": axis}, concat.name, concat.notes, "memplan")
+            updates.append((present.name, past))
+        pasts, presents = {p for p, _, _ in found}, {c.outputs[0] for _, _, c in found}
+        outputs = {o for _, o, _ in found}
         rolled = _Rolled(graph, tokens, length, tensors)
         kept = []
         for node in graph.nodes:
@@ -50,22 +52,25 @@ def kv_cache(tokens, length):
             if (node.domain, node.op) == ATTENTION and presents & set(node.inputs[1:3]):
                 kept += rolled.nodes(node)
                 node = rolled.attention(node)
-            elif presents & set(node.inputs) and node.op != "CacheWrite":
-                raise ModelError(f"{op_name(node.domain, node.op)} {node.name!r} reads the cache "
-                                 f"{sorted(presents & set(node.inputs))[0]!r}; a static cache is read by memplan's "
-                                 "fused attention alone (fuse_attention on)")
             kept.append(node)
         tensors.update((o, Tensor(o, None, None, "activation")) for n in kept for o in n.outputs if o not in tensors)
         rewritten = shapes.prune(replace(graph, nodes=tuple(kept), tensors=tensors, updates=tuple(updates),
                                          inputs=tuple(n for n in graph.inputs if n not in pasts) + (POSITION,),
-                                         outputs=tuple(n for n in graph.outputs if n not in presents)))
+                                         outputs=tuple(n for n in graph.outputs if n not in outputs)))
         for past in pasts:
             other = [n for n in rewritten.consumers[past] if n.op != "CacheWrite"]
             if other:
                 raise ModelError(f"{op_name(other[0].domain, other[0].op)} {other[0].name!r} reads the past input "
                                  f"{past!r} besides its Concat; a static cache replaces the past it reads")
+        for present in presents:
+            other = [n for n in rewritten.consumers[present] if (n.domain, n.op) != ATTENTION
+                     or present not in n.inputs[1:3] or present in n.inputs[:1] + n.inputs[3:]]
+            if other:
+                raise ModelError(f"{op_name(other[0].domain, other[0].op)} {other[0].name!r} reads the cache "
+                                 f"{present!r}; a static cache is read as keys and values by memplan's fused attention "
+                                 "alone (fuse_attention on)")
         graph = shapes.retype(rewritten, graph)
-        facts = {"kv_cache": {"caches": [[p, o] for p, o, _ in found], "position": POSITION, "length": length,
+        facts = {"kv_cache": {"caches": [[p, c.outputs[0]] for p, _, c in found], "position": POSITION, "length": length,
                               "tokens": tokens}}
         return Result(graph, True, facts)
 

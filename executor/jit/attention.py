@@ -2,7 +2,7 @@
 planned scratch, with the online softmax of a tile (scale, softcap, masks, bias, row maximum, exponentials, row
 sums) one compiled pass over its scores instead of a dozen NumPy calls per (image, head). The products
 Q K^T and P V are BLAS GEMMs (executor/jit/blas.py: MKL's, else numba's np.dot), so the loop runs on one
-thread and the GEMMs on BLAS's. Dropout, mask inputs and relative-position terms are left to the shared kernel."""
+thread and the GEMMs on BLAS's. Dropout and relative-position terms are left to the shared kernel."""
 import math
 
 import numpy as np
@@ -14,16 +14,17 @@ from . import takes
 from .blas import dot, sgemm
 from .scalar import FASTMATH, exp_nonpositive, f32
 
-NO_BIAS, NO_LSE = np.zeros((1, 1, 1, 0), np.float32), np.zeros((1, 1, 0), np.float32)
-"""What the compiled loop takes for an omitted bias or LSE: no key or query fits them."""
+NO_BIAS, NO_LSE, NO_MASK = np.zeros((1, 1, 1, 0), np.float32), np.zeros((1, 1, 0), np.float32), np.zeros((1, 1, 1, 0), bool)
+"""What the compiled loop takes for an omitted bias, LSE or mask: no key or query fits them."""
 SET, ADD, SET_AFTER_BIAS = (FILL_MODES.index(mode) for mode in ("set", "add", "set_after_bias"))
 
 
 @njit(fastmath=FASTMATH, cache=True)
-def attention(gemm, q, k, v, bias, y, lse, form, causal, window, mode, empty_nan, finite_bias, tq, tk, scores, acc, pv,
-              top, sums):
+def attention(gemm, q, k, v, bias, mask, y, lse, form, causal, window, mode, empty_nan, finite_bias, tq, tk, scores, acc,
+              pv, top, sums):
     """y (B, H, S, Dv) = softmax(fill(cap(scale q k^T)) + bias) v, query head h reading kv head h // (H / Hkv);
-    lse (B, H, S) the rows' log-sum-exp (or NO_LSE); bias broadcast to (B, H, S, T) (or NO_BIAS); `form` the
+    lse (B, H, S) the rows' log-sum-exp (or NO_LSE); bias broadcast to (B, H, S, T) (or NO_BIAS), and the bool
+    mask (False hides a key, as the band does; or NO_MASK); `form` the
     float32 (scale, softcap, fill) and the ints the masks (attention_tiles.Form). scores, acc, pv, top and
     sums are the planned scratch (flat float32), for tq by tk tiles. Hidden keys are skipped where the fill is -inf
     and every value they meet is finite (attention_tiles.Tiles.group; `finite_bias` says the bias's part)."""
@@ -31,6 +32,7 @@ def attention(gemm, q, k, v, bias, y, lse, form, causal, window, mode, empty_nan
     t, groups = k.shape[2], heads // k.shape[1]
     scale, softcap, fill = form[0], form[1], form[2]
     offset, biased, logs, skips = t - s, bias.shape[3] == t, lse.shape[2] == s, fill == -np.inf
+    masked = mask.shape[3] == t
     lowest = np.finfo(np.float32).min
     for b in range(batch):
         for h in range(heads):
@@ -60,7 +62,7 @@ def attention(gemm, q, k, v, bias, y, lse, form, causal, window, mode, empty_nan
                             x = row[c] * scale
                             if softcap > 0:
                                 x = f32(math.tanh(x / softcap)) * softcap
-                            hidden = c > seen_to or c < seen_from
+                            hidden = c > seen_to or c < seen_from or (masked and not mask[b, h, i0 + r, j0 + c])
                             if hidden and mode == SET:
                                 x = fill
                             elif hidden and mode == ADD:
@@ -105,20 +107,22 @@ def attention(gemm, q, k, v, bias, y, lse, form, causal, window, mode, empty_nan
 
 @override("jit", "ScaledDotProductAttention", domain="memplan")
 def scaled_dot_product_attention(generic):
-    """The ScaledDotProductAttention kernel for float32 arrays of C layout without dropout, a mask input or
-    relative-position terms; `generic` for the rest."""
+    """The ScaledDotProductAttention kernel for float32 arrays of C layout without dropout or relative-position
+    terms; `generic` for the rest."""
     def run(xp, step, ins, outs, ws):
-        q, k, v, bias = (list(ins) + [None])[:4]
+        q, k, v, bias, mask = (list(ins) + [None, None])[:5]
         y, lse = (list(outs) + [None])[:2]
         form = Form.of(step.attrs, q.shape[-1])
-        relative = any(x is not None for x in ins[4:])  # a mask input, dropout's step, relative-position terms
+        relative = any(x is not None for x in ins[5:])  # dropout's step, relative-position terms
         if not takes(q, k, v, y, lse) or not y.size or form.dropout or relative or \
                 bias is not None and bias.dtype != np.float32:
             return generic(xp, step, ins, outs, ws)
-        bias = NO_BIAS if bias is None else np.broadcast_to(bias, (*q.shape[:3], k.shape[2]))
+        scores = (*q.shape[:3], k.shape[2])
+        bias = NO_BIAS if bias is None else np.broadcast_to(bias, scores)
+        mask = NO_MASK if mask is None else np.broadcast_to(mask, scores)
         numbers = np.array([form.scale, form.softcap, form.fill], np.float32)
         finite_bias = bias is NO_BIAS or form.fill_mode == "set_after_bias" or finite(np, ins[3])
-        attention(sgemm(), q, k, v, bias, y, NO_LSE if lse is None else lse, numbers, form.causal, form.window,
+        attention(sgemm(), q, k, v, bias, mask, y, NO_LSE if lse is None else lse, numbers, form.causal, form.window,
                   FILL_MODES.index(form.fill_mode), form.empty_rows == "nan", finite_bias, ws["rows"].shape[0],
                   ws["cols"].shape[0], ws["s"], ws["acc"], ws["pv"], ws["m"], ws["l"])
     return run

@@ -110,6 +110,18 @@ def _stacked(x, batch):
     return x.reshape(-1, *x.shape[-2:])  # a view: the batch dims step evenly
 
 
+FEW_ROWS = 16
+"""Rows of a product (one matrix) `gemm` leaves to NumPy's BLAS: a decoded token's products stream their weights
+from memory, which OpenBLAS's GEMV does faster than MKL's GEMM (a 1536 x 512 float32 matrix read from DRAM by 1
+row: 149 us against 408; by 8 rows: 304 against 486, on the 2-core CPU box)."""
+
+
+def gemm(a, b, out):
+    """`matmul` for the executor's products (planner.ops.into's GEMM on the host): those of more than FEW_ROWS rows
+    or of a stack of matrices; False for the others, which NumPy's matmul computes."""
+    return (a.ndim != 2 or a.shape[0] > FEW_ROWS) and matmul(a, b, out)
+
+
 def matmul(a, b, out):
     """out = a @ b on MKL for float32 or float64 NumPy arrays of one dtype: 2-D matrices, or stacks of
     matrices (a 2-D operand taken for each), read in place by their strides, `out` with contiguous rows.

@@ -94,16 +94,15 @@ def test_executor_thread_cap_reaches_mkl():
     plan = planner.compile(zoo.build("mlp"), {"input": (4, 784)})
     executor = Executor(plan, backend="numpy", threads=1)
     seen = []
-    real = mkl.matmul
 
     def spy(a, b, out):
         seen.extend(p["num_threads"] for p in threadpool_info() if p["internal_api"] == "mkl")
-        return real(a, b, out)
+        return mkl.matmul(a, b, out)
     into.install(np, spy)
     try:
         executor.run({"input": np.ones((4, 784), np.float32)})
     finally:
-        into.install(np, real)
+        into.install(np, mkl.gemm)
     assert seen and set(seen) == {1}
 
 
@@ -122,3 +121,11 @@ def test_a_model_computes_the_same_with_mkl_switched_off(name):
     assert mkl.available() and blas.sgemm() is on_mkl
     for name, value in ours.items():
         np.testing.assert_allclose(value, theirs[name], rtol=1e-4, atol=1e-4)
+
+
+def test_the_executors_gemm_leaves_a_few_rows_to_numpy():
+    """mkl.gemm: a product of FEW_ROWS rows or fewer (a decoded token's) is NumPy's BLAS's; more, MKL's."""
+    b = np.ones((8, 3), np.float32)
+    assert not mkl.gemm(np.ones((mkl.FEW_ROWS, 8), np.float32), b, np.empty((mkl.FEW_ROWS, 3), np.float32))
+    out = np.empty((mkl.FEW_ROWS + 1, 3), np.float32)
+    assert mkl.gemm(np.ones((mkl.FEW_ROWS + 1, 8), np.float32), b, out) == mkl.available()

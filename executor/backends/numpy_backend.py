@@ -11,7 +11,7 @@ from ..kernels import KERNELS
 from . import memory
 
 NAME = "numpy"
-into.install(xp, mkl.matmul)
+into.install(xp, mkl.gemm)
 kernels = KERNELS
 fuse = None
 """NumPy fuses nothing: every op runs its array form."""

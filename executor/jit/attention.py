@@ -53,7 +53,14 @@ def attention(gemm, q, k, v, bias, mask, y, lse, form, causal, window, mode, emp
                 for j0 in range(first, last, tk):
                     width = min(j0 + tk, last) - j0
                     tile = scores[:n * width].reshape(n, width)
-                    dot(gemm, q[b, h, i0:i0 + n], k[b, hk, j0:j0 + width].T, tile)
+                    if n == 1:  # a decoded token: dot products in the loop, cheaper than a BLAS call per head
+                        for c in range(width):
+                            x = f32(0)
+                            for e in range(q.shape[3]):
+                                x += q[b, h, i0, e] * k[b, hk, j0 + c, e]
+                            tile[0, c] = x
+                    else:
+                        dot(gemm, q[b, h, i0:i0 + n], k[b, hk, j0:j0 + width].T, tile)
                     for r in range(n):
                         row = tile[r]
                         seen_to = i0 + r + offset - j0 if causal else width  # keys c <= seen_to are seen
@@ -85,7 +92,14 @@ def attention(gemm, q, k, v, bias, mask, y, lse, form, causal, window, mode, emp
                         for c in range(dv):
                             out[r, c] *= alpha
                     product = pv[:n * dv].reshape(n, dv)
-                    dot(gemm, tile, v[b, hk, j0:j0 + width], product)
+                    if n == 1:
+                        product[0, :] = 0
+                        for c in range(width):
+                            weight = tile[0, c]
+                            for e in range(dv):
+                                product[0, e] += weight * v[b, hk, j0 + c, e]
+                    else:
+                        dot(gemm, tile, v[b, hk, j0:j0 + width], product)
                     for r in range(n):
                         for c in range(dv):
                             out[r, c] += product[r, c]

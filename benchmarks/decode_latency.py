@@ -25,13 +25,11 @@ SIZES = dict(vocab_size=8000, hidden_size=512, num_hidden_layers=8, num_attentio
 
 
 def bigger(family):
-    """The family's config at SIZES (GPT-2's under its own names)."""
-    config = exports.FAMILIES[family]()
+    """The family's config at SIZES (GPT-2's under its own names), its logits far from ties so that tokens compare."""
     if family == "gpt2":
-        config.update(dict(vocab_size=8000, n_embd=512, n_layer=8, n_head=8, n_positions=512))
-    else:
-        config.update({**SIZES, **({"head_dim": 64} if family == "gemma2" else {})})
-    return config
+        return exports.FAMILIES[family](vocab_size=8000, n_embd=512, n_layer=8, n_head=8, n_positions=512,
+                                        initializer_range=0.1)
+    return exports.FAMILIES[family](**SIZES, initializer_range=0.1, **({"head_dim": 64} if family == "gemma2" else {}))
 
 
 def memplan_tokens(path, prompt, new, length):
@@ -71,7 +69,10 @@ def torch_tokens(lm, prompt, new):
     with torch.no_grad():
         for t in range(new):
             start = time.perf_counter()
-            out = lm(input_ids=ids, past_key_values=cache, use_cache=True)
+            total = len(prompt) + t
+            out = lm(input_ids=ids, attention_mask=torch.ones(1, total, dtype=torch.int64),
+                     position_ids=torch.arange(total - ids.shape[1], total)[None], past_key_values=cache,
+                     use_cache=True)
             ids = out.logits[:, -1].argmax(-1)[:, None]
             tokens.append(int(ids[0, 0]))
             times.append(time.perf_counter() - start)

@@ -10,17 +10,17 @@ VOCAB = 96
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
              max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 FAMILIES = {
-    "llama": lambda: transformers.LlamaConfig(**SMALL, num_key_value_heads=2),
-    "qwen2": lambda: transformers.Qwen2Config(**SMALL, num_key_value_heads=2),
-    "phi3": lambda: transformers.Phi3Config(**SMALL, num_key_value_heads=2),
-    "mistral": lambda: transformers.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=12),
-    "gemma2": lambda: transformers.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, sliding_window=12,
-                                                attn_implementation="eager"),
-    "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=256,
-                                          bos_token_id=1, eos_token_id=2),
+    "llama": lambda **o: transformers.LlamaConfig(**{**SMALL, "num_key_value_heads": 2, **o}),
+    "qwen2": lambda **o: transformers.Qwen2Config(**{**SMALL, "num_key_value_heads": 2, **o}),
+    "phi3": lambda **o: transformers.Phi3Config(**{**SMALL, "num_key_value_heads": 2, **o}),
+    "mistral": lambda **o: transformers.MistralConfig(**{**SMALL, "num_key_value_heads": 2, "sliding_window": 12, **o}),
+    "gemma2": lambda **o: transformers.Gemma2Config(**{**SMALL, "num_key_value_heads": 2, "head_dim": 8,
+                                                       "sliding_window": 12, "attn_implementation": "eager", **o}),
+    "gpt2": lambda **o: transformers.GPT2Config(**{"vocab_size": VOCAB, "n_embd": 32, "n_layer": 2, "n_head": 4,
+                                                   "n_positions": 256, "bos_token_id": 1, "eos_token_id": 2, **o}),
 }
-"""Each family's config: grouped-query attention where it has it, sliding windows shorter than a generation
-(Mistral's, and Gemma 2's on alternate layers with its soft-capped scores)."""
+"""Each family's config (its fields overridden by keywords): grouped-query attention where it has it, sliding
+windows shorter than a generation (Mistral's, and Gemma 2's on alternate layers with its soft-capped scores)."""
 
 
 class WithCache(torch.nn.Module):
@@ -60,7 +60,7 @@ def export(lm, config, path):
             "attention_mask": {0: "batch", 1: "total"}, **{n: {0: "batch", 2: "past"} for n in pasts}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(WithCache(lm, layers), (ids, torch.ones(2, 8, dtype=torch.int64),
+        torch.onnx.export(WithCache(lm, layers).eval(), (ids, torch.ones(2, 8, dtype=torch.int64),
                                                    torch.arange(5, 8).repeat(2, 1), *past), str(path),
                           input_names=["input_ids", "attention_mask", "position_ids", *pasts],
                           output_names=["logits", *presents], dynamic_axes=axes, opset_version=17, dynamo=False)

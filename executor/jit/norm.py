@@ -7,16 +7,18 @@ from numba import njit
 from planner.ops.fused_norm import rows_and_columns
 from ..kernels import override
 from . import takes
-from .scalar import FASTMATH, f32
+from .scalar import f32
 
 NONE = np.zeros((1, 0), np.float32)
 """What the compiled loop takes for an omitted skip, bias or Sum: no row fits it."""
 
 
-@njit(fastmath=FASTMATH, cache=True)
+@njit(error_model="numpy", cache=True)
 def add_layer_norm(x, skip, scale, bias, y, total, epsilon, rms):
     """y = norm(x + skip) * scale + bias over each row of the (rows, cols) arrays (skip, bias and total NONE where
-    omitted; total takes x + skip), the statistics summed in float64; y may be x, skip or total."""
+    omitted; total takes x + skip), in float32 as the NumPy kernel but its sums, which are float64 (exact where
+    NumPy's pairwise float32 sums are close) cast to float32 (so that a variance beyond float32 is inf, as there); y
+    may be x, skip or total."""
     rows, cols = x.shape
     added, biased, summed = skip.shape[1] == cols, bias.shape[1] == cols, total.shape[1] == cols
     for r in range(rows):
@@ -27,14 +29,14 @@ def add_layer_norm(x, skip, scale, bias, y, total, epsilon, rms):
                 total[r, c] = v
             y[r, c] = v
             mean += v
-        mean = 0.0 if rms else mean / cols
+        centre = f32(0) if rms else f32(mean / cols)
         square = 0.0
         for c in range(cols):
-            d = y[r, c] - mean
-            square += d * d
-        inv = 1.0 / np.sqrt(square / cols + epsilon)
+            d = y[r, c] - centre
+            square += np.float64(d) * d
+        inv = f32(1) / np.sqrt(f32(square / cols) + epsilon)
         for c in range(cols):
-            v = f32((y[r, c] - mean) * inv) * scale[0, c]
+            v = (y[r, c] - centre) * inv * scale[0, c]
             y[r, c] = v + bias[0, c] if biased else v
 
 
@@ -50,5 +52,5 @@ def add_layer_normalization(generic):
                 bias is not None and bias.size != cols:
             return generic(xp, step, ins, outs, ws)
         flat = [NONE if a is None else a.reshape(-1, cols) for a in (x, skip, scale, bias, y, total)]
-        add_layer_norm(*flat, float(step.attrs["epsilon"]), bool(step.attrs["rms"]))
+        add_layer_norm(*flat, f32(step.attrs["epsilon"]), bool(step.attrs["rms"]))
     return run

@@ -12,6 +12,7 @@ from .fold_transpose import fold_transpose
 from .fuse_attention import fuse_attention
 from .fold_repeat_kv import fold_repeat_kv
 from .kv_cache import kv_cache
+from .transpose_view import transpose_view
 from .fuse_conv import fuse_conv
 from .fuse_norm import fuse_norm
 from .gradients import gradients
@@ -73,6 +74,7 @@ def pipeline(options):
         cpu and options.inverted_residual and inverted_residual(config),  # MobileNetV2 blocks as one op each
         cpu and options.winograd and winograd(config),  # 3x3 convolutions by Winograd, in the scratch held
         cpu and options.batch_conv and batch_conv(config),  # convolutions of small images as one GEMM
+        transpose_view,  # a Transpose of size-1 axes alone as a Reshape: a view, no copy
         options.generation and options.generation.tokens and kv_cache(options.generation.tokens,
                                                                      options.generation.max_length),  # static cache
         prune,  # what no output needs dropped
@@ -98,7 +100,7 @@ def pipeline(options):
 
 __all__ = ["Pass", "Property", "Result", "Context", "run", "loading", "pipeline", "LOADING", "TYPED", "PRUNED",
            "LOSS", "GRADIENTS", "UPDATES", "CUT", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm",
-           "fuse_conv", "fuse_attention", "fold_repeat_kv", "kv_cache", "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose",
+           "fuse_conv", "fuse_attention", "fold_repeat_kv", "kv_cache", "transpose_view", "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose",
            "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss",
            "gradients", "optimizer", "data_parallel", "tensor_parallel", "sequence_parallel", "pipeline_cut",
            "pipeline_stage", "recomputation", "sync_batchnorm"]

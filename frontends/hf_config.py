@@ -43,21 +43,24 @@ def is_config(model):
                      "(no 'graph')")
 
 
-def exported(model, training=False, cache=None):
+def exported(model, training=False, cache=None, step=None):
     """The path of the weightless ONNX export of the config `model` names (see is_config), in train mode for
     a `training` step: from the cache when this config was exported before, else exported now (a line on
-    stderr says so and how long it took)."""
+    stderr says so and how long it took). `step` (tokens, length) exports it with a cache instead, for a step of
+    generation (planner.Generation): past key/values of length - tokens positions in, present ones out, the
+    batch dim free."""
     config = config_of(model)
-    path = cache_path(config, training, cache)
+    path = cache_path(config, training, cache, step)
     if path.is_file():
         return str(path)
     torch, transformers, _ = _modules()
     arch = _architecture(config, transformers)
+    what = f"with a cache for {step[0]} tokens over {step[1]} positions" if step else \
+        f"{'train' if training else 'eval'} mode"
     print(f"memplan: building {arch.__name__} from {model} on PyTorch's meta device and exporting it without "
-          f"weights ({'train' if training else 'eval'} mode; once, cached in {path.parent})", file=sys.stderr,
-          flush=True)
+          f"weights ({what}; once, cached in {path.parent})", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    proto = _export(arch, config, training, torch)
+    proto = _export(arch, config, training, torch) if step is None else _export_with_cache(arch, config, step, torch)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.part")
     import onnx
@@ -67,10 +70,11 @@ def exported(model, training=False, cache=None):
     return str(path)
 
 
-def cache_path(config, training=False, cache=None):
-    """Where the export of a transformers `config` (in train mode for `training`) is cached: the file is there
-    where it was exported before."""
-    return Path(cache or _cache_dir()) / f"{_digest(config, training)}.onnx"
+def cache_path(config, training=False, cache=None, step=None):
+    """Where the export of a transformers `config` (in train mode for `training`; with a cache for a generation
+    `step`) is cached: the file is there where it was exported before."""
+    suffix = "" if step is None else f"-cache-{step[0]}-{step[1]}"
+    return Path(cache or _cache_dir()) / f"{_digest(config, training)}{suffix}.onnx"
 
 
 def config_of(model):
@@ -164,27 +168,83 @@ def _forward(model, names, torch):
     return Forward()
 
 
+def _with_cache(model, layers, torch, transformers):
+    """A module of the tokens, attention mask, positions and each layer's past key and value (as tensors) giving
+    the logits and each layer's present key and value: Optimum's decoder-with-past layout."""
+    class WithCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, position_ids, *past):
+            cache = transformers.DynamicCache()
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=cache, use_cache=True)
+            return (out.logits, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
+    return WithCache().eval()
+
+
 def _export(arch, config, training, torch):
     """The ModelProto of `arch` built from `config` on the meta device, exported with its weights as typed inputs
     without data and onnxscript's optimizer run over it (what torch.onnx.export does by default, which it cannot
     do itself on meta tensors)."""
+    names = ["input_ids", "decoder_input_ids"] if getattr(config, "is_encoder_decoder", False) else ["input_ids"]
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=1 << 20)
+
+    def build(model):
+        model.train(training)
+        output = "logits" if _has_head(model) else "last_hidden_state"
+        return (_forward(model, names, torch), tuple(torch.zeros((2, 16), dtype=torch.int64) for _ in names),
+                dict(input_names=names, output_names=[output],
+                     dynamic_shapes=(tuple({0: batch, 1: seq} for _ in names),)))
+    return _onnx(arch, config, build, torch)
+
+
+def _export_with_cache(arch, config, step, torch):
+    """The ModelProto of `arch`'s causal LM with a cache (_with_cache) for a step of `tokens` positions over a cache
+    of `length`, built and exported as _export does, every dim but the batch fixed."""
+    import transformers
+    tokens, length = step
+    if getattr(config, "is_encoder_decoder", False) or not _has_head(arch):
+        raise ModelError(f"{arch.__name__} is not a causal LM: generation plans a decoder with a cache")
+    text = config.get_text_config()
+    layers, heads = text.num_hidden_layers, text.num_attention_heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    size = getattr(text, "head_dim", None) or text.hidden_size // heads
+    pasts = [f"past_key_values.{i}.{kv_}" for i in range(layers) for kv_ in ("key", "value")]
+    batch = torch.export.Dim("batch")
+
+    def build(model):
+        model.eval()
+        ids, positions = torch.zeros((2, tokens), dtype=torch.int64), torch.zeros((2, tokens), dtype=torch.int64)
+        past = tuple(torch.zeros((2, kv, length - tokens, size)) for _ in pasts)
+        return (_with_cache(model, layers, torch, transformers), (ids, torch.ones((2, length), dtype=torch.int64),
+                                                                  positions, *past),
+                dict(input_names=["input_ids", "attention_mask", "position_ids", *pasts],
+                     output_names=["logits", *(p.replace("past_key_values", "present") for p in pasts)],
+                     dynamic_shapes=({0: batch}, {0: batch}, {0: batch}, tuple({0: batch} for _ in pasts))))
+    return _onnx(arch, config, build, torch)
+
+
+def _onnx(arch, config, build, torch):
+    """The ModelProto of the module, example inputs and torch.onnx.export keywords `build(model)` gives for `arch`
+    built from `config` on the meta device: its weights typed inputs without data, onnxscript's optimizer run over
+    it (what torch.onnx.export does by default, which it cannot do itself on meta tensors)."""
     import onnxscript
     import transformers
     from . import hf_experts
     hf_experts.register()
-    names = ["input_ids", "decoder_input_ids"] if getattr(config, "is_encoder_decoder", False) else ["input_ids"]
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=1 << 20)
     try:
         with torch.device("meta"), _quiet(transformers), contextlib.redirect_stdout(io.StringIO()):
             model = arch._from_config(config, dtype=torch.float32, experts_implementation=hf_experts.NAME)
-            model.train(training)
-            ids = tuple(torch.zeros((2, 16), dtype=torch.int64) for _ in names)
-            output = "logits" if _has_head(model) else "last_hidden_state"
-            program = torch.onnx.export(_forward(model, names, torch), ids, dynamo=True, optimize=False,
-                                        input_names=names, output_names=[output],
-                                        dynamic_shapes=(tuple({0: batch, 1: seq} for _ in names),))
+            module, inputs, keywords = build(model)
+            program = torch.onnx.export(module, inputs, dynamo=True, optimize=False, **keywords)
             buffer = io.BytesIO()
             program.save(buffer, include_initializers=False, keep_initializers_as_inputs=True)
+    except ModelError:
+        raise
     except Exception as e:  # torch.export's failures are many and deep; one line names the model and the first
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"torch.onnx could not export {arch.__name__} built from its config ({type(e).__name__}: "
@@ -209,5 +269,6 @@ def _quiet(transformers):
 
 
 def _has_head(model):
-    return hasattr(model, "lm_head") or type(model).__name__.endswith(("ForCausalLM", "ForMaskedLM",
-                                                                         "ForConditionalGeneration"))
+    """Whether the model (or model class) computes logits."""
+    name = model.__name__ if isinstance(model, type) else type(model).__name__
+    return hasattr(model, "lm_head") or name.endswith(("ForCausalLM", "ForMaskedLM", "ForConditionalGeneration"))

@@ -7,6 +7,7 @@ import time
 import warnings
 from pathlib import Path
 
+from . import cli_serving
 from .cli_inputs import bind_batch, check_free_batch, input_shapes
 from .cli_parser import DEFAULT_MODEL, build_parser as _parser
 from .errors import SURFACE, MemplanError
@@ -113,7 +114,7 @@ def report(args):
     from .report import report as build
     check_output(args.output)
     if args.serve:
-        return _report_serving(args)
+        return cli_serving.report(args, config_of(args))
     if args.context or args.prompt or args.lengths:
         raise MemplanError("--context, --prompt and --lengths describe what --serve serves: give --serve too")
     from .precision import PRECISIONS
@@ -127,61 +128,6 @@ def report(args):
     emit(args, json.dumps(result.as_dict(), indent=1) if args.json else as_csv(result.csv_rows()) if args.csv
          else result.table())
     return 0
-
-
-def _report_serving(args):
-    from .serving import Serving, ServingRow
-    generation, precisions = serving_args(args)
-    lengths = _lengths(args.lengths, generation.max_length)
-    rows, notes = [], []
-    for precision in precisions:
-        try:
-            rows.append(ServingRow.of(precision, serving_plan(args, generation, precision)))
-        except MemplanError as e:
-            if len(precisions) == 1:
-                raise
-            notes.append(f"left out {precision}: {e}")
-    if not rows:
-        raise MemplanError(notes[0].split(": ", 1)[1])
-    result = Serving(args.model, generation, rows, lengths, notes)
-    emit(args, json.dumps(result.as_dict(), indent=1) if args.json else as_csv(result.csv_rows()) if args.csv
-         else result.table())
-    return 0
-
-
-def serving_args(args, batch=None):
-    """(the Generation, the precisions) of a --serve command, its other flags refused."""
-    from .generation import Generation
-    if args.context is None:
-        raise MemplanError("--serve needs the positions each sequence holds: --context L, e.g. --context 8192")
-    if args.training or args.input or args.tp or args.strategy and len(args.strategy) > 1 and args.command == "report":
-        raise MemplanError("--serve plans inference on one device from --batch, --context and --prompt: --training, "
-                           "--input and --tp do not apply")
-    prompt = args.prompt or max(args.context // 2, 1)
-    generation = Generation(batch=batch or args.batch or 1, max_length=args.context, prompt=prompt)
-    return generation, ("fp32", "fp16", "bf16") if args.precision == "all" else (args.precision,)
-
-
-def serving_plan(args, generation, precision):
-    """The GenerationPlan of args.model serving `generation` in `precision`."""
-    from .compiler import compile
-    strategy = (args.strategy[-1] if isinstance(args.strategy, list) else args.strategy) or "auto"
-    return compile(args.model, generation=generation, strategy=strategy, schedule=args.schedule,
-                   config=config_of(args), weights=not args.no_weights,
-                   **({} if precision == "fp32" else {"precision": precision}))
-
-
-def _lengths(text, context):
-    """--lengths as ints, each from 1 to the context."""
-    if text is None:
-        return []
-    try:
-        lengths = [int(n) for n in text.split(",")]
-    except ValueError:
-        raise MemplanError(f"--lengths {text!r}: expected numbers of positions separated by commas") from None
-    if not all(1 <= n <= context for n in lengths):
-        raise MemplanError(f"--lengths: each length must be from 1 to --context {context}, got {text}")
-    return lengths
 
 
 def plan(args):
@@ -332,7 +278,7 @@ def max_batch(args):
     check_output(args.output)
     budget = parse_bytes(args.budget)
     if args.serve:
-        return _max_batch_serving(args, budget)
+        return cli_serving.max_batch(args, budget, config_of(args))
     if args.context or args.prompt:
         raise MemplanError("--context and --prompt describe what --serve serves: give --serve too")
     args.budget = None
@@ -360,38 +306,6 @@ def max_batch(args):
     if any(not r["max_batch"] for r in rows):
         notes.append("a row fitting no batch shows its arena at batch 1")
     emit(args, "\n".join([*lines, *(f"note: {n}" for n in notes)]))
-    return 0
-
-
-def _max_batch_serving(args, budget):
-    """The most sequences served at once whose GenerationPlan fits `budget`, per precision."""
-    from dataclasses import replace
-    from . import maxbatch
-    generation, precisions = serving_args(args, batch=1)
-    rows = []
-    with Progress("memplan max-batch --serve", total=len(precisions)) as bar:
-        for k, precision in enumerate(precisions, 1):
-            plans = {}
-
-            def size(batch):
-                plans[batch] = serving_plan(args, replace(generation, batch=batch), precision)
-                return plans[batch].arena_bytes
-            batch, _ = maxbatch.largest(size, budget, lambda b: bar.update(k, f"{precision}: {b} sequences"))
-            found = plans.get(batch) or plans[1]
-            rows.append({"precision": precision, "max_sequences": batch, "arena_bytes": found.arena_bytes,
-                         "kv_cache_bytes": found.cache_bytes, "weights_bytes": found.weights_bytes})
-    if args.json or args.csv:
-        emit(args, json.dumps({"model": args.model, "budget_bytes": budget, "context": generation.max_length,
-                               "prompt": generation.prompt, "rows": rows}, indent=1) if args.json else as_csv(rows))
-        return 0
-    lines = [f"{args.model}: the most sequences of {generation.max_length} positions (prompts of {generation.prompt}) "
-             f"served at once in {format_bytes(budget)}",
-             f"{'precision':<10} {'sequences':>9} {'arena':>12} {'KV cache':>12} {'weights':>12}"]
-    lines += [f"{r['precision']:<10} {r['max_sequences']:>9} {_bytes(r['arena_bytes']):>12} "
-              f"{_bytes(r['kv_cache_bytes']):>12} {_bytes(r['weights_bytes']):>12}" for r in rows]
-    if any(not r["max_sequences"] for r in rows):
-        lines.append("note: a row serving no sequence shows the arena of one")
-    emit(args, "\n".join(lines))
     return 0
 
 
@@ -489,7 +403,7 @@ def _tflop(flops):
 def build_parser():
     """The argument parser of every command (planner/cli_parser.py)."""
     return _parser({"inspect": inspect, "report": report, "plan": plan, "viz": viz, "max-batch": max_batch,
-                    "fit": fit, "run": run})
+                    "fit": fit, "generate": lambda args: cli_serving.generate(args, config_of(args)), "run": run})
 
 
 def main(argv=None):

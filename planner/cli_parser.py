@@ -20,6 +20,7 @@ EXAMPLES = {
     "fit": ["memplan fit zoo:resnet50 --batch 8 --gpus 8 --memory 16GiB --optimizer adam",
             "memplan fit config.json --input input_ids:1x8192 --precision amp-bf16 --optimizer adamw --gpus 64 "
             "--memory 80GiB --tp 8  # only the layouts of 8 tensor-parallel ranks"],
+    "generate": ["memplan generate model_with_past.onnx --ids 1,15,27 --ids 1,9 --max-new-tokens 64"],
     "run": ["memplan run zoo:lenet --batch 8 --training --remat sublinear --repeat 3",
             "memplan run zoo:resnet50 --batch 8 --profile      # time per op type and the slowest steps"],
 }
@@ -229,6 +230,19 @@ def build_parser(commands):
                    help="processes sharing the search, at most 2 (default: one per core; the answers are the "
                         "same)")
     _output_args(p)
+    p = command("generate", "greedy tokens from a causal LM exported with a cache, decoded out of one arena")
+    p.add_argument("--ids", action="append", default=[], metavar="N,N,...",
+                   help="a prompt's token ids (repeat for more sequences, decoded together)")
+    p.add_argument("--max-new-tokens", type=count(1), default=32, help="tokens to generate (default 32)")
+    p.add_argument("--eos", type=int, default=None, metavar="ID", help="the end-of-sequence token, after which a "
+                   "sequence gives the pad token 0")
+    p.add_argument("--context", type=count(2), default=None, metavar="L",
+                   help="the cache's positions (default: the longest prompt and the new tokens)")
+    p.add_argument("--prompt", type=count(1), default=None, metavar="P",
+                   help="the prompt length planned (default the longest prompt's)")
+    p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default="auto")
+    p.add_argument("--threads", type=count(1), default=None, help="host BLAS threads during the run")
+    p.add_argument("--no-jit", action="store_true", help="numpy backend: the NumPy kernels alone")
     p = command("run", "run the planned graph out of one arena and time it")
     p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default="auto")
     p.add_argument("--repeat", type=count(1), default=10, help="timed runs after one warm-up (default 10)")

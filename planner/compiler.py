@@ -57,22 +57,26 @@ def compile(model, input_shapes=None, options=None, **keywords):
     from frontends import read
     start = time.perf_counter()
     options = _configured(CompileOptions.of(options, **keywords))
-    model = read(model, options.weights, options.training)
     if options.generation is not None:
         return _generation(model, input_shapes, options, start)
+    model = read(model, options.weights, options.training)
     graph, facts = passes.run(passes.pipeline(options), model, _context(options, input_shapes))
     return _planned(graph, facts, options, start)
 
 
 def _generation(model, input_shapes, options, start):
     """The GenerationPlan of a model read with a cache: each step's passes, their shared tensors placed alike."""
+    from frontends import hf_config, read
     if input_shapes:
         raise PlanError("a plan with generation= takes its input shapes from the Generation, not input_shapes")
+    exports = hf_config.is_config(model)  # a config is exported for each step's shapes, else read once
+    whole = None if exports else read(model, options.weights)
     found = []
     for step in generation.ENTRIES:
         staged = replace(options, generation=options.generation.entries()[step])
-        found.append(passes.run(passes.pipeline(staged), model,
-                                _context(staged, staged.generation.input_shapes(model))))
+        g = staged.generation
+        graph = read(model, options.weights, step=(g.tokens, g.max_length)) if exports else whole
+        found.append(passes.run(passes.pipeline(staged), graph, _context(staged, g.input_shapes(graph))))
     graphs = generation.shared([graph for graph, _ in found])
     plans = [_planned(graph, facts, options, start) for graph, (_, facts) in zip(graphs, found)]
     return generation.GenerationPlan(options.generation, *plans, found[1][1]["kv_cache"]["caches"]).verify()

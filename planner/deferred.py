@@ -59,6 +59,19 @@ class Deferred(NDArrayOperatorsMixin):
     def __deepcopy__(self, memo):
         return self
 
+    def same_as(self, other):
+        """Whether `other` is this value as surely as identity says: the same read, or the same function of the same
+        arguments (`computed` anew from the same weights, as each of a generation's steps rewrites them)."""
+        if not isinstance(other, Deferred) or (self.shape, self.dtype) != (other.shape, other.dtype):
+            return False
+        mine, theirs = self._read, other._read
+        if mine is theirs:
+            return True
+        return isinstance(mine, partial) and isinstance(theirs, partial) and mine.func is theirs.func and \
+            len(mine.args) == len(theirs.args) and all(
+                a is b or isinstance(a, Deferred) and a.same_as(b) or _same_object_args(a, b)
+                for a, b in zip(mine.args, theirs.args)) and mine.keywords == theirs.keywords
+
     def __repr__(self):
         return f"Deferred({self.shape}, {self.dtype})"
 
@@ -73,6 +86,10 @@ class Absent(Deferred):
 
     def __reduce__(self):
         return Absent, (self.name, self.shape, self.dtype)
+
+    def same_as(self, other):
+        """Whether `other` stands for the same weight in the same shape (see Deferred.same_as)."""
+        return isinstance(other, Absent) and (self.name, self.shape, self.dtype) == (other.name, other.shape, other.dtype)
 
     def __repr__(self):
         return f"Absent({self.name!r}, {self.shape}, {self.dtype})"
@@ -110,6 +127,12 @@ def computed(fn, shape, dtype, *args):
     if not any(isinstance(a, Deferred) for a in args):
         return fn(*args)
     return Deferred(partial(_call, fn, args), shape, dtype)
+
+
+def _same_object_args(a, b):
+    """Whether two arguments of `computed` functions are equal tuples of the same objects (Deferred, arrays)."""
+    return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and all(
+        x is y or isinstance(x, Deferred) and x.same_as(y) for x, y in zip(a, b))
 
 
 def _call(fn, args):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .deferred import Deferred
 from .errors import ModelError, PlanError
 from .ir import Node
 
@@ -114,7 +115,11 @@ class GenerationPlan:
 
     @property
     def weights_bytes(self):
-        return _bytes(self.decode, ("param",))
+        """The params and consts both steps read: the weights, as the plans hold them (a step's own folded tables, such
+        as a weightless export's mask for its shape, are not)."""
+        read = [{i for s in plan.steps for i in s.inputs} for plan in (self.prefill, self.decode)]
+        return sum(t.nbytes for n, t in self.decode.tensors.items()
+                   if t.kind in ("param", "const") and n in read[0] and n in read[1])
 
     @property
     def cache_bytes(self):
@@ -147,8 +152,8 @@ def _bytes(plan, kinds):
 
 def shared(graphs):
     """The typed graphs of the steps (in ENTRIES order), each holding every SHARED tensor of them all, first and in
-    one order, so that both place them alike: a const of one name but other values in a later step is renamed
-    there; a param or state that differs between steps is a PlanError."""
+    one order, so that both place them alike: a param or const of one name but another type or other values in a
+    later step (a mask folded for its shape, in a config's exports for each step) is renamed there."""
     held, renamed = {}, []
     for entry, graph in zip(ENTRIES, graphs):
         names = {}
@@ -156,8 +161,8 @@ def shared(graphs):
             if t.kind not in SHARED:
                 continue
             if t.name in held and not _same(held[t.name], t):
-                if t.kind != "const":
-                    raise PlanError(f"{t.kind} {t.name!r} is {held[t.name].shape} in prefill but {t.shape} in {entry}")
+                if t.kind == "state":
+                    raise PlanError(f"cache {t.name!r} is {held[t.name].shape} in prefill but {t.shape} in {entry}")
                 names[t.name] = f"{t.name}@{entry}"
                 held[names[t.name]] = replace(t, name=names[t.name])
             else:
@@ -167,11 +172,15 @@ def shared(graphs):
 
 
 def _same(a, b):
-    """Whether two steps' tensors of one name are the same: a param or state by its type, a const by its values."""
+    """Whether two steps' tensors of one name are the same: a state by its type, a param or const by its values (the
+    same weight, array or computation of them)."""
     if (a.shape, a.dtype) != (b.shape, b.dtype):
         return False
-    return a.kind != "const" or a.data is b.data or (isinstance(a.data, np.ndarray) and isinstance(b.data, np.ndarray)
-                                and np.array_equal(a.data, b.data))
+    if a.kind == "state" or a.data is b.data:
+        return True
+    if isinstance(a.data, Deferred):
+        return a.data.same_as(b.data)
+    return isinstance(a.data, np.ndarray) and isinstance(b.data, np.ndarray) and np.array_equal(a.data, b.data)
 
 
 def _renamed(graph, names):

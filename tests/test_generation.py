@@ -154,7 +154,7 @@ def test_report_serve_gives_each_precision_its_weights_cache_and_steps(exported,
         assert r["static_kv_bytes"] == 3 * LENGTH * per_token * itemsize
         assert r["arena_bytes"] == max(r["prefill_arena_bytes"], r["decode_arena_bytes"])
         assert r["decode_arena_bytes"] >= r["weights_bytes"] + r["kv_cache_bytes"]
-    assert rows["fp16"]["weights_bytes"] * 2 == rows["fp32"]["weights_bytes"]
+    assert rows["fp32"]["weights_bytes"] * 0.5 <= rows["fp16"]["weights_bytes"] < rows["fp32"]["weights_bytes"] * 0.55
 
 
 def test_max_batch_serve_finds_the_most_sequences_that_fit(exported, capsys):
@@ -168,3 +168,36 @@ def test_max_batch_serve_finds_the_most_sequences_that_fit(exported, capsys):
     assert (row["max_sequences"], row["arena_bytes"]) == (3, three.arena_bytes)
     assert cli.main(["report", path, "--context", "80"]) == 2
     assert "give --serve too" in capsys.readouterr().err
+
+
+def test_memplan_generate_prints_the_generators_tokens(exported, capsys):
+    from planner import cli
+    lm, _, path = exported("mistral")
+    assert cli.main(["generate", path, "--ids", ",".join(map(str, PROMPTS[0])), "--ids", ",".join(map(str, PROMPTS[1])),
+                     "--max-new-tokens", "20", "--backend", "numpy"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for k, prompt in enumerate(PROMPTS):
+        assert lines[1 + k] == f"{k}: " + ",".join(map(str, greedy(lm, prompt, 20)))
+    assert cli.main(["generate", path, "--max-new-tokens", "2"]) == 2
+    assert "needs a prompt" in capsys.readouterr().err
+
+
+def test_a_config_is_served_without_its_weights(tmp_path, monkeypatch):
+    """A transformers config.json: each step exported with a cache on the meta device, the cache exact, the weights
+    the model's parameters (and its small tables), the dynamo export's repeat_kv and K^T copies gone."""
+    import json
+    pytest.importorskip("onnxscript")
+    monkeypatch.setenv("MEMPLAN_CACHE", str(tmp_path / "cache"))
+    lm, config = tiny("llama")
+    doc = {**config.to_dict(), "architectures": ["LlamaForCausalLM"]}
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    plan = planner.compile(str(tmp_path / "config.json"), weights=False,
+                           generation=planner.Generation(batch=2, max_length=LENGTH, prompt=PROMPT))
+    assert plan.cache_bytes == 2 * config.num_hidden_layers * config.num_key_value_heads * 8 * 4 * 2 * LENGTH
+    params = 4 * sum(p.numel() for p in lm.parameters())
+    assert params <= plan.weights_bytes < 1.1 * params
+    for step in (plan.prefill, plan.decode):
+        writes = {s.outputs[0] for s in step.steps if s.op == "CacheWrite"}
+        assert all(s.inputs[1] in writes for s in step.steps if s.op == "ScaledDotProductAttention")
+        assert not any(s.op in ("Expand", "Transpose") and len(step.tensors[s.outputs[0]].shape) >= 4
+                       and step.tensors[s.outputs[0]].shape[-2] == LENGTH for s in step.steps)

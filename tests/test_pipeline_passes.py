@@ -11,6 +11,7 @@ import planner
 from frontends import read
 from frontends import symbol as S
 from planner import CompileOptions, Config, Parallel, PlanError, passes, planning
+from planner.generation import Generation
 from planner.options import Device, Precision
 from zoo_cases import input_shapes, small_model
 
@@ -74,22 +75,25 @@ def names(**options):
 
 
 LOADING = ["infer_shapes", "decompose", "simplify", "prune"]
-FUSIONS = ["fuse_attention", "fuse_norm", "fuse_activation", "fold_transpose"]
+FUSIONS = ["fuse_attention", "fold_repeat_kv", "fuse_norm", "fuse_activation", "fold_transpose"]
 CPU = ["inverted_residual", "winograd", "batch_conv"]
 
 
 @pytest.mark.parametrize("options,expected", [
-    ({}, [*LOADING, "fold_batchnorm", "fuse_conv", *FUSIONS, "pretranspose", *CPU, "prune"]),
+    ({}, [*LOADING, "fold_batchnorm", "fuse_conv", *FUSIONS, "pretranspose", *CPU, "transpose_view", "prune"]),
     (dict(device="cuda:0", precision="bf16"), [*LOADING, "fold_batchnorm", "fuse_conv", *FUSIONS, "pretranspose",
-                                               "precision", "prune"]),
+                                               "precision", "transpose_view", "prune"]),
     (dict(device="cpu", fuse_attention=False, winograd=False, fold_batchnorm=False),
-     [*LOADING, "fuse_conv", *FUSIONS[1:], "pretranspose", "inverted_residual", "batch_conv", "prune"]),
-    (dict(training=True), [*LOADING, "check_names", *FUSIONS, "prune", "training_mode", "loss", "gradients",
-                           "optimizer", "recomputation"]),
+     [*LOADING, "fuse_conv", *FUSIONS[2:], "pretranspose", "inverted_residual", "batch_conv", "transpose_view",
+      "prune"]),
+    (dict(generation=Generation(tokens=1)), [*LOADING, "fold_batchnorm", "fuse_conv", *FUSIONS, "pretranspose", *CPU,
+                                             "transpose_view", "kv_cache", "prune"]),
+    (dict(training=True), [*LOADING, "check_names", *FUSIONS, "transpose_view", "prune", "training_mode", "loss",
+                           "gradients", "optimizer", "recomputation"]),
     (dict(training=True, parallel=Parallel(dp=2, tp=2, pp=2)),
-     [*LOADING, "check_names", *FUSIONS, "prune", "tensor_parallel", "training_mode", "loss", "gradients",
-      "optimizer", "pipeline_cut", "pipeline_stage", "recomputation", "data_parallel"]),
-], ids=["inference", "cuda bf16", "some off", "training", "3-D parallel"])
+     [*LOADING, "check_names", *FUSIONS, "transpose_view", "prune", "tensor_parallel", "training_mode", "loss",
+      "gradients", "optimizer", "pipeline_cut", "pipeline_stage", "recomputation", "data_parallel"]),
+], ids=["inference", "cuda bf16", "some off", "generation", "training", "3-D parallel"])
 def test_the_pipeline_holds_the_passes_the_options_turn_on(options, expected):
     assert names(**options) == expected
 

@@ -1,7 +1,9 @@
 """Grouped-query attention reads its key and value heads in place: transformers' `repeat_kv` (Unsqueeze, Expand,
 Reshape: each of the Hkv heads copied G times) before memplan.ScaledDotProductAttention is dropped, as the op
 reads kv head h // G for query head h itself. The copy is G times the keys' and values' bytes each layer: under
-a KV cache, G copies of the whole cache at every step."""
+a KV cache, G copies of the whole cache at every step. Two more forms of the same values are looked through to
+find it: Reshapes that come back to the shape they left, and the dynamo exporter's batched K^T (Reshape to
+(B H, T, D), Transpose) turned back by the fusion's Transpose, a copy of the keys each."""
 from dataclasses import replace
 
 from .base import TYPED, Pass, Property, Result
@@ -23,12 +25,33 @@ def _repeated(graph, name):
     return unsqueeze.inputs[0]
 
 
+def _same_values(graph, name):
+    """The earliest tensor whose values `name` holds in its shape: through Reshapes back to that shape, and K^T's
+    round trip, Transpose(0, 1, 3, 2) of Reshape (B, H, D, T) of Transpose(0, 2, 1) of Reshape (B H, T, D) of
+    X (B, H, T, D)."""
+    shape, node = graph.tensors[name].shape, graph.producer(name)
+    if node is not None and node.op == "Transpose" and list(node.attrs.get("perm", ())) == [0, 1, 3, 2]:
+        back = graph.producer(node.inputs[0])
+        flip = back and back.op == "Reshape" and graph.producer(back.inputs[0])
+        rows = flip and flip.op == "Transpose" and list(flip.attrs.get("perm", ())) == [0, 2, 1] and \
+            graph.producer(flip.inputs[0])
+        if rows and rows.op == "Reshape" and graph.tensors[rows.inputs[0]].shape == shape and len(shape) == 4 and \
+                graph.tensors[rows.outputs[0]].shape == (shape[0] * shape[1], *shape[2:]):
+            name, node = rows.inputs[0], graph.producer(rows.inputs[0])
+    found = name
+    while node is not None and node.op == "Reshape":
+        name, node = node.inputs[0], graph.producer(node.inputs[0])
+        if graph.tensors[name].shape == shape:
+            found = name
+    return found
+
+
 def folded(graph):
     """(graph with each attention reading the kv heads its repeat_kv copied, how many attentions were)."""
     nodes, count = [], 0
     for node in graph.nodes:
         if (node.domain, node.op) == ATTENTION:
-            k, v = (_repeated(graph, n) or n for n in node.inputs[1:3])
+            k, v = (_repeated(graph, n) or n for n in (_same_values(graph, n) for n in node.inputs[1:3]))
             if (k, v) != tuple(node.inputs[1:3]) and graph.tensors[k].shape[1] == graph.tensors[v].shape[1]:
                 node, count = replace(node, inputs=(node.inputs[0], k, v, *node.inputs[3:])), count + 1
         nodes.append(node)

@@ -46,7 +46,9 @@ def served(path, batch=2, **options):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_greedy_tokens_equal_transformers(exported, family):
     lm, _, path = exported(family)
-    tokens = Generator(served(path), "numpy", poison=True).generate(PROMPTS, NEW)
+    plan = served(path)
+    assert plan.prefill.tensors[plan.prefill.outputs[0]].shape == (2, 1, lm.config.vocab_size)  # last_logits
+    tokens = Generator(plan, "numpy", poison=True).generate(PROMPTS, NEW)
     for prompt, row in zip(PROMPTS, tokens):
         np.testing.assert_array_equal(row, greedy(lm, prompt, NEW))
 

@@ -12,6 +12,7 @@ from .fold_transpose import fold_transpose
 from .fuse_attention import fuse_attention
 from .fold_repeat_kv import fold_repeat_kv
 from .kv_cache import kv_cache
+from .last_logits import last_logits
 from .transpose_view import transpose_view
 from .fuse_conv import fuse_conv
 from .fuse_norm import fuse_norm
@@ -61,6 +62,7 @@ def pipeline(options):
     steps = [
         *loading(options.fetch),
         training and check_names(options.frozen, options.trainable),  # frozen and trainable name params it reads
+        options.generation and (options.generation.tokens or 0) > 1 and last_logits,  # a prefill's next token alone
         inference and options.fold_batchnorm and fold_batchnorm,  # BatchNormalization into the Conv before it
         inference and options.fuse_conv and fuse_conv,  # Conv with the residual Add and activation after it, one op
         options.fuse_attention and fuse_attention(training),  # attention as one tiled op, its scores never held
@@ -100,7 +102,7 @@ def pipeline(options):
 
 __all__ = ["Pass", "Property", "Result", "Context", "run", "loading", "pipeline", "LOADING", "TYPED", "PRUNED",
            "LOSS", "GRADIENTS", "UPDATES", "CUT", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm",
-           "fuse_conv", "fuse_attention", "fold_repeat_kv", "kv_cache", "transpose_view", "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose",
+           "fuse_conv", "fuse_attention", "fold_repeat_kv", "kv_cache", "transpose_view", "last_logits", "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose",
            "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss",
            "gradients", "optimizer", "data_parallel", "tensor_parallel", "sequence_parallel", "pipeline_cut",
            "pipeline_stage", "recomputation", "sync_batchnorm"]

@@ -203,3 +203,52 @@ def test_a_config_is_served_without_its_weights(tmp_path, monkeypatch):
         assert all(s.inputs[1] in writes for s in step.steps if s.op == "ScaledDotProductAttention")
         assert not any(s.op in ("Expand", "Transpose") and len(step.tensors[s.outputs[0]].shape) >= 4
                        and step.tensors[s.outputs[0]].shape[-2] == LENGTH for s in step.steps)
+
+
+def _banded_lm(window):
+    """A one-layer toy LM whose attention is memplan's with a causal band and `window` (attributes, not a mask), its
+    keys and values concatenated to a past: the band a static cache must roll."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(3)
+    weights = {"embed": rng.standard_normal((16, 8)), "positions": rng.standard_normal((64, 8)),
+               "wq": rng.standard_normal((8, 8)), "wk": rng.standard_normal((8, 8)), "wv": rng.standard_normal((8, 8)),
+               "head": rng.standard_normal((8, 16)), "heads": np.array([0, 0, 2, 4]), "merged": np.array([0, 0, 8])}
+    n = helper.make_node
+    nodes = [n("Gather", ["embed", "input_ids"], ["e"]), n("Gather", ["positions", "position_ids"], ["p"]),
+             n("Add", ["e", "p"], ["x"])]
+    for name in ("q", "k", "v"):
+        nodes += [n("MatMul", ["x", f"w{name}"], [f"{name}2"]), n("Reshape", [f"{name}2", "heads"], [f"{name}3"]),
+                  n("Transpose", [f"{name}3"], [f"{name}4"], perm=[0, 2, 1, 3])]
+    nodes += [n("Concat", ["past_k", "k4"], ["present_k"], axis=2), n("Concat", ["past_v", "v4"], ["present_v"], axis=2),
+              n("ScaledDotProductAttention", ["q4", "present_k", "present_v"], ["a"], domain="memplan", causal=1,
+                window=window),
+              n("Transpose", ["a"], ["a2"], perm=[0, 2, 1, 3]), n("Reshape", ["a2", "merged"], ["a3"]),
+              n("MatMul", ["a3", "head"], ["logits"])]
+    ints = [helper.make_tensor_value_info(i, TensorProto.INT64, ["b", "s"]) for i in ("input_ids", "position_ids")]
+    pasts = [helper.make_tensor_value_info(i, TensorProto.FLOAT, ["b", 2, "past", 4]) for i in ("past_k", "past_v")]
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("logits", "present_k", "present_v")]
+    inits = [numpy_helper.from_array(v.astype(np.float32) if v.dtype.kind == "f" else v, k) for k, v in weights.items()]
+    graph = helper.make_graph(nodes, "banded", ints + pasts, outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("memplan", 1)])
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_a_causal_band_and_its_window_roll_with_the_cache(window):
+    """The fused attention's own band (causal, window) is rolled to the cache's slots: the tokens are those of the
+    export planned anew for each step over its growing past."""
+    from executor import Executor
+    model = _banded_lm(window)
+    prompt = [3, 1, 4, 1, 5]
+    plan = planner.compile(model, generation=planner.Generation(batch=1, max_length=16, prompt=5))
+    assert any(s.op == "Gather" and s.inputs[0].startswith("kv_cache/band") for s in plan.decode.steps)
+    ours = Generator(plan, "numpy", poison=True).generate([prompt], 10)[0]
+    ids, past, want = np.array([prompt]), np.zeros((2, 1, 2, 0, 4), np.float32), []
+    for _ in range(10):
+        total = past.shape[3] + ids.shape[1]
+        feeds = {"input_ids": ids, "position_ids": np.arange(past.shape[3], total)[None], "past_k": past[0],
+                 "past_v": past[1]}
+        step = planner.compile(model, {k: v.shape for k, v in feeds.items()})
+        out = Executor(step, "numpy").run(feeds)
+        want.append(int(out["logits"][0, -1].argmax()))
+        ids, past = np.array([[want[-1]]]), np.stack([out["present_k"], out["present_v"]])
+    np.testing.assert_array_equal(ours, want)

@@ -45,7 +45,7 @@ def kv_cache(tokens, length):
             updates.append((present.name, past))
         pasts, presents = {p for p, _, _ in found}, {c.outputs[0] for _, _, c in found}
         outputs = {o for _, o, _ in found}
-        rolled = _Rolled(graph, tokens, length, tensors)
+        rolled = _Rolled(tokens, length, tensors)
         kept = []
         for node in graph.nodes:
             node = nodes.get(node.name, node)
@@ -81,9 +81,9 @@ class _Rolled:
     """The nodes rolling masks from the graph's coordinates (the step's tokens last) to the cache's slots: `nodes(a)`
     those attention `a` needs first (each made once), `attention(a)` it reading the rolled mask and bias."""
 
-    def __init__(self, graph, tokens, length, tensors):
-        self.graph, self.tokens, self.length, self.tensors = graph, tokens, length, tensors
-        self.made, self.names = set(), {}
+    def __init__(self, tokens, length, tensors):
+        self.tokens, self.length, self.tensors = tokens, length, tensors
+        self.made = set()
         shift, slots, index = "kv_cache/shift", "kv_cache/slots", "kv_cache/roll"
         self._const("kv_cache/arange", np.arange(length, dtype=np.int64))
         self._const("kv_cache/first_hidden", np.int64(tokens))
@@ -102,8 +102,7 @@ class _Rolled:
 
     def nodes(self, node):
         """The nodes `attention(node)` reads that are not made yet."""
-        new = [] if self.made else list(self.common)
-        self.made.add("common")
+        new, self.common = self.common, []
         for made in self._plan(node)[1]:
             if made.name not in self.made:
                 self.made.add(made.name)

@@ -8,6 +8,7 @@ end. Prompts are padded on the left, as transformers' generate pads them, and po
 import numpy as np
 
 from planner.generation import IDS, MASK, POSITION, POSITIONS
+from planner.passes.next_token import NEXT
 
 from . import Executor, FeedError
 
@@ -29,7 +30,7 @@ class Generator:
         self.feeds = {entry: _buffers(getattr(plan, entry), self.masked) for entry in ("prefill", "decode")}
         self.valid = np.zeros((g.batch, g.max_length), np.int64)
         self.positions = np.zeros((g.batch, g.max_length), np.int64)
-        self.logits = {entry: getattr(self, entry).view(getattr(plan, entry).outputs[0]) for entry in ("prefill", "decode")}
+        self.next = {entry: getattr(self, entry).view(NEXT)[:, 0] for entry in ("prefill", "decode")}
         self.chosen = np.zeros(g.batch, np.int64)
 
     def generate(self, prompts, max_new_tokens, eos_token_id=None, pad_token_id=0):
@@ -43,12 +44,12 @@ class Generator:
                             f"{g.max_length} positions, the prompt {g.prompt}), got {max_new_tokens}")
         ids = self._prompt(rows)
         out = np.full((len(rows), max_new_tokens), pad_token_id, np.int64)
-        done = np.zeros(g.batch, bool)
+        done, hit = np.zeros(g.batch, bool), np.zeros(g.batch, bool)
         self._step("prefill", 0, ids)
         for t in range(max_new_tokens):
             if eos_token_id is not None:
-                self.chosen[done] = pad_token_id
-                done |= self.chosen == eos_token_id
+                np.putmask(self.chosen, done, pad_token_id)
+                np.logical_or(done, np.equal(self.chosen, eos_token_id, out=hit), out=done)
             out[:, t] = self.chosen[:len(rows)]
             if t + 1 == max_new_tokens or done[:len(rows)].all():
                 break
@@ -73,7 +74,7 @@ class Generator:
 
     def _step(self, entry, start, ids):
         """Run `entry` on `ids` written at cache slots [start, start + tokens); self.chosen takes each row's next
-        token."""
+        token (the plan's NEXT output)."""
         feeds, tokens = self.feeds[entry], ids.shape[1]
         feeds[IDS][...] = ids
         feeds[POSITIONS][...] = self.positions[:, start:start + tokens]
@@ -82,14 +83,12 @@ class Generator:
             shift = self.length - tokens - start
             feeds[MASK][:, :shift] = 0
             feeds[MASK][:, shift:] = self.valid[:, :start + tokens]
-        runner = getattr(self, entry)
-        runner.run_in_place(feeds)
-        logits = self.logits[entry]
-        last = logits[:, -1] if logits.ndim == 3 else logits
-        if runner.backend.xp is np:
-            np.argmax(last, axis=-1, out=self.chosen)
+        getattr(self, entry).run_in_place(feeds)
+        chosen = self.next[entry]
+        if isinstance(chosen, np.ndarray):
+            np.copyto(self.chosen, chosen)
         else:
-            self.chosen[...] = last.argmax(axis=-1).get()
+            chosen.get(out=self.chosen)
 
 
 def _buffers(plan, masked):

@@ -252,3 +252,17 @@ def test_a_causal_band_and_its_window_roll_with_the_cache(window):
         want.append(int(out["logits"][0, -1].argmax()))
         ids, past = np.array([[want[-1]]]), np.stack([out["present_k"], out["present_v"]])
     np.testing.assert_array_equal(ours, want)
+
+
+def test_a_sequence_that_ends_gives_the_pad_token(exported):
+    """After eos_token_id a sequence gives pad_token_id, as transformers pads a finished sequence; all stop when
+    all have ended."""
+    _, _, path = exported("llama")
+    gen = Generator(served(path), "numpy")
+    free = gen.generate(PROMPTS, 12)
+    eos = int(free[0, 3])
+    ended = gen.generate(PROMPTS, 12, eos_token_id=eos, pad_token_id=7)
+    for row, whole in zip(ended, free):
+        stop = list(whole).index(eos) + 1 if eos in whole else len(whole)
+        np.testing.assert_array_equal(row[:stop], whole[:stop])
+        assert (row[stop:] == 7).all()

@@ -87,7 +87,7 @@ CPU = ["inverted_residual", "winograd", "batch_conv"]
      [*LOADING, "fuse_conv", *FUSIONS[2:], "pretranspose", "inverted_residual", "batch_conv", "transpose_view",
       "prune"]),
     (dict(generation=Generation(tokens=1)), [*LOADING, "fold_batchnorm", "fuse_conv", *FUSIONS, "pretranspose", *CPU,
-                                             "transpose_view", "kv_cache", "prune"]),
+                                             "transpose_view", "kv_cache", "next_token", "prune"]),
     (dict(training=True), [*LOADING, "check_names", *FUSIONS, "transpose_view", "prune", "training_mode", "loss",
                            "gradients", "optimizer", "recomputation"]),
     (dict(training=True, parallel=Parallel(dp=2, tp=2, pp=2)),

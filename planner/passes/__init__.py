@@ -13,6 +13,7 @@ from .fuse_attention import fuse_attention
 from .fold_repeat_kv import fold_repeat_kv
 from .kv_cache import kv_cache
 from .last_logits import last_logits
+from .next_token import next_token
 from .transpose_view import transpose_view
 from .fuse_conv import fuse_conv
 from .fuse_norm import fuse_norm
@@ -79,6 +80,7 @@ def pipeline(options):
         transpose_view,  # a Transpose of size-1 axes alone as a Reshape: a view, no copy
         options.generation and options.generation.tokens and kv_cache(options.generation.tokens,
                                                                      options.generation.max_length),  # static cache
+        options.generation and options.generation.tokens and next_token,  # the greedy token, read back alone
         prune,  # what no output needs dropped
         tp > 1 and tensor_parallel(tp),  # one rank's piece of the blocks' layers
     ]
@@ -102,7 +104,7 @@ def pipeline(options):
 
 __all__ = ["Pass", "Property", "Result", "Context", "run", "loading", "pipeline", "LOADING", "TYPED", "PRUNED",
            "LOSS", "GRADIENTS", "UPDATES", "CUT", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm",
-           "fuse_conv", "fuse_attention", "fold_repeat_kv", "kv_cache", "transpose_view", "last_logits", "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose",
+           "fuse_conv", "fuse_attention", "fold_repeat_kv", "kv_cache", "transpose_view", "last_logits", "next_token", "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose",
            "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss",
            "gradients", "optimizer", "data_parallel", "tensor_parallel", "sequence_parallel", "pipeline_cut",
            "pipeline_stage", "recomputation", "sync_batchnorm"]

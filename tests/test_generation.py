@@ -266,3 +266,17 @@ def test_a_sequence_that_ends_gives_the_pad_token(exported):
         stop = list(whole).index(eos) + 1 if eos in whole else len(whole)
         np.testing.assert_array_equal(row[:stop], whole[:stop])
         assert (row[stop:] == 7).all()
+
+
+@pytest.mark.gpu
+def test_generation_on_cupy_is_numpys_and_a_token_allocates_nothing(exported, cupy):
+    """On a GPU: the tokens NumPy's Generator gives, and a decoded token's kernels and read-back under an allocator
+    that raises."""
+    from zoo_cases import assert_program_allocates_nothing
+    lm, _, path = exported("llama")
+    plan = served(path)
+    gen = Generator(plan, "cupy")
+    np.testing.assert_array_equal(gen.generate(PROMPTS, NEW), Generator(plan, "numpy").generate(PROMPTS, NEW))
+    assert_program_allocates_nothing(cupy, gen.decode)
+    with cupy.cuda.using_allocator(lambda size: (_ for _ in ()).throw(AssertionError(f"allocated {size} bytes"))):
+        gen._step("decode", PROMPT + 4, gen.chosen[:, None])

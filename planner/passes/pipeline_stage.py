@@ -155,7 +155,7 @@ def _unrolled(graph, single, steps, microbatches, tags):
     its backward ones at each ("B", j), the optimizer's (and the sends and receives of new param values) in
     the last microbatch's backward, reading each gradient summed over the microbatches. With one microbatch,
     `single` as it is."""
-    optimizing = [n for n in single if n.notes.phase is Phase.OPTIMIZER]
+    optimizing = {n for n in single if n.notes.phase is Phase.OPTIMIZER}  # Nodes hash by identity
     grads = {n.inputs[len(ops.of(n).scalars) + 1] for n in optimizing if (n.domain, n.op) in OPTIMIZER_OPS}
     per_batch = dict.fromkeys(o for n in single if n not in optimizing for o in n.outputs if o)  # in order: tensors
     per_batch.update(dict.fromkeys(i for n in single if n not in optimizing for i in n.inputs if i in graph.inputs))

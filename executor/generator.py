@@ -39,7 +39,8 @@ class Generator:
         pads; all stop when all have."""
         g = self.generation
         rows = _rows(prompts, g)
-        if not 1 <= max_new_tokens <= g.max_length - g.prompt + 1:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or \
+                not 1 <= max_new_tokens <= g.max_length - g.prompt + 1:
             raise FeedError(f"max_new_tokens must be from 1 to {g.max_length - g.prompt + 1} (the cache holds "
                             f"{g.max_length} positions, the prompt {g.prompt}), got {max_new_tokens}")
         ids = self._prompt(rows)
@@ -99,7 +100,11 @@ def _buffers(plan, masked):
 
 def _rows(prompts, generation):
     """The prompts as lists of token ids, checked against what the plan serves."""
-    rows = [list(np.asarray(p).reshape(-1)) for p in prompts]
+    arrays = [np.asarray(p) for p in prompts]
+    if any(a.dtype.kind not in "iu" or a.ndim != 1 for a in arrays):
+        raise FeedError("prompts must be rows of token ids: a list of lists of ints or an int array of rows (one "
+                        "prompt is [ids])")
+    rows = [list(a.reshape(-1)) for a in arrays]
     if not 1 <= len(rows) <= generation.batch:
         raise FeedError(f"the plan serves 1 to {generation.batch} prompts at once, got {len(rows)}")
     for k, row in enumerate(rows):

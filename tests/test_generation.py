@@ -108,6 +108,11 @@ def test_what_generation_refuses(exported, tmp_path):
         gen.generate([[1]] * 3, 2)
     with pytest.raises(FeedError, match="max_new_tokens must be from 1 to 73"):
         gen.generate([[1]], 74)
+    with pytest.raises(FeedError, match="max_new_tokens must be from 1 to 73"):
+        gen.generate([[1]], 2.5)
+    for bad in ([[1.5, 2.0]], [1, 2, 3]):
+        with pytest.raises(FeedError, match="prompts must be rows of token ids"):
+            gen.generate(bad, 2)
     with pytest.raises(PlanError, match="leaves no room"):
         planner.Generation(max_length=8, prompt=8)
     with pytest.raises(PlanError, match="takes its input shapes from the Generation"):

@@ -114,6 +114,7 @@ def report(args):
     from .report import report as build
     check_output(args.output)
     if args.serve:
+        training_options(args)  # the training flags without --training are refused as everywhere
         return cli_serving.report(args, config_of(args))
     if args.context or args.prompt or args.lengths:
         raise MemplanError("--context, --prompt and --lengths describe what --serve serves: give --serve too")
@@ -277,11 +278,12 @@ def max_batch(args):
         raise MemplanError("max-batch needs the memory to fit: --budget SIZE, e.g. --budget 16GiB")
     check_output(args.output)
     budget = parse_bytes(args.budget)
+    args.budget = None
     if args.serve:
+        training_options(args)
         return cli_serving.max_batch(args, budget, config_of(args))
     if args.context or args.prompt:
         raise MemplanError("--context and --prompt describe what --serve serves: give --serve too")
-    args.budget = None
     training = training_options(args)
     compile_at = batch_planner(args, training)
     rows = [(s, {"strategy": s}) for s in args.strategy]

@@ -35,7 +35,7 @@ def serving_args(args, batch=None):
     from .generation import Generation
     if args.context is None:
         raise MemplanError("--serve needs the positions each sequence holds: --context L, e.g. --context 8192")
-    if args.training or args.input or args.tp or args.strategy and len(args.strategy) > 1 and args.command == "report":
+    if args.training or args.input or args.tp:
         raise MemplanError("--serve plans inference on one device from --batch, --context and --prompt: --training, "
                            "--input and --tp do not apply")
     prompt = args.prompt or max(args.context // 2, 1)
@@ -44,7 +44,8 @@ def serving_args(args, batch=None):
 
 
 def serving_plan(args, generation, precision, config):
-    """The GenerationPlan of args.model serving `generation` in `precision`, under `config` (a planner.Config)."""
+    """The GenerationPlan of args.model serving `generation` in `precision`, under `config` (a planner.Config), by
+    the last --strategy given (default auto)."""
     from .compiler import compile
     strategy = (args.strategy[-1] if isinstance(args.strategy, list) else args.strategy) or "auto"
     return compile(args.model, generation=generation, strategy=strategy, schedule=args.schedule,

@@ -8,8 +8,9 @@ same bytes and nothing else moves.
 The graph is typed with `length - tokens` past positions, so every attention reads `length` keys, and it computes
 its masks as for a cache filled to the end: in its coordinates the step's tokens are the last ones and the past
 ones come before them (left-padded). The cache holds position p at slot p instead, so each attention's mask and
-bias, and its causal band and window, are rolled by `length - tokens - position` along the keys (a Gather of the
-mask, never of the cache), and the slots after the step's last token, not yet written, are hidden. The masks of
+bias, and its causal band and window, are rolled by `length - tokens - position` along the keys (the mask is computed
+from its sources rolled by Gathers, never the cache), and the slots after the step's last token, not yet written,
+are hidden. The masks of
 the export (causal, sliding windows, padding by attention_mask) are thereby kept as they are."""
 from dataclasses import replace
 
@@ -22,6 +23,10 @@ from ..ir import Node, Tensor, op_name
 from .base import TYPED, Pass, Result
 
 ATTENTION = ("memplan", "ScaledDotProductAttention")
+ROLLED = frozenset({"Where", "And", "Or", "Xor", "Not", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+                    "Add", "Sub", "Mul", "Div", "Neg", "Cast", "Min", "Max", "IsNaN", "IsInf"})
+"""ONNX ops computing value by value with broadcasting, which a roll along the last axis passes through: each input's
+last axis is the output's or 1."""
 
 
 def kv_cache(tokens, length):
@@ -45,7 +50,7 @@ def kv_cache(tokens, length):
             updates.append((present.name, past))
         pasts, presents = {p for p, _, _ in found}, {c.outputs[0] for _, _, c in found}
         outputs = {o for _, o, _ in found}
-        rolled = _Rolled(tokens, length, tensors)
+        rolled = _Rolled(graph, tokens, length, tensors)
         kept = []
         for node in graph.nodes:
             node = nodes.get(node.name, node)
@@ -81,8 +86,8 @@ class _Rolled:
     """The nodes rolling masks from the graph's coordinates (the step's tokens last) to the cache's slots: `nodes(a)`
     those attention `a` needs first (each made once), `attention(a)` it reading the rolled mask and bias."""
 
-    def __init__(self, tokens, length, tensors):
-        self.tokens, self.length, self.tensors = tokens, length, tensors
+    def __init__(self, graph, tokens, length, tensors):
+        self.producers, self.tokens, self.length, self.tensors = graph.producers, tokens, length, tensors
         self.made = set()
         shift, slots, index = "kv_cache/shift", "kv_cache/slots", "kv_cache/roll"
         self._const("kv_cache/arange", np.arange(length, dtype=np.int64))
@@ -119,18 +124,14 @@ class _Rolled:
         """(the attention's new inputs, the nodes making them)."""
         inputs = list(node.inputs) + [""] * max(0, 5 - len(node.inputs))
         made = []
-        bias = inputs[3]
-        if bias and self.tensors[bias].shape[-1] == self.length:
-            inputs[3] = self._gather(bias, made)
+        if inputs[3]:
+            inputs[3] = self._roll(inputs[3], made)
         mask = "kv_cache/written"
         causal, window = int(node.attrs.get("causal", 0)), int(node.attrs.get("window", 0))
         if causal:
             mask = self._and(self._gather(self._band(window), made), mask, made)
         if inputs[4]:
-            given = inputs[4]
-            if self.tensors[given].shape[-1] == self.length:
-                given = self._gather(given, made)
-            mask = self._and(given, mask, made)
+            mask = self._and(self._roll(inputs[4], made), mask, made)
         inputs[4] = mask
         return tuple(inputs), made
 
@@ -142,6 +143,21 @@ class _Rolled:
             last = i + self.length - self.tokens
             self._const(name, (j <= last) & ((j > last - window) if window else True))
         return name
+
+    def _roll(self, name, made):
+        """`name` rolled along its last axis, the keys: itself where that axis is 1 (or it has none); else the value
+        by value op making it (ROLLED) applied to its inputs rolled, so that the export's mask is computed rolled
+        rather than copied so (the float mask of a prefill, (B, 1, P, L), is not made twice); else a Gather."""
+        shape = self.tensors[name].shape
+        if not shape or shape[-1] == 1:
+            return name
+        node = self.producers.get(name)
+        if node is None or node.domain or node.op not in ROLLED or len(node.outputs) != 1:
+            return self._gather(name, made)
+        out = f"{name}/rolled"
+        inputs = tuple(self._roll(i, made) if i else i for i in node.inputs)
+        made.append(Node(node.op, inputs, (out,), node.attrs, out, node.notes))
+        return out
 
     def _gather(self, name, made):
         out = f"{name}/rolled"

@@ -4,6 +4,7 @@ workers inherit it by fork, and only its results cross back, pickled."""
 import multiprocessing
 import pickle
 import signal
+import threading
 from contextlib import contextmanager
 
 from .errors import MemplanError
@@ -37,12 +38,20 @@ def mapped(f, items, workers=1):
 def forking():
     """Fork inside it: Ctrl-C waits until the forks are done, as a KeyboardInterrupt raised in an at-fork hook
     (logging's) is printed and lost rather than stopping the command; the workers inherit SIGINT blocked, and the
-    parent ends them."""
+    parent ends them. The mask holds this thread alone: a SIGINT another thread takes (a BLAS pool's, a test
+    runner's) is held by a handler that keeps it, raised again once the forking is over."""
+    held = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum)) if main else None
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        if main:
+            signal.signal(signal.SIGINT, previous)
+            if held:
+                signal.raise_signal(signal.SIGINT)
 
 
 def portable(error):

@@ -37,7 +37,7 @@ def memplan_tokens(path, prompt, new, length):
     gen = Generator(planner.compile(path, generation=planner.Generation(1, length, len(prompt))), "numpy", jit=True)
     gen.generate([prompt], 2)
     start = time.perf_counter()
-    gen._step("prefill", 0, gen._prompt([prompt]))
+    gen.generate([prompt], 1)  # the prefill alone
     prefilled = time.perf_counter()
     tokens = gen.generate([prompt], new)[0]
     return tokens, (time.perf_counter() - prefilled - (prefilled - start)) / (new - 1)
@@ -87,20 +87,17 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     import torch
-    import transformers
     torch.set_num_threads(os.cpu_count())
     rng = np.random.default_rng(0)
     print(f"decode latency per token, batch 1, prompt {args.prompt}, {args.new} new tokens, {os.cpu_count()} cores")
     print(f"{'family':<9} {'memplan':>10} {'onnxruntime':>12} {'PyTorch':>10} {'/ ort':>7} {'/ torch':>8}  tokens")
     for family in args.families:
         config = bigger(family)
-        torch.manual_seed(0)
-        lm = transformers.AutoModelForCausalLM.from_config(config).eval()
+        lm = exports.build(config)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "model.onnx")
             names = exports.export(lm, config, path)
-            heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
-            size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            heads, size = exports.cache_dims(config)
             prompt = [int(i) for i in rng.integers(3, 8000, args.prompt)]
             rounds = []
             for _ in range(args.rounds):

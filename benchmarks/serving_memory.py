@@ -54,22 +54,18 @@ def main():
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--prompt", type=int, default=512)
     args = parser.parse_args()
-    import torch
-    import transformers
     g = planner.Generation(args.batch, args.context, args.prompt)
     print(f"serving {g.batch} sequences of {g.max_length} positions (prompts of {g.prompt}), fp32")
     print(f"{'family':<8} {'KV cache':>11} {'formula':>8} {'weights':>11} {'prefill':>11} {'decode':>11} "
           f"{'transient':>10} {'layer':>10} {'ratio':>6} {'export, 1 token':>16}")
     for family in args.families:
         config = bigger(family)
-        torch.manual_seed(0)
-        lm = transformers.AutoModelForCausalLM.from_config(config).eval()
+        lm = exports.build(config)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "model.onnx")
             pasts = exports.export(lm, config, path)
             plan = planner.compile(path, generation=g)
-            heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
-            size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            heads, size = exports.cache_dims(config)
             formula = 2 * config.num_hidden_layers * heads * size * 4 * g.batch * g.max_length
             live = live_by_step(plan.decode)
             layer, _ = largest_layer(plan.decode, live)

@@ -8,17 +8,15 @@ class Arena:
     """`plan.arena_bytes` bytes allocated once with `xp` (numpy or cupy); `view(name)` is the tensor
     at its planned offset, with its shape and dtype."""
 
-    def __init__(self, plan, xp):
+    def __init__(self, plan, xp, buffer=None):
         self.plan, self.xp = plan, xp
-        self.buffer = xp.empty(max(plan.arena_bytes, 1), dtype=xp.uint8)
+        self.buffer = xp.empty(max(plan.arena_bytes, 1), dtype=xp.uint8) if buffer is None else buffer
 
     def sharing(self, plan):
         """This arena's buffer as the arena of `plan`, whose persistent tensors it already holds (Executor's `arena`)."""
         if plan.arena_bytes > self.buffer.size:
             raise ValueError(f"a plan of {plan.arena_bytes} bytes cannot run in an arena of {self.buffer.size}")
-        shared = Arena.__new__(Arena)
-        shared.plan, shared.xp, shared.buffer = plan, self.xp, self.buffer
-        return shared
+        return Arena(plan, self.xp, self.buffer)
 
     def view(self, name):
         t = self.plan.tensors[name]

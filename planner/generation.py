@@ -8,7 +8,6 @@ import numpy as np
 
 from .deferred import Deferred
 from .errors import ModelError, PlanError
-from .ir import Node
 
 IDS, MASK, POSITIONS = "input_ids", "attention_mask", "position_ids"
 """The inputs of an export with a cache that a step feeds besides the cache (Optimum's and transformers' names)."""
@@ -187,8 +186,7 @@ def _renamed(graph, names):
     """`graph` with the tensors `names` ({old: new}) renamed where nodes read them."""
     if not names:
         return graph
-    nodes = tuple(Node(n.op, tuple(names.get(i, i) for i in n.inputs), n.outputs, n.attrs, n.name, n.notes, n.domain)
-                  for n in graph.nodes)
+    nodes = tuple(replace(n, inputs=tuple(names.get(i, i) for i in n.inputs)) for n in graph.nodes)
     tensors = {names.get(k, k): (replace(t, name=names[k]) if k in names else t) for k, t in graph.tensors.items()}
     return replace(graph, nodes=nodes, tensors=tensors)
 

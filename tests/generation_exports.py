@@ -42,16 +42,26 @@ class WithCache(torch.nn.Module):
 def tiny(family, seed=0):
     """(the LM in eval mode, its config) of a family, its weights drawn from `seed`."""
     config = FAMILIES[family]()
+    return build(config, seed), config
+
+
+def build(config, seed=0):
+    """The causal LM of `config` in eval mode, its weights drawn from `seed`."""
     torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(config).eval(), config
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def cache_dims(config):
+    """(kv heads, head size) of a config: each layer's cache is (batch, kv heads, positions, head size)."""
+    heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
+    return heads, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def export(lm, config, path):
     """Export `lm` with a cache to `path`, traced at 3 new tokens over 5 past ones, batch, tokens and past
     positions dynamic; returns the past inputs' names."""
     layers = config.num_hidden_layers
-    heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
-    size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    heads, size = cache_dims(config)
     pasts = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
     presents = [n.replace("past_key_values", "present") for n in pasts]
     ids = torch.randint(0, VOCAB, (2, 3))

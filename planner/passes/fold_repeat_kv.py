@@ -6,7 +6,7 @@ find it: Reshapes that come back to the shape they left, and the dynamo exporter
 (B H, T, D), Transpose) turned back by the fusion's Transpose, a copy of the keys each."""
 from dataclasses import replace
 
-from .base import TYPED, Pass, Property, Result
+from .base import rewrite_pass
 
 ATTENTION = ("memplan", "ScaledDotProductAttention")
 
@@ -58,10 +58,4 @@ def folded(graph):
     return (replace(graph, nodes=tuple(nodes)) if count else graph), count
 
 
-def _apply(graph, context):
-    graph, count = folded(graph)
-    return Result(graph, bool(count))
-
-
-fold_repeat_kv = Pass("fold_repeat_kv", _apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}),
-                      ensures=frozenset({Property("no repeated kv heads left", lambda g, facts: not folded(g)[1])}))
+fold_repeat_kv = rewrite_pass("fold_repeat_kv", folded, "attention reading repeated kv heads")

@@ -55,8 +55,8 @@ def kv_cache(tokens, length):
         for node in graph.nodes:
             node = nodes.get(node.name, node)
             if (node.domain, node.op) == ATTENTION and presents & set(node.inputs[1:3]):
-                kept += rolled.nodes(node)
-                node = rolled.attention(node)
+                made, node = rolled(node)
+                kept += made
             kept.append(node)
         tensors.update((o, Tensor(o, None, None, "activation")) for n in kept for o in n.outputs if o not in tensors)
         rewritten = shapes.prune(replace(graph, nodes=tuple(kept), tensors=tensors, updates=tuple(updates),
@@ -83,12 +83,12 @@ def kv_cache(tokens, length):
 
 
 class _Rolled:
-    """The nodes rolling masks from the graph's coordinates (the step's tokens last) to the cache's slots: `nodes(a)`
-    those attention `a` needs first (each made once), `attention(a)` it reading the rolled mask and bias."""
+    """The nodes rolling masks from the graph's coordinates (the step's tokens last) to the cache's slots: called on
+    an attention, (the nodes it needs first that no earlier attention made, it reading the rolled mask and bias)."""
 
     def __init__(self, graph, tokens, length, tensors):
         self.producers, self.tokens, self.length, self.tensors = graph.producers, tokens, length, tensors
-        self.made = set()
+        self.rolled = {}  # {tensor: its rolled form}, made by an earlier attention's nodes
         shift, slots, index = "kv_cache/shift", "kv_cache/slots", "kv_cache/roll"
         self._const("kv_cache/arange", np.arange(length, dtype=np.int64))
         self._const("kv_cache/first_hidden", np.int64(tokens))
@@ -105,25 +105,11 @@ class _Rolled:
     def _const(self, name, value):
         self.tensors[name] = Tensor(name, value.shape, value.dtype, "const", value)
 
-    def nodes(self, node):
-        """The nodes `attention(node)` reads that are not made yet."""
-        new, self.common = self.common, []
-        for made in self._plan(node)[1]:
-            if made.name not in self.made:
-                self.made.add(made.name)
-                new.append(made)
-        return new
-
-    def attention(self, node):
-        """`node` reading the rolled bias and mask, its band and window among the mask."""
-        inputs, _ = self._plan(node)
-        attrs = {**node.attrs, "causal": 0, "window": 0}
-        return replace(node, inputs=inputs, attrs=attrs)
-
-    def _plan(self, node):
-        """(the attention's new inputs, the nodes making them)."""
+    def __call__(self, node):
+        """(the nodes the attention `node` reads that are not made yet, `node` reading the rolled bias and mask, its
+        band and window among the mask)."""
         inputs = list(node.inputs) + [""] * max(0, 5 - len(node.inputs))
-        made = []
+        made, self.common = self.common, []
         if inputs[3]:
             inputs[3] = self._roll(inputs[3], made)
         mask = "kv_cache/written"
@@ -133,7 +119,7 @@ class _Rolled:
         if inputs[4]:
             mask = self._and(self._roll(inputs[4], made), mask, made)
         inputs[4] = mask
-        return tuple(inputs), made
+        return made, replace(node, inputs=tuple(inputs), attrs={**node.attrs, "causal": 0, "window": 0})
 
     def _band(self, window):
         """The const (tokens, length) bool band of `causal` (and `window`) in the graph's coordinates."""
@@ -151,20 +137,28 @@ class _Rolled:
         shape = self.tensors[name].shape
         if not shape or shape[-1] == 1:
             return name
+        if name in self.rolled:
+            return self.rolled[name]
         node = self.producers.get(name)
         if node is None or node.domain or node.op not in ROLLED or len(node.outputs) != 1:
             return self._gather(name, made)
-        out = f"{name}/rolled"
         inputs = tuple(self._roll(i, made) if i else i for i in node.inputs)
-        made.append(Node(node.op, inputs, (out,), node.attrs, out, node.notes))
-        return out
+        return self._made(name, Node(node.op, inputs, (f"{name}/rolled",), node.attrs, f"{name}/rolled", node.notes),
+                          made)
 
     def _gather(self, name, made):
+        if name in self.rolled:
+            return self.rolled[name]
         out = f"{name}/rolled"
-        made.append(Node("Gather", (name, self.index), (out,), {"axis": -1}, out))
-        return out
+        return self._made(name, Node("Gather", (name, self.index), (out,), {"axis": -1}, out), made)
 
     def _and(self, a, b, made):
         out = f"{a}&{b}"
-        made.append(Node("And", (a, b), (out,), name=out))
-        return out
+        return self._made(out, Node("And", (a, b), (out,), name=out), made)
+
+    def _made(self, key, node, made):
+        """`node`'s output, `node` among `made` unless an earlier attention made it (kept under `key`)."""
+        if key not in self.rolled:
+            made.append(node)
+            self.rolled[key] = node.outputs[0]
+        return self.rolled[key]

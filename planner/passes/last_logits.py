@@ -5,9 +5,9 @@ bf16 a sequence, more than its KV cache (transformers' generate asks the model f
 alike: logits_to_keep=1)."""
 from dataclasses import replace
 
-from ..ir import Node, Tensor
+from ..ir import Annotations, Node, Tensor
 from .. import shapes
-from .base import TYPED, Pass, Property, Result
+from .base import rewrite_pass
 from .pattern import constant
 
 PER_VALUE = ("Cast", "Tanh", "Div", "Mul", "Add", "Sub", "Identity")
@@ -31,17 +31,20 @@ def _head(graph):
     return node, chain
 
 
+def last_position(graph, name, notes=Annotations()):
+    """(the Slice of `name` (batch, positions, ...) to its last position, what it writes: `name`/last_position)."""
+    out, positions = f"{name}/last_position", graph.tensors[name].shape[1]
+    node = Node("Slice", (name,), (out,), {"starts": [positions - 1], "ends": [positions], "axes": [1]}, out, notes)
+    return node, out
+
+
 def sliced(graph):
     """(graph whose LM head reads the last position's hidden state, whether it was rewritten)."""
     found = _head(graph)
     if found is None:
         return graph, 0
     head, chain = found
-    rows = head.inputs[0]
-    last = f"{rows}/last_position"
-    positions = graph.tensors[rows].shape[1]
-    cut = Node("Slice", (rows,), (last,), {"starts": [positions - 1], "ends": [positions], "axes": [1]}, last,
-               head.notes)
+    cut, last = last_position(graph, head.inputs[0], head.notes)
     nodes = []
     for node in graph.nodes:
         if node is head:
@@ -53,11 +56,4 @@ def sliced(graph):
     return shapes.retype(replace(graph, nodes=tuple(nodes), tensors={**graph.tensors, **retyped}), graph), 1
 
 
-def _apply(graph, context):
-    graph, count = sliced(graph)
-    return Result(graph, bool(count))
-
-
-last_logits = Pass("last_logits", _apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}),
-                   ensures=frozenset({Property("an LM head on the last position alone",
-                                               lambda graph, facts: not sliced(graph)[1])}))
+last_logits = rewrite_pass("last_logits", sliced, "LM head on more than the last position")

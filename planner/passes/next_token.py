@@ -5,7 +5,8 @@ from dataclasses import replace
 
 from .. import shapes
 from ..ir import Node, Tensor
-from .base import TYPED, Pass, Property, Result
+from .base import rewrite_pass
+from .last_logits import last_position
 
 NEXT = "next_token"
 """The output holding each sequence's next token, (batch, 1) int64."""
@@ -20,18 +21,11 @@ def with_next_token(graph):
     positions = graph.tensors[logits].shape[1]
     nodes, source = list(graph.nodes), logits
     if positions > 1:
-        source = f"{logits}/last_position"
-        nodes.append(Node("Slice", (logits,), (source,), {"starts": [positions - 1], "ends": [positions], "axes": [1]},
-                          source))
+        cut, source = last_position(graph, logits)
+        nodes.append(cut)
     nodes.append(Node("ArgMax", (source,), (NEXT,), {"axis": -1, "keepdims": 0}, NEXT))
     tensors = {**graph.tensors, **{n: Tensor(n, None, None, "activation") for n in {source, NEXT} - {logits}}}
     return shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors, outputs=(*graph.outputs, NEXT)), graph), 1
 
 
-def _apply(graph, context):
-    graph, count = with_next_token(graph)
-    return Result(graph, bool(count))
-
-
-next_token = Pass("next_token", _apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}),
-                  ensures=frozenset({Property("the next token an output", lambda graph, facts: NEXT in graph.outputs)}))
+next_token = rewrite_pass("next_token", with_next_token, "generation step without its next token")

@@ -4,7 +4,7 @@ transposes: 4 a layer, each a copy and a kernel call otherwise."""
 from dataclasses import replace
 
 from ..ir import Node
-from .base import TYPED, Pass, Property, Result
+from .base import rewrite_pass
 
 
 def _moves_values(node, graph):
@@ -28,11 +28,4 @@ def viewed(graph):
     return (replace(graph, nodes=tuple(nodes)) if count else graph), count
 
 
-def _apply(graph, context):
-    graph, count = viewed(graph)
-    return Result(graph, bool(count))
-
-
-transpose_view = Pass("transpose_view", _apply, needs=frozenset({TYPED}), makes=frozenset({TYPED}),
-                      ensures=frozenset({Property("no Transpose of size-1 axes alone left",
-                                                  lambda graph, facts: not viewed(graph)[1])}))
+transpose_view = rewrite_pass("transpose_view", viewed, "Transpose of size-1 axes alone")

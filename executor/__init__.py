@@ -102,7 +102,7 @@ class Executor:
             self.arena = arena.sharing(plan)
         else:
             with self.backend.allocating(plan.arena_bytes, "the arena", self.config):
-                self.arena = Arena(plan, self.backend.xp)
+                self.arena = Arena(plan, self.backend.xp, host=self.backend.host_arena(plan.host_arena_bytes))
             with self.backend.allocating(sum(plan.tensors[n].nbytes for n in values),
                                          "the params' and consts' values", self.config):
                 self.arena.load(shards(plan, values, self.groups))
@@ -410,7 +410,8 @@ def check_memory(plan, backend="numpy", config=None, feeds=False, cuda_graph=Fal
     backend = backends.get(backend) if isinstance(backend, str) else backend
     config = config or Config.from_env()
     device = [("the arena", plan.arena_bytes)] + ([] if cuda_graph else [_outputs(plan)])
-    host = ([_random_inputs(plan)[:2]] if feeds else []) + ([_outputs(plan)] if cuda_graph else [])
+    host = ([_random_inputs(plan)[:2]] if feeds else []) + ([_outputs(plan)] if cuda_graph else []) + \
+        [("the host arena", plan.host_arena_bytes)]
     if backend is numpy_backend:
         device, host = host + device, []
     _check_sums(backend, device, config)

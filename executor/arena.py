@@ -5,22 +5,26 @@ from planner.dtypes import from_onnx  # noqa: F401  (registers ml_dtypes' names 
 
 
 class Arena:
-    """`plan.arena_bytes` bytes allocated once with `xp` (numpy or cupy); `view(name)` is the tensor
-    at its planned offset, with its shape and dtype."""
+    """`plan.arena_bytes` bytes allocated once with `xp` (numpy or cupy), and `plan.host_arena_bytes` of host memory
+    (`host`: a NumPy uint8 buffer, pinned on CUDA); `view(name)` is the tensor at its planned offset in its arena,
+    with its shape and dtype."""
 
-    def __init__(self, plan, xp, buffer=None):
+    def __init__(self, plan, xp, buffer=None, host=None):
         self.plan, self.xp = plan, xp
         self.buffer = xp.empty(max(plan.arena_bytes, 1), dtype=xp.uint8) if buffer is None else buffer
+        self.host = np.empty(max(plan.host_arena_bytes, 1), dtype=np.uint8) if host is None else host
 
     def sharing(self, plan):
-        """This arena's buffer as the arena of `plan`, whose persistent tensors it already holds (Executor's `arena`)."""
-        if plan.arena_bytes > self.buffer.size:
-            raise ValueError(f"a plan of {plan.arena_bytes} bytes cannot run in an arena of {self.buffer.size}")
-        return Arena(plan, self.xp, self.buffer)
+        """This arena's buffers as the arenas of `plan`, whose persistent tensors they already hold (Executor's
+        `arena`)."""
+        if plan.arena_bytes > self.buffer.size or plan.host_arena_bytes > self.host.size:
+            raise ValueError(f"a plan of {plan.arena_bytes} bytes and {plan.host_arena_bytes} host bytes cannot run "
+                             f"in arenas of {self.buffer.size} and {self.host.size}")
+        return Arena(plan, self.xp, self.buffer, self.host)
 
     def view(self, name):
         t = self.plan.tensors[name]
-        raw = self.buffer[t.offset:t.offset + t.nbytes]
+        raw = (self.host if t.host else self.buffer)[t.offset:t.offset + t.nbytes]
         return raw.view(np.dtype(t.dtype)).reshape(t.shape)
 
     def bytes(self, offset, nbytes):

@@ -13,7 +13,9 @@ Each field has one definition, whatever the strategy:
   reads; parameter gradients; every other value (recomputed ones included);
 - free: the arena's bytes that hold nothing at that step, what the placement loses (arena - LOAD).
 
-The fullest step is the first step where the transient buffers hold the most bytes (LOAD's step).
+The fullest step is the first step where the transient buffers hold the most bytes (LOAD's step). The host
+arena's tensors (swapped-out copies, an offloaded optimizer's state) are not the device arena's and count in
+none of these.
 """
 import numpy as np
 
@@ -48,6 +50,7 @@ def fields(training, cache=False):
 
 def breakdown(tensors, nsteps, arena_bytes, training):
     """({field: bytes} of the arena, summing to `arena_bytes` (see the module docstring); the fullest step)."""
+    tensors = on_device(tensors)
     parts = dict.fromkeys(fields(training, any(t.role == "cache" for t in tensors.values())), 0)
     for t in tensors.values():
         if t.lifetime is None and t.alias_of is None:
@@ -63,7 +66,7 @@ def breakdown(tensors, nsteps, arena_bytes, training):
 def by_dtype(plan):
     """{element type: bytes} of the arena at its fullest step: the persistent buffers and the transient
     ones live then (the precision of what it holds)."""
-    tensors = plan.tensors
+    tensors = on_device(plan.tensors)
     step, live = _live_at_fullest_step(tensors, len(plan.steps), key=lambda t: str(t.dtype))
     for t in tensors.values():
         if t.lifetime is None and t.alias_of is None:
@@ -74,10 +77,15 @@ def by_dtype(plan):
 def peak(plan, fields):
     """(the most bytes the transient buffers of these breakdown `fields` hold at one step, that step): a
     training step's activation memory, say, with its parameter gradients left out."""
-    names, live = _timeline(plan.tensors, len(plan.steps), category)
+    names, live = _timeline(on_device(plan.tensors), len(plan.steps), category)
     total = live[[k for k, name in enumerate(names) if FIELDS[name] in fields]].sum(axis=0)
     step = int(np.argmax(total))
     return int(total[step]), step
+
+
+def on_device(tensors):
+    """The planned tensors of the device arena alone, not the host arena's."""
+    return {name: t for name, t in tensors.items() if not t.host}
 
 
 def _live_at_fullest_step(tensors, nsteps, key=category):

@@ -101,6 +101,14 @@ class Config:
     remat_solver: str = "milp"
     """MEMPLAN_REMAT_SOLVER: remat="optimal" solves Checkmate's program with HiGHS ("milp") or OR-Tools
     CP-SAT ("cpsat")."""
+    enable_swap: bool = False
+    """MEGENGINE_ENABLE_SWAP: a training step given a memory budget and no remat swaps saved values to host memory
+    (remat="swap") instead of recomputing them."""
+    device_model: str = "auto"
+    """MEMPLAN_DEVICE_MODEL: the time model swapping places its copies by (planner.timing): "cpu", "v100", "a100",
+    "h100", "h200", a JSON file `memplan calibrate` wrote, or "auto" (h100 for a CUDA plan, else cpu)."""
+    link_bandwidth: float = 25e9
+    """MEMPLAN_LINK_BANDWIDTH: bytes a second the host link copies each way (PCIe 4 x16: about 25 GB/s)."""
     debug: bool = False
     """MEMPLAN_DEBUG: `compile` prints "memory X MiB -> Y MiB" (every tensor its own buffer -> the plan)."""
 
@@ -121,7 +129,8 @@ class Config:
                   "sublinear_genetic_nr_iter": self.sublinear_genetic_nr_iter >= 0,
                   "sublinear_genetic_pool_size": self.sublinear_genetic_pool_size >= 2,
                   "sublinear_lower_bound_mb": self.sublinear_lower_bound_mb >= 0,
-                  "sublinear_workers": self.sublinear_workers >= 1}
+                  "sublinear_workers": self.sublinear_workers >= 1,
+                  "device_model": bool(self.device_model), "link_bandwidth": self.link_bandwidth > 0}
         for f in fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, f.type if f.type is not float else (int, float)) or \
@@ -167,7 +176,8 @@ ENV = {"enable_inplace": "MXNET_EXEC_ENABLE_INPLACE", "match_range": "MXNET_EXEC
        "sublinear_genetic_nr_iter": "MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER",
        "sublinear_genetic_pool_size": "MGB_SUBLINEAR_MEMORY_GENETIC_POOL_SIZE",
        "sublinear_lower_bound_mb": "MGB_SUBLINEAR_MEMORY_LOWER_BOUND_MB", "sublinear_workers": "MGB_SUBLINEAR_MEMORY_WORKERS",
-       "time_limit": "MEMPLAN_TIME_LIMIT", "remat_solver": "MEMPLAN_REMAT_SOLVER", "debug": "MEMPLAN_DEBUG"}
+       "time_limit": "MEMPLAN_TIME_LIMIT", "remat_solver": "MEMPLAN_REMAT_SOLVER", "enable_swap": "MEGENGINE_ENABLE_SWAP",
+       "device_model": "MEMPLAN_DEVICE_MODEL", "link_bandwidth": "MEMPLAN_LINK_BANDWIDTH", "debug": "MEMPLAN_DEBUG"}
 """The environment variable behind each field."""
 
 _ACCEPTS = {"enable_inplace": "a boolean", "match_range": "an integer >= 0",
@@ -181,4 +191,6 @@ _ACCEPTS = {"enable_inplace": "a boolean", "match_range": "an integer >= 0",
             "sublinear_thresh_nr_try": "an integer >= 1", "sublinear_genetic_nr_iter": "an integer >= 0",
             "sublinear_genetic_pool_size": "an integer >= 2", "sublinear_lower_bound_mb": "an integer >= 0",
             "sublinear_workers": "an integer >= 1", "time_limit": "seconds > 0",
-            "remat_solver": '"milp" or "cpsat"', "debug": "a boolean"}
+            "remat_solver": '"milp" or "cpsat"', "enable_swap": "a boolean",
+            "device_model": 'a device name ("auto", "cpu", "h100", ...) or a file of `memplan calibrate`',
+            "link_bandwidth": "bytes a second > 0", "debug": "a boolean"}

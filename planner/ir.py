@@ -29,13 +29,15 @@ KINDS = ("input", "param", "const", "state", "activation", "output")
 @dataclass(frozen=True, eq=False)
 class Tensor:
     """A value in the graph. `shape` holds ints once bound, and may hold dim names (str) or None before.
-    `data`, a param's or const's values: an array, or a planner.deferred.Deferred read when needed."""
+    `data`, a param's or const's values: an array, or a planner.deferred.Deferred read when needed. `host`: held in
+    host memory (the plan's host arena), not the device's: a swapped-out copy, an offloaded optimizer's state."""
 
     name: str
     shape: tuple | None
     dtype: np.dtype | None
     kind: str
     data: np.ndarray | None = field(default=None, repr=False)
+    host: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -30,8 +30,8 @@ def lifetimes(graph, steps, held=()):
 
 
 def peak_bytes(graph, steps, held=(), alignment=256):
-    """LOAD of a schedule: the most transient bytes live at one step, with no sharing of buffers."""
+    """LOAD of a schedule: the most transient device bytes live at one step, with no sharing of buffers."""
     life = lifetimes(graph, steps, held)
-    names = list(life)
+    names = [name for name in life if not graph.tensors[name].host]
     return allocators.lower_bound([graph.tensors[n].nbytes for n in names], [life[n][0] for n in names],
                                   [life[n][1] for n in names], alignment)

@@ -29,7 +29,7 @@ from .parallel import Parallel, Whole, shard_size
 from .plan_checks import ALIGNMENT, check_op, is_int, numpy_dtype  # noqa: F401  (ALIGNMENT: planning's, from here)
 from .units import format_bytes
 
-FORMAT = "memplan-plan/6"
+FORMAT = "memplan-plan/7"
 PHASES = ("", "backward", "recompute", "optimizer")
 MEASURED = ("plan_seconds",)
 """Stats a compile measured rather than decided, left out of the file: a plan is the same bytes wherever and
@@ -41,8 +41,8 @@ device (a link to /dev/zero), is refused, not read until memory runs out."""
 
 @dataclass(frozen=True)
 class PlannedTensor:
-    """One tensor's place: `offset` into the arena, `lifetime` (first, last) steps inclusive (None
-    for persistent tensors, alive the whole run), and `alias_of`, the tensor whose buffer it shares
+    """One tensor's place: `offset` into the arena (the host arena where `host`), `lifetime` (first, last) steps
+    inclusive (None for persistent tensors, alive the whole run), and `alias_of`, the tensor whose buffer it shares
     (an in-place write, or a `view` that writes nothing); `role` as in plan_checks.ROLES."""
 
     name: str
@@ -55,6 +55,7 @@ class PlannedTensor:
     alias_of: str | None = None
     view: bool = False
     role: str = ""
+    host: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,8 @@ class Plan:
     """The device the arena is planned for: "any" for a plan of one device that any backend may run."""
     rank: int = 0
     """Which of several cooperating plans this is (a process's rank); 0 for a plan that runs alone."""
+    host_arena_bytes: int = 0
+    """Bytes of the second arena, in host memory (pinned on CUDA): what the plan swaps out or offloads."""
 
     @property
     def trains(self):
@@ -166,7 +169,7 @@ class Plan:
         values = {name: value for name, value in data.items() if not is_absent(value)}
         doc = {"format": FORMAT, **{k: getattr(self, k) for k in (
             "strategy", "schedule", "arena_bytes", "lower_bound_bytes", "breakdown", "inputs", "outputs",
-            "training", "opsets", "device", "rank")}, "stats": {k: v for k, v in self.stats.items() if k not in MEASURED},
+            "training", "opsets", "device", "rank", "host_arena_bytes")}, "stats": {k: v for k, v in self.stats.items() if k not in MEASURED},
             "tensors": [asdict(t) for t in self.tensors.values()],
             "steps": [{**asdict(s), "attrs": {k: _encode(v) for k, v in s.attrs.items()}} for s in self.steps],
             "values_digest": _values_digest(values) if values else None,
@@ -249,9 +252,9 @@ TYPES = {  # name: (what the field must be, its test)
 TOP_FIELDS = {"format": "str", "strategy": "str", "schedule": "str", "arena_bytes": "int", "lower_bound_bytes": "int",
               "breakdown": "object", "inputs": "names", "outputs": "names", "stats": "object", "training": "object",
               "tensors": "list", "steps": "list", "values_digest": "name?", "opsets": "opsets", "device": "str",
-              "rank": "int", "absent": "object", "digest": "str"}
+              "rank": "int", "absent": "object", "digest": "str", "host_arena_bytes": "int"}
 TENSOR_FIELDS = {"name": "str", "shape": "shape", "dtype": "str", "kind": "str", "nbytes": "int", "offset": "int",
-                 "lifetime": "lifetime", "alias_of": "name?", "view": "bool", "role": "str"}
+                 "lifetime": "lifetime", "alias_of": "name?", "view": "bool", "role": "str", "host": "bool"}
 STEP_FIELDS = {"name": "str", "op": "str", "inputs": "names", "outputs": "names", "attrs": "object",
                "workspace": "name?", "phase": "phase", "domain": "str", "scratch": "list", "version": "int?"}
 SLICE_FIELDS = {"name": "str", "offset": "int", "shape": "shape", "dtype": "str"}

@@ -187,12 +187,15 @@ def _span(plan, t):
 
 
 def _check_places(plan):
+    if not is_int(plan.host_arena_bytes) or plan.host_arena_bytes < 0:
+        raise PlanError(f"host_arena_bytes {plan.host_arena_bytes!r} must be an int >= 0")
     for t in plan.tensors.values():
         if t.offset % ALIGNMENT:
             raise PlanError(f"tensor {t.name!r}: offset {t.offset} is not a multiple of {ALIGNMENT}")
-        if t.offset < 0 or t.offset + t.nbytes > plan.arena_bytes:
+        size, arena = (plan.host_arena_bytes, "host arena") if t.host else (plan.arena_bytes, "arena")
+        if t.offset < 0 or t.offset + t.nbytes > size:
             raise PlanError(f"tensor {t.name!r}: bytes [{t.offset}, {t.offset + t.nbytes}) fall outside the "
-                            f"arena of {plan.arena_bytes} bytes")
+                            f"{arena} of {size} bytes")
         if (t.lifetime is None) != (t.kind in PERSISTENT):
             raise PlanError(f"tensor {t.name!r} ({t.kind}) has lifetime {t.lifetime}")
         if t.lifetime is not None and not 0 <= t.lifetime[0] <= t.lifetime[1] <= len(plan.steps):
@@ -210,16 +213,23 @@ def _groups(plan):
         root = plan.tensors.get(t.alias_of) if t.alias_of else t
         if root is None or root.alias_of:
             raise PlanError(f"tensor {t.name!r} is an alias of {t.alias_of!r}, which is not a planned root tensor")
-        if t is not root and (t.offset != root.offset or t.nbytes > root.nbytes):
+        if t is not root and (t.offset != root.offset or t.nbytes > root.nbytes or t.host != root.host):
             raise PlanError(f"tensor {t.name!r} lies outside the buffer of {root.name!r} that it aliases")
         groups.setdefault(root.name, []).append(t)
     return groups
 
 
 def _check_overlaps(plan):
-    """Sweep the steps; at each buffer's first step, compare its bytes with the buffers live then."""
+    """Sweep the steps of each arena, the device's and the host's; at each buffer's first step, compare its bytes
+    with the buffers live then."""
+    groups = _groups(plan)
+    for host in (False, True):
+        _sweep(plan, {root: members for root, members in groups.items() if plan.tensors[root].host == host})
+
+
+def _sweep(plan, groups):
     buffers = []
-    for root, members in _groups(plan).items():
+    for root, members in groups.items():
         spans = [_span(plan, t) for t in members]
         buffers.append((min(s for s, _ in spans), max(e for _, e in spans), root))
     buffers.sort()

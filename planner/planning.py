@@ -20,7 +20,7 @@ from .ir import Phase
 from .liveness import lifetimes
 from .options import STRATEGIES
 from .plan import ALIGNMENT, Plan, PlannedTensor, Step, trains
-from .schedule import schedule as make_schedule
+from .schedule import schedule as make_schedule, timed
 
 
 SEARCHED_BY = {"auto": "bestfit"}
@@ -61,6 +61,7 @@ def measure(graph, strategy, orders, config, fetch=(), training=None):
     """The graph's plans in the schedule `orders`, each in the Config's workspace modes, as far as their buffers
     (Measured)."""
     scratch = _scratch(graph, config)
+    orders = ("file",) if timed(graph) else orders  # its copies were placed by time in this order
     modes = MODES if config.workspace_mode == "auto" and scratch else (_mode(config),)
     found = []
     for order in orders:
@@ -144,9 +145,12 @@ class Buffers:
             lo, hi = self.spans.get(key, (first, last))
             self.spans[key] = (min(lo, first), max(hi, last))
         tensors = graph.tensors
-        self.persistent = [(n, tensors[n].nbytes) for n in tensors if n not in self.life and n not in self.root_of]
+        own = [n for n in tensors if n not in self.root_of]
+        self.persistent = [(n, tensors[n].nbytes) for n in own if n not in self.life and not tensors[n].host]
         self.persistent += [(_slot(k), size) for k, size in enumerate(self.slots)]
-        self.roots = [(n, tensors[n].nbytes) for n in tensors if n in self.life and n not in self.root_of]
+        self.roots = [(n, tensors[n].nbytes) for n in own if n in self.life and not tensors[n].host]
+        self.host = Host([(n, tensors[n].nbytes) for n in own if n not in self.life and tensors[n].host],
+                         [(n, tensors[n].nbytes, self.spans[n]) for n in own if n in self.life and tensors[n].host])
         if mode != "pool":
             for step, node in enumerate(self.steps):
                 if node.name in self.scratch:
@@ -181,12 +185,15 @@ class Buffers:
         for name, size in self.persistent:
             where[name], base = base, base + allocators.align(size, ALIGNMENT)
         where.update((name, self.base + offset) for (name, _), offset in zip(self.roots, offsets))
+        host, host_bytes = self.host.place(self.allocator if self.allocator in HOST_ALLOCATORS else "bestfit")
+        where.update(host)
         names, roles, places = {}, _roles(graph, self.training), {}  # names: {dtype: str(dtype)}, as str is slow
         for t in graph.tensors.values():
             root = self.root_of.get(t.name)
             dtype = names.get(t.dtype) or names.setdefault(t.dtype, str(t.dtype))
             places[t.name] = PlannedTensor(t.name, t.shape, dtype, t.kind, t.nbytes, where[root or t.name],
-                                           self.life.get(t.name), root, t.name in self.views, roles.get(t.name, ""))
+                                           self.life.get(t.name), root, t.name in self.views, roles.get(t.name, ""),
+                                           t.host)
         for k, size in enumerate(self.slots):
             name = _slot(k)
             places[name] = PlannedTensor(name, (size,), "uint8", "workspace_slot", size, where[name], None)
@@ -216,7 +223,34 @@ class Buffers:
                            "views": len(self.views), "workspace": ws, "fullest_step": fullest,
                            **({"allocator_proof": options["report"]} if "report" in options else {})},
                     data={t.name: t.data for t in graph.tensors.values() if t.kind in ("param", "const")},
-                    opsets=dict(graph.opsets))
+                    opsets=dict(graph.opsets), host_arena_bytes=host_bytes)
+
+
+HOST_ALLOCATORS = ("naive", "share", "bestfit")
+"""The allocators that place the host arena as they place the device's; the others' exact searches place it by
+best fit, as the device arena's searches do (SEARCHED_BY)."""
+
+
+class Host:
+    """The host arena's tensors: `persistent` [(name, bytes)] first (an offloaded optimizer's state), then the
+    transient buffers [(name, bytes, (first, last))] (swapped-out copies), placed by an allocator as the device's
+    are."""
+
+    def __init__(self, persistent, transient):
+        self.persistent, self.transient = persistent, transient
+
+    def place(self, allocator):
+        """({name: offset in the host arena}, the host arena's bytes), the transient buffers placed by `allocator`."""
+        where, base = {}, 0
+        for name, size in self.persistent:
+            where[name], base = base, base + allocators.align(size, ALIGNMENT)
+        if self.transient:
+            names, sizes, spans = zip(*self.transient)
+            offsets, total = allocators.allocate(allocator, list(sizes), [s for s, _ in spans], [e for _, e in spans],
+                                                 ALIGNMENT)
+            where.update((name, base + offset) for name, offset in zip(names, offsets))
+            base += total
+        return where, base
 
 
 def _scratch(graph, config):
@@ -266,7 +300,7 @@ def _roles(graph, training):
     roles = {g: "gradient" for g in training["grads"].values() if graph.tensors[g].kind == "activation"}
     roles.update((new, "update") for new, _ in graph.updates)
     roles.update((o, "recomputed") for n in graph.nodes if n.notes.recompute for o in n.outputs if o)
-    forward = {o for n in graph.nodes if n.notes.forward for o in n.outputs}
+    forward = {o for n in graph.nodes if n.notes.forward or ops.of(n, graph.opsets).timed for o in n.outputs}
     for node in graph.nodes:
         if node.notes.phase is Phase.BACKWARD:
             roles.update((i, "saved") for i in node.inputs if i in forward and graph.tensors[i].kind == "activation"

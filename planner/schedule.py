@@ -11,7 +11,9 @@ scheduler does with its list and DFS schedulers:
 
 The file's own order is a candidate too, so "memory" never has a higher peak than "file" and
 differs from it only when strictly better. Views (identity ops) are counted as new tensors,
-as `liveness.peak_bytes` counts them.
+as `liveness.peak_bytes` counts them. Host tensors (a swapped value's copy) take no device bytes and
+count for nothing. A graph with host copies placed by time (Schema.timed) is planned in its own order alone
+(planner.planning).
 """
 import heapq
 from dataclasses import dataclass, replace
@@ -47,6 +49,12 @@ def schedule(graph, order="file", held=(), last=()):
     return candidates[peaks.index(min(peaks))]
 
 
+def timed(graph):
+    """Whether the graph holds an op placed by time (Schema.timed: the swap planner's host copies), so that it runs
+    in its own order: another would move the copies off the times they were placed by."""
+    return any(ops.of(node, graph.opsets).timed for node in graph.nodes)
+
+
 @dataclass
 class _Dag:
     """The graph as index lists, with the bytes a scheduler weighs.
@@ -74,7 +82,8 @@ class _Dag:
         index = {id(node): k for k, node in enumerate(graph.nodes)}
         keep = {*graph.outputs, *held}
         readers = {t: [index[id(c)] for c in users] for t, users in graph.consumers.items()}
-        free = {t: v.nbytes if v.kind in TRANSIENT and t not in keep else 0 for t, v in graph.tensors.items()}
+        free = {t: v.nbytes if v.kind in TRANSIENT and t not in keep and not v.host else 0
+                for t, v in graph.tensors.items()}
         writer = {t: index[id(node)] for t, node in graph.producers.items()}
         reads = [tuple(dict.fromkeys(i for i in node.inputs if i)) for node in graph.nodes]
         deps = [[writer[i] for i in r if i in writer] for r in reads]
@@ -86,7 +95,8 @@ class _Dag:
                 deps[k].append(forward[-1])
         deps = [tuple(dict.fromkeys(d)) for d in deps]
         outputs = [tuple(o for o in node.outputs if o) for node in graph.nodes]
-        made = [sum(graph.tensors[o].nbytes for o in outs if readers[o] or o in keep) for outs in outputs]
+        made = [sum(graph.tensors[o].nbytes for o in outs if (readers[o] or o in keep) and not graph.tensors[o].host)
+                for outs in outputs]
         return cls(reads, deps, readers, writer, free, made, outputs)
 
 

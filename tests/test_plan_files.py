@@ -122,7 +122,7 @@ def test_an_unused_negative_tensor_no_longer_hides_an_overlap(mlp, saved):
     (lambda d: d.update(inputs=["ghost"]), "graph input 'ghost' has no place in the plan"),
     (lambda d: d.update(arena_bytes=d["arena_bytes"] - 256), "fall outside the arena"),
     (lambda d: d["stats"].update(persistent_bytes="all"), "stats.persistent_bytes 'all' must be an int"),
-    (lambda d: d.update(format="memplan-plan/2"), "not a memplan plan of format 'memplan-plan/6'"),
+    (lambda d: d.update(format="memplan-plan/2"), "not a memplan plan of format 'memplan-plan/7'"),
     (lambda d: d.update(values_digest=5), "field 'values_digest' must be null or a string"),
     (lambda d: d.pop("digest"), "field 'digest' is missing"),
 ])
@@ -163,8 +163,8 @@ def test_training_names_are_checked(tmp_path):
     ("", "invalid JSON: Expecting value at line 1 column 1"),
     ("{", "invalid JSON"),
     ("[" * 100000, "invalid JSON"),
-    ("[]", "not a memplan plan of format 'memplan-plan/6' \\(found 'list'\\)"),
-    ('{"format": "memplan-plan/6"}', "field 'strategy' is missing"),
+    ("[]", "not a memplan plan of format 'memplan-plan/7' \\(found 'list'\\)"),
+    ('{"format": "memplan-plan/7"}', "field 'strategy' is missing"),
 ])
 def test_an_unreadable_file_is_a_plan_error(tmp_path, content, message):
     path = tmp_path / "plan.json"

@@ -76,6 +76,13 @@ def copy_in(view, value):
         view.set(np.ascontiguousarray(value).reshape(view.shape))  # ascontiguousarray makes a scalar 1-D
 
 
+def host_arena(nbytes):
+    """The host arena's buffer of `nbytes` (Arena.host), in pinned memory: the copies to and from it run
+    asynchronously and inside CUDA-graph capture."""
+    import cupyx
+    return cupyx.empty_pinned((max(nbytes, 1),), dtype=np.uint8)
+
+
 def synchronize():
     xp.cuda.get_current_stream().synchronize()
 

@@ -62,6 +62,20 @@ def _log_softmax(cupy):
     return run
 
 
+@override("cupy", "SwapOut", "SwapIn", domain="memplan")
+def _swap(cupy):
+    """A copy between the device arena and the pinned host arena, on the compute stream (ordered with the kernels
+    that make and read its tensors)."""
+    def run(xp, step, ins, outs, ws):
+        stream = cupy.cuda.get_current_stream()
+        if step.op == "SwapOut":
+            ins[0].get(out=outs[0], stream=stream)
+        else:
+            outs[0].set(ins[0], stream=stream)
+
+    return run
+
+
 @override("cupy", "WinogradConv", "BatchedConv", domain="memplan")
 def _as_fused_conv(cupy):
     """Winograd's and the batched convs run as the FusedConv they were made from (cuDNN's own algorithms)."""

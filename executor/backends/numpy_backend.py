@@ -74,6 +74,11 @@ def copy_in(view, value):
     view[...] = value
 
 
+def host_arena(nbytes):
+    """The host arena's buffer of `nbytes` (Arena.host)."""
+    return np.empty(max(nbytes, 1), dtype=np.uint8)
+
+
 def synchronize():
     pass
 

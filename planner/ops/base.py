@@ -64,6 +64,8 @@ class Schema:
       it stays in the graph though nothing reads what it makes.
     - `replayable`: a copy of the op computes its outputs again (False for memplan.Recv, whose copy would wait
       for a second send), so that recomputation may drop them.
+    - `timed`: the op stands where a pass placed it by the time model (memplan.SwapOut and SwapIn, the host
+      copies), so that a graph holding one runs in its own order (planner.schedule).
 
     What the passes know of an op is its schema's too, so that a new op is one entry and their tables
     (built from the registry) pick it up:
@@ -108,6 +110,7 @@ class Schema:
     types = None
     effect = False
     replayable = True
+    timed = False
     autocast = None
     split = None
     stat = None

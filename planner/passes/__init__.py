@@ -95,7 +95,7 @@ def pipeline(options):
             optimizer(options.optimizer or "sgd", options.optimizer_args, options.update, config.inplace_update),
             parallel and (parallel.pp > 1 or parallel.microbatches > 1) and pipeline_cut(parallel),  # where to cut
             parallel and (parallel.pp > 1 or parallel.microbatches > 1) and pipeline_stage(parallel),  # 1F1B
-            recomputation(options.remat, options.memory_budget, config),  # forward values recomputed in backward
+            recomputation(options.remat, options.memory_budget, config, options.device),  # forward values recomputed in backward
             parallel and data_parallel(parallel),  # gradients reduced over the ranks, ZeRO's shards (after
                                                    # recomputation, so that a recomputed op reads ZeRO-3's gather)
         ]

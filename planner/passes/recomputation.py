@@ -6,16 +6,17 @@ from ..config import Config
 from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Property, Result
 
 
-def recomputation(strategy=None, memory_budget=None, config=None):
-    """The Pass recomputing by `strategy` (planner.remat; None: "budget" with a `memory_budget`, "mirror" with
-    the Config's backward_do_mirror), with the Config's search settings."""
+def recomputation(strategy=None, memory_budget=None, config=None, device="any"):
+    """The Pass recomputing by `strategy` (planner.remat; None: with a `memory_budget` "budget", or "swap" with the
+    Config's enable_swap; else "mirror" with its backward_do_mirror), with the Config's search settings and time
+    model (of a plan for `device`)."""
     config = config or Config()
-    strategy = strategy or ("budget" if memory_budget is not None else "mirror" if config.backward_do_mirror
-                            else None)
+    strategy = strategy or (("swap" if config.enable_swap else "budget") if memory_budget is not None else
+                            "mirror" if config.backward_do_mirror else None)
 
     def apply(graph, context):
         rewritten, decided = remat.rematerialize(graph, strategy, lambda g: context.measure(g, context.facts),
-                                                 memory_budget, config)
+                                                 memory_budget, config, device)
         return Result(rewritten, rewritten is not graph, {"remat": decided})
     return Pass("recomputation", apply, needs=frozenset({TYPED, GRADIENTS}),
                 keeps=frozenset({TYPED, LOSS, GRADIENTS, UPDATES}),

@@ -227,8 +227,8 @@ class Executor:
                     self._call(k, bound)
                 if k == self.gate[0]:
                     self.updated = bool(self.arena.view(self.plan.training["scaler"]["finite"]))
-                for offset, nbytes in self.dead.get(k, ()):
-                    self.arena.bytes(offset, nbytes).fill(POISON)
+                for offset, nbytes, host in self.dead.get(k, ()):
+                    self.arena.bytes(offset, nbytes, host).fill(POISON)
 
     def _call(self, k, bound):
         fn, step, ins, outs, ws = bound
@@ -362,16 +362,17 @@ def _thread_limit(threads, jit):
 
 
 def _dead_after(plan):
-    """{step: [(offset, nbytes)]}: the buffers whose every tensor is dead once the step has run, and
-    the pooled workspace slot the step used."""
+    """{step: [(offset, nbytes, in the host arena)]}: the buffers whose every tensor is dead once the step has run,
+    and the pooled workspace slot the step used."""
     dead = {}
-    for root, (_, last) in plan.buffer_spans().items():
+    for root, (_, last) in {**plan.buffer_spans(), **plan.buffer_spans(host=True)}.items():
         if last < len(plan.steps):
-            dead.setdefault(last, []).append((plan.tensors[root].offset, plan.tensors[root].nbytes))
+            t = plan.tensors[root]
+            dead.setdefault(last, []).append((t.offset, t.nbytes, t.host))
     for k, step in enumerate(plan.steps):
         if step.workspace and plan.tensors[step.workspace].lifetime is None:
             t = plan.tensors[step.workspace]
-            dead.setdefault(k, []).append((t.offset, t.nbytes))
+            dead.setdefault(k, []).append((t.offset, t.nbytes, False))
     return dead
 
 

@@ -27,8 +27,8 @@ class Arena:
         raw = (self.host if t.host else self.buffer)[t.offset:t.offset + t.nbytes]
         return raw.view(np.dtype(t.dtype)).reshape(t.shape)
 
-    def bytes(self, offset, nbytes):
-        return self.buffer[offset:offset + nbytes]
+    def bytes(self, offset, nbytes, host=False):
+        return (self.host if host else self.buffer)[offset:offset + nbytes]
 
     def load(self, values):
         """Copy params and consts (host arrays) into their places, once."""

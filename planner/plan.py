@@ -118,12 +118,12 @@ class Plan:
         """Whether this is a training step's plan, not inference (`trains`)."""
         return trains(self.training)
 
-    def buffer_spans(self):
-        """{root tensor: (first, last)} of every transient buffer: an alias group's root and the union
-        of its members' lifetimes."""
+    def buffer_spans(self, host=False):
+        """{root tensor: (first, last)} of every transient buffer of the device arena (of the host arena, `host`):
+        an alias group's root and the union of its members' lifetimes."""
         spans = {}
         for t in self.tensors.values():
-            if t.lifetime is not None:
+            if t.lifetime is not None and t.host == host:
                 root = t.alias_of or t.name
                 lo, hi = spans.get(root, t.lifetime)
                 spans[root] = (min(lo, t.lifetime[0]), max(hi, t.lifetime[1]))

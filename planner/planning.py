@@ -85,6 +85,12 @@ class Measured:
         best = _searched(self.buffers, below)
         return None if best is None else best[0]
 
+    def fitting(self, budget):
+        """The arena as searches place it, or the plan's where only the plan's can fit `budget` bytes (its exact
+        placement can be smaller than the searches')."""
+        arena = self.arena()
+        return self.final_arena() if arena > budget >= self.load else arena
+
     def final_arena(self):
         """The arena of `plan()`, without making the Plan."""
         return self.chosen().arena()

@@ -76,7 +76,7 @@ def copy_in(view, value):
 
 def host_arena(nbytes):
     """The host arena's buffer of `nbytes` (Arena.host)."""
-    return np.empty(max(nbytes, 1), dtype=np.uint8)
+    return xp.empty(max(nbytes, 1), dtype=xp.uint8)
 
 
 def synchronize():

@@ -89,11 +89,7 @@ def rematerialize(graph, remat, measure, memory_budget=None, config=None, device
 def _fitting(measure, memory_budget):
     """A search's score of a candidate: its arena as searches place it, or its plan's where only the plan's can fit
     the budget."""
-    def fitting(candidate):
-        measured = measure(candidate)
-        arena = measured.arena()
-        return measured.final_arena() if arena > memory_budget >= measured.load else arena
-    return fitting
+    return lambda candidate: measure(candidate).fitting(memory_budget)
 
 
 def _budget(graph, memory_budget, measure, forced=frozenset()):

@@ -189,16 +189,16 @@ def plan_swap(graph, budget, measure, model):
     that bring the arena within `budget` bytes; `measure(graph)` plans a candidate (planning.Measured).
     InfeasibleBudgetError, with the smallest arena found, when swapping every candidate does not fit."""
     measured = measure(graph)
-    arena = measured.arena()
+    arena = measured.fitting(budget)
     if arena <= budget:
         return graph, arena
     steps = measured.chosen().steps
     ranked = [w.name for w in sorted(windows(graph, steps, model), key=lambda w: (-w.spare(model), w.name))]
     try:
-        return _least_prefix(ranked, lambda names: place(graph, steps, set(names), model), budget, measure, arena)
+        return _least_prefix(ranked, lambda names: place(graph, steps, set(names), model), budget, measure, measured)
     except InfeasibleBudgetError:
         return _least_prefix(ranked, lambda names: place(graph, steps, set(names), model, stall=True), budget,
-                             measure, arena)
+                             measure, measured)
 
 
 def plan_hybrid(graph, budget, measure, model):
@@ -206,7 +206,7 @@ def plan_hybrid(graph, budget, measure, model):
     cost less modeled time than computing it again (its producer's seconds), else recomputed where it can be;
     values are taken cheapest per byte first, the fewest that fit `budget`. InfeasibleBudgetError when none do."""
     measured = measure(graph)
-    arena = measured.arena()
+    arena = measured.fitting(budget)
     if arena <= budget:
         return graph, arena
     steps = measured.chosen().steps
@@ -232,18 +232,20 @@ def plan_hybrid(graph, budget, measure, model):
             drop |= declined
         return placed
 
-    return _least_prefix([name for _, _, name, _ in costs], build, budget, measure, arena)
+    return _least_prefix([name for _, _, name, _ in costs], build, budget, measure, measured)
 
 
-def _least_prefix(ranked, build, budget, measure, arena):
-    """(graph, arena) of `build(ranked[:k])` for the least k whose arena fits `budget`, by bisection."""
+def _least_prefix(ranked, build, budget, measure, unswapped):
+    """(graph, arena) of `build(ranked[:k])` for the least k whose arena fits `budget`, by bisection; where none
+    does, InfeasibleBudgetError with the least of the arenas planned to the end of all of them and of the
+    `unswapped` graph's (planning.Measured)."""
     def fitted(k):
         graph = build(ranked[:k])
-        return graph, measure(graph).arena()
+        return graph, measure(graph).fitting(budget)
 
     best = fitted(len(ranked))
     if best[1] > budget:
-        raise InfeasibleBudgetError(budget, min(best[1], arena))
+        raise InfeasibleBudgetError(budget, min(measure(best[0]).final_arena(), unswapped.final_arena()))
     lo, hi = 0, len(ranked)
     for _ in range(STEPS):
         if hi - lo <= 1:

@@ -7,7 +7,7 @@ import time
 import warnings
 from pathlib import Path
 
-from . import cli_serving
+from . import cli_serving, cli_swap
 from .cli_inputs import bind_batch, check_free_batch, input_shapes
 from .cli_parser import DEFAULT_MODEL, build_parser as _parser
 from .errors import SURFACE, MemplanError
@@ -29,9 +29,11 @@ def load_graph(args):
 
 
 def config_of(args):
-    """The Config from the environment, with --workspace-mode when given."""
+    """The Config from the environment, with --workspace-mode, --device-model and --link when given."""
     from .config import Config
-    return Config.from_env(**({"workspace_mode": args.workspace_mode} if args.workspace_mode else {}))
+    given = {"workspace_mode": args.workspace_mode, "device_model": getattr(args, "device_model", None),
+             "link_bandwidth": getattr(args, "link", None) and float(parse_bytes(args.link, "--link"))}
+    return Config.from_env(**{k: v for k, v in given.items() if v})
 
 
 def compile_args(args, graph, device="any"):
@@ -118,6 +120,8 @@ def report(args):
         return cli_serving.report(args, config_of(args))
     if args.context or args.prompt or args.lengths:
         raise MemplanError("--context, --prompt and --lengths describe what --serve serves: give --serve too")
+    if args.swap:
+        return cli_swap.report(args, load_graph(args), config_of(args), training_options(args))
     from .precision import PRECISIONS
     training = training_options(args)
     budget = training.pop("memory_budget", None)
@@ -405,13 +409,14 @@ def _tflop(flops):
 def build_parser():
     """The argument parser of every command (planner/cli_parser.py)."""
     return _parser({"inspect": inspect, "report": report, "plan": plan, "viz": viz, "max-batch": max_batch,
-                    "fit": fit, "generate": lambda args: cli_serving.generate(args, config_of(args)), "run": run})
+                    "fit": fit, "generate": lambda args: cli_serving.generate(args, config_of(args)), "run": run,
+                    "calibrate": cli_swap.calibrate})
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.model == DEFAULT_MODEL and args.batch is None and not args.input:
+    if getattr(args, "model", None) == DEFAULT_MODEL and args.batch is None and not args.input:
         args.batch = 1
     surface = SURFACE.set("cli")
     try:

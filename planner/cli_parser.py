@@ -12,6 +12,7 @@ EXAMPLES = {
     "report": ["memplan report                                    # the built-in default model (zoo:resnet50, batch 1)",
                "memplan report zoo:resnet50 --batch 32            # arena per strategy and the lower bound",
                "memplan report zoo:lenet --batch 16 --training --optimizer adam --budget 2.75MiB",
+               "memplan report zoo:resnet50 --batch 32 --training --swap --device-model a100",
                "memplan report model_with_past.onnx --serve --batch 8 --context 8192 --precision all"],
     "plan": ["memplan plan zoo:gpt2_small --input input_ids:8x128 --strategy share -o plan.json"],
     "viz": ["memplan viz zoo:lenet --batch 8 --training -o timeline.svg --graph graph.svg"],
@@ -20,6 +21,8 @@ EXAMPLES = {
     "fit": ["memplan fit zoo:resnet50 --batch 8 --gpus 8 --memory 16GiB --optimizer adam",
             "memplan fit config.json --input input_ids:1x8192 --precision amp-bf16 --optimizer adamw --gpus 64 "
             "--memory 80GiB --tp 8  # only the layouts of 8 tensor-parallel ranks"],
+    "calibrate": ["memplan calibrate --backend cupy -o h100.json",
+                  "memplan report zoo:resnet50 --batch 32 --training --swap --device-model h100.json"],
     "generate": ["memplan generate model_with_past.onnx --ids 1,15,27 --ids 1,9 --max-new-tokens 64"],
     "run": ["memplan run zoo:lenet --batch 8 --training --remat sublinear --repeat 3",
             "memplan run zoo:resnet50 --batch 8 --profile      # time per op type and the slowest steps"],
@@ -123,6 +126,12 @@ def _model_args(p, one_strategy):
                         "default each gradient alone)")
     p.add_argument("--budget", default=None, metavar="SIZE",
                    help="with --training: the least recomputation whose arena fits SIZE (e.g. 2GiB)")
+    p.add_argument("--device-model", default=None, metavar="NAME",
+                   help="the time model host copies are placed by: cpu, v100, a100, h100, h200 or a file of "
+                        "`memplan calibrate` (default MEMPLAN_DEVICE_MODEL, else h100 for cuda, cpu otherwise)")
+    p.add_argument("--link", default=None, metavar="SIZE",
+                   help="bytes a second the host link copies each way (default MEMPLAN_LINK_BANDWIDTH or 25GB, "
+                        "PCIe 4 x16)")
     p.add_argument("--workspace-mode", choices=("auto", "pool", "tensor"), default=None,
                    help="op scratch as shared slots kept for the run (pool, MXNet's), one-step tensors (tensor), "
                         "or whichever plans the smaller arena (auto); default MEMPLAN_WORKSPACE_MODE or auto")
@@ -205,6 +214,9 @@ def build_parser(commands):
     p.add_argument("--time-limit", type=seconds, default=None,
                    help="seconds for each optimal search: the allocator, each try of --remat optimal (default "
                         f"MEMPLAN_TIME_LIMIT or {Config.time_limit:g})")
+    p.add_argument("--swap", action="store_true",
+                   help="with --training: keep, recompute, swap to host memory, and both chosen together, side by "
+                        "side under --budget (default half the arena of keeping everything), with modeled step times")
     _serve_args(p)
     p.add_argument("--lengths", default=None, metavar="N,N,...",
                    help="with --serve: also the KV cache of sequences of these lengths in a paged cache (blocks of 16 "
@@ -243,6 +255,15 @@ def build_parser(commands):
     p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default="auto")
     p.add_argument("--threads", type=count(1), default=None, help="host BLAS threads during the run")
     p.add_argument("--no-jit", action="store_true", help="numpy backend: the NumPy kernels alone")
+    p = sub.add_parser("calibrate", help="measure this machine's rates for the time model swapping places its "
+                       "copies by (a GEMM, a copy, a launch)", epilog=examples(EXAMPLES["calibrate"]),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default="auto")
+    p.add_argument("--name", default=None, help="the model's name (default the backend's)")
+    p.add_argument("-o", "--output", default=None,
+                   help="write the model as JSON, for --device-model FILE (default: print it)")
+    p.set_defaults(run=commands["calibrate"])
+    parser.commands["calibrate"] = p
     p = command("run", "run the planned graph out of one arena and time it")
     p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default="auto")
     p.add_argument("--repeat", type=count(1), default=10, help="timed runs after one warm-up (default 10)")

@@ -76,14 +76,14 @@ def _spec(name, tflops, half_tflops, tb_per_s):
 
 
 PROFILES = {
-    "cpu": DeviceModel("cpu", 190e9, 20e9, 12e9, 1e-6, 12e9),
+    "cpu": DeviceModel("cpu", 190e9, 0.5e9, 12e9, 1e-6, 12e9),
     "v100": _spec("v100", 15.7, 125, 0.9),
     "a100": _spec("a100", 19.5, 312, 2.039),
     "h100": _spec("h100", 67, 989, 3.35),
     "h200": _spec("h200", 67, 989, 4.8),
 }
 """The named device models: "cpu" as `calibrate` measured a 2-core CI machine (NumPy on OpenBLAS: 190 GFLOP/s in
-a float32 GEMM, 24 GB/s of copy, read and written), the GPUs from their spec sheets (float32 without tensor cores,
+a float32 GEMM, 0.5 in float16, which NumPy multiplies without BLAS, 24 GB/s of copy, read and written), the GPUs from their spec sheets (float32 without tensor cores,
 16-bit with them, HBM bandwidth; SXM parts) by EFFICIENCY."""
 
 
@@ -107,8 +107,8 @@ def device_model(name, device="any", link=LINK):
 
 def calibrate(xp, synchronize, name, link=LINK, size=2048, repeat=5):
     """A DeviceModel measured with the array module `xp` (NumPy or CuPy, `synchronize()` waiting for its work): the
-    best of `repeat` runs of a float32 and a float16 GEMM of `size`, a 256 MiB copy, and a one-element add; the host
-    bandwidth by a NumPy copy."""
+    best of `repeat` runs of a float32 and a float16 GEMM of `size` (a quarter of it in NumPy), a 256 MiB copy, and a
+    one-element product; the host bandwidth by a NumPy copy."""
     def best(fn):
         fn()
         synchronize()
@@ -120,10 +120,10 @@ def calibrate(xp, synchronize, name, link=LINK, size=2048, repeat=5):
             times.append(time.perf_counter() - start)
         return min(times)
 
-    def gemm(dtype):
-        a = xp.ones((size, size), dtype=dtype)
+    def gemm(dtype, n):
+        a = xp.ones((n, n), dtype=dtype)
         out = xp.empty_like(a)
-        return 2 * size ** 3 / best(lambda: xp.matmul(a, a, out=out))
+        return 2 * n ** 3 / best(lambda: xp.matmul(a, a, out=out))
 
     def copied(module):
         a = module.ones(1 << 26, dtype=module.float32)
@@ -131,5 +131,6 @@ def calibrate(xp, synchronize, name, link=LINK, size=2048, repeat=5):
         return 2 * a.nbytes / best(lambda: module.copyto(out, a))
 
     one = xp.ones(1, dtype=xp.float32)
-    launch = best(lambda: [xp.add(one, one, out=one) for _ in range(1000)]) / 1000
-    return DeviceModel(name, gemm(xp.float32), gemm(xp.float16), copied(xp), launch, copied(np), link)
+    launch = best(lambda: [xp.multiply(one, one, out=one) for _ in range(1000)]) / 1000
+    half = size if xp is not np else size // 4  # NumPy multiplies float16 without BLAS, hundreds of times slower
+    return DeviceModel(name, gemm(xp.float32, size), gemm(xp.float16, half), copied(xp), launch, copied(np), link)

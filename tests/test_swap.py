@@ -158,3 +158,25 @@ def test_a_swapped_step_on_cupy_trains_like_numpy():
     data[plan.training["labels"]] = np.random.default_rng(0).integers(0, 4, labels.shape)
     losses = [ex.train_step(data) for _ in range(2)]
     np.testing.assert_allclose(losses, trained(plan, m)[0], rtol=1e-5)
+
+
+def test_cli_report_swap_puts_the_four_side_by_side(capsys):
+    from planner import cli
+    assert cli.main(["report", "zoo:resnet_deep", "--input", "input:4x3x32x32", "--training", "--swap",
+                     "--budget", "1.3MiB", "--device-model", "a100", "--link", "12GB"]) == 0
+    out = capsys.readouterr().out
+    assert "time model a100, host link 12 GB/s" in out
+    assert all(line.split()[0] in out for line in ("none", "recompute", "swap", "hybrid"))
+    assert cli.main(["report", "zoo:resnet_deep", "--input", "input:4x3x32x32", "--training", "--swap", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["remat"].split()[0] for r in rows] == ["none", "recompute", "swap", "hybrid"]
+    assert all(r["arena_bytes"] <= rows[0]["arena_bytes"] // 2 for r in rows[1:] if "error" not in r)
+    assert cli.main(["report", "zoo:lenet", "--swap"]) == 2
+    assert "give --training too" in capsys.readouterr().err
+
+
+def test_cli_calibrate_writes_a_model_report_reads(tmp_path, capsys):
+    from planner import cli
+    path = tmp_path / "here.json"
+    assert cli.main(["calibrate", "--backend", "numpy", "-o", str(path)]) == 0
+    assert timing.device_model(str(path)).name == "numpy"

@@ -33,7 +33,8 @@ def rematerialize(graph, remat, measure, memory_budget=None, config=None, device
     "recomputed" (tensor names), "search" [(threshold, arena bytes or None)], "budget", "solver" (optimal's
     status, gap and seconds), "fallback" (mirror's plan was larger than none's, so none's was kept: both
     arenas), selective's and full's "attention", "fused" and "layers" (layers.rematerialize), swap's and
-    hybrid's "swapped" and "time" (swap_time)}. `measure(graph)` plans a candidate graph as far as its buffers
+    hybrid's "swapped", "time" (swap_time), "chosen" (which search's graph), "candidates" ({search: modeled
+    seconds} of those that fit) and "base_seconds" (the step without recomputation or copies)}. `measure(graph)` plans a candidate graph as far as its buffers
     (planning.Measured); `config` holds the searches' knobs and the time model's (for a plan of `device`)."""
     config = config or Config()
 
@@ -120,7 +121,8 @@ def _swapping(graph, remat, measure, memory_budget, model):
     rewritten = found[chosen]
     return rewritten, {"remat": remat, "budget": memory_budget, "chosen": chosen, "swapped": swap.swapped(rewritten),
                        "recomputed": _recomputed(rewritten), "time": times[chosen],
-                       "candidates": {name: t["seconds"] for name, t in times.items()}}
+                       "candidates": {name: t["seconds"] for name, t in times.items()},
+                       "base_seconds": swap.simulate(graph, model)[0]}
 
 
 def _recomputed(graph):

@@ -20,7 +20,7 @@ from .ir import Phase
 from .liveness import lifetimes
 from .options import STRATEGIES
 from .plan import ALIGNMENT, Plan, PlannedTensor, Step, trains
-from .schedule import schedule as make_schedule, timed
+from .schedule import schedule as make_schedule
 
 
 SEARCHED_BY = {"auto": "bestfit"}
@@ -68,6 +68,12 @@ def measure(graph, strategy, orders, config, fetch=(), training=None):
         first = Buffers(graph, strategy, order, config, fetch, training, scratch, modes[0])
         found += [first, *(first.in_mode(mode) for mode in modes[1:])]
     return Measured(found)
+
+
+def timed(graph):
+    """Whether the graph holds an op placed by time (Schema.timed: the swap planner's host copies), so that it runs
+    in its own order: another would move the copies off the times they were placed by."""
+    return any(ops.of(node, graph.opsets).timed for node in graph.nodes)
 
 
 class Measured:

@@ -49,12 +49,6 @@ def schedule(graph, order="file", held=(), last=()):
     return candidates[peaks.index(min(peaks))]
 
 
-def timed(graph):
-    """Whether the graph holds an op placed by time (Schema.timed: the swap planner's host copies), so that it runs
-    in its own order: another would move the copies off the times they were placed by."""
-    return any(ops.of(node, graph.opsets).timed for node in graph.nodes)
-
-
 @dataclass
 class _Dag:
     """The graph as index lists, with the bytes a scheduler weighs.

@@ -50,9 +50,10 @@ class DeviceModel:
 
     def seconds(self, graph, node):
         """Seconds `node` of `graph` takes: its FLOPs at the rate of its widest float input (16-bit or not), or the
-        bytes it reads and writes at the bandwidth of the memory holding them, whichever is longer; a view, none."""
+        bytes it reads and writes at the bandwidth of the memory holding them, whichever is longer; a view or a host
+        copy, none."""
         schema = ops.of(node, graph.opsets)
-        if schema.is_view(node) or schema.op in ("SwapOut", "SwapIn"):
+        if schema.is_view(node) or schema.timed:  # a host copy runs on the link beside the compute (swap.simulate)
             return 0.0
         tensors = [graph.tensors[n] for n in dict.fromkeys((*node.inputs, *node.outputs)) if n]
         moved = sum(t.nbytes for t in tensors)

@@ -121,7 +121,7 @@ def report(args):
     if args.context or args.prompt or args.lengths:
         raise MemplanError("--context, --prompt and --lengths describe what --serve serves: give --serve too")
     if args.swap:
-        return cli_swap.report(args, load_graph(args), config_of(args), training_options(args))
+        return cli_swap.report(args, load_graph, config_of(args), training_options(args))
     from .precision import PRECISIONS
     training = training_options(args)
     budget = training.pop("memory_budget", None)

@@ -17,8 +17,9 @@ CHOSEN = {"hybrid": "per value", "swap": "swap alone", "recompute": "recompute a
 """How a hybrid row names the search whose plan it kept."""
 
 
-def report(args, graph, config, training):
-    """Print the rows (ROWS) at --budget (default half of the arena without recomputation)."""
+def report(args, load, config, training):
+    """Print the rows (ROWS) at --budget (default half of the arena without recomputation) for the graph
+    `load(args)` reads, once the flags are checked."""
     from .compiler import compile
     check_output(args.output)
     if not args.training:
@@ -27,6 +28,7 @@ def report(args, graph, config, training):
         raise MemplanError("--swap plans every way side by side: leave --remat out")
     if args.precision == "all":
         raise MemplanError("--swap compares one precision: give one --precision")
+    graph = load(args)
     options = {**training, "strategy": "auto", "schedule": args.schedule, "config": config,
                **({} if args.precision == "fp32" else {"precision": args.precision})}
     budget = options.pop("memory_budget")

@@ -98,7 +98,7 @@ def test_a_memory_cgroup_is_its_limit_less_what_it_holds(tmp_path, monkeypatch, 
 def test_an_allocation_that_fails_anyway_is_the_same_one_line(monkeypatch):
     plan = planner.compile("zoo:mlp", {"input": (2, 784)})
 
-    def refused(*args):
+    def refused(*args, **keywords):
         raise MemoryError("Unable to allocate 4.00 GiB for an array with shape (4294967296,) and data type uint8\n"
                           "and more")
 

@@ -267,6 +267,8 @@ CASES = {**_families(), **{("", c.op): c for c in [
     mp("BiasActivation", f(0, 4), w(4), want=(empty(0, 4),)),
     mp("BiasActivationGrad", f(0, 4), f(0, 4), w(4), want=(empty(0, 4),)),
     mp("CacheWrite", f(0, 2, 5, 4), f(0, 2, 1, 4), k(2), want=(empty(0, 2, 5, 4),)),
+    mp("SwapOut", f(0, 3), want=(empty(0, 3),)),
+    mp("SwapIn", f(0, 3), want=(empty(0, 3),)),
     mp("Dropout", f(0, 3), k(1, F32), outputs=2, want=(empty(0, 3), empty(0, 3, dtype=np.bool_))),
     mp("InvertedResidual", f(0, 4, 5, 5), w(8, 4, 1, 1), w(8), w(8, 1, 3, 3), w(8), w(4, 8, 1, 1), w(4),
        want=(empty(0, 4, 5, 5),)),

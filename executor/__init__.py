@@ -141,7 +141,7 @@ class Executor:
         """The arena view of a tensor: one object per place, so that an output written in place is the
         very array its input is (CuPy copies an input that overlaps its output but is another object)."""
         t = self.plan.tensors[name]
-        key = (t.offset, tuple(t.shape), t.dtype)
+        key = (t.host, t.offset, tuple(t.shape), t.dtype)
         if key not in self.views:
             self.views[key] = self.arena.view(name)
         return self.views[key]
@@ -264,11 +264,15 @@ class Executor:
 
     def parameters(self):
         """{name: host array} of the trained params (a copy of their current values in the arena; under
-        ZeRO-3, this rank's shard of each, planner.parallel)."""
+        ZeRO-3, this rank's shard of each, planner.parallel). Where an offloaded optimizer's master weights are of
+        another type than the device's param (a 16-bit param, float32 master: planner/passes/offload.py), the
+        master's (this rank's shard of it from ZeRO-1 on)."""
         names = self.plan.training.get("params") or [t.name for t in self.plan.tensors.values() if t.kind == "param"]
-        xp = self.backend.xp
-        return {name: np.array(self.arena.view(name).get() if xp is not np else self.arena.view(name))
-                for name in names}
+        masters = (self.plan.training.get("offload") or {}).get("masters", {})
+        read = {name: masters[name] if name in masters and self.plan.tensors[masters[name]].dtype !=
+                self.plan.tensors[name].dtype else name for name in names}
+        return {name: np.array(self.arena.view(read[name]).get() if not self.plan.tensors[read[name]].host and
+                               self.backend.xp is not np else self.arena.view(read[name])) for name in names}
 
     def set_parameters(self, values):
         """Write params (any of the plan's, trained or not, e.g. running statistics) into the arena."""

@@ -165,10 +165,13 @@ def stage_feeds(plan, feeds):
 
 def shards(plan, values, groups):
     """The values to load into a rank's arena: this rank's piece of each param tensor parallelism splits,
-    and under ZeRO-3 its shard of each sharded param (flattened, the last shard zero-padded); the others
-    as they are."""
-    split = (plan.training.get("tensor_parallel") or {}).get("split", {})
+    and under ZeRO-3 its shard of each sharded param (flattened, the last shard zero-padded), an offloaded
+    optimizer's master weights cut as their params are; the others as they are."""
+    split = dict((plan.training.get("tensor_parallel") or {}).get("split", {}))
     sharded = set((plan.training.get("parallel") or {}).get("sharded", ()))
+    offload = plan.training.get("offload") or {}
+    split.update((master, split[param]) for param, master in offload.get("masters", {}).items() if param in split)
+    sharded.update(offload.get("sharded", ()))
     out = dict(values)
     for name, (dim, blocks) in split.items():
         if name in values:

@@ -11,6 +11,10 @@ from .generation import Generation
 from .parallel import Parallel
 from .optimizers import UPDATES, optimizer_arguments
 
+OFFLOADS = ("optimizer",)
+"""What a training plan may hold in host memory besides swapped activations: the optimizer's state, master weights
+and update (ZeRO-Offload; planner/passes/offload.py)."""
+
 STRATEGIES = {  # name: (allocator, in-place allowed)
     "naive": ("naive", False),
     "inplace": ("naive", True),
@@ -135,6 +139,7 @@ class CompileOptions:
     parallel: Parallel | None = None
     weights: bool = True
     generation: Generation | None = None
+    offload: str | None = None
 
     def __post_init__(self):
         if self.generation is not None and (not isinstance(self.generation, Generation) or self.training
@@ -157,9 +162,9 @@ class CompileOptions:
         if not self.training:
             if (self.loss or self.optimizer or self.optimizer_args or self.loss_output or self.frozen or self.remat
                     or self.trainable or self.memory_budget is not None or self.class_axis is not None
-                    or self.ignore_index != IGNORE_INDEX):
+                    or self.ignore_index != IGNORE_INDEX or self.offload):
                 raise PlanError("loss, optimizer, optimizer_args, loss_output, frozen, trainable, class_axis, "
-                                "ignore_index, remat and memory_budget apply to training=True")
+                                "ignore_index, remat, memory_budget and offload apply to training=True")
             if self.parallel is not None and self.parallel != Parallel(tp=getattr(self.parallel, "tp", 1)):
                 raise PlanError("an inference plan takes tensor parallelism alone (parallel=Parallel(tp=N)): data "
                                 "ranks, ZeRO, pipeline stages, microbatches and sequence parallelism apply to "
@@ -170,6 +175,8 @@ class CompileOptions:
             raise PlanError(f"parallel must be a planner.Parallel, got {self.parallel!r}")
         if self.update not in UPDATES:
             raise ModelError(f"unknown update {self.update!r}; choose one of {', '.join(UPDATES)}")
+        if self.offload is not None and self.offload not in OFFLOADS:
+            raise PlanError(f"unknown offload {self.offload!r}; choose one of {', '.join(OFFLOADS)} (or None)")
 
     @classmethod
     def of(cls, options=None, **keywords):

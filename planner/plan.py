@@ -449,13 +449,16 @@ def _whole(value):
 
 def _rank_shape(training, name, shape):
     """The shape of one rank's part of a param whose whole value has `shape`, by the plan's facts: its piece
-    under tensor parallelism, then its shard under ZeRO-3."""
+    under tensor parallelism, then its shard under ZeRO-3 (an offloaded optimizer's master weights as their
+    param, sharded from ZeRO-1 on)."""
     split = (training.get("tensor_parallel") or {}).get("split", {})
-    if name in split:
-        dim = split[name][0]
+    offload = training.get("offload") or {}
+    param = next((p for p, master in offload.get("masters", {}).items() if master == name), name)
+    if param in split:
+        dim = split[param][0]
         shape = (*shape[:dim], shape[dim] // training["tensor_parallel"]["tp"], *shape[dim + 1:])
     facts = training.get("parallel") or {}
-    if name not in facts.get("sharded", ()):
+    if name not in (*facts.get("sharded", ()), *offload.get("sharded", ())):
         return tuple(shape)
     rule = Parallel(dp=facts["dp"], zero=facts["zero"], shard=facts.get("shard", "flat"))
     return (shard_size(math.prod(shape), rule.dp, rule.unit(shape)),)

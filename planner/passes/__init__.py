@@ -21,6 +21,7 @@ from .gradients import gradients
 from .infer_shapes import infer_shapes
 from .loss import loss
 from .optimizer import optimizer
+from .offload import offload
 from .data_parallel import data_parallel
 from .tensor_parallel import tensor_parallel
 from .sequence_parallel import sequence_parallel
@@ -98,6 +99,7 @@ def pipeline(options):
             recomputation(options.remat, options.memory_budget, config, options.device),  # forward values recomputed in backward
             parallel and data_parallel(parallel),  # gradients reduced over the ranks, ZeRO's shards (after
                                                    # recomputation, so that a recomputed op reads ZeRO-3's gather)
+            options.offload and offload(options.offload),  # optimizer state and update on the host (ZeRO-Offload)
         ]
     return [step for step in steps if step]
 
@@ -106,5 +108,5 @@ __all__ = ["Pass", "Property", "Result", "Context", "run", "loading", "pipeline"
            "LOSS", "GRADIENTS", "UPDATES", "CUT", "infer_shapes", "decompose", "simplify", "check_names", "fold_batchnorm",
            "fuse_conv", "fuse_attention", "fold_repeat_kv", "kv_cache", "transpose_view", "last_logits", "next_token", "fuse_activation", "fuse_norm", "fold_transpose", "pretranspose",
            "precision", "inverted_residual", "winograd", "batch_conv", "prune", "training_mode", "loss",
-           "gradients", "optimizer", "data_parallel", "tensor_parallel", "sequence_parallel", "pipeline_cut",
+           "gradients", "optimizer", "offload", "data_parallel", "tensor_parallel", "sequence_parallel", "pipeline_cut",
            "pipeline_stage", "recomputation", "sync_batchnorm"]

@@ -1,0 +1,158 @@
+"""Optimizer offload (ZeRO-Offload, Ren et al. 2021): the optimizer's state and master weights live in the host
+arena and its update runs on the host. Each gradient an update reads is copied out (memplan.SwapOut) right after
+the step that makes it; the host updates the master (this rank's shard of it under ZeRO's stages, which
+data_parallel placed before) and copies the new value back (memplan.SwapIn) over the device's param, or over the
+shard the device then all-gathers.
+
+The master weights are float32 for a 16-bit param (precision "fp16" or "bf16": ZeRO-Offload's mixed precision,
+the update in float32 and its result cast to the param's type on the host), else the param's own type. Under amp,
+a float32 param that the device reads only through one cast to the low type is held on the device in that type
+alone: the cast moves to the host, after the update, and the device never holds the float32 copy. Where the master
+has the param's type (fp32, amp) a run matches the plan without offload bit for bit.
+Facts: "offload" {"what", "masters" {param: master}, "low" (params the device holds in 16 bits that amp computed
+in float32), "sharded" (masters that are this rank's shard of a whole value), "host_bytes" (masters and state),
+"link_bytes" (a step's, each way)}."""
+from dataclasses import replace
+
+import numpy as np
+
+from .. import ops, shapes
+from ..options import OFFLOADS
+from ..deferred import computed
+from ..dtypes import from_onnx, is_float, to_onnx
+from ..errors import ConfigError
+from ..ir import Annotations, Node, Phase, Tensor
+from ..parallel import Whole
+from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Result
+from .data_parallel import OPTIMIZER_OPS
+
+MASTER = "/master"
+"""The suffix of a param's master weights in the host arena."""
+
+
+def offload(what="optimizer"):
+    """The Pass moving `what` (one of OFFLOADS) to the host."""
+    if what not in OFFLOADS:
+        raise ConfigError(f"unknown offload {what!r}; choose one of {', '.join(OFFLOADS)}")
+    return Pass("offload", _offload, needs=frozenset({TYPED, UPDATES}), makes=frozenset({TYPED, UPDATES}),
+                keeps=frozenset({LOSS, GRADIENTS}))
+
+
+def _offload(graph, context):
+    if any(n.notes.assign for n in graph.nodes):
+        raise ConfigError("optimizer offload updates the params in place (MEGENGINE_INPLACE_UPDATE=1)")
+    made = {o: k for k, node in enumerate(graph.nodes) for o in node.outputs if o}
+    readers = graph.consumers
+    updates, tensors, host = dict(graph.updates), dict(graph.tensors), set()
+    after, instead, renamed, dropped = {}, {}, {}, set()
+    facts = {"what": "optimizer", "masters": {}, "low": [], "sharded": []}
+    for k, node in enumerate(graph.nodes):
+        if (node.domain, node.op) not in OPTIMIZER_OPS:
+            continue
+        scalars = len(ops.of(node, graph.opsets).scalars)
+        read, grad, *state = node.inputs[scalars:]
+        new = node.outputs[0]
+        param = read if graph.tensors[read].kind == "param" else graph.producer(read).inputs[0]  # ZeRO-1, 2: a Shard
+        p = graph.tensors[param]
+        master_dtype = np.dtype(np.float32) if is_float(p.dtype) and p.dtype.itemsize < 4 else p.dtype
+        casts = _low_casts(readers, param, {node.name, graph.producer(read).name if read != param else ""})
+        device = from_onnx(casts[0].attrs["to"]) if casts else p.dtype
+        if casts:
+            tensors[param] = replace(p, dtype=device, data=computed(_astype, np.shape(p.data), device, p.data, device))
+            dropped.update(c.name for c in casts)
+            renamed.update((c.outputs[0], param) for c in casts)
+            facts["low"].append(param)
+        master, shard = param + MASTER, tuple(graph.tensors[read].shape)
+        sharded = read != param or isinstance(p.data, Whole)  # ZeRO-1 and 2's Shard, ZeRO-3's shard
+        tensors[master] = Tensor(master, shard, master_dtype, "param", _master_value(p.data, shard, master_dtype,
+                                                                                    sharded), True)
+        facts["masters"][param] = master
+        if sharded:
+            facts["sharded"].append(master)
+        steps = _Steps(tensors, host, f"offload/{param}")
+        grad_phase = graph.nodes[made[grad]].notes.phase if grad in made else Phase.OPTIMIZER
+        out = steps.copy("SwapOut", grad, grad + "/host", grad_phase)
+        after.setdefault(made.get(grad, k - 1), []).extend(steps.take())
+        if tensors[out].dtype != master_dtype:
+            out = steps.cast(out, master_dtype)
+        steps.nodes.append(replace(node, inputs=(*node.inputs[:scalars], master, out, *state)))
+        host.update((*node.outputs, master, *state))
+        tensors.update((s, replace(tensors[s], dtype=master_dtype)) for s in state)
+        tensors.update((o, Tensor(o, None, None, "activation")) for o in node.outputs if o)
+        updates.pop(new, None)
+        updates[new] = master
+        back = steps.copy("SwapIn", steps.cast(new, device) if device != master_dtype else new, f"{param}/offloaded")
+        gather = next((r for r in readers[new] if r.op == "AllGather"), None)
+        if gather is None:
+            updates[back] = param
+        else:  # ZeRO-1 and 2: the device gathers the shard it got back into the param
+            instead[gather.name] = [replace(gather, inputs=(back,))]
+            tensors[gather.outputs[0]] = Tensor(gather.outputs[0], None, None, "activation")
+        instead[node.name] = steps.take()
+    host.update(n for n, t in tensors.items() if t.kind == "input" and readers.get(n) and
+                all(r.name in instead and (r.domain, r.op) in OPTIMIZER_OPS for r in readers[n]))
+    nodes = after.get(-1, [])
+    for k, node in enumerate(graph.nodes):
+        if node.name not in dropped:
+            nodes += [replace(s, inputs=tuple(renamed.get(i, i) for i in s.inputs)) for s in instead.get(node.name, [node])]
+        nodes += after.get(k, [])
+    for name in renamed:
+        del tensors[name]
+    typed = shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates.items())), graph)
+    typed = replace(typed, tensors={n: replace(t, host=True) if n in host else t for n, t in typed.tensors.items()})
+    facts["host_bytes"] = sum(t.nbytes for t in typed.tensors.values() if t.host and t.kind in ("param", "state"))
+    facts["link_bytes"] = sum(typed.tensors[n.outputs[0]].nbytes for n in typed.nodes
+                              if n.domain == "memplan" and n.op == "SwapIn" and n.name.startswith("offload/"))
+    return Result(typed, True, {"offload": facts})
+
+
+class _Steps:
+    """The nodes one param's offloaded update adds, named under `prefix`; what they make on the host noted in
+    `host`, their outputs typed later (retype)."""
+
+    def __init__(self, tensors, host, prefix):
+        self.tensors, self.host, self.prefix, self.nodes = tensors, host, prefix, []
+
+    def copy(self, op, name, to, phase=Phase.OPTIMIZER):
+        """`name` copied by `op` (memplan.SwapOut to the host, SwapIn to the device) into `to`."""
+        self.nodes.append(Node(op, (name,), (to,), {}, f"{self.prefix}/{op}", Annotations(phase), "memplan"))
+        self.tensors[to] = replace(self.tensors[name], name=to, kind="activation", data=None)
+        if op == "SwapOut":
+            self.host.add(to)
+        return to
+
+    def cast(self, name, dtype):
+        """`name` cast to `dtype` on the host."""
+        out = f"{name}/{np.dtype(dtype).name}"
+        self.nodes.append(Node("Cast", (name,), (out,), {"to": to_onnx(dtype)}, f"{self.prefix}/Cast/{out}",
+                               Annotations(Phase.OPTIMIZER)))
+        self.tensors[out] = Tensor(out, None, None, "activation")
+        self.host.add(out)
+        return out
+
+    def take(self):
+        taken, self.nodes = self.nodes, []
+        return taken
+
+
+def _low_casts(readers, param, skip):
+    """The Cast nodes reading the float32 `param` where every reader but those named in `skip` is a Cast to one
+    16-bit float type (amp's copy of a weight); [] otherwise."""
+    others = [r for r in readers.get(param, ()) if r.name not in skip]
+    if not others or any(r.op != "Cast" or r.domain for r in others):
+        return []
+    types = {from_onnx(r.attrs["to"]) for r in others}
+    low = next(iter(types))
+    return others if len(types) == 1 and is_float(low) and low.itemsize == 2 else []
+
+
+def _master_value(data, shard, dtype, sharded):
+    """The master weights' value: the param's (`data`) in `dtype`, standing for this rank's `shard` where `sharded`."""
+    while isinstance(data, Whole):
+        data = data.value
+    value = data if np.dtype(data.dtype) == dtype else computed(_astype, np.shape(data), dtype, data, dtype)
+    return Whole(value, shard) if sharded else value
+
+
+def _astype(value, dtype):
+    return np.asarray(value).astype(dtype)

@@ -1,0 +1,118 @@
+"""Optimizer offload (planner/passes/offload.py, ZeRO-Offload): the optimizer's state, master weights and update in
+the host arena; a step trains as the plan that keeps them on the device (bit for bit where the master has the
+param's type), alone and under every ZeRO stage, and the device holds the params alone of the model states."""
+import math
+from functools import partial
+
+import numpy as np
+import pytest
+
+import planner
+from executor import Executor
+from planner.errors import ConfigError, PlanError
+from gloo import spawned
+from test_data_parallel import BATCH, batches, rank_share
+from zoo_cases import feeds, input_shapes, small_model
+
+STEPS = 2
+LOW = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def compiled(case, batch=4, **kw):
+    m = small_model(case)
+    return planner.compile(m, input_shapes(m, batch), training=True, optimizer=kw.pop("optimizer", "adam"), **kw)
+
+
+def trained(plan, case, batch=4):
+    ex = Executor(plan, backend="numpy", poison=True)
+    data = dict(feeds(small_model(case), batch))
+    labels = plan.tensors[plan.training["labels"]]
+    data[plan.training["labels"]] = np.random.default_rng(0).integers(0, 4, labels.shape)
+    return [ex.train_step(data) for _ in range(STEPS)], ex.parameters(), ex
+
+
+@pytest.mark.parametrize("case, precision, optimizer", [("mlp", "fp32", "adam"), ("resnet18", "fp32", "momentum"),
+                                                        ("gpt2_small", "amp-bf16", "adamw"),
+                                                        ("mlp", "amp-fp16", "momentum"), ("bert_base", "fp32", "adam")])
+def test_an_offloaded_step_trains_exactly_as_one_on_the_device(case, precision, optimizer):
+    base = compiled(case, precision=precision, optimizer=optimizer)
+    plan = compiled(case, precision=precision, optimizer=optimizer, offload="optimizer")
+    assert plan.breakdown["optimizer"] <= 512 < base.breakdown["optimizer"]  # amp-fp16's loss scale stays
+    assert plan.arena_bytes < base.arena_bytes and plan.host_arena_bytes >= plan.training["offload"]["host_bytes"]
+    host = {s.name: s for s in plan.steps if all(plan.tensors[n].host for n in (*s.inputs, *s.outputs) if n)}
+    assert {s.op for s in host.values()} >= {"Adam" if "adam" in optimizer else "SGD"}
+    losses, params, _ = trained(plan, case)
+    base_losses, base_params, _ = trained(base, case)
+    assert losses == base_losses
+    assert all(np.array_equal(params[k], base_params[k]) for k in base_params)
+
+
+def test_amp_holds_a_param_read_through_one_cast_in_16_bits_alone():
+    base = compiled("gpt2_small", precision="amp-fp16")
+    plan = compiled("gpt2_small", precision="amp-fp16", offload="optimizer")
+    low = plan.training["offload"]["low"]
+    assert "transformer.h.0.mlp.c_fc.weight" in low and "transformer.wte.weight" not in low  # Gather reads fp32
+    assert all(plan.tensors[p].dtype == "float16" and plan.tensors[p + "/master"].dtype == "float32" for p in low)
+    assert not any(s.op == "Cast" and s.inputs[0] in low for s in plan.steps)
+    assert plan.breakdown["params"] == base.breakdown["params"] - sum(plan.tensors[p].nbytes for p in low)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_16_bit_params_update_float32_master_weights_on_the_host(precision):
+    """ZeRO-Offload's mixed precision: the device holds the 16-bit params alone, the host float32 masters and
+    state; after each step the device's param is its master cast down."""
+    plan = compiled("mlp", precision=precision, offload="optimizer")
+    masters = plan.training["offload"]["masters"]
+    assert all(plan.tensors[m].dtype == "float32" and plan.tensors[p].dtype == LOW[precision]
+               for p, m in masters.items())
+    losses, params, ex = trained(plan, "mlp")
+    fp32_losses, _, _ = trained(compiled("mlp"), "mlp")
+    np.testing.assert_allclose(losses, fp32_losses, rtol=2e-2)
+    for name, master in params.items():
+        assert master.dtype == np.float32
+        assert np.array_equal(ex.arena.view(name), master.astype(ex.arena.view(name).dtype))
+
+
+def test_the_device_holds_the_zero_offload_papers_model_states():
+    """Ren et al. 2021: with mixed precision the device holds the 2-byte params (2M bytes for M values) and the
+    host the 12M of float32 masters, momentum and variance; gradients leave as they are made."""
+    plan = compiled("gpt2_small", precision="fp16", offload="optimizer")
+    values = sum(math.prod(plan.tensors[p].shape) for p in plan.training["params"])
+    assert sum(plan.tensors[p].nbytes for p in plan.training["params"]) == 2 * values
+    assert not any(t.kind == "state" and not t.host for t in plan.tensors.values())
+    assert plan.breakdown["optimizer"] == 0
+    assert plan.training["offload"]["host_bytes"] == 12 * values
+    assert plan.training["offload"]["link_bytes"] == 2 * values
+
+
+def _rank(rank, port, results, world, zero, offload):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        m = small_model("mlp")
+        plan = planner.compile(m, input_shapes(m, BATCH // world), training=True, optimizer="adam", offload=offload,
+                               parallel=planner.Parallel(dp=world, zero=zero))
+        ex = Executor(plan, backend="numpy", poison=True)
+        losses = [ex.train_step(rank_share(f, rank, world)) for f in batches()]
+        results.put((rank, losses, ex.parameters(), plan.breakdown["optimizer"], plan.host_arena_bytes))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_every_zero_stage_offloads_and_trains_as_on_the_device(zero):
+    got = spawned(partial(_rank, world=2, zero=zero, offload="optimizer"), 2)
+    base = spawned(partial(_rank, world=2, zero=zero, offload=None), 2)
+    for (rank, losses, params, device_state, host), (_, base_losses, base_params, base_state, _) in zip(got, base):
+        assert losses == base_losses and device_state == 0 < base_state and host > 0
+        assert all(np.array_equal(params[k], base_params[k]) for k in base_params), f"rank {rank}"
+
+
+def test_offload_options_are_checked():
+    with pytest.raises(PlanError, match="unknown offload 'params'"):
+        compiled("mlp", offload="params")
+    with pytest.raises(PlanError, match="apply to training=True"):
+        planner.compile(small_model("mlp"), input_shapes(small_model("mlp"), 2), offload="optimizer")
+    with pytest.raises(ConfigError, match="in place"):
+        compiled("mlp", offload="optimizer", config=planner.Config(inplace_update=False))

@@ -92,8 +92,8 @@ class Executor:
             raise MemplanError(f"backend {self.backend.NAME!r} cannot hold tensors of dtype {', '.join(foreign)}")
         self.kernels = self.backend.table(jit)
         self.jit = self.kernels is not self.backend.kernels
-        missing = sorted({op_name(s.domain, s.op) for s in plan.steps
-                          if kernels.find(self.kernels, s, self.backend.fuse) is None})
+        missing = sorted({op_name(s.domain, s.op) for s in plan.steps if kernels.find(
+            numpy_backend.table(False) if _on_host(s, plan.tensors) else self.kernels, s, self.backend.fuse) is None})
         if missing:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.runtime = self.backend.runtime(tf32)
@@ -162,7 +162,10 @@ class Executor:
             ws = {c.name: self.arena.bytes(slot.offset + c.offset, c.nbytes).view(np.dtype(c.dtype)).reshape(c.shape)
                   for c in step.scratch}
         ins, outs = [views(i) if i else None for i in step.inputs], [views(o) if o else None for o in step.outputs]
-        fn = self.runtime.bind(step, kernels.find(self.kernels, step, self.backend.fuse), ins, outs, region)
+        if self.backend is not numpy_backend and _on_host(step, tensors):
+            fn = partial(_host_step, kernels.find(numpy_backend.table(False), step), self.backend.synchronize)
+        else:
+            fn = self.runtime.bind(step, kernels.find(self.kernels, step, self.backend.fuse), ins, outs, region)
         if getattr(fn, "collective", False):
             fn = partial(fn, group=self.groups[step.attrs.get("group", "dp")])
         if self.profile:
@@ -275,7 +278,8 @@ class Executor:
                                self.backend.xp is not np else self.arena.view(read[name])) for name in names}
 
     def set_parameters(self, values):
-        """Write params (any of the plan's, trained or not, e.g. running statistics) into the arena."""
+        """Write params (any of the plan's, trained or not, e.g. running statistics) into the arena (and an offloaded
+        optimizer's master weights of each)."""
         for name, value in values.items():
             t = self.plan.tensors.get(name)
             if t is None or t.kind != "param":
@@ -283,6 +287,11 @@ class Executor:
             if tuple(np.shape(value)) != tuple(t.shape):
                 raise FeedError(f"param {name!r}: expected shape {tuple(t.shape)}, got {tuple(np.shape(value))}")
             self.arena.view(name)[...] = self.backend.xp.asarray(np.asarray(value, dtype=np.dtype(t.dtype)))
+            offload = self.plan.training.get("offload") or {}
+            if name in offload.get("masters", {}):  # its master too, cut as the executor loads it
+                master = offload["masters"][name]
+                sharded = name in (self.plan.training.get("parallel") or {}).get("sharded", ())
+                self.arena.load({master: value} if sharded else shards(self.plan, {master: value}, self.groups))
 
     def _feeds(self, feeds, scalars):
         """{input: array} of every input but the `scalars`, each fed once, checked by `_feed`."""
@@ -463,12 +472,26 @@ def _check_weights(plan):
                            "it says how much memory the model takes; to run it, plan the model with its weights")
 
 
+def _on_host(step, tensors):
+    """Whether `step` runs on the host: every tensor it reads and writes lies in the host arena (an offloaded
+    optimizer's update and casts), and it is not a copy between the arenas."""
+    names = [n for n in (*step.inputs, *step.outputs) if n]
+    return bool(names) and step.op not in ("SwapOut", "SwapIn") and all(tensors[n].host for n in names)
+
+
+def _host_step(kernel, synchronize, xp, step, ins, outs, ws):
+    """`kernel` (NumPy's) run on the host arena's arrays once the device's queued copies into them are done."""
+    synchronize()
+    kernel(np, step, ins, outs, ws)
+
+
 def _check_graphable(backend, plan, poison, profile, ranks):
     """Raise MemplanError unless `plan` can run as one CUDA graph on `backend` with these options."""
     why = ("it needs the cupy backend" if backend.NAME != "cupy" else
            "poison mode writes between the steps" if poison else
            "profiling times each step" if profile else
            "its amp-fp16 loss scaling skips the update on the host" if (plan.training or {}).get("scaler") else
+           "its optimizer runs on the host (offload)" if (plan.training or {}).get("offload") else
            "its collectives run between processes" if ranks > 1 else None)
     if why:
         raise MemplanError(f"cuda_graph=True cannot run this plan: {why}")

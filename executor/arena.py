@@ -35,4 +35,5 @@ class Arena:
         for name, value in values.items():
             t = self.plan.tensors[name]
             if t.alias_of is None:
-                self.view(name)[...] = self.xp.asarray(np.ascontiguousarray(value, dtype=np.dtype(t.dtype)))
+                xp = np if t.host else self.xp
+                self.view(name)[...] = xp.asarray(np.ascontiguousarray(value, dtype=np.dtype(t.dtype)))

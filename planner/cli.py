@@ -79,12 +79,13 @@ def training_options(args):
         raise MemplanError("--sequence-parallel shards the sequence among the ranks of --tp N: give that too")
     if not args.training:
         if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget or args.trainable \
+                or args.offload \
                 or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX \
                 or args.shard != "flat" or args.prefetch or args.bucket or args.sync_batchnorm \
                 or args.sequence_parallel or any(getattr(args, name) is not None for name in PARALLEL_ARGS
                                                  if name != "tp"):
-            raise MemplanError("--loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, --class-axis, "
-                               "--ignore-index, --dp, --zero, --pp, --microbatches, --stage, --shard, --prefetch, "
+            raise MemplanError("--loss, --optimizer, --lr, --remat, --offload, --budget, --trainable, --frozen, "
+                               "--class-axis, --ignore-index, --dp, --zero, --pp, --microbatches, --stage, --shard, --prefetch, "
                                "--bucket, --sync-batchnorm and --sequence-parallel apply with --training (--tp "
                                "alone plans one tensor-parallel rank's inference)")
         if args.tp is not None:
@@ -107,7 +108,7 @@ def training_options(args):
             "optimizer_args": {} if args.lr is None else {"lr": args.lr}, "remat": args.remat,
             "memory_budget": None if args.budget is None else parse_bytes(args.budget),
             "trainable": tuple(args.trainable), "frozen": tuple(args.frozen), "class_axis": args.class_axis,
-            "ignore_index": args.ignore_index, "parallel": parallel}
+            "ignore_index": args.ignore_index, "parallel": parallel, "offload": args.offload}
 
 
 def report(args):
@@ -291,8 +292,12 @@ def max_batch(args):
     training = training_options(args)
     compile_at = batch_planner(args, training)
     rows = [(s, {"strategy": s}) for s in args.strategy]
-    if training.get("training"):  # recomputation with the last strategy asked for (by default the default, auto)
-        rows += [(f"{args.strategy[-1]} + {r}", {"strategy": args.strategy[-1], "remat": r}) for r in ("mirror", "sublinear")]
+    if training.get("training"):  # recomputation, offload and swap with the last strategy asked for (default auto)
+        last = args.strategy[-1]
+        rows += [(f"{last} + {r}", {"strategy": last, "remat": r}) for r in ("mirror", "sublinear")]
+        rows += [] if training["offload"] else [(f"{last} + offload", {"strategy": last, "offload": "optimizer"})]
+        rows += [(f"{last} + offload + swap", {"strategy": last, "offload": "optimizer", "remat": "swap",
+                                               "memory_budget": budget})]
     failed, place = [], {label: k for k, (label, _) in enumerate(rows, 1)}
     with Progress("memplan max-batch", total=len(rows)) as bar:
         results = maxbatch.table(compile_at, budget, rows,
@@ -364,7 +369,8 @@ def fit(args):
                 raise MemplanError(f"--{kind} {pinned[kind]}: " + next(
                     (n.split(": ", 1)[1] for n in notes if n.startswith(f"no {kind} ")), "it does not divide --gpus"))
         remats = (remat,) if remat else layouts.LAYER_REMATS if transformer else layouts.REMATS
-        candidates = layouts.candidates(args.gpus, tps=tps, pps=pps, remats=remats, keep=keep, **rules)
+        candidates = layouts.candidates(args.gpus, tps=tps, pps=pps, remats=remats, keep=keep,
+                                        offload=not training["offload"], **rules)
         if not candidates:
             raise MemplanError(f"no layout of {args.gpus} devices is what was asked for")
         bar.label, bar.total = "memplan fit, layouts", len(candidates)

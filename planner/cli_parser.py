@@ -75,6 +75,7 @@ def _model_args(p, one_strategy):
     from .options import IGNORE_INDEX
     from .precision import PRECISIONS
     from .remat import REMATS
+    from .options import OFFLOADS
     from .optimizers import OPTIMIZERS
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                    help="an .onnx file, zoo:NAME, a transformers config.json or hf:MODEL_ID (built without weights)")
@@ -96,6 +97,9 @@ def _model_args(p, one_strategy):
                    help=f"labels equal to N count neither in the loss nor its mean (default {IGNORE_INDEX}; "
                         "none for none)")
     p.add_argument("--remat", choices=REMATS, default=None, help="recompute forward tensors in backward")
+    p.add_argument("--offload", choices=OFFLOADS, default=None,
+                   help="with --training: hold the optimizer's state and master weights in host memory and update there "
+                        "(ZeRO-Offload), gradients copied out and params back each step")
     p.add_argument("--dp", type=count(1), default=None, metavar="N",
                    help="with --training: plan one of N data-parallel ranks (its batch is --batch / --input)")
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,

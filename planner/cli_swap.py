@@ -11,8 +11,9 @@ from .errors import InfeasibleBudgetError, MemplanError
 from .outputs import as_csv, check_output, emit
 from .units import format_bytes
 
-ROWS = (("none", None), ("recompute", "budget"), ("swap", "swap"), ("hybrid", "hybrid"))
-"""Each row's label and remat."""
+ROWS = (("none", None, None), ("recompute", "budget", None), ("swap", "swap", None), ("hybrid", "hybrid", None),
+        ("offload", None, "optimizer"), ("offload + hybrid", "hybrid", "optimizer"))
+"""Each row's label, remat and offload."""
 CHOSEN = {"hybrid": "per value", "swap": "swap alone", "recompute": "recompute alone"}
 """How a hybrid row names the search whose plan it kept."""
 
@@ -35,9 +36,10 @@ def report(args, load, config, training):
     none = compile(graph, **{**options, "memory_budget": None})
     budget = none.arena_bytes // 2 if budget is None else budget
     plans = {}
-    for label, remat in ROWS[1:]:
+    for label, remat, offload in ROWS[1:]:
         try:
-            plans[label] = compile(graph, **{**options, "remat": remat, "memory_budget": budget})
+            plans[label] = compile(graph, **{**options, "remat": remat, "offload": offload,
+                                             "memory_budget": budget if remat else None})
         except InfeasibleBudgetError as e:
             plans[label] = e
     rows = _rows(none, plans, budget)
@@ -49,22 +51,23 @@ def report(args, load, config, training):
 def _rows(none, plans, budget):
     """One dict per plan: arenas, what it swaps and recomputes, and its modeled step against keeping everything
     (the hybrid search models each of the others' steps)."""
-    hybrid = plans["hybrid"]
-    decided = {} if isinstance(hybrid, Exception) else hybrid.training["remat"]
+    decided = next((p.training["remat"] for p in (plans["hybrid"], plans["offload + hybrid"])
+                    if not isinstance(p, Exception)), {})
     seconds = {"none": decided.get("base_seconds"), "recompute": decided.get("candidates", {}).get("recompute")}
     rows = []
     for label, plan in {"none": none, **plans}.items():
         if isinstance(plan, Exception):
             rows.append({"remat": label, "error": str(plan)})
             continue
-        remat = plan.training.get("remat", {})
-        step = remat["time"]["seconds"] if "time" in remat else seconds.get(label)
-        rows.append({"remat": label + (f" ({CHOSEN[remat['chosen']]})" if label == "hybrid" else ""),
+        remat = plan.training.get("remat") or {}
+        time = (plan.training.get("offload") or remat).get("time")
+        step = time["seconds"] if time else seconds.get(label)
+        rows.append({"remat": label + (f" ({CHOSEN[remat['chosen']]})" if label.endswith("hybrid") else ""),
                      "arena_bytes": plan.arena_bytes, "x_none": plan.arena_bytes / none.arena_bytes,
                      "host_arena_bytes": plan.host_arena_bytes, "swapped": len(remat.get("swapped", ())),
                      "recomputed": len(remat.get("recomputed", ())), "step_seconds": step,
                      "overhead": None if step is None or seconds["none"] is None else step / seconds["none"] - 1,
-                     "model": (remat["time"]["model"], remat["time"]["link"]) if "time" in remat else None})
+                     "model": (time["model"], time["link"]) if time else None})
     return rows
 
 
@@ -72,15 +75,15 @@ def _table(rows, budget, none):
     model = next((r["model"] for r in rows if r.get("model")), None)
     lines = [f"budget {format_bytes(budget)} ({budget / none.arena_bytes:.2f}x the arena keeping everything)"
              + (f"; time model {model[0]}, host link {model[1] / 1e9:g} GB/s each way" if model else ""),
-             f"{'remat':<26} {'arena':>13} {'x none':>7} {'host arena':>13} {'swapped':>8} {'recomputed':>10} "
+             f"{'remat':<30} {'arena':>13} {'x none':>7} {'host arena':>13} {'swapped':>8} {'recomputed':>10} "
              f"{'modeled step':>13} {'overhead':>9}"]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['remat']:<26} {r['error']}")
+            lines.append(f"{r['remat']:<30} {r['error']}")
             continue
         step = "-" if r["step_seconds"] is None else f"{r['step_seconds'] * 1e3:.1f} ms"
         overhead = "-" if r["overhead"] is None else f"{r['overhead']:.1%}"
-        lines.append(f"{r['remat']:<26} {format_bytes(r['arena_bytes']):>13} {r['x_none']:>7.3f} "
+        lines.append(f"{r['remat']:<30} {format_bytes(r['arena_bytes']):>13} {r['x_none']:>7.3f} "
                      f"{format_bytes(r['host_arena_bytes']):>13} {r['swapped']:>8} {r['recomputed']:>10} "
                      f"{step:>13} {overhead:>9}")
     if model:

@@ -131,12 +131,14 @@ def _configured(options):
 
 
 def _context(options, input_shapes):
-    """The passes' Context of `options`, whose `measure` plans a candidate graph as the rank's plan."""
+    """The passes' Context of `options`, whose `measure` plans a candidate graph as the plan it becomes (the passes
+    after recomputation run on it: the rank's, the optimizer offloaded)."""
+    later = [step for step in passes.pipeline(options) if step.name in ("data_parallel", "offload")]
+
     def measure(graph, facts):
-        if options.parallel is not None:  # a candidate of recomputation, planned as the rank's plan it becomes
+        if later:  # a candidate of recomputation, planned as the plan it becomes: the rank's, the optimizer offloaded
             context = passes.Context(input_shapes, MappingProxyType(facts))
-            graph, found = passes.run([passes.data_parallel(options.parallel)], graph, context,
-                                      frozenset({passes.TYPED, passes.UPDATES}))
+            graph, found = passes.run(later, graph, context, frozenset({passes.TYPED, passes.UPDATES}))
             facts = {**facts, **found}
         return planning.measure(graph, options.strategy, options.orders, options.config, tuple(options.fetch), facts)
 

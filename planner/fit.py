@@ -78,13 +78,15 @@ def _parallel(gpus, tp=1, pp=1, zero=None, shard="flat", prefetch=0, bucket_byte
 
 
 def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0, tps=(), pps=(), sync_batchnorm=False,
-               remats=REMATS, keep=None):
+               remats=REMATS, keep=None, offload=False):
     """(label, compile options) of each layout of `gpus` ranks under each of `remats`, neighbours alike (each
     search starts from the one before): data-parallel at each ZeRO stage, then `tps` tensor-parallel ranks (with
     ZeRO-1, then ZeRO-3, over the rest), `pps` pipeline stages, and each pair of them that divides `gpus`;
     their shards cut by `shard` where they have shards, ZeRO-3's gathers `prefetch` ahead, their gradients
     reduced in buckets of `bucket_bytes`, BatchNormalization's statistics all-reduced over the data ranks where
-    `sync_batchnorm` (planner.parallel); only those whose Parallel `keep(parallel)` keeps, where given."""
+    `sync_batchnorm` (planner.parallel); with `offload`, then each data-parallel layout without recomputation
+    again with the optimizer offloaded to the host (ZeRO-Offload); only those whose Parallel `keep(parallel)` keeps,
+    where given."""
     rows = []
     rules = {"shard": shard, "prefetch": prefetch, "bucket_bytes": bucket_bytes, "sync_batchnorm": sync_batchnorm}
     for remat in remats:
@@ -95,6 +97,8 @@ def candidates(gpus, shard="flat", prefetch=0, bucket_bytes=0, tps=(), pps=(), s
         layouts += [_parallel(gpus, tp=tp, pp=pp, **rules) for tp in tps for pp in pps if gpus % (tp * pp) == 0]
         layouts = [p for p in layouts if keep is None or keep(p)]
         rows += [(_label(p) + (f", {remat}" if remat else ""), {"parallel": p, "remat": remat}) for p in layouts]
+    rows += [(f"{label}, offload", {**options, "offload": "optimizer"}) for label, options in list(rows)
+             if offload and options["parallel"].tp == options["parallel"].pp == 1 and not options["remat"]]
     return rows
 
 
@@ -112,14 +116,15 @@ def least_states(params, states):
     """f(parallel): bytes that a rank of the layout `parallel` holds at least whatever its batch: its share of the
     params and optimizer state. `params` is [(elements, bytes an element, trains)], `states` the optimizer's state
     tensors per trained param. The fullest stage holds at least 1/pp of the params and a tensor-parallel rank at
-    least 1/tp of its stage's; ZeRO-1 divides the state by dp, ZeRO-3 the trained params too; gradients, live
+    least 1/tp of its stage's; ZeRO-1 divides the state by dp, ZeRO-3 the trained params too; an `offload`ed
+    optimizer holds its state on the host; gradients, live
     for a moment under eager updates, and the activations count nothing here."""
-    def least(parallel):
+    def least(parallel, offload=None):
         dp, share = parallel.dp, 1 / (parallel.tp * parallel.pp)
         total = 0.0
         for elements, itemsize, trains in params:
             held = 1 / dp if trains and parallel.zero == 3 else 1
-            state = states * (1 / dp if parallel.zero else 1) if trains else 0
+            state = states * (1 / dp if parallel.zero else 1) if trains and not offload else 0
             total += elements * share * itemsize * (held + state)
         return int(total)
     return least
@@ -145,7 +150,7 @@ def search(compile_at, memory, layouts, progress=None, workers=1, least=None):
     about as long. With `workers` > 1 each chain runs in a forked process (on Linux; the chains run one after the
     other in this process elsewhere)."""
     compile_at = _fullest_stage(compile_at, memory)
-    held = {label: least(options["parallel"]) if least else 0 for label, options in layouts}
+    held = {label: least(options["parallel"], options.get("offload")) if least else 0 for label, options in layouts}
     full = {label for label, nbytes in held.items() if nbytes > memory}
     per_remat = len(layouts) // len({options["remat"] for _, options in layouts})
     chains = [[layout for j, layout in enumerate(layouts) if _dealt(j % per_remat, j // per_remat) == k

@@ -71,9 +71,10 @@ def measure(graph, strategy, orders, config, fetch=(), training=None):
 
 
 def timed(graph):
-    """Whether the graph holds an op placed by time (Schema.timed: the swap planner's host copies), so that it runs
-    in its own order: another would move the copies off the times they were placed by."""
-    return any(ops.of(node, graph.opsets).timed for node in graph.nodes)
+    """Whether the graph holds copies placed by time (Schema.timed ops in the forward pass: the swap planner's), so
+    that it runs in its own order: another would move the copies off the times they were placed by. An offloaded
+    optimizer's copies (of gradients, in the backward pass, and of updated params) follow what they copy alone."""
+    return any(node.notes.forward and ops.of(node, graph.opsets).timed for node in graph.nodes)
 
 
 class Measured:

@@ -62,6 +62,7 @@ class Report:
                        constants=first.training["constants"], criterion=first.training["criterion"],
                        exported_params=first.training.get("exported_params"),
                        parallel=_parallel(first, self.unsharded, self.stages),
+                       offload=_offload(min((p for _, p in self.rows), key=lambda p: p.arena_bytes)),
                        forward_flops=first.stats["forward_flops"], backward_flops=first.stats["backward_flops"],
                        update_modes={m: {"strategy": p.strategy, "arena_bytes": p.arena_bytes, "breakdown": p.breakdown}
                                      for m, p in self.updates.items()})
@@ -202,6 +203,18 @@ def _parallel(plan, unsharded, stages=None):
             "batch_norms": _batch_norms(plan)}
 
 
+def _offload(plan):
+    """An offloaded optimizer's facts (planner/passes/offload.py) with the host arena and the device's bytes of the
+    trained params; None where the optimizer stays on the device."""
+    facts = plan.training.get("offload")
+    if not facts:
+        return None
+    device = sum(plan.tensors[n].nbytes for n in plan.training["params"])
+    return {**{k: v for k, v in facts.items() if k != "masters"}, "masters": len(facts["masters"]),
+            "host_arena_bytes": plan.host_arena_bytes, "device_param_bytes": device,
+            "device_optimizer_bytes": plan.breakdown["optimizer"]}
+
+
 def _inference_parallel(plan, unsharded):
     """A tensor-parallel rank's inference facts, with the bestfit plan of one device beside them and the bytes
     its all-reduces send a run."""
@@ -312,6 +325,22 @@ def _params_line(d):
     parts = [f"{len(names)} {many if len(names) > 1 else one} ({', '.join(names[:3])}{', ...' * (len(names) > 3)})"
              for (one, many), names in sorted(groups.items(), key=lambda g: -len(g[1]))]
     return f"{line}; {len(d['constants'])} initializers stay constants: {', '.join(parts)}"
+
+
+def _offload_line(d):
+    """Where an offloaded optimizer's bytes are, a value's, beside ZeRO-Offload's count (Ren et al. 2021: with mixed
+    precision the device holds 2 bytes a value, the host 12 and the gradients)."""
+    o, values = d.get("offload"), d["trained_values"]
+    if not o:
+        return []
+    low = f"; {len(o['low'])} of amp's in 16 bits alone" if o["low"] else ""
+    return [f"optimizer offloaded to the host (ZeRO-Offload): host arena {format_bytes(o['host_arena_bytes'])}, of it "
+            f"masters and state {format_bytes(o['host_bytes'])} ({o['host_bytes'] / values:.2f} bytes a value); the "
+            f"device holds the params in {format_bytes(o['device_param_bytes'])} ({o['device_param_bytes'] / values:.2f}"
+            f" bytes a value{low})"
+            f" and {format_bytes(o['device_optimizer_bytes'])}"
+            f" of optimizer state; each step copies {format_bytes(o['link_bytes'])} of params back (ZeRO-Offload's "
+            "count with mixed precision: 2 bytes a value on the device, 12 on the host)"]
 
 
 def _tp_line(tp):
@@ -427,7 +456,7 @@ def _count(n):
 
 def _training_lines(report, d):
     eager, after = d["update_modes"]["eager"], d["update_modes"]["after_backward"]
-    lines = [_params_line(d), *_export_line(d), *_parallel_line(d), _loss_line(d),
+    lines = [_params_line(d), *_export_line(d), *_parallel_line(d), *_offload_line(d), _loss_line(d),
              f"params updated as each gradient completes: arena {format_bytes(eager['arena_bytes'])} (gradients "
              f"{format_bytes(eager['breakdown']['grads'])} at the fullest step); all gradients, then the step: "
              f"{format_bytes(after['arena_bytes'])} (gradients {format_bytes(after['breakdown']['grads'])}) ({after['strategy']})",

@@ -25,6 +25,8 @@ CATEGORIES = {  # category: (colour, legend label)
 }
 WIDTH, HEIGHT = 1000.0, 600.0
 """The plot area in points."""
+HOST_HEIGHT = 200.0
+"""The height of the host arena's panel, under the device's, in points."""
 ZOOM = 100
 """Graphviz rounds node sizes to whole points: the timeline is laid out this many times larger, then
 scaled down to size, so boxes stay exact to 1/ZOOM of a point."""
@@ -37,9 +39,9 @@ FAST_DOT = {"mclimit": "0.2", "nslimit": "4", "nslimit1": "4", "searchsize": "10
 edges otherwise keep it busy for minutes."""
 
 
-def boxes(plan):
-    """[(root tensor, first step, last step, aliases)] for every buffer of the arena: transient ones span
-    the union of their members' lifetimes; persistent ones span the whole run."""
+def boxes(plan, host=False):
+    """[(root tensor, first step, last step, aliases)] for every buffer of the device arena (of the host arena where
+    `host`): transient ones span the union of their members' lifetimes; persistent ones span the whole run."""
     members = {}
     for t in plan.tensors.values():
         if t.alias_of is not None:
@@ -47,7 +49,7 @@ def boxes(plan):
     last = max(len(plan.steps) - 1, 0)
     out = []
     for t in plan.tensors.values():
-        if t.alias_of is not None or not t.nbytes:
+        if t.alias_of is not None or not t.nbytes or t.host != host:
             continue
         group = [t] + members.get(t.name, [])
         spans = [m.lifetime for m in group if m.lifetime is not None]
@@ -57,31 +59,27 @@ def boxes(plan):
 
 
 def timeline(plan, path, title=None):
-    """Write the memory timeline of `plan` to `path` (.svg or .png); returns the path."""
+    """Write the memory timeline of `plan` to `path` (.svg or .png), with its host arena (swapped copies, an
+    offloaded optimizer) as a panel of its own under the device's; returns the path."""
     graphviz = require_graphviz()
     nsteps = max(len(plan.steps), 1)
     top = max(plan.arena_bytes, 1)
     sx, sy = WIDTH / nsteps, HEIGHT / top
+    below = HOST_HEIGHT + 90 if plan.host_arena_bytes else 0
     g = graphviz.Graph("timeline", engine="neato", graph_attr={
         "splines": "line", "outputorder": "edgesfirst", "bgcolor": "white", "pad": "0.3",
-        "size": f"{(WIDTH + 420) / 72:.2f},{(HEIGHT + 120) / 72:.2f}",
+        "size": f"{(WIDTH + 420) / 72:.2f},{(HEIGHT + 120 + below) / 72:.2f}",
         "label": title or (f"{plan.strategy} plan, {plan.schedule} schedule, {plan.stats.get('precision', 'fp32')}: "
                            f"arena {format_bytes(plan.arena_bytes)}"),
         "labelloc": "t", "fontname": "Helvetica", "fontsize": str(14 * ZOOM)},
         node_attr={"fontname": "Helvetica", "fontsize": str(9 * ZOOM)})
     hidden = [0, 0]
-    for t, first, last, aliases in boxes(plan):
-        w, h = (last - first + 1) * sx, t.nbytes * sy
-        if h < MIN_HEIGHT:
-            hidden[0] += 1
-            hidden[1] += t.nbytes
-            continue
-        tip = (f"{t.name}: {tuple(t.shape)} {t.dtype}, {t.nbytes:,} bytes at offset {t.offset:,}, "
-               + ("persistent" if t.lifetime is None else f"steps {first}-{last}")
-               + (f"; shared by {', '.join(aliases[:8])}" + (" ..." if len(aliases) > 8 else "") if aliases else ""))
-        g.node(f"t:{t.name}", "", id=f"t:{t.name}", shape="box", style="filled", fixedsize="true",
-               fillcolor=CATEGORIES[category(t)][0], color="#303030", penwidth=str(0.3 * ZOOM),
-               width=_inches(w), height=_inches(h), pos=_pos(first * sx + w / 2, t.offset * sy + h / 2), tooltip=tip)
+    _boxes(g, boxes(plan), sx, sy, 0, hidden)
+    if plan.host_arena_bytes:
+        host_sy, base = HOST_HEIGHT / plan.host_arena_bytes, -below
+        _boxes(g, boxes(plan, host=True), sx, host_sy, base, hidden)
+        _line(g, "host", base + HOST_HEIGHT, f"host arena {format_bytes(plan.host_arena_bytes)}", "solid")
+        g.node("host:label", "host arena offset", shape="plaintext", pos=_pos(-20, base + HOST_HEIGHT + 14))
     if plan.lower_bound_bytes == plan.arena_bytes:
         _line(g, "peak", HEIGHT, f"arena = LOAD {format_bytes(plan.arena_bytes)}", "solid")
     else:
@@ -91,6 +89,23 @@ def timeline(plan, path, title=None):
     _axes(g, nsteps, top, sx, sy)
     _legend(g, hidden)
     return _render(g, path, neato_no_op=2)
+
+
+def _boxes(g, found, sx, sy, base, hidden):
+    """A box per buffer of `found` (boxes'), `sy` points a byte above height `base`; those too thin to draw counted
+    in `hidden` [buffers, bytes]."""
+    for t, first, last, aliases in found:
+        w, h = (last - first + 1) * sx, t.nbytes * sy
+        if h < MIN_HEIGHT:
+            hidden[0] += 1
+            hidden[1] += t.nbytes
+            continue
+        tip = (f"{t.name}: {tuple(t.shape)} {t.dtype}, {t.nbytes:,} bytes at {'host ' * t.host}offset {t.offset:,}, "
+               + ("persistent" if t.lifetime is None else f"steps {first}-{last}")
+               + (f"; shared by {', '.join(aliases[:8])}" + (" ..." if len(aliases) > 8 else "") if aliases else ""))
+        g.node(f"t:{t.name}", "", id=f"t:{t.name}", shape="box", style="filled", fixedsize="true",
+               fillcolor=CATEGORIES[category(t)][0], color="#303030", penwidth=str(0.3 * ZOOM), width=_inches(w),
+               height=_inches(h), pos=_pos(first * sx + w / 2, base + t.offset * sy + h / 2), tooltip=tip)
 
 
 def graph_view(plan, path, max_nodes=200):

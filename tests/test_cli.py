@@ -275,7 +275,7 @@ def test_training_choices_reach_the_plan(tmp_path, capsys):
     (["--training", "--class-axis", "1", "--loss", "mse"], "memplan: error: --class-axis and --ignore-index apply to --loss cross_entropy"),
     (["--training", "--trainable", "layers.0.bias", "--frozen", "layers.0.bias"], "named both trainable and frozen"),
     (["--training", "--trainable", "nope"], "memplan: error: trainable names 'nope', which are not params"),
-    (["--class-axis", "1"], "memplan: error: --loss, --optimizer, --lr, --remat, --budget, --trainable, --frozen, "
+    (["--class-axis", "1"], "memplan: error: --loss, --optimizer, --lr, --remat, --offload, --budget, --trainable, --frozen, "
                             "--class-axis, --ignore-index, --dp, --zero, --pp, --microbatches, --stage, --shard, "
                             "--prefetch, --bucket, --sync-batchnorm and --sequence-parallel apply with --training"),
     (["--training", "--ignore-index", "x"], "argument --ignore-index: invalid value: 'x'; give an int or none"),

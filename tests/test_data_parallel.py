@@ -355,13 +355,14 @@ def test_fit_finds_each_layouts_largest_batch(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert [r["global_batch"] for r in doc["rows"]] == sorted((r["global_batch"] for r in doc["rows"]), reverse=True)
     rows = [r for r in doc["rows"] if " x " not in r["layout"]]  # the data-parallel ones (test_pipeline: the rest)
-    assert len(rows) == 8
+    assert len(rows) == 12
     for row in rows:
         zero, remat = int(row["layout"].split("ZeRO-")[1][0]), "sublinear" if "sublinear" in row["layout"] else None
+        offload = "optimizer" if row["layout"].endswith("offload") else None
 
         def arena(batch):
             return planner.compile("zoo:mlp", {"input": (batch, 784)}, training=True, optimizer="adam", remat=remat,
-                                   parallel=planner.Parallel(dp=2, zero=zero)).arena_bytes
+                                   parallel=planner.Parallel(dp=2, zero=zero), offload=offload).arena_bytes
         assert row["global_batch"] == 2 * row["batch_per_rank"]
         assert arena(row["batch_per_rank"]) == row["arena_bytes"] <= 8 << 20 < arena(row["batch_per_rank"] + 1)
     assert cli.main(["fit", "zoo:mlp", "--batch", "4", "--gpus", "2", "--memory", "8MiB", "--optimizer", "adam",

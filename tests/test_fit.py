@@ -141,7 +141,7 @@ def test_fit_draws_one_progress_line_for_the_whole_search(capfd, monkeypatch):
     assert cli.main(["fit", "zoo:mlp", "--batch", "4", "--gpus", "2", "--memory", "8MiB", "--workers", "2"]) == 0
     err = capfd.readouterr().err
     assert err.endswith("\n") and err.count("\n") == 1, err
-    assert "\rmemplan fit, layouts: 12/12 [" in err and "(sublinear search " in err
+    assert "\rmemplan fit, layouts: 16/16 [" in err and "(sublinear search " in err
     assert "memplan: sublinear search" not in err
 
 
@@ -169,7 +169,7 @@ def test_a_layout_whose_states_cannot_fit_is_not_planned():
     def counting(batch, **options):
         planned.append(options["parallel"].zero)
         return compile_at(batch, **options)
-    rows, notes = fit.search(counting, MEMORY, fit.candidates(2), least=lambda p: MEMORY + 1 if p.zero < 3 else 0)
+    rows, notes = fit.search(counting, MEMORY, fit.candidates(2), least=lambda p, offload=None: MEMORY + 1 if p.zero < 3 else 0)
     assert set(planned) == {3}
     assert {label: batch for label, batch, *_ in rows if "ZeRO-3" not in label} == \
         {label: 0 for label, _ in fit.candidates(2) if "ZeRO-3" not in label}

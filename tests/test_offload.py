@@ -2,7 +2,10 @@
 the host arena; a step trains as the plan that keeps them on the device (bit for bit where the master has the
 param's type), alone and under every ZeRO stage, and the device holds the params alone of the model states."""
 import math
+import re
+import shutil
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +13,7 @@ import pytest
 import planner
 from executor import Executor
 from planner.errors import ConfigError, PlanError
+from planner.units import format_bytes
 from gloo import spawned
 from test_data_parallel import BATCH, batches, rank_share
 from zoo_cases import feeds, input_shapes, small_model
@@ -116,3 +120,40 @@ def test_offload_options_are_checked():
         planner.compile(small_model("mlp"), input_shapes(small_model("mlp"), 2), offload="optimizer")
     with pytest.raises(ConfigError, match="in place"):
         compiled("mlp", offload="optimizer", config=planner.Config(inplace_update=False))
+
+
+def test_set_parameters_writes_the_master_weights_too():
+    plan = compiled("mlp", precision="amp-bf16", offload="optimizer")
+    ex = Executor(plan, backend="numpy")
+    value = np.full(plan.tensors["layers.0.weight"].shape, 0.1, np.float32)
+    ex.set_parameters({"layers.0.weight": value})
+    assert np.array_equal(ex.parameters()["layers.0.weight"], value)
+    assert np.array_equal(ex.arena.view("layers.0.weight"), value.astype(ex.arena.view("layers.0.weight").dtype))
+
+
+def test_max_batch_and_fit_search_with_the_optimizer_offloaded(capsys):
+    import json
+
+    from planner import cli
+    assert cli.main(["max-batch", "zoo:mlp", "--budget", "6MiB", "--training", "--optimizer", "adam", "--json"]) == 0
+    rows = {r["strategy"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["auto + offload"]["max_batch"] > rows["auto"]["max_batch"]  # adam's 2 states of the params left
+    assert rows["auto + offload + swap"]["max_batch"] >= rows["auto + offload"]["max_batch"]
+    assert cli.main(["fit", "zoo:mlp", "--batch", "4", "--gpus", "2", "--memory", "6MiB", "--optimizer", "adam",
+                     "--workers", "1", "--json"]) == 0
+    layouts = {r["layout"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    for zero in range(4):
+        assert layouts[f"dp 2, ZeRO-{zero}, offload"]["batch_per_rank"] >= layouts[f"dp 2, ZeRO-{zero}"]["batch_per_rank"]
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+def test_the_timeline_draws_the_host_arena_under_the_device_one(tmp_path):
+    from planner import viz
+    plan = compiled("mlp", offload="optimizer")
+    svg = Path(viz.timeline(plan, tmp_path / "t.svg")).read_text()
+    assert "host arena " + format_bytes(plan.host_arena_bytes) in svg
+    ys = {}
+    for name in ("layers.0.weight", "layers.0.weight/master", "layers.0.weight/exp_avg"):
+        box = re.search(rf'<g id="t:{re.escape(name)}".*?points="([^"]+)"', svg, re.S)
+        ys[name] = max(float(p.split(",")[1]) for p in box.group(1).split())
+    assert ys["layers.0.weight/master"] > ys["layers.0.weight"] and ys["layers.0.weight/exp_avg"] > ys["layers.0.weight"]

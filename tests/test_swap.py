@@ -160,7 +160,7 @@ def test_a_swapped_step_on_cupy_trains_like_numpy():
     np.testing.assert_allclose(losses, trained(plan, m)[0], rtol=1e-5)
 
 
-def test_cli_report_swap_puts_the_four_side_by_side(capsys):
+def test_cli_report_swap_puts_swapping_recomputing_and_offloading_side_by_side(capsys):
     from planner import cli
     assert cli.main(["report", "zoo:resnet18", "--batch", "2", "--training", "--swap", "--budget", "100MiB",
                      "--device-model", "a100", "--link", "12GB"]) == 0
@@ -171,9 +171,12 @@ def test_cli_report_swap_puts_the_four_side_by_side(capsys):
                      "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     rows = result["rows"]
-    assert [r["remat"].split()[0] for r in rows] == ["none", "recompute", "swap", "hybrid"]
-    assert all(r["arena_bytes"] <= result["budget_bytes"] < rows[0]["arena_bytes"] for r in rows[1:])
+    assert [r["remat"].split(" (")[0] for r in rows] == ["none", "recompute", "swap", "hybrid", "offload",
+                                                          "offload + hybrid"]
+    budgeted = rows[1:4] + rows[5:]
+    assert all(r["arena_bytes"] <= result["budget_bytes"] < rows[0]["arena_bytes"] for r in budgeted)
     assert rows[2]["swapped"] and rows[2]["host_arena_bytes"]
+    assert rows[4]["arena_bytes"] < rows[0]["arena_bytes"] and rows[4]["host_arena_bytes"] and rows[4]["step_seconds"]
     assert cli.main(["report", "zoo:lenet", "--swap"]) == 2
     assert "give --training too" in capsys.readouterr().err
 

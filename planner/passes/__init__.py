@@ -2,6 +2,7 @@
 planner.compile runs before planning, each built with its settings: a plain list, applied top to bottom by
 `run`. A pass with settings is made by a function of them (`simplify(keep)`, `winograd(config)`); one without
 is a value (`prune`)."""
+from .. import timing
 from ..config import Config
 from .base import GRADIENTS, LOSS, PRUNED, TYPED, UPDATES, Context, Pass, Property, Result, run
 from .check_names import check_names
@@ -99,7 +100,8 @@ def pipeline(options):
             recomputation(options.remat, options.memory_budget, config, options.device),  # forward values recomputed in backward
             parallel and data_parallel(parallel),  # gradients reduced over the ranks, ZeRO's shards (after
                                                    # recomputation, so that a recomputed op reads ZeRO-3's gather)
-            options.offload and offload(options.offload),  # optimizer state and update on the host (ZeRO-Offload)
+            options.offload and offload(options.offload, timing.device_model(
+                config.device_model, options.device, config.link_bandwidth)),  # optimizer on the host (ZeRO-Offload)
         ]
     return [step for step in steps if step]
 

@@ -11,18 +11,20 @@ alone: the cast moves to the host, after the update, and the device never holds 
 has the param's type (fp32, amp) a run matches the plan without offload bit for bit.
 Facts: "offload" {"what", "masters" {param: master}, "low" (params the device holds in 16 bits that amp computed
 in float32), "sharded" (masters that are this rank's shard of a whole value), "host_bytes" (masters and state),
-"link_bytes" (a step's, each way)}."""
+"link_bytes" (a step's, each way), "time" (the step's by the time model: planner.remat.swap_time)}."""
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
-from .. import ops, shapes
+from .. import ops, shapes, timing
 from ..options import OFFLOADS
 from ..deferred import computed
 from ..dtypes import from_onnx, is_float, to_onnx
 from ..errors import ConfigError
 from ..ir import Annotations, Node, Phase, Tensor
 from ..parallel import Whole
+from ..remat import swap_time
 from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Result
 from .data_parallel import OPTIMIZER_OPS
 
@@ -30,15 +32,18 @@ MASTER = "/master"
 """The suffix of a param's master weights in the host arena."""
 
 
-def offload(what="optimizer"):
-    """The Pass moving `what` (one of OFFLOADS) to the host."""
+def offload(what="optimizer", model=None):
+    """The Pass moving `what` (one of OFFLOADS) to the host; the step's modeled time by the DeviceModel `model`
+    (planner.timing; default "cpu") in its facts."""
     if what not in OFFLOADS:
         raise ConfigError(f"unknown offload {what!r}; choose one of {', '.join(OFFLOADS)}")
-    return Pass("offload", _offload, needs=frozenset({TYPED, UPDATES}), makes=frozenset({TYPED, UPDATES}),
+    model = model or timing.PROFILES["cpu"]
+    return Pass("offload", partial(_offload, model=model), needs=frozenset({TYPED, UPDATES}),
+                makes=frozenset({TYPED, UPDATES}),
                 keeps=frozenset({LOSS, GRADIENTS}))
 
 
-def _offload(graph, context):
+def _offload(graph, context, model):
     if any(n.notes.assign for n in graph.nodes):
         raise ConfigError("optimizer offload updates the params in place (MEGENGINE_INPLACE_UPDATE=1)")
     made = {o: k for k, node in enumerate(graph.nodes) for o in node.outputs if o}
@@ -94,7 +99,8 @@ def _offload(graph, context):
     nodes = after.get(-1, [])
     for k, node in enumerate(graph.nodes):
         if node.name not in dropped:
-            nodes += [replace(s, inputs=tuple(renamed.get(i, i) for i in s.inputs)) for s in instead.get(node.name, [node])]
+            steps = instead.get(node.name, [node])
+            nodes += [replace(s, inputs=tuple(renamed.get(i, i) for i in s.inputs)) for s in steps]
         nodes += after.get(k, [])
     for name in renamed:
         del tensors[name]
@@ -103,6 +109,7 @@ def _offload(graph, context):
     facts["host_bytes"] = sum(t.nbytes for t in typed.tensors.values() if t.host and t.kind in ("param", "state"))
     facts["link_bytes"] = sum(typed.tensors[n.outputs[0]].nbytes for n in typed.nodes
                               if n.domain == "memplan" and n.op == "SwapIn" and n.name.startswith("offload/"))
+    facts["time"] = swap_time(typed, model)
     return Result(typed, True, {"offload": facts})
 
 

@@ -155,28 +155,34 @@ def _with_copies(graph, order, at):
 
 
 def simulate(graph, model):
-    """(seconds, compute seconds) of one run of `graph` in its order by the time model: the compute, and the copies
-    out and back each on its own direction of the link, one at a time; a SwapOut waits for its copy to be done, a
-    step reading a copy back for that copy."""
+    """(seconds, compute seconds) of one run of `graph` in its order by the time model: the device's compute, the
+    host's (an offloaded optimizer's steps, whose tensors all lie in the host arena), and the copies out and back each
+    on its own direction of the link, one at a time, each of the four beside the others; a SwapOut waits for its
+    copy to be done, a step for the copies and host steps that make what it reads, and the run for all of them."""
     swapped = {n.inputs[0]: n for n in graph.nodes if n.op == "SwapOut" and n.domain == "memplan"}
-    t = compute = out_free = in_free = 0.0
-    out_done, in_done = {}, {}
+    t = compute = out_free = in_free = host_free = 0.0
+    ready = {}  # when a copy or a host step has made a tensor
     for node in graph.nodes:
         if node.domain == "memplan" and node.op == "SwapOut":
-            t = max(t, out_done[node.inputs[0]])
+            t = max(t, ready[node.outputs[0]])
             continue
+        after = max([0.0] + [ready[i] for i in node.inputs if i in ready])
         if node.domain == "memplan" and node.op == "SwapIn":
-            in_free = max(t, in_free) + model.transfer(graph.tensors[node.outputs[0]].nbytes)
-            in_done[node.outputs[0]] = in_free
+            in_free = max(t, in_free, after) + model.transfer(graph.tensors[node.outputs[0]].nbytes)
+            ready[node.outputs[0]] = in_free
             continue
-        t = max([t] + [in_done[i] for i in node.inputs if i in in_done])
-        seconds = model.seconds(graph, node)
-        t, compute = t + seconds, compute + seconds
+        seconds, names = model.seconds(graph, node), [n for n in (*node.inputs, *node.outputs) if n]
+        if names and all(graph.tensors[n].host for n in names):
+            host_free = max(host_free, after) + seconds
+            ready.update((o, host_free) for o in node.outputs if o)
+            continue
+        t = max(t, after) + seconds
+        compute += seconds
         for name in node.outputs:
             if name in swapped:
                 out_free = max(t, out_free) + model.transfer(graph.tensors[name].nbytes)
-                out_done[name] = out_free
-    return t, compute
+                ready[swapped[name].outputs[0]] = out_free
+    return max(t, in_free, host_free), compute
 
 
 def swapped(graph):
@@ -192,7 +198,7 @@ def plan_swap(graph, budget, measure, model):
     arena = measured.fitting(budget)
     if arena <= budget:
         return graph, arena
-    steps = measured.chosen().steps
+    steps = _order(graph, measured)
     ranked = [w.name for w in sorted(windows(graph, steps, model), key=lambda w: (-w.spare(model), w.name))]
     try:
         return _least_prefix(ranked, lambda names: place(graph, steps, set(names), model), budget, measure, measured)
@@ -209,7 +215,7 @@ def plan_hybrid(graph, budget, measure, model):
     arena = measured.fitting(budget)
     if arena <= budget:
         return graph, arena
-    steps = measured.chosen().steps
+    steps = _order(graph, measured)
     can_drop = droppable(graph)
     costs = []
     for w in windows(graph, steps, model):
@@ -224,7 +230,7 @@ def plan_hybrid(graph, budget, measure, model):
         drop = set(names) - swaps
         for _ in range(2):
             rewritten = recompute(graph, drop)
-            order = measure(rewritten).chosen().steps if drop else steps
+            order = _order(rewritten, measure(rewritten)) if drop else steps
             placed = place(rewritten, order, set(names) & swaps, model)
             declined = (set(names) & swaps & can_drop) - set(swapped(placed)) - drop
             if not declined:
@@ -233,6 +239,13 @@ def plan_hybrid(graph, budget, measure, model):
         return placed
 
     return _least_prefix([name for _, _, name, _ in costs], build, budget, measure, measured)
+
+
+def _order(graph, measured):
+    """The nodes of `graph` in the order of `measured`'s chosen plan, which the passes after recomputation made of it
+    (their collectives and offloaded copies left out)."""
+    nodes = {node.name: node for node in graph.nodes}
+    return [nodes[step.name] for step in measured.chosen().steps if step.name in nodes]
 
 
 def _least_prefix(ranked, build, budget, measure, unswapped):

@@ -170,7 +170,8 @@ def run(args):
     feeds = random_feeds(plan, seed=0)
     shapes = ", ".join(f"{n} {value.shape} {value.dtype}" for n, value in feeds.items())
     what = f"training step with {plan.training['optimizer']}" if plan.trains else "inference"
-    print(f"{args.model}: {shapes}; {what}, {plan.strategy} plan, arena {format_bytes(plan.arena_bytes)}")
+    host = f" and host arena {format_bytes(plan.host_arena_bytes)}" if plan.host_arena_bytes else ""
+    print(f"{args.model}: {shapes}; {what}, {plan.strategy} plan, arena {format_bytes(plan.arena_bytes)}{host}")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     device_before = backend.used_bytes()
     ex = Executor(plan, backend=args.backend, config=config_of(args), profile=args.profile,

@@ -94,6 +94,33 @@ class _Dag:
         return cls(reads, deps, readers, writer, free, made, outputs)
 
 
+def followed(graph, nodes):
+    """The graph's `nodes` (all of them, in some order) in the order closest to it that runs each after what it must
+    follow (the writers of its inputs; for an update, every reader of what it overwrites): each node as early as
+    `nodes` places it once those ran. An order made for a rewrite of the graph (another pass's) becomes one of it."""
+    dag = _Dag.of(graph, ())
+    index = {id(node): k for k, node in enumerate(graph.nodes)}
+    rank = {index[id(node)]: j for j, node in enumerate(nodes)}
+    waiting = [len(set(d)) for d in dag.deps]
+    after = {}
+    for k, deps in enumerate(dag.deps):
+        for d in set(deps):
+            after.setdefault(d, []).append(k)
+    ready = [(rank[k], k) for k, n in enumerate(waiting) if n == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        out.append(graph.nodes[k])
+        for j in after.get(k, ()):
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, (rank[j], j))
+    if len(out) < len(graph.nodes):
+        raise PlanError(_cycle(graph, dag, {index[id(node)] for node in out}))
+    return tuple(out)
+
+
 def _cycle(graph, dag, done):
     """Why no order runs every node: the nodes of a cycle of dependencies among those not `done`, where an
     update overwrites bytes a node that must run after it still reads (a param shared with the value that

@@ -15,7 +15,8 @@ from executor import Executor
 from planner.errors import ConfigError, PlanError
 from planner.units import format_bytes
 from gloo import spawned
-from test_data_parallel import BATCH, batches, rank_share
+import parallel_cases
+from test_data_parallel import BATCH, batches
 from zoo_cases import feeds, input_shapes, small_model
 
 STEPS = 2
@@ -89,25 +90,36 @@ def test_the_device_holds_the_zero_offload_papers_model_states():
     assert plan.training["offload"]["link_bytes"] == 2 * values
 
 
-def _rank(rank, port, results, world, zero, offload):
+def _rank(rank, port, results, model, parallel, offload):
+    """One rank of a gloo group: STEPS of adam (an mlp) or momentum (a transformer) on its data rank's share."""
     import torch.distributed as dist
+    world = parallel.dp * parallel.tp
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        m = small_model("mlp")
-        plan = planner.compile(m, input_shapes(m, BATCH // world), training=True, optimizer="adam", offload=offload,
-                               parallel=planner.Parallel(dp=world, zero=zero))
+        if model == "mlp":
+            plan = compiled("mlp", BATCH // parallel.dp, parallel=parallel, offload=offload)
+            data = batches()
+        else:
+            plan = parallel_cases.compiled(model, parallel_cases.BATCH // parallel.dp, parallel, offload=offload)
+            data = parallel_cases.batches(model)
         ex = Executor(plan, backend="numpy", poison=True)
-        losses = [ex.train_step(rank_share(f, rank, world)) for f in batches()]
+        d, rows = rank // parallel.tp, len(data[0]["labels"]) // parallel.dp
+        losses = [ex.train_step({k: v[d * rows:(d + 1) * rows] for k, v in f.items()}) for f in data]
         results.put((rank, losses, ex.parameters(), plan.breakdown["optimizer"], plan.host_arena_bytes))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("zero", [0, 1, 2, 3])
-def test_every_zero_stage_offloads_and_trains_as_on_the_device(zero):
-    got = spawned(partial(_rank, world=2, zero=zero, offload="optimizer"), 2)
-    base = spawned(partial(_rank, world=2, zero=zero, offload=None), 2)
+@pytest.mark.parametrize("model, parallel", [("mlp", planner.Parallel(dp=2, zero=0)),
+                                             ("mlp", planner.Parallel(dp=2, zero=1)),
+                                             ("mlp", planner.Parallel(dp=2, zero=2, bucket_bytes=600)),
+                                             ("mlp", planner.Parallel(dp=2, zero=3, shard="dim0")),
+                                             ("bert_base", planner.Parallel(dp=2, tp=2, zero=3))])
+def test_every_zero_stage_and_tensor_parallel_rank_offloads_and_trains_as_on_the_device(model, parallel):
+    world = parallel.dp * parallel.tp
+    got = spawned(partial(_rank, model=model, parallel=parallel, offload="optimizer"), world)
+    base = spawned(partial(_rank, model=model, parallel=parallel, offload=None), world)
     for (rank, losses, params, device_state, host), (_, base_losses, base_params, base_state, _) in zip(got, base):
         assert losses == base_losses and device_state == 0 < base_state and host > 0
         assert all(np.array_equal(params[k], base_params[k]) for k in base_params), f"rank {rank}"
@@ -157,3 +169,17 @@ def test_the_timeline_draws_the_host_arena_under_the_device_one(tmp_path):
         box = re.search(rf'<g id="t:{re.escape(name)}".*?points="([^"]+)"', svg, re.S)
         ys[name] = max(float(p.split(",")[1]) for p in box.group(1).split())
     assert ys["layers.0.weight/master"] > ys["layers.0.weight"] and ys["layers.0.weight/exp_avg"] > ys["layers.0.weight"]
+
+
+@pytest.mark.parametrize("remat", ["swap", "hybrid"])
+def test_swapping_and_offloading_together_train_as_keeping_everything(remat):
+    """The swap planner orders its copies on the offloaded plan's schedule, whose host updates no longer read the
+    device's param: each update is put back after the param's readers before the copies are placed."""
+    base = compiled("resnet_deep", optimizer="adam")
+    plan = compiled("resnet_deep", optimizer="adam", offload="optimizer", remat=remat,
+                    memory_budget=int(base.arena_bytes * 0.6))
+    assert plan.arena_bytes <= base.arena_bytes * 0.6 and plan.training["offload"]["masters"]
+    losses, params, _ = trained(plan, "resnet_deep")
+    base_losses, base_params, _ = trained(base, "resnet_deep")
+    assert losses == base_losses
+    assert all(np.array_equal(params[k], base_params[k]) for k in base_params)

@@ -134,3 +134,18 @@ def test_an_update_no_order_can_wait_for_is_refused_by_name():
     graph = replace(graph, updates=(("t", "w"),))
     with pytest.raises(PlanError, match=r"no order runs every node: (t -> y -> t|y -> t -> y) wait on each other"):
         schedule(graph, "memory", graph.outputs)
+
+
+def test_followed_moves_an_update_back_after_the_readers_of_what_it_overwrites():
+    """`followed` keeps an order as it is where it may, and moves a node after what it must follow: here the update
+    of `w`, placed first, after the Add that reads the old `w`."""
+    from dataclasses import replace
+
+    from planner.schedule import followed
+    m = model([node("Mul", ["x", "two"], ["t"]), node("Add", ["x", "w"], ["y"]), node("Neg", ["t"], ["u"])],
+              {"x": 256}, ["y", "u"], {"two": np.full((1, 256), 2.0), "w": np.ones((1, 256))})
+    graph = planner.load(m)
+    graph = replace(graph, updates=(("t", "w"),))
+    mul, add, neg = graph.nodes
+    assert followed(graph, [neg, mul, add]) == (add, mul, neg)
+    assert followed(graph, [add, mul, neg]) == (add, mul, neg)

@@ -51,6 +51,7 @@ def _offload(graph, context, model):
     updates, tensors, host = dict(graph.updates), dict(graph.tensors), set()
     after, instead, renamed, dropped = {}, {}, {}, set()
     facts = {"what": "optimizer", "masters": {}, "low": [], "sharded": []}
+    zero3 = set((context.facts.get("parallel") or {}).get("sharded", ()))
     for k, node in enumerate(graph.nodes):
         if (node.domain, node.op) not in OPTIMIZER_OPS:
             continue
@@ -68,7 +69,7 @@ def _offload(graph, context, model):
             renamed.update((c.outputs[0], param) for c in casts)
             facts["low"].append(param)
         master, shard = param + MASTER, tuple(graph.tensors[read].shape)
-        sharded = read != param or isinstance(p.data, Whole)  # ZeRO-1 and 2's Shard, ZeRO-3's shard
+        sharded = read != param or param in zero3  # ZeRO-1 and 2's Shard of it, or ZeRO-3's
         tensors[master] = Tensor(master, shard, master_dtype, "param", _master_value(p.data, shard, master_dtype,
                                                                                     sharded), True)
         facts["masters"][param] = master
@@ -154,11 +155,13 @@ def _low_casts(readers, param, skip):
 
 
 def _master_value(data, shard, dtype, sharded):
-    """The master weights' value: the param's (`data`) in `dtype`, standing for this rank's `shard` where `sharded`."""
-    while isinstance(data, Whole):
-        data = data.value
-    value = data if np.dtype(data.dtype) == dtype else computed(_astype, np.shape(data), dtype, data, dtype)
-    return Whole(value, shard) if sharded else value
+    """The master weights' value: the param's whole value (`data`, perhaps a rank's part of it: parallel.Whole) in
+    `dtype`, standing for this rank's `shard` where it is a part (a tensor-parallel piece, or `sharded`)."""
+    whole = data
+    while isinstance(whole, Whole):
+        whole = whole.value
+    value = whole if np.dtype(whole.dtype) == dtype else computed(_astype, np.shape(whole), dtype, whole, dtype)
+    return Whole(value, shard) if sharded or isinstance(data, Whole) else value
 
 
 def _astype(value, dtype):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from .. import ops
 from ..errors import InfeasibleBudgetError
 from ..ir import Annotations, Node, Phase
-from ..schedule import schedule
+from ..schedule import followed, schedule
 from .recompute import droppable, recompute
 
 HOST, BACK = "/host", "/swapped"
@@ -243,9 +243,10 @@ def plan_hybrid(graph, budget, measure, model):
 
 def _order(graph, measured):
     """The nodes of `graph` in the order of `measured`'s chosen plan, which the passes after recomputation made of it
-    (their collectives and offloaded copies left out)."""
+    (their collectives and offloaded copies left out; an update they moved off the param's bytes, back after the
+    param's readers)."""
     nodes = {node.name: node for node in graph.nodes}
-    return [nodes[step.name] for step in measured.chosen().steps if step.name in nodes]
+    return list(followed(graph, [nodes[step.name] for step in measured.chosen().steps if step.name in nodes]))
 
 
 def _least_prefix(ranked, build, budget, measure, unswapped):

@@ -73,17 +73,18 @@ def _rows(none, plans, budget):
 
 def _table(rows, budget, none):
     model = next((r["model"] for r in rows if r.get("model")), None)
+    width = max(len(r["remat"]) for r in rows) + 2
     lines = [f"budget {format_bytes(budget)} ({budget / none.arena_bytes:.2f}x the arena keeping everything)"
              + (f"; time model {model[0]}, host link {model[1] / 1e9:g} GB/s each way" if model else ""),
-             f"{'remat':<30} {'arena':>13} {'x none':>7} {'host arena':>13} {'swapped':>8} {'recomputed':>10} "
+             f"{'remat':<{width}} {'arena':>13} {'x none':>7} {'host arena':>13} {'swapped':>8} {'recomputed':>10} "
              f"{'modeled step':>13} {'overhead':>9}"]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['remat']:<30} {r['error']}")
+            lines.append(f"{r['remat']:<{width}} {r['error']}")
             continue
         step = "-" if r["step_seconds"] is None else f"{r['step_seconds'] * 1e3:.1f} ms"
         overhead = "-" if r["overhead"] is None else f"{r['overhead']:.1%}"
-        lines.append(f"{r['remat']:<30} {format_bytes(r['arena_bytes']):>13} {r['x_none']:>7.3f} "
+        lines.append(f"{r['remat']:<{width}} {format_bytes(r['arena_bytes']):>13} {r['x_none']:>7.3f} "
                      f"{format_bytes(r['host_arena_bytes']):>13} {r['swapped']:>8} {r['recomputed']:>10} "
                      f"{step:>13} {overhead:>9}")
     if model:

@@ -340,7 +340,8 @@ def _offload_line(d):
             f" bytes a value{low})"
             f" and {format_bytes(o['device_optimizer_bytes'])}"
             f" of optimizer state; each step copies {format_bytes(o['link_bytes'])} of params back (ZeRO-Offload's "
-            "count with mixed precision: 2 bytes a value on the device, 12 on the host)"]
+            "count with mixed precision: 2 bytes a value on the device, 12 on the host, divided by the data ranks "
+            "from ZeRO-1 on)"]
 
 
 def _tp_line(tp):

@@ -68,6 +68,8 @@ def _offload(graph, context, model):
             dropped.update(c.name for c in casts)
             renamed.update((c.outputs[0], param) for c in casts)
             facts["low"].append(param)
+        if read != param and all(r is node for r in readers[read]):  # the Shard the device's update read
+            dropped.add(graph.producer(read).name)
         master, shard = param + MASTER, tuple(graph.tensors[read].shape)
         sharded = read != param or param in zero3  # ZeRO-1 and 2's Shard of it, or ZeRO-3's
         tensors[master] = Tensor(master, shard, master_dtype, "param", _master_value(p.data, shard, master_dtype,

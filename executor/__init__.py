@@ -93,7 +93,8 @@ class Executor:
         self.kernels = self.backend.table(jit)
         self.jit = self.kernels is not self.backend.kernels
         missing = sorted({op_name(s.domain, s.op) for s in plan.steps if kernels.find(
-            numpy_backend.table(False) if _on_host(s, plan.tensors) else self.kernels, s, self.backend.fuse) is None})
+            numpy_backend.table(False) if numpy_backend.runs_on_host(s, plan.tensors) else self.kernels, s,
+            self.backend.fuse) is None})
         if missing:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.runtime = self.backend.runtime(tf32)
@@ -162,8 +163,8 @@ class Executor:
             ws = {c.name: self.arena.bytes(slot.offset + c.offset, c.nbytes).view(np.dtype(c.dtype)).reshape(c.shape)
                   for c in step.scratch}
         ins, outs = [views(i) if i else None for i in step.inputs], [views(o) if o else None for o in step.outputs]
-        if self.backend is not numpy_backend and _on_host(step, tensors):
-            fn = partial(_host_step, kernels.find(numpy_backend.table(False), step), self.backend.synchronize)
+        if self.backend is not numpy_backend and numpy_backend.runs_on_host(step, tensors):
+            fn = numpy_backend.host_step(kernels.find(numpy_backend.table(False), step), self.backend.synchronize)
         else:
             fn = self.runtime.bind(step, kernels.find(self.kernels, step, self.backend.fuse), ins, outs, region)
         if getattr(fn, "collective", False):
@@ -470,19 +471,6 @@ def _check_weights(plan):
         more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
         raise MemplanError(f"this plan was made without the model's weights ({absent[0]!r}{more} have no values): "
                            "it says how much memory the model takes; to run it, plan the model with its weights")
-
-
-def _on_host(step, tensors):
-    """Whether `step` runs on the host: every tensor it reads and writes lies in the host arena (an offloaded
-    optimizer's update and casts), and it is not a copy between the arenas."""
-    names = [n for n in (*step.inputs, *step.outputs) if n]
-    return bool(names) and step.op not in ("SwapOut", "SwapIn") and all(tensors[n].host for n in names)
-
-
-def _host_step(kernel, synchronize, xp, step, ins, outs, ws):
-    """`kernel` (NumPy's) run on the host arena's arrays once the device's queued copies into them are done."""
-    synchronize()
-    kernel(np, step, ins, outs, ws)
 
 
 def _check_graphable(backend, plan, poison, profile, ranks):

@@ -306,15 +306,17 @@ def max_batch(args):
     if not results:
         raise failed[0][1]
     notes = [f"left out {label}: {e}" for label, e in failed]
-    rows = [{"strategy": label, "max_batch": batch, "arena_bytes": plan.arena_bytes if plan else None}
-            for label, batch, plan in results]
+    rows = [{"strategy": label, "max_batch": batch, "arena_bytes": plan.arena_bytes if plan else None,
+             "host_arena_bytes": plan.host_arena_bytes if plan else None} for label, batch, plan in results]
     if args.json or args.csv:
         emit(args, json.dumps({"model": args.model, "budget_bytes": budget, "rows": rows, "notes": notes}, indent=1)
              if args.json else as_csv(rows))
         return 0
+    host = any(r["host_arena_bytes"] for r in rows)  # a column where an offload or swap row has a host arena
     lines = [f"{args.model}: the largest batch whose {'training step' if training.get('training') else 'plan'} fits "
-             f"{format_bytes(budget)}", f"{'strategy':<22} {'max batch':>9} {'arena':>13}"]
-    lines += [f"{r['strategy']:<22} {r['max_batch']:>9} {_bytes(r['arena_bytes']):>13}" for r in rows]
+             f"{format_bytes(budget)}", f"{'strategy':<22} {'max batch':>9} {'arena':>13}" + f" {'host arena':>13}" * host]
+    lines += [f"{r['strategy']:<22} {r['max_batch']:>9} {_bytes(r['arena_bytes']):>13}"
+              + f" {_bytes(r['host_arena_bytes']):>13}" * host for r in rows]
     if any(not r["max_batch"] for r in rows):
         notes.append("a row fitting no batch shows its arena at batch 1")
     emit(args, "\n".join([*lines, *(f"note: {n}" for n in notes)]))

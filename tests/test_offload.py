@@ -188,3 +188,18 @@ def test_swapping_and_offloading_together_train_as_keeping_everything(remat):
     base_losses, base_params, _ = trained(base, "resnet_deep")
     assert losses == base_losses
     assert all(np.array_equal(params[k], base_params[k]) for k in base_params)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16"])
+def test_an_offloaded_step_on_cupy_trains_like_numpy(precision):
+    """On CuPy the host's steps run NumPy's kernels on the pinned host arena, after the device's copies into it."""
+    plan = compiled("resnet_deep", precision=precision, offload="optimizer")
+    ex = Executor(plan, backend="cupy")
+    data = dict(feeds(small_model("resnet_deep"), 4))
+    data[plan.training["labels"]] = np.random.default_rng(0).integers(0, 4, plan.tensors[plan.training["labels"]].shape)
+    losses = [ex.train_step(data) for _ in range(STEPS)]
+    numpy_losses, params, _ = trained(plan, "resnet_deep")
+    np.testing.assert_allclose(losses, numpy_losses, rtol=1e-4)
+    for name, value in ex.parameters().items():
+        np.testing.assert_allclose(value, params[name], rtol=1e-3, atol=1e-5)

@@ -105,3 +105,19 @@ class Runtime:
 def runtime(tf32=False):
     """The host's Runtime (`tf32` is the GPU's)."""
     return Runtime()
+
+
+def runs_on_host(step, tensors):
+    """Whether `step` runs on the host whatever the backend: every tensor it reads and writes lies in the host arena
+    (an offloaded optimizer's update and casts), and it is not a copy between the arenas."""
+    names = [n for n in (*step.inputs, *step.outputs) if n]
+    return bool(names) and step.op not in ("SwapOut", "SwapIn") and all(tensors[n].host for n in names)
+
+
+def host_step(kernel, synchronize):
+    """A step of another backend run by NumPy's `kernel` on the host arena's arrays, once the device's queued copies
+    into them are done (`synchronize`)."""
+    def run(_, step, ins, outs, ws):
+        synchronize()
+        kernel(xp, step, ins, outs, ws)
+    return run

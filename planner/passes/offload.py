@@ -44,6 +44,7 @@ def offload(what="optimizer", model=None):
 
 
 def _offload(graph, context, model):
+    """The graph with each optimizer node's update moved to the host (see the module's docstring), and its facts."""
     if any(n.notes.assign for n in graph.nodes):
         raise ConfigError("optimizer offload updates the params in place (MEGENGINE_INPLACE_UPDATE=1)")
     made = {o: k for k, node in enumerate(graph.nodes) for o in node.outputs if o}

@@ -196,13 +196,15 @@ def test_report_and_max_batch_of_the_training_step_from_the_command_line(free_ba
     budget = 1 << 20
     assert cli.main(["max-batch", *argv, "--budget", "1MiB", "--strategy", "bestfit", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["strategy"] for r in rows] == ["bestfit", "bestfit + mirror", "bestfit + sublinear"]
-    for row, remat in zip(rows, (None, "mirror", "sublinear")):
+    assert [r["strategy"] for r in rows] == ["bestfit", "bestfit + mirror", "bestfit + sublinear", "bestfit + offload",
+                                             "bestfit + offload + swap"]
+    for row, remat, offload in zip(rows, (None, "mirror", "sublinear", None), (None, None, None, "optimizer")):
         def arena(batch):
             return planner.compile(str(path), {"input_ids": (batch, SEQ)}, training=True, remat=remat,
-                                   frozen=frozen, strategy="bestfit").arena_bytes
+                                   frozen=frozen, strategy="bestfit", offload=offload).arena_bytes
         assert row["max_batch"] >= 2, row
         assert arena(row["max_batch"]) == row["arena_bytes"] <= budget < arena(row["max_batch"] + 1), row
+    assert rows[4]["arena_bytes"] <= budget and rows[4]["max_batch"] >= rows[3]["max_batch"]
 
 
 def test_max_batch_of_a_fixed_batch_export_says_how_to_free_it(exported, capsys):

@@ -14,7 +14,7 @@ import numpy as np
 
 from planner import heap
 from planner.config import Config
-from planner.dtypes import from_onnx, is_float  # noqa: F401  (registers ml_dtypes' names with NumPy)
+from planner.dtypes import from_onnx  # noqa: F401  (registers ml_dtypes' names with NumPy)
 from planner.errors import MemplanError, OutOfMemoryError
 from planner.ir import op_name
 from planner.units import format_bytes
@@ -22,16 +22,13 @@ from planner.units import format_bytes
 from . import backends, kernels
 from .arena import Arena
 from .collectives import groups_for, shards, stage_feeds
+from .feeds import FeedError, check_labels, label_ranges, random_feeds, random_inputs, type_name
 from .backends import numpy_backend
 from .backends.memory import first_line
 from .profile import Profile
 
 POISON = 0xFF
 """The byte poison mode writes over dead tensors: NaN in every float dtype, -1 in the integers."""
-
-
-class FeedError(MemplanError):
-    """A feed is missing, unknown, not an array, or of the wrong shape or dtype."""
 
 
 class RunError(MemplanError):
@@ -68,7 +65,8 @@ class Executor:
     On CuPy, `cuda_graph=True` runs the first run's kernels one by one, then captures them as one CUDA graph
     that every later run replays (executor/backends/cuda_graph.py): feeds are copied into their places in the
     arena, the graph launched, and the outputs returned as host (NumPy) arrays; nothing is allocated on the
-    device. `tf32=True` lets fp32 GEMMs and convolutions round to TF32 on the tensor cores. `arena`: run in the
+    device. Without it the copies between the arenas (memplan.SwapOut, SwapIn) run on a CUDA stream of their own,
+    ordered with the kernels by events (executor/backends/cuda_copies.py). `tf32=True` lets fp32 GEMMs and convolutions round to TF32 on the tensor cores. `arena`: run in the
     Arena of another Executor whose plan places its params, consts and state alike (the steps of a GenerationPlan,
     executor.Generator), loading nothing.
     `self.libraries` says which GPU libraries run the GEMMs and convolutions, or why none do."""
@@ -116,9 +114,10 @@ class Executor:
         self.lr = plan.training.get("args", {}).get("lr")
         self.views = {}
         self.profile = Profile(plan, self.backend.synchronize) if profile else None
+        self.copy_stream = None if cuda_graph else self.backend.copies(plan, self._view)
         self.program = [self._bind(k, step) for k, step in enumerate(plan.steps)]
         self.gate = _gate(plan)
-        self.labels = _label_ranges(plan)
+        self.labels = label_ranges(plan)
         self.updated = False
         self.dead = _dead_after(plan) if poison else {}
         self.busy = threading.Lock()
@@ -153,6 +152,8 @@ class Executor:
         nothing to write), unless it communicates (its peers wait for it). The kernel of step `k` is timed
         when profiling."""
         views, tensors = self._view, self.plan.tensors
+        if self.copy_stream and k in self.copy_stream.handled:  # its copy runs on the copy stream (before and after steps)
+            return None
         if step.outputs and all(not o or tensors[o].view or not tensors[o].nbytes for o in step.outputs) and \
                 not getattr(kernels.find(self.kernels, step), "collective", False):
             return None
@@ -163,8 +164,8 @@ class Executor:
             ws = {c.name: self.arena.bytes(slot.offset + c.offset, c.nbytes).view(np.dtype(c.dtype)).reshape(c.shape)
                   for c in step.scratch}
         ins, outs = [views(i) if i else None for i in step.inputs], [views(o) if o else None for o in step.outputs]
-        if self.backend is not numpy_backend and numpy_backend.runs_on_host(step, tensors):
-            fn = numpy_backend.host_step(kernels.find(numpy_backend.table(False), step), self.backend.synchronize)
+        if (self.backend is not numpy_backend or self.copy_stream) and numpy_backend.runs_on_host(step, tensors):
+            fn = numpy_backend.host_step(kernels.find(numpy_backend.table(False), step), self._quiet)
         else:
             fn = self.runtime.bind(step, kernels.find(self.kernels, step, self.backend.fuse), ins, outs, region)
         if getattr(fn, "collective", False):
@@ -225,14 +226,32 @@ class Executor:
     def _steps(self):
         """Every step's kernel in order, skipping the optimizer steps a failed amp-fp16 finite check gates, and
         poisoning what died after each step in poison mode."""
+        copies = self.copy_stream
         with np.errstate(all="ignore"):  # IEEE results (overflow to inf, log 0) are the ops' own, as when folding
+            if copies:
+                copies.after(-1)
             for k, bound in enumerate(self.program):
-                if bound is not None and not (k in self.gate[1] and not self.updated):
+                gated = k in self.gate[1] and not self.updated
+                if copies and not gated:
+                    copies.before(k)
+                if bound is not None and not gated:
                     self._call(k, bound)
                 if k == self.gate[0]:
                     self.updated = bool(self.arena.view(self.plan.training["scaler"]["finite"]))
+                if copies and not gated:
+                    copies.after(k)
                 for offset, nbytes, host in self.dead.get(k, ()):
+                    if host:  # a copy may still read it
+                        self._quiet()
                     self.arena.bytes(offset, nbytes, host).fill(POISON)
+            if copies:
+                copies.finish()
+
+    def _quiet(self):
+        """Wait for the device's queued work and copies: what the host reads or writes next is theirs no more."""
+        self.backend.synchronize()
+        if self.copy_stream:
+            self.copy_stream.stream.synchronize()
 
     def _call(self, k, bound):
         fn, step, ins, outs, ws = bound
@@ -297,7 +316,7 @@ class Executor:
     def _feeds(self, feeds, scalars):
         """{input: array} of every input but the `scalars`, each fed once, checked by `_feed`."""
         if not isinstance(feeds, Mapping):
-            raise FeedError(f"feeds must be a dict {{input name: array}}, got {_type_name(feeds)}")
+            raise FeedError(f"feeds must be a dict {{input name: array}}, got {type_name(feeds)}")
         expected = [n for n in self.plan.inputs if n not in scalars]
         unknown = sorted(set(feeds) - set(expected))
         missing = [n for n in expected if n not in feeds]
@@ -306,7 +325,7 @@ class Executor:
         with numpy_backend.allocating(sum(self.plan.tensors[n].nbytes for n in expected), "the feeds' arrays"):
             checked = {name: self._feed(name, feeds[name]) for name in expected}
         for name, (classes, ignore) in self.labels.items():
-            _check_labels(name, checked[name], classes, ignore)
+            check_labels(name, checked[name], classes, ignore)
         return checked
 
     def _feed(self, name, value):
@@ -320,39 +339,17 @@ class Executor:
                 raise FeedError(f"{expected}, got {tuple(value.shape)} {value.dtype}")
             return value
         if not isinstance(value, (list, tuple, int, float, complex)):
-            raise FeedError(f"{expected}, got {_type_name(value)}")
+            raise FeedError(f"{expected}, got {type_name(value)}")
         try:
             given = np.asarray(value)
         except (ValueError, OverflowError):
-            raise FeedError(f"{expected}, got a {_type_name(value)} that is not a rectangular array") from None
+            raise FeedError(f"{expected}, got a {type_name(value)} that is not a rectangular array") from None
         if given.shape != shape or not np.can_cast(given.dtype, dtype, "same_kind"):
-            raise FeedError(f"{expected}, got {_type_name(value)} of shape {given.shape} {given.dtype}")
+            raise FeedError(f"{expected}, got {type_name(value)} of shape {given.shape} {given.dtype}")
         cast = given.astype(dtype)
         if dtype.kind in "iu" and not np.array_equal(cast, given):
-            raise FeedError(f"{expected}, got {_type_name(value)} of values outside the range of {t.dtype}")
+            raise FeedError(f"{expected}, got {type_name(value)} of values outside the range of {t.dtype}")
         return cast
-
-
-LABEL_LOSSES = ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyGrad")
-
-
-def _label_ranges(plan):
-    """{fed labels input: (classes, ignore_index)} of the loss steps that gather scores at labels."""
-    return {s.inputs[1]: (plan.tensors[s.inputs[0]].shape[1], s.attrs.get("ignore_index"))
-            for s in plan.steps if s.op in LABEL_LOSSES and s.inputs[1] in plan.inputs}
-
-
-def _check_labels(name, labels, classes, ignore):
-    """A FeedError for a host array of labels with one outside [0, classes) that is not the ignore_index
-    (the kernels would gather another class's score; on the GPU, another tensor's bytes)."""
-    if not isinstance(labels, np.ndarray):
-        return  # on the device already: reading it back would cost a synchronisation each run
-    bad = (labels < 0) | (labels >= classes)
-    if ignore is not None:
-        bad &= labels != ignore
-    if bad.any():
-        skipped = "" if ignore is None else f" or equal ignore_index {ignore}"
-        raise FeedError(f"labels {name!r} must lie in [0, {classes}){skipped}; got {labels[bad].flat[0]}")
 
 
 def _thread_limit(threads, jit):
@@ -390,27 +387,6 @@ def _dead_after(plan):
     return dead
 
 
-def random_feeds(plan, seed=0):
-    """{input: host array} for every input a run or training step takes (not a training step's lr and
-    step): floats from a standard normal, ints zero (valid labels and indices), bools at random. Each
-    is made in its own dtype, never through float64; raises OutOfMemoryError first when they cannot fit in
-    the memory the process can allocate."""
-    what, nbytes, names = _random_inputs(plan)
-    numpy_backend.check_room(nbytes, what)
-    rng = np.random.default_rng(seed)
-    with numpy_backend.allocating(nbytes, what):
-        return {n: _random(rng, plan.tensors[n].shape, np.dtype(plan.tensors[n].dtype)) for n in names}
-
-
-def _random_inputs(plan):
-    """(what they are, their bytes, their names) of the inputs random_feeds makes."""
-    info = plan.training
-    names = [n for n in plan.inputs if n not in (info.get("lr"), info.get("step"))]
-    what = f"random feeds of the inputs {', '.join(names)}" if len(names) <= 3 else \
-        f"random feeds of {len(names)} inputs"
-    return what, sum(plan.tensors[n].nbytes for n in names), names
-
-
 def _outputs(plan):
     """(what they are, their bytes) of the copies of its outputs each run returns."""
     return "the copies of the outputs a run returns", sum(plan.tensors[n].nbytes for n in plan.outputs)
@@ -425,7 +401,7 @@ def check_memory(plan, backend="numpy", config=None, feeds=False, cuda_graph=Fal
     backend = backends.get(backend) if isinstance(backend, str) else backend
     config = config or Config.from_env()
     device = [("the arena", plan.arena_bytes)] + ([] if cuda_graph else [_outputs(plan)])
-    host = ([_random_inputs(plan)[:2]] if feeds else []) + ([_outputs(plan)] if cuda_graph else []) + \
+    host = ([random_inputs(plan)[:2]] if feeds else []) + ([_outputs(plan)] if cuda_graph else []) + \
         [("the host arena", plan.host_arena_bytes)]
     if backend is numpy_backend:
         device, host = host + device, []
@@ -441,23 +417,6 @@ def _check_sums(backend, parts, config):
         total += nbytes
         named.append(f"{what} ({format_bytes(nbytes)})")
         backend.check_room(total, what if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}", config)
-
-
-def _random(rng, shape, dtype):
-    """One random array of `dtype`: float32 and float64 drawn as such, narrower floats cast from float32."""
-    if dtype in (np.float32, np.float64):
-        return rng.standard_normal(shape, dtype=dtype)
-    if is_float(dtype):
-        return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, shape, dtype=bool)
-    return np.zeros(shape, dtype)
-
-
-def _type_name(value):
-    """The type of `value` as a user knows it: 'dict', 'str', 'cupy.ndarray'."""
-    kind = type(value)
-    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__.split('.')[0]}.{kind.__name__}"
 
 
 __all__ = ["BusyError", "Executor", "FeedError", "OutOfMemoryError", "RunError", "check_memory", "random_feeds"]

@@ -95,12 +95,16 @@ class _Dag:
 
 
 def followed(graph, nodes):
-    """The graph's `nodes` (all of them, in some order) in the order closest to it that runs each after what it must
-    follow (the writers of its inputs; for an update, every reader of what it overwrites): each node as early as
-    `nodes` places it once those ran. An order made for a rewrite of the graph (another pass's) becomes one of it."""
+    """The graph's `nodes` (in some order) in the order closest to it that runs each after what it must follow (the
+    writers of its inputs; for an update, every reader of what it overwrites): each node as early as `nodes` places
+    it once those ran, and one that `nodes` leaves out just before its first reader there. An order made for a
+    rewrite of the graph (another pass's) becomes one of it."""
     dag = _Dag.of(graph, ())
     index = {id(node): k for k, node in enumerate(graph.nodes)}
     rank = {index[id(node)]: j for j, node in enumerate(nodes)}
+    for k in reversed(range(len(graph.nodes))):  # one `nodes` leaves out (a rewrite dropped it): just before its readers
+        if k not in rank:
+            rank[k] = min((rank[r] for o in dag.outputs[k] for r in dag.readers.get(o, ())), default=len(nodes)) - 0.5
     waiting = [len(set(d)) for d in dag.deps]
     after = {}
     for k, deps in enumerate(dag.deps):

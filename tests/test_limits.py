@@ -107,7 +107,7 @@ def test_an_allocation_that_fails_anyway_is_the_same_one_line(monkeypatch):
     with pytest.raises(OutOfMemoryError, match=r"^not enough memory for the arena: .* needed \(the allocation failed: "
                                                r"Unable to allocate 4.00 GiB .* uint8\); use a smaller batch$"):
         Executor(plan, backend="numpy")
-    monkeypatch.setattr("executor._random", refused)
+    monkeypatch.setattr("executor.feeds._random", refused)
     with pytest.raises(OutOfMemoryError, match=r"^not enough memory for random feeds of the inputs input: 6.12 KiB "
                                                r"\(6,272 bytes\) needed \(the allocation failed: Unable"):
         random_feeds(plan)

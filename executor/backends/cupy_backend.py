@@ -83,6 +83,15 @@ def host_arena(nbytes):
     return cupyx.empty_pinned((max(nbytes, 1),), dtype=np.uint8)
 
 
+def copies(plan, view):
+    """The plan's copies between the arenas on a CUDA stream of their own (cuda_copies.CopyStream), or None where it
+    has none."""
+    from .cuda_copies import COPIES, CopyStream
+    if not any(s.domain == "memplan" and s.op in COPIES for s in plan.steps):
+        return None
+    return CopyStream(xp, plan, view)
+
+
 def synchronize():
     xp.cuda.get_current_stream().synchronize()
 

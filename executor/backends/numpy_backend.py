@@ -107,6 +107,12 @@ def runtime(tf32=False):
     return Runtime()
 
 
+def copies(plan, view):
+    """The copies between the arenas run in place, as steps like any other (a GPU runs them on a stream of their
+    own: cupy_backend.copies)."""
+    return None
+
+
 def runs_on_host(step, tensors):
     """Whether `step` runs on the host whatever the backend: every tensor it reads and writes lies in the host arena
     (an offloaded optimizer's update and casts), and it is not a copy between the arenas."""

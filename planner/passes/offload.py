@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..ir import Annotations, Node, Phase, Tensor
 from ..parallel import Whole
 from ..remat import swap_time
+from ..schedule import followed
 from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Result
 from .data_parallel import OPTIMIZER_OPS
 
@@ -110,6 +111,7 @@ def _offload(graph, context, model):
         del tensors[name]
     typed = shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates.items())), graph)
     typed = replace(typed, tensors={n: replace(t, host=True) if n in host else t for n, t in typed.tensors.items()})
+    typed = replace(typed, nodes=followed(typed, typed.nodes))  # a 16-bit param's copy back after its casts' readers
     facts["host_bytes"] = sum(t.nbytes for t in typed.tensors.values() if t.host and t.kind in ("param", "state"))
     facts["link_bytes"] = sum(typed.tensors[n.outputs[0]].nbytes for n in typed.nodes
                               if n.domain == "memplan" and n.op == "SwapIn" and n.name.startswith("offload/"))
@@ -148,9 +150,11 @@ class _Steps:
 
 def _low_casts(readers, param, skip):
     """The Cast nodes reading the float32 `param` where every reader but those named in `skip` is a Cast to one
-    16-bit float type (amp's copy of a weight); [] otherwise."""
+    16-bit float type (amp's copy of a weight) that no copy to the host reads; [] otherwise."""
     others = [r for r in readers.get(param, ()) if r.name not in skip]
     if not others or any(r.op != "Cast" or r.domain for r in others):
+        return []
+    if any(ops.of(r).timed for c in others for r in readers.get(c.outputs[0], ())):  # a swapped cast stays as it is
         return []
     types = {from_onnx(r.attrs["to"]) for r in others}
     low = next(iter(types))

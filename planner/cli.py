@@ -389,24 +389,27 @@ def fit(args):
                      "a stage, and more give a larger global batch and a smaller bubble at about the same memory")
     rows = [{"layout": label, "batch_per_rank": batch, "global_batch": total, "arena_bytes": arena,
              "arena_at_least": isinstance(arena, layouts.AtLeast),
-             "flops_per_rank": (cost or {}).get("flops"), "sent_bytes_per_rank": (cost or {}).get("sent_bytes")}
-            for label, batch, total, arena, cost in found]
+             "flops_per_rank": (cost or {}).get("flops"), "sent_bytes_per_rank": (cost or {}).get("sent_bytes"),
+             "host_arena_bytes": (cost or {}).get("host_bytes")} for label, batch, total, arena, cost in found]
     if args.json or args.csv:
         doc = {"model": args.model, "gpus": args.gpus, "memory_bytes": memory, "rows": rows, "notes": notes}
         emit(args, json.dumps(doc, indent=1) if args.json else as_csv(rows))
         return 0
     width = max(28, *(len(r['layout']) for r in rows))
+    host = any(r["host_arena_bytes"] for r in rows)  # a column where an offloaded layout has a host arena
     lines = [f"{args.model} on {args.gpus} devices of {format_bytes(memory)}: the largest batch each layout's "
              "training step fits, largest global batch first",
              f"{'layout':<{width}} {'batch per rank':>14} {'global batch':>12} {'arena per rank':>15} "
-             f"{'TFLOP a step':>12} {'sent a step':>12}"]
+             f"{'TFLOP a step':>12} {'sent a step':>12}" + f" {'host arena':>12}" * host]
     lines += [f"{r['layout']:<{width}} {r['batch_per_rank']:>14} {r['global_batch']:>12} "
               f"{('>= ' if r['arena_at_least'] else '') + _bytes(r['arena_bytes']):>15} "
-              f"{_tflop(r['flops_per_rank']):>12} {_bytes(r['sent_bytes_per_rank']):>12}" for r in rows]
+              f"{_tflop(r['flops_per_rank']):>12} {_bytes(r['sent_bytes_per_rank']):>12}"
+              + f" {_bytes(r['host_arena_bytes']):>12}" * host for r in rows]
     notes.append("per rank: its arena (a layout fitting no batch: at batch 1, where it was planned; '>=' the least "
                  "any placement of its buffers needs, its LOAD, where that alone is over the memory and it was not "
                  "placed), the FLOPs of its step (forward, backward and recomputation; a pipeline's fullest stage) "
-                 "and the bytes its collectives and sends move a step")
+                 "and the bytes its collectives and sends move a step"
+                 + (", and its host arena (the optimizer offloaded)" if host else ""))
     emit(args, "\n".join([*lines, *notes]))
     return 0
 

@@ -234,12 +234,14 @@ def _chain(compile_at, memory, layouts, progress):
 
 
 def cost(plan):
-    """What a rank's step costs beside its memory: {"flops": forward, backward and recomputation, "sent_bytes": what
-    its collectives and a pipeline stage's sends move}; a pipeline's is its fullest stage's."""
+    """What a rank's step costs beside its device memory: {"flops": forward, backward and recomputation, "sent_bytes":
+    what its collectives and a pipeline stage's sends move, "host_bytes": its host arena (an offloaded optimizer)}; a
+    pipeline's is its fullest stage's."""
     parallel = plan.training.get("parallel") or {}
     pipeline = plan.training.get("pipeline") or {}
     return {"flops": sum(plan.stats.get(k, 0) for k in ("forward_flops", "backward_flops", "recompute_flops")),
-            "sent_bytes": parallel.get("collective_bytes", 0) + pipeline.get("sent_bytes", 0)}
+            "sent_bytes": parallel.get("collective_bytes", 0) + pipeline.get("sent_bytes", 0),
+            "host_bytes": plan.host_arena_bytes}
 
 
 def _searched(compile_at, memory, chains, progress, in_workers):

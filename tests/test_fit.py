@@ -119,7 +119,7 @@ def test_a_pipeline_plans_the_stage_that_was_fullest_first():
         if parallel.pp > 1:
             calls.append((remat, batch, parallel.stage))
         return SimpleNamespace(arena_bytes=batch * (2 if parallel.stage == parallel.pp - 1 else 1) * 1000, training={},
-                               stats={})
+                               stats={}, host_arena_bytes=0)
 
     rows = {label: batch for label, batch, *_ in fit.search(staged, 100_000, fit.candidates(2, pps=(2,)))[0]}
     assert rows["dp 1 x pp 2, ZeRO-0, 4 microbatches"] == 50

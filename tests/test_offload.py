@@ -160,7 +160,9 @@ def test_max_batch_and_fit_search_with_the_optimizer_offloaded(capsys):
                      "--workers", "1", "--json"]) == 0
     layouts = {r["layout"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     for zero in range(4):
-        assert layouts[f"dp 2, ZeRO-{zero}, offload"]["batch_per_rank"] >= layouts[f"dp 2, ZeRO-{zero}"]["batch_per_rank"]
+        offloaded, kept = layouts[f"dp 2, ZeRO-{zero}, offload"], layouts[f"dp 2, ZeRO-{zero}"]
+        assert offloaded["batch_per_rank"] >= kept["batch_per_rank"] and offloaded["host_arena_bytes"] > 0
+        assert not kept["host_arena_bytes"]
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")

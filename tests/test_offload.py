@@ -117,6 +117,7 @@ def _rank(rank, port, results, model, parallel, offload, precision="fp32"):
                                                         ("mlp", planner.Parallel(dp=2, zero=2, bucket_bytes=600), "fp32"),
                                                         ("mlp", planner.Parallel(dp=2, zero=2), "amp-fp16"),
                                                         ("mlp", planner.Parallel(dp=2, zero=3, shard="dim0"), "fp32"),
+                                                        ("mlp", planner.Parallel(dp=2, zero=3), "amp-bf16"),
                                                         ("bert_base", planner.Parallel(dp=2, tp=2, zero=3), "fp32")])
 def test_every_zero_stage_and_tensor_parallel_rank_offloads_and_trains_as_on_the_device(model, parallel, precision):
     world = parallel.dp * parallel.tp

@@ -66,9 +66,11 @@ def _offload(graph, context, model):
         casts = _low_casts(readers, param, {node.name, graph.producer(read).name if read != param else ""})
         device = from_onnx(casts[0].attrs["to"]) if casts else p.dtype
         if casts:
-            tensors[param] = replace(p, dtype=device, data=computed(_astype, np.shape(p.data), device, p.data, device))
+            tensors[param] = replace(p, dtype=device, data=_converted(p.data, device))
             dropped.update(c.name for c in casts)
-            renamed.update((c.outputs[0], param) for c in casts)
+            renamed.update((c.outputs[0], c.inputs[0]) for c in casts)  # the param, or ZeRO-3's gather of it
+            tensors.update((c.inputs[0], Tensor(c.inputs[0], None, None, "activation")) for c in casts
+                           if c.inputs[0] != param)
             facts["low"].append(param)
         if read != param and all(r is node for r in readers[read]):  # the Shard the device's update read
             dropped.add(graph.producer(read).name)
@@ -150,9 +152,11 @@ class _Steps:
 
 def _low_casts(readers, param, skip):
     """The Cast nodes reading the float32 `param` where every reader but those named in `skip` is a Cast to one
-    16-bit float type (amp's copy of a weight) that no copy to the host reads; [] otherwise."""
+    16-bit float type (amp's copy of a weight) that no copy to the host reads, or ZeRO-3's AllGather of it read by
+    such Casts alone; [] otherwise."""
     others = [r for r in readers.get(param, ()) if r.name not in skip]
-    if not others or any(r.op != "Cast" or r.domain for r in others):
+    others = [c for r in others for c in (readers.get(r.outputs[0], [None]) if r.op == "AllGather" else [r])]
+    if not others or any(r is None or r.op != "Cast" or r.domain for r in others):
         return []
     if any(ops.of(r).timed for c in others for r in readers.get(c.outputs[0], ())):  # a swapped cast stays as it is
         return []
@@ -169,6 +173,13 @@ def _master_value(data, shard, dtype, sharded):
         whole = whole.value
     value = whole if np.dtype(whole.dtype) == dtype else computed(_astype, np.shape(whole), dtype, whole, dtype)
     return Whole(value, shard) if sharded or isinstance(data, Whole) else value
+
+
+def _converted(data, dtype):
+    """A param's value (`data`, perhaps a rank's part of a whole: parallel.Whole) in `dtype`, as the executor loads it."""
+    if isinstance(data, Whole):
+        return Whole(_converted(data.value, dtype), data.shape)
+    return computed(_astype, np.shape(data), dtype, data, dtype)
 
 
 def _astype(value, dtype):

@@ -7,11 +7,13 @@ shard the device then all-gathers.
 The master weights are float32 for a 16-bit param (precision "fp16" or "bf16": ZeRO-Offload's mixed precision,
 the update in float32 and its result cast to the param's type on the host), else the param's own type. Under amp,
 a float32 param that the device reads only through one cast to the low type is held on the device in that type
-alone: the cast moves to the host, after the update, and the device never holds the float32 copy. Where the master
+alone: the cast moves to the host, after the update, and the device never holds the float32 copy; a gradient made
+by casting a 16-bit one up leaves in 16 bits and is cast on the host. Where the master
 has the param's type (fp32, amp) a run matches the plan without offload bit for bit.
 Facts: "offload" {"what", "masters" {param: master}, "low" (params the device holds in 16 bits that amp computed
 in float32), "sharded" (masters that are this rank's shard of a whole value), "host_bytes" (masters and state),
-"link_bytes" (a step's, each way), "time" (the step's by the time model: planner.remat.swap_time)}."""
+"link_bytes" (a step's, each way), "time" (the step's by the time model: planner.remat.swap_time)}; "grads" with
+the 16-bit gradients that leave as they are."""
 from dataclasses import replace
 from functools import partial
 
@@ -54,6 +56,7 @@ def _offload(graph, context, model):
     after, instead, renamed, dropped = {}, {}, {}, set()
     facts = {"what": "optimizer", "masters": {}, "low": [], "sharded": []}
     zero3 = set((context.facts.get("parallel") or {}).get("sharded", ()))
+    grads = dict(context.facts.get("grads", {}))
     for k, node in enumerate(graph.nodes):
         if (node.domain, node.op) not in OPTIMIZER_OPS:
             continue
@@ -62,7 +65,7 @@ def _offload(graph, context, model):
         new = node.outputs[0]
         param = read if graph.tensors[read].kind == "param" else graph.producer(read).inputs[0]  # ZeRO-1, 2: a Shard
         p = graph.tensors[param]
-        master_dtype = np.dtype(np.float32) if is_float(p.dtype) and p.dtype.itemsize < 4 else p.dtype
+        master_dtype = np.dtype(np.float32) if _is_low(p.dtype) else p.dtype
         casts = _low_casts(readers, param, {node.name, graph.producer(read).name if read != param else ""})
         device = from_onnx(casts[0].attrs["to"]) if casts else p.dtype
         if casts:
@@ -81,6 +84,12 @@ def _offload(graph, context, model):
         facts["masters"][param] = master
         if sharded:
             facts["sharded"].append(master)
+        cast = graph.producer(grad)
+        if cast is not None and cast.op == "Cast" and not cast.domain and readers[grad] == [node] and \
+                _is_low(graph.tensors[cast.inputs[0]].dtype):  # amp's 16-bit gradient leaves as it is, cast on the host
+            dropped.add(cast.name)
+            grads = {p: cast.inputs[0] if g == grad else g for p, g in grads.items()}
+            grad = cast.inputs[0]
         steps = _Steps(tensors, host, f"offload/{param}")
         grad_phase = graph.nodes[made[grad]].notes.phase if grad in made else Phase.OPTIMIZER
         out = steps.copy("SwapOut", grad, grad + "/host", grad_phase)
@@ -118,7 +127,7 @@ def _offload(graph, context, model):
     facts["link_bytes"] = sum(typed.tensors[n.outputs[0]].nbytes for n in typed.nodes
                               if n.domain == "memplan" and n.op == "SwapIn" and n.name.startswith("offload/"))
     facts["time"] = swap_time(typed, model)
-    return Result(typed, True, {"offload": facts})
+    return Result(typed, True, {"offload": facts, "grads": grads})
 
 
 class _Steps:
@@ -161,8 +170,12 @@ def _low_casts(readers, param, skip):
     if any(ops.of(r).timed for c in others for r in readers.get(c.outputs[0], ())):  # a swapped cast stays as it is
         return []
     types = {from_onnx(r.attrs["to"]) for r in others}
-    low = next(iter(types))
-    return others if len(types) == 1 and is_float(low) and low.itemsize == 2 else []
+    return others if len(types) == 1 and _is_low(next(iter(types))) else []
+
+
+def _is_low(dtype):
+    """Whether `dtype` is a 16-bit float (float16, bfloat16)."""
+    return is_float(dtype) and np.dtype(dtype).itemsize == 2
 
 
 def _master_value(data, shard, dtype, sharded):

@@ -66,7 +66,8 @@ class Executor:
     that every later run replays (executor/backends/cuda_graph.py): feeds are copied into their places in the
     arena, the graph launched, and the outputs returned as host (NumPy) arrays; nothing is allocated on the
     device. Without it the copies between the arenas (memplan.SwapOut, SwapIn) run on a CUDA stream of their own,
-    ordered with the kernels by events (executor/backends/cuda_copies.py). `tf32=True` lets fp32 GEMMs and convolutions round to TF32 on the tensor cores. `arena`: run in the
+    ordered with the kernels by events (executor/backends/cuda_copies.py). `tf32=True` lets fp32 GEMMs and
+    convolutions round to TF32 on the tensor cores. `arena`: run in the
     Arena of another Executor whose plan places its params, consts and state alike (the steps of a GenerationPlan,
     executor.Generator), loading nothing.
     `self.libraries` says which GPU libraries run the GEMMs and convolutions, or why none do."""
@@ -152,7 +153,7 @@ class Executor:
         nothing to write), unless it communicates (its peers wait for it). The kernel of step `k` is timed
         when profiling."""
         views, tensors = self._view, self.plan.tensors
-        if self.copy_stream and k in self.copy_stream.handled:  # its copy runs on the copy stream (before and after steps)
+        if self.copy_stream and k in self.copy_stream.handled:  # its copy runs on the copy stream, around the steps
             return None
         if step.outputs and all(not o or tensors[o].view or not tensors[o].nbytes for o in step.outputs) and \
                 not getattr(kernels.find(self.kernels, step), "collective", False):

@@ -314,7 +314,8 @@ def max_batch(args):
         return 0
     host = any(r["host_arena_bytes"] for r in rows)  # a column where an offload or swap row has a host arena
     lines = [f"{args.model}: the largest batch whose {'training step' if training.get('training') else 'plan'} fits "
-             f"{format_bytes(budget)}", f"{'strategy':<22} {'max batch':>9} {'arena':>13}" + f" {'host arena':>13}" * host]
+             f"{format_bytes(budget)}",
+             f"{'strategy':<22} {'max batch':>9} {'arena':>13}" + f" {'host arena':>13}" * host]
     lines += [f"{r['strategy']:<22} {r['max_batch']:>9} {_bytes(r['arena_bytes']):>13}"
               + f" {_bytes(r['host_arena_bytes']):>13}" * host for r in rows]
     if any(not r["max_batch"] for r in rows):

@@ -98,8 +98,8 @@ def _model_args(p, one_strategy):
                         "none for none)")
     p.add_argument("--remat", choices=REMATS, default=None, help="recompute forward tensors in backward")
     p.add_argument("--offload", choices=OFFLOADS, default=None,
-                   help="with --training: hold the optimizer's state and master weights in host memory and update there "
-                        "(ZeRO-Offload), gradients copied out and params back each step")
+                   help="with --training: hold the optimizer's state and master weights in host memory and update "
+                        "there (ZeRO-Offload), gradients copied out and params back each step")
     p.add_argument("--dp", type=count(1), default=None, metavar="N",
                    help="with --training: plan one of N data-parallel ranks (its batch is --batch / --input)")
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,

@@ -102,7 +102,7 @@ def followed(graph, nodes):
     dag = _Dag.of(graph, ())
     index = {id(node): k for k, node in enumerate(graph.nodes)}
     rank = {index[id(node)]: j for j, node in enumerate(nodes)}
-    for k in reversed(range(len(graph.nodes))):  # one `nodes` leaves out (a rewrite dropped it): just before its readers
+    for k in reversed(range(len(graph.nodes))):  # one `nodes` leaves out (a rewrite dropped it): before its readers
         if k not in rank:
             rank[k] = min((rank[r] for o in dag.outputs[k] for r in dag.readers.get(o, ())), default=len(nodes)) - 0.5
     waiting = [len(set(d)) for d in dag.deps]

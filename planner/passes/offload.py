@@ -189,7 +189,8 @@ def _master_value(data, shard, dtype, sharded):
 
 
 def _converted(data, dtype):
-    """A param's value (`data`, perhaps a rank's part of a whole: parallel.Whole) in `dtype`, as the executor loads it."""
+    """A param's value (`data`, perhaps a rank's part of a whole: parallel.Whole) in `dtype`, as the executor loads
+    it."""
     if isinstance(data, Whole):
         return Whole(_converted(data.value, dtype), data.shape)
     return computed(_astype, np.shape(data), dtype, data, dtype)

@@ -164,7 +164,7 @@ def simulate(graph, model):
     ready = {}  # when a copy or a host step has made a tensor
     for node in graph.nodes:
         if node.domain == "memplan" and node.op == "SwapOut":
-            t = max(t, ready[node.outputs[0]])
+            t = max(t, ready.get(node.outputs[0], t))  # nothing to wait for where the run begins with the value
             continue
         after = max([0.0] + [ready[i] for i in node.inputs if i in ready])
         if node.domain == "memplan" and node.op == "SwapIn":

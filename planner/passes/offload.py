@@ -50,84 +50,123 @@ def _offload(graph, context, model):
     """The graph with each optimizer node's update moved to the host (see the module's docstring), and its facts."""
     if any(n.notes.assign for n in graph.nodes):
         raise ConfigError("optimizer offload updates the params in place (MEGENGINE_INPLACE_UPDATE=1)")
-    made = {o: k for k, node in enumerate(graph.nodes) for o in node.outputs if o}
-    readers = graph.consumers
-    updates, tensors, host = dict(graph.updates), dict(graph.tensors), set()
-    after, instead, renamed, dropped = {}, {}, {}, set()
-    facts = {"what": "optimizer", "masters": {}, "low": [], "sharded": []}
-    zero3 = set((context.facts.get("parallel") or {}).get("sharded", ()))
-    grads = dict(context.facts.get("grads", {}))
+    rewrite = _Rewrite(graph, context.facts)
     for k, node in enumerate(graph.nodes):
-        if (node.domain, node.op) not in OPTIMIZER_OPS:
-            continue
-        scalars = len(ops.of(node, graph.opsets).scalars)
-        read, grad, *state = node.inputs[scalars:]
-        new = node.outputs[0]
-        param = read if graph.tensors[read].kind == "param" else graph.producer(read).inputs[0]  # ZeRO-1, 2: a Shard
-        p = graph.tensors[param]
-        master_dtype = np.dtype(np.float32) if _is_low(p.dtype) else p.dtype
-        casts = _low_casts(readers, param, {node.name, graph.producer(read).name if read != param else ""})
-        device = from_onnx(casts[0].attrs["to"]) if casts else p.dtype
-        if casts:
-            tensors[param] = replace(p, dtype=device, data=_converted(p.data, device))
-            dropped.update(c.name for c in casts)
-            renamed.update((c.outputs[0], c.inputs[0]) for c in casts)  # the param, or ZeRO-3's gather of it
-            tensors.update((c.inputs[0], Tensor(c.inputs[0], None, None, "activation")) for c in casts
-                           if c.inputs[0] != param)
-            facts["low"].append(param)
-        if read != param and all(r is node for r in readers[read]):  # the Shard the device's update read
-            dropped.add(graph.producer(read).name)
-        master, shard = param + MASTER, tuple(graph.tensors[read].shape)
-        sharded = read != param or param in zero3  # ZeRO-1 and 2's Shard of it, or ZeRO-3's
-        tensors[master] = Tensor(master, shard, master_dtype, "param", _master_value(p.data, shard, master_dtype,
-                                                                                    sharded), True)
-        facts["masters"][param] = master
-        if sharded:
-            facts["sharded"].append(master)
-        cast = graph.producer(grad)
-        if cast is not None and cast.op == "Cast" and not cast.domain and readers[grad] == [node] and \
-                _is_low(graph.tensors[cast.inputs[0]].dtype):  # amp's 16-bit gradient leaves as it is, cast on the host
-            dropped.add(cast.name)
-            grads = {p: cast.inputs[0] if g == grad else g for p, g in grads.items()}
-            grad = cast.inputs[0]
-        steps = _Steps(tensors, host, f"offload/{param}")
-        grad_phase = graph.nodes[made[grad]].notes.phase if grad in made else Phase.OPTIMIZER
-        out = steps.copy("SwapOut", grad, grad + "/host", grad_phase)
-        after.setdefault(made.get(grad, k - 1), []).extend(steps.take())
-        if tensors[out].dtype != master_dtype:
-            out = steps.cast(out, master_dtype)
-        steps.nodes.append(replace(node, inputs=(*node.inputs[:scalars], master, out, *state)))
-        host.update((*node.outputs, master, *state))
-        tensors.update((s, replace(tensors[s], dtype=master_dtype)) for s in state)
-        tensors.update((o, Tensor(o, None, None, "activation")) for o in node.outputs if o)
-        updates.pop(new, None)
-        updates[new] = master
-        back = steps.copy("SwapIn", steps.cast(new, device) if device != master_dtype else new, f"{param}/offloaded")
-        gather = next((r for r in readers[new] if r.op == "AllGather"), None)
-        if gather is None:
-            updates[back] = param
-        else:  # ZeRO-1 and 2: the device gathers the shard it got back into the param
-            instead[gather.name] = [replace(gather, inputs=(back,))]
-            tensors[gather.outputs[0]] = Tensor(gather.outputs[0], None, None, "activation")
-        instead[node.name] = steps.take()
-    host.update(n for n, t in tensors.items() if t.kind == "input" and readers.get(n) and
-                all(r.name in instead and (r.domain, r.op) in OPTIMIZER_OPS for r in readers[n]))
-    nodes = after.get(-1, [])
-    for k, node in enumerate(graph.nodes):
-        if node.name not in dropped:
-            steps = instead.get(node.name, [node])
-            nodes += [replace(s, inputs=tuple(renamed.get(i, i) for i in s.inputs)) for s in steps]
-        nodes += after.get(k, [])
-    for name in renamed:
-        del tensors[name]
-    typed = shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors, updates=tuple(updates.items())), graph)
-    typed = replace(typed, tensors={n: replace(t, host=True) if n in host else t for n, t in typed.tensors.items()})
-    typed = replace(typed, nodes=followed(typed, typed.nodes))  # a 16-bit param's copy back after its casts' readers
+        if (node.domain, node.op) in OPTIMIZER_OPS:
+            rewrite.move(k, node)
+    typed = rewrite.graph()
+    facts = rewrite.facts
     facts["host_bytes"] = sum(t.nbytes for t in typed.tensors.values() if t.host and t.kind in ("param", "state"))
     facts["link_bytes"] = sum(typed.tensors[n.outputs[0]].nbytes for n in typed.nodes
                               if n.domain == "memplan" and n.op == "SwapIn" and n.name.startswith("offload/"))
     facts["time"] = swap_time(typed, model)
-    return Result(typed, True, {"offload": facts, "grads": grads})
+    return Result(typed, True, {"offload": facts, "grads": rewrite.grads})
+
+
+class _Rewrite:
+    """The offload of one graph as it is made: its tensors, updates and the names on the host, the nodes to put
+    `after` a step's index and `instead` of a node (by name), the names `renamed` and the nodes `dropped`."""
+
+    def __init__(self, graph, facts):
+        self.source, self.readers = graph, graph.consumers
+        self.made = {o: k for k, node in enumerate(graph.nodes) for o in node.outputs if o}
+        self.updates, self.tensors, self.host = dict(graph.updates), dict(graph.tensors), set()
+        self.after, self.instead, self.renamed, self.dropped = {}, {}, {}, set()
+        self.facts = {"what": "optimizer", "masters": {}, "low": [], "sharded": []}
+        self.zero3 = set((facts.get("parallel") or {}).get("sharded", ()))
+        self.grads = dict(facts.get("grads", {}))
+
+    def move(self, k, node):
+        """Optimizer node `node` (step k) updating on the host: its gradient copied out, its param copied back."""
+        graph, tensors = self.source, self.tensors
+        scalars = len(ops.of(node, graph.opsets).scalars)
+        read, grad, *state = node.inputs[scalars:]
+        shard = graph.producer(read) if graph.tensors[read].kind != "param" else None  # ZeRO-1 and 2's Shard
+        param = shard.inputs[0] if shard else read
+        master_dtype = np.dtype(np.float32) if _is_low(graph.tensors[param].dtype) else graph.tensors[param].dtype
+        device = self._device_param(param, {node.name, shard.name if shard else ""})
+        if shard and all(r is node for r in self.readers[read]):  # the device's update read it alone
+            self.dropped.add(shard.name)
+        master = self._master(param, tuple(graph.tensors[read].shape), master_dtype, bool(shard))
+        steps = _Steps(tensors, self.host, f"offload/{param}")
+        grad = self._leaving(grad, node)
+        out = steps.copy("SwapOut", grad, grad + "/host", graph.nodes[self.made[grad]].notes.phase
+                         if grad in self.made else Phase.OPTIMIZER)
+        self.after.setdefault(self.made.get(grad, k - 1), []).extend(steps.take())
+        if tensors[out].dtype != master_dtype:
+            out = steps.cast(out, master_dtype)
+        steps.nodes.append(replace(node, inputs=(*node.inputs[:scalars], master, out, *state)))
+        self.host.update((*node.outputs, master, *state))
+        tensors.update((s, replace(tensors[s], dtype=master_dtype)) for s in state)
+        tensors.update((o, Tensor(o, None, None, "activation")) for o in node.outputs if o)
+        new = node.outputs[0]
+        self.updates.pop(new, None)
+        self.updates[new] = master
+        back = steps.copy("SwapIn", steps.cast(new, device) if device != master_dtype else new, f"{param}/offloaded")
+        gather = next((r for r in self.readers[new] if r.op == "AllGather"), None)
+        if gather is None:
+            self.updates[back] = param
+        else:  # ZeRO-1 and 2: the device gathers the shard it got back into the param
+            self.instead[gather.name] = [replace(gather, inputs=(back,))]
+            tensors[gather.outputs[0]] = Tensor(gather.outputs[0], None, None, "activation")
+        self.instead[node.name] = steps.take()
+
+    def _device_param(self, param, skip):
+        """The dtype the device holds `param` in: amp's 16-bit one where its one cast is all the device reads of it
+        (the casts dropped, their readers reading the param or ZeRO-3's gather of it), else its own."""
+        p = self.tensors[param]
+        casts = _low_casts(self.readers, param, skip)
+        if not casts:
+            return p.dtype
+        low = from_onnx(casts[0].attrs["to"])
+        self.tensors[param] = replace(p, dtype=low, data=_converted(p.data, low))
+        self.dropped.update(c.name for c in casts)
+        self.renamed.update((c.outputs[0], c.inputs[0]) for c in casts)
+        self.tensors.update((c.inputs[0], Tensor(c.inputs[0], None, None, "activation")) for c in casts
+                            if c.inputs[0] != param)
+        self.facts["low"].append(param)
+        return low
+
+    def _master(self, param, shard, dtype, from_shard):
+        """The host's master weights of `param` in `dtype`, of the `shard` shape the update read (this rank's shard
+        under ZeRO, cut from the whole value where the update read a Shard of it, or ZeRO-3's)."""
+        master, sharded = param + MASTER, from_shard or param in self.zero3
+        value = _master_value(self.source.tensors[param].data, shard, dtype, sharded)
+        self.tensors[master] = Tensor(master, shard, dtype, "param", value, True)
+        self.facts["masters"][param] = master
+        if sharded:
+            self.facts["sharded"].append(master)
+        return master
+
+    def _leaving(self, grad, node):
+        """The gradient that leaves the device for `node`: `grad`, or where a cast up of a 16-bit one made it for the
+        update alone (amp), that one (the cast dropped, done on the host)."""
+        cast = self.source.producer(grad)
+        if cast is None or cast.op != "Cast" or cast.domain or self.readers[grad] != [node] or \
+                not _is_low(self.source.tensors[cast.inputs[0]].dtype):
+            return grad
+        self.dropped.add(cast.name)
+        self.grads = {p: cast.inputs[0] if g == grad else g for p, g in self.grads.items()}
+        return cast.inputs[0]
+
+    def graph(self):
+        """The rewritten graph, typed, its host tensors marked, each copy back after the readers of what it
+        overwrites (a 16-bit param's, after its casts' readers)."""
+        graph, readers = self.source, self.readers
+        self.host.update(n for n, t in self.tensors.items() if t.kind == "input" and readers.get(n) and
+                         all(r.name in self.instead and (r.domain, r.op) in OPTIMIZER_OPS for r in readers[n]))
+        nodes = self.after.get(-1, [])
+        for k, node in enumerate(graph.nodes):
+            if node.name not in self.dropped:
+                nodes += [replace(s, inputs=tuple(self.renamed.get(i, i) for i in s.inputs))
+                          for s in self.instead.get(node.name, [node])]
+            nodes += self.after.get(k, [])
+        tensors = {n: t for n, t in self.tensors.items() if n not in self.renamed}
+        typed = shapes.retype(replace(graph, nodes=tuple(nodes), tensors=tensors,
+                                      updates=tuple(self.updates.items())), graph)
+        typed = replace(typed, tensors={n: replace(t, host=True) if n in self.host else t
+                                        for n, t in typed.tensors.items()})
+        return replace(typed, nodes=followed(typed, typed.nodes))
 
 
 class _Steps:

@@ -39,9 +39,11 @@ def compile(model, input_shapes=None, options=None, **keywords):
     on `class_axis` (default: dim 1, or the last dim of a language model's (batch, seq, vocab) logits;
     see planner.losses) and skips labels equal to `ignore_index` (PyTorch's -100; None for none).
     `remat` ("mirror", "sublinear", "budget", "optimal", "selective", "full", see planner.remat) recomputes
-    forward tensors in backward instead of keeping them; `memory_budget` (bytes) asks for the least
-    recomputation whose arena fits it (remat="budget"; InfeasibleBudgetError when none does).
-    MXNET_BACKWARD_DO_MIRROR=1 means "mirror".
+    forward tensors in backward instead of keeping them ("swap" and "hybrid" copy them to host memory);
+    `memory_budget` (bytes) asks for the least recomputation whose arena fits it (remat="budget";
+    InfeasibleBudgetError when none does). MXNET_BACKWARD_DO_MIRROR=1 means "mirror". `offload="optimizer"`
+    holds the optimizer's state and master weights in host memory and updates there (ZeRO-Offload,
+    planner/passes/offload.py).
 
     `precision` ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", see planner.precision) plans in that
     type. The graph rewrites (planner/passes/) are on by default; False keeps the exported form:

@@ -53,7 +53,10 @@ def _rows(none, plans, budget):
     (the hybrid search models each of the others' steps)."""
     decided = next((p.training["remat"] for p in (plans["hybrid"], plans["offload + hybrid"])
                     if not isinstance(p, Exception)), {})
-    seconds = {"none": decided.get("base_seconds"), "recompute": decided.get("candidates", {}).get("recompute")}
+    offloaded = plans["offload"]
+    base = decided.get("base_seconds") or (None if isinstance(offloaded, Exception) else
+                                          offloaded.training["offload"]["base_seconds"])
+    seconds = {"none": base, "recompute": decided.get("candidates", {}).get("recompute")}
     rows = []
     for label, plan in {"none": none, **plans}.items():
         if isinstance(plan, Exception):

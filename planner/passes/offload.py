@@ -12,7 +12,8 @@ by casting a 16-bit one up leaves in 16 bits and is cast on the host. Where the 
 has the param's type (fp32, amp) a run matches the plan without offload bit for bit.
 Facts: "offload" {"what", "masters" {param: master}, "low" (params the device holds in 16 bits that amp computed
 in float32), "sharded" (masters that are this rank's shard of a whole value), "host_bytes" (masters and state),
-"link_bytes" (a step's, each way), "time" (the step's by the time model: planner.remat.swap_time)}; "grads" with
+"link_bytes" (a step's, each way), "time" (the step's by the time model: planner.remat.swap_time), "base_seconds"
+(the step's with the optimizer on the device)}; "grads" with
 the 16-bit gradients that leave as they are."""
 from dataclasses import replace
 from functools import partial
@@ -59,7 +60,7 @@ def _offload(graph, context, model):
     facts["host_bytes"] = sum(t.nbytes for t in typed.tensors.values() if t.host and t.kind in ("param", "state"))
     facts["link_bytes"] = sum(typed.tensors[n.outputs[0]].nbytes for n in typed.nodes
                               if n.domain == "memplan" and n.op == "SwapIn" and n.name.startswith("offload/"))
-    facts["time"] = swap_time(typed, model)
+    facts["time"], facts["base_seconds"] = swap_time(typed, model), swap_time(graph, model)["seconds"]
     return Result(typed, True, {"offload": facts, "grads": rewrite.grads})
 
 

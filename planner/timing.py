@@ -31,7 +31,8 @@ EFFICIENCY = {"flops": 0.6, "bandwidth": 0.8}
 class DeviceModel:
     """A device's rates: `flops` (FLOP/s in float32), `half_flops` (in 16-bit floats), `bandwidth` (device
     memory bytes/s), `launch` (seconds a step costs besides its work), `host_bandwidth` (host memory bytes/s,
-    for steps run on the host: an offloaded optimizer's update) and `link` (host link bytes/s each way)."""
+    for steps run on the host: an offloaded optimizer's update) and `link` (host link bytes/s each way).
+    `on_host`: the device is the host's own cores (NumPy), so the host's steps take its time, not time beside it."""
 
     name: str
     flops: float
@@ -40,9 +41,12 @@ class DeviceModel:
     launch: float
     host_bandwidth: float
     link: float = LINK
+    on_host: bool = False
 
     def __post_init__(self):
-        for f in fields(self)[1:]:
+        if not isinstance(self.on_host, bool):
+            raise ConfigError(f"device model {self.name!r}: on_host must be true or false, got {self.on_host!r}")
+        for f in fields(self)[1:-1]:
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
                     value < 0 or (value == 0 and f.name != "launch"):
@@ -77,7 +81,7 @@ def _spec(name, tflops, half_tflops, tb_per_s):
 
 
 PROFILES = {
-    "cpu": DeviceModel("cpu", 190e9, 0.5e9, 12e9, 1e-6, 12e9),
+    "cpu": DeviceModel("cpu", 190e9, 0.5e9, 12e9, 1e-6, 12e9, on_host=True),
     "v100": _spec("v100", 15.7, 125, 0.9),
     "a100": _spec("a100", 19.5, 312, 2.039),
     "h100": _spec("h100", 67, 989, 3.35),
@@ -134,4 +138,5 @@ def calibrate(xp, synchronize, name, link=LINK, size=2048, repeat=5):
     one = xp.ones(1, dtype=xp.float32)
     launch = best(lambda: [xp.multiply(one, one, out=one) for _ in range(1000)]) / 1000
     half = size if xp is not np else size // 4  # NumPy multiplies float16 without BLAS, hundreds of times slower
-    return DeviceModel(name, gemm(xp.float32, size), gemm(xp.float16, half), copied(xp), launch, copied(np), link)
+    return DeviceModel(name, gemm(xp.float32, size), gemm(xp.float16, half), copied(xp), launch, copied(np), link,
+                       on_host=xp is np)

@@ -206,3 +206,20 @@ def test_an_offloaded_step_on_cupy_trains_like_numpy(precision):
     np.testing.assert_allclose(losses, numpy_losses, rtol=1e-4)
     for name, value in ex.parameters().items():
         np.testing.assert_allclose(value, params[name], rtol=1e-3, atol=1e-5)
+
+
+def test_the_host_updates_beside_a_gpu_and_in_its_time_on_the_host(tmp_path):
+    """The time model runs an offloaded update on a lane of its own beside a GPU's compute, and in the compute's
+    time where the device is the host's own cores (DeviceModel.on_host: the `cpu` model, a NumPy calibration)."""
+    from dataclasses import replace
+
+    from planner import timing
+    from planner.errors import ConfigError
+    replace(timing.PROFILES["cpu"], name="beside", on_host=False).to_json(tmp_path / "beside.json")
+    times = {name: compiled("resnet18", offload="optimizer", config=planner.Config(device_model=name))
+             .training["offload"]["time"] for name in ("cpu", str(tmp_path / "beside.json"))}
+    on_host, beside = times["cpu"], times[str(tmp_path / "beside.json")]
+    assert beside["seconds"] < on_host["seconds"] and beside["compute_seconds"] < on_host["compute_seconds"]
+    with pytest.raises(ConfigError, match="on_host must be true or false"):
+        replace(timing.PROFILES["cpu"], on_host=1)
+    assert timing.PROFILES["cpu"].on_host and not timing.PROFILES["h100"].on_host

@@ -156,8 +156,9 @@ def _with_copies(graph, order, at):
 
 def simulate(graph, model):
     """(seconds, compute seconds) of one run of `graph` in its order by the time model: the device's compute, the
-    host's (an offloaded optimizer's steps, whose tensors all lie in the host arena), and the copies out and back each
-    on its own direction of the link, one at a time, each of the four beside the others; a SwapOut waits for its
+    host's (an offloaded optimizer's steps, whose tensors all lie in the host arena; the device's own where the
+    device is the host: DeviceModel.on_host), and the copies out and back each on its own direction of the link, one
+    at a time, each of the four beside the others; a SwapOut waits for its
     copy to be done, a step for the copies and host steps that make what it reads, and the run for all of them."""
     swapped = {n.inputs[0]: n for n in graph.nodes if n.op == "SwapOut" and n.domain == "memplan"}
     t = compute = out_free = in_free = host_free = 0.0
@@ -172,7 +173,7 @@ def simulate(graph, model):
             ready[node.outputs[0]] = in_free
             continue
         seconds, names = model.seconds(graph, node), [n for n in (*node.inputs, *node.outputs) if n]
-        if names and all(graph.tensors[n].host for n in names):
+        if names and all(graph.tensors[n].host for n in names) and not model.on_host:
             host_free = max(host_free, after) + seconds
             ready.update((o, host_free) for o in node.outputs if o)
             continue

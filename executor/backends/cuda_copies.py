@@ -6,7 +6,7 @@ the steps before it (the bytes it writes are free), and the first step reading i
 pinned, so the copies run asynchronously; a step run on the host (an offloaded update) synchronises first."""
 from functools import partial
 
-COPIES = ("SwapOut", "SwapIn")
+from planner import ops
 
 
 def transfer(src, dst, stream):
@@ -33,7 +33,7 @@ class CopyStream:
             for name in step.inputs:
                 first.setdefault(name, []).append(k)
         for k, step in enumerate(plan.steps):
-            if step.domain != "memplan" or step.op not in COPIES:
+            if not ops.of(step).timed:  # not a copy between the arenas
                 continue
             self.handled.add(k)
             done = cupy.cuda.Event()

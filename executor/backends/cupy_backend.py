@@ -5,6 +5,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner import ops
 from planner.errors import MemplanError
 
 from ..kernels import KERNELS
@@ -86,8 +87,8 @@ def host_arena(nbytes):
 def copies(plan, view):
     """The plan's copies between the arenas on a CUDA stream of their own (cuda_copies.CopyStream), or None where it
     has none."""
-    from .cuda_copies import COPIES, CopyStream
-    if not any(s.domain == "memplan" and s.op in COPIES for s in plan.steps):
+    from .cuda_copies import CopyStream
+    if not any(ops.of(s).timed for s in plan.steps):
         return None
     return CopyStream(xp, plan, view)
 

@@ -8,6 +8,7 @@ from functools import lru_cache
 from ..kernels import OVERRIDES, loss, nn, override
 from ..kernels.optim import in_place
 from . import cupy_fused  # noqa: F401  (registers the fused ops' forms)
+from .cuda_copies import transfer
 
 
 def fuser(cupy):
@@ -67,11 +68,7 @@ def _swap(cupy):
     """A copy between the device arena and the pinned host arena, on the compute stream (ordered with the kernels
     that make and read its tensors)."""
     def run(xp, step, ins, outs, ws):
-        stream = cupy.cuda.get_current_stream()
-        if step.op == "SwapOut":
-            ins[0].get(out=outs[0], stream=stream)
-        else:
-            outs[0].set(ins[0], stream=stream)
+        transfer(ins[0], outs[0], cupy.cuda.get_current_stream())
 
     return run
 

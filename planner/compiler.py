@@ -62,7 +62,8 @@ def compile(model, input_shapes=None, options=None, **keywords):
     if options.generation is not None:
         return _generation(model, input_shapes, options, start)
     model = read(model, options.weights, options.training)
-    graph, facts = passes.run(passes.pipeline(options), model, _context(options, input_shapes))
+    pipeline = passes.pipeline(options)
+    graph, facts = passes.run(pipeline, model, _context(options, input_shapes, pipeline))
     return _planned(graph, facts, options, start)
 
 
@@ -78,7 +79,8 @@ def _generation(model, input_shapes, options, start):
         staged = replace(options, generation=options.generation.entries()[step])
         g = staged.generation
         graph = read(model, options.weights, step=(g.tokens, g.max_length)) if exports else whole
-        found.append(passes.run(passes.pipeline(staged), graph, _context(staged, g.input_shapes(graph))))
+        pipeline = passes.pipeline(staged)
+        found.append(passes.run(pipeline, graph, _context(staged, g.input_shapes(graph), pipeline)))
     graphs = generation.shared([graph for graph, _ in found])
     plans = [_planned(graph, facts, options, start) for graph, (_, facts) in zip(graphs, found)]
     return generation.GenerationPlan(options.generation, *plans, found[1][1]["kv_cache"]["caches"]).verify()
@@ -100,12 +102,13 @@ def compile_stages(model, input_shapes=None, options=None, *, stages=None, worke
     pipeline = passes.pipeline(options)
     cut = [p.name for p in pipeline].index("pipeline_stage")
     model = read(model, options.weights, options.training)
-    whole, facts = passes.run(pipeline[:cut], model, _context(options, input_shapes))
+    whole, facts = passes.run(pipeline[:cut], model, _context(options, input_shapes, pipeline))
 
     def planned(stage):
         staged = replace(options, parallel=replace(parallel, stage=stage))
-        context = replace(_context(staged, input_shapes), facts=MappingProxyType(facts))
-        graph, found = passes.run(passes.pipeline(staged)[cut:], whole, context, STEP)
+        steps = passes.pipeline(staged)
+        context = replace(_context(staged, input_shapes, steps), facts=MappingProxyType(facts))
+        graph, found = passes.run(steps[cut:], whole, context, STEP)
         return _planned(graph, found, staged, start)
 
     yield from forked.mapped(planned, list(range(parallel.pp) if stages is None else stages), workers)
@@ -120,7 +123,8 @@ def split(model, input_shapes=None, options=None, **keywords):
     pipeline = passes.pipeline(options)
     names = [p.name for p in pipeline]
     last = max((names.index(n) for n in ("tensor_parallel", "pipeline_cut") if n in names), default=len(names) - 1)
-    passes.run(pipeline[:last + 1], read(model, options.weights, options.training), _context(options, input_shapes))
+    passes.run(pipeline[:last + 1], read(model, options.weights, options.training),
+               _context(options, input_shapes, pipeline))
 
 
 STEP = frozenset({passes.TYPED, passes.LOSS, passes.GRADIENTS, passes.UPDATES, passes.CUT})
@@ -132,10 +136,10 @@ def _configured(options):
     return options if options.config is not None else replace(options, config=Config.from_env())
 
 
-def _context(options, input_shapes):
-    """The passes' Context of `options`, whose `measure` plans a candidate graph as the plan it becomes (the passes
-    after recomputation run on it: the rank's, the optimizer offloaded)."""
-    later = [step for step in passes.pipeline(options) if step.name in ("data_parallel", "offload")]
+def _context(options, input_shapes, pipeline):
+    """The passes' Context of `options`, whose `measure` plans a candidate graph as the plan it becomes (the passes of
+    `pipeline` after recomputation run on it: the rank's, the optimizer offloaded)."""
+    later = [step for step in pipeline if step.name in ("data_parallel", "offload")]
 
     def measure(graph, facts):
         if later:  # a candidate of recomputation, planned as the plan it becomes: the rank's, the optimizer offloaded

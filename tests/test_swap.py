@@ -106,8 +106,9 @@ def _swapped_graph(m):
     from planner.compiler import _configured, _context
     from planner.options import CompileOptions
     options = _configured(CompileOptions(training=True))
-    context = _context(options, input_shapes(m, BATCH))
-    graph, facts = passes.run(passes.pipeline(options), read(m, True, True), context)
+    pipeline = passes.pipeline(options)
+    context = _context(options, input_shapes(m, BATCH), pipeline)
+    graph, facts = passes.run(pipeline, read(m, True, True), context)
     steps = context.measure(graph, facts).chosen().steps
     model = timing.device_model("cpu")
     return swap.place(graph, steps, {w.name for w in swap.windows(graph, steps, model)}, model)

@@ -28,6 +28,7 @@ import onnx
 from executor import Executor, mkl
 from executor import jit as compiled
 from frontends import zoo
+from planner.timing import timings
 
 MiB = 2 ** 20
 SEQ = 128
@@ -37,15 +38,7 @@ def median_seconds(fn, repeat, sync=lambda: None):
     """The median of `repeat` timed calls of fn after a warm-up, begun after a second's pause so that the
     threads of whatever ran before (OpenBLAS's, TBB's, onnxruntime's spin) are asleep."""
     time.sleep(1)
-    fn()
-    sync()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return float(np.median(timings(fn, repeat, sync)))
 
 
 def paired_medians(fns, repeat, pause=0.05):

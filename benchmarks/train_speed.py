@@ -14,12 +14,12 @@ checkpointing of each layer for bert_base). Progress goes to stderr.
 """
 import argparse
 import statistics
-import time
 
 import numpy as np
 
 import planner
 from frontends import zoo
+from planner.timing import timings
 
 from train_memory import LOSS_OF, input_shapes, log
 
@@ -29,14 +29,7 @@ STRATEGIES = ("none", "mirror", "sublinear", "budget")
 
 def median_seconds(step, steps, sync=lambda: None):
     """Median wall time of `steps` calls of `step` after two warm-up ones, the device synchronised around each."""
-    times = []
-    for _ in range(steps + 2):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[2:])
+    return statistics.median(timings(step, steps, sync, warmup=2))
 
 
 def plans(name, batch, seq, strategies):

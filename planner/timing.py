@@ -110,20 +110,26 @@ def device_model(name, device="any", link=LINK):
         raise ConfigError(f"device model file {name!r} is not one `memplan calibrate` wrote: {e}") from None
 
 
+def timings(fn, repeat, synchronize=lambda: None, warmup=1):
+    """The wall seconds of `repeat` calls of fn after `warmup` untimed ones, `synchronize()` waiting for each."""
+    for _ in range(warmup):
+        fn()
+    synchronize()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def calibrate(xp, synchronize, name, link=LINK, size=2048, repeat=5):
     """A DeviceModel measured with the array module `xp` (NumPy or CuPy, `synchronize()` waiting for its work): the
     best of `repeat` runs of a float32 and a float16 GEMM of `size` (a quarter of it in NumPy), a 256 MiB copy, and a
     one-element product; the host bandwidth by a NumPy copy."""
     def best(fn):
-        fn()
-        synchronize()
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            fn()
-            synchronize()
-            times.append(time.perf_counter() - start)
-        return min(times)
+        return min(timings(fn, repeat, synchronize))
 
     def gemm(dtype, n):
         a = xp.ones((n, n), dtype=dtype)

@@ -102,7 +102,7 @@ class Executor:
             self.arena = arena.sharing(plan)
         else:
             with self.backend.allocating(plan.arena_bytes, "the arena", self.config):
-                self.arena = Arena(plan, self.backend.xp, host=self.backend.host_arena(plan.host_arena_bytes))
+                self.arena = Arena(plan, self.backend.xp, self.backend.host_arena(plan.host_arena_bytes))
             with self.backend.allocating(sum(plan.tensors[n].nbytes for n in values),
                                          "the params' and consts' values", self.config):
                 self.arena.load(shards(plan, values, self.groups))
@@ -301,6 +301,7 @@ class Executor:
     def set_parameters(self, values):
         """Write params (any of the plan's, trained or not, e.g. running statistics) into the arena (and an offloaded
         optimizer's master weights of each)."""
+        masters = (self.plan.training.get("offload") or {}).get("masters", {})
         for name, value in values.items():
             t = self.plan.tensors.get(name)
             if t is None or t.kind != "param":
@@ -308,9 +309,8 @@ class Executor:
             if tuple(np.shape(value)) != tuple(t.shape):
                 raise FeedError(f"param {name!r}: expected shape {tuple(t.shape)}, got {tuple(np.shape(value))}")
             self.arena.view(name)[...] = self.backend.xp.asarray(np.asarray(value, dtype=np.dtype(t.dtype)))
-            offload = self.plan.training.get("offload") or {}
-            if name in offload.get("masters", {}):  # its master too, cut as the executor loads it
-                master = offload["masters"][name]
+            if name in masters:  # its master too, cut as the executor loads it
+                master = masters[name]
                 sharded = name in (self.plan.training.get("parallel") or {}).get("sharded", ())
                 self.arena.load({master: value} if sharded else shards(self.plan, {master: value}, self.groups))
 

@@ -9,10 +9,9 @@ class Arena:
     (`host`: a NumPy uint8 buffer, pinned on CUDA); `view(name)` is the tensor at its planned offset in its arena,
     with its shape and dtype."""
 
-    def __init__(self, plan, xp, buffer=None, host=None):
-        self.plan, self.xp = plan, xp
+    def __init__(self, plan, xp, host, buffer=None):
+        self.plan, self.xp, self.host = plan, xp, host
         self.buffer = xp.empty(max(plan.arena_bytes, 1), dtype=xp.uint8) if buffer is None else buffer
-        self.host = np.empty(max(plan.host_arena_bytes, 1), dtype=np.uint8) if host is None else host
 
     def sharing(self, plan):
         """This arena's buffers as the arenas of `plan`, whose persistent tensors they already hold (Executor's
@@ -20,7 +19,7 @@ class Arena:
         if plan.arena_bytes > self.buffer.size or plan.host_arena_bytes > self.host.size:
             raise ValueError(f"a plan of {plan.arena_bytes} bytes and {plan.host_arena_bytes} host bytes cannot run "
                              f"in arenas of {self.buffer.size} and {self.host.size}")
-        return Arena(plan, self.xp, self.buffer, self.host)
+        return Arena(plan, self.xp, self.host, self.buffer)
 
     def view(self, name):
         t = self.plan.tensors[name]

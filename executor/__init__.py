@@ -91,9 +91,7 @@ class Executor:
             raise MemplanError(f"backend {self.backend.NAME!r} cannot hold tensors of dtype {', '.join(foreign)}")
         self.kernels = self.backend.table(jit)
         self.jit = self.kernels is not self.backend.kernels
-        missing = sorted({op_name(s.domain, s.op) for s in plan.steps if kernels.find(
-            numpy_backend.table(False) if numpy_backend.runs_on_host(s, plan.tensors) else self.kernels, s,
-            self.backend.fuse) is None})
+        missing = sorted({op_name(s.domain, s.op) for s in plan.steps if self._kernel(s) is None})
         if missing:
             raise MemplanError(f"backend {self.backend.NAME!r} has no kernel for {', '.join(missing)}")
         self.runtime = self.backend.runtime(tf32)
@@ -138,6 +136,16 @@ class Executor:
         finally:
             self.busy.release()
 
+    def _on_host(self, step):
+        """Whether `step` runs NumPy's kernel on the host arena though the backend is another (an offloaded update)."""
+        return self.backend is not numpy_backend and numpy_backend.runs_on_host(step, self.plan.tensors)
+
+    def _kernel(self, step):
+        """The kernel of `step`: NumPy's for a step `_on_host`, else the backend's (None where it has none)."""
+        if self._on_host(step):
+            return kernels.find(numpy_backend.table(False), step)
+        return kernels.find(self.kernels, step, self.backend.fuse)
+
     def _view(self, name):
         """The arena view of a tensor: one object per place, so that an output written in place is the
         very array its input is (CuPy copies an input that overlaps its output but is another object)."""
@@ -165,10 +173,10 @@ class Executor:
             ws = {c.name: self.arena.bytes(slot.offset + c.offset, c.nbytes).view(np.dtype(c.dtype)).reshape(c.shape)
                   for c in step.scratch}
         ins, outs = [views(i) if i else None for i in step.inputs], [views(o) if o else None for o in step.outputs]
-        if (self.backend is not numpy_backend or self.copy_stream) and numpy_backend.runs_on_host(step, tensors):
-            fn = numpy_backend.host_step(kernels.find(numpy_backend.table(False), step), self._quiet)
+        if self._on_host(step):
+            fn = numpy_backend.host_step(self._kernel(step), self._quiet)
         else:
-            fn = self.runtime.bind(step, kernels.find(self.kernels, step, self.backend.fuse), ins, outs, region)
+            fn = self.runtime.bind(step, self._kernel(step), ins, outs, region)
         if getattr(fn, "collective", False):
             fn = partial(fn, group=self.groups[step.attrs.get("group", "dp")])
         if self.profile:

@@ -72,10 +72,9 @@ def label_index(text):
 def _model_args(p, one_strategy):
     from .compiler import SCHEDULES, STRATEGIES
     from .losses import LOSSES
-    from .options import IGNORE_INDEX
+    from .options import IGNORE_INDEX, OFFLOADS
     from .precision import PRECISIONS
     from .remat import REMATS
-    from .options import OFFLOADS
     from .optimizers import OPTIMIZERS
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                    help="an .onnx file, zoo:NAME, a transformers config.json or hf:MODEL_ID (built without weights)")

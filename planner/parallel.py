@@ -165,3 +165,10 @@ class Whole:
 
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self.value, dtype=dtype)
+
+
+def whole_value(value):
+    """The whole value a rank's part stands for (a Whole, perhaps of a Whole), or `value` itself."""
+    while isinstance(value, Whole):
+        value = value.value
+    return value

@@ -25,7 +25,7 @@ from . import plan_checks
 from .deferred import Absent, absent_name, is_absent
 from .errors import PlanError
 from .ops.base import Slice
-from .parallel import Parallel, Whole, shard_size
+from .parallel import Parallel, shard_size, whole_value
 from .plan_checks import ALIGNMENT, check_op, is_int, numpy_dtype  # noqa: F401  (ALIGNMENT: planning's, from here)
 from .units import format_bytes
 
@@ -173,7 +173,7 @@ class Plan:
             "tensors": [asdict(t) for t in self.tensors.values()],
             "steps": [{**asdict(s), "attrs": {k: _encode(v) for k, v in s.attrs.items()}} for s in self.steps],
             "values_digest": _values_digest(values) if values else None,
-            "absent": {name: list(np.shape(_whole(value))) for name, value in data.items() if is_absent(value)}}
+            "absent": {name: list(np.shape(whole_value(value))) for name, value in data.items() if is_absent(value)}}
         doc = json.loads(json.dumps(doc))  # as from_json will read it
         path.write_text(json.dumps({**doc, "digest": document_digest(doc)}, indent=1))
         if values:
@@ -225,7 +225,7 @@ class Plan:
             if value is None:
                 raise PlanError(f"{where}: {_valued(self, name, where).kind} {name!r} has no value")
             dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
-            _check_value(self, name, np.shape(_whole(value)), dtype, where)
+            _check_value(self, name, np.shape(whole_value(value)), dtype, where)
         missing = [t for t in self.tensors.values() if t.kind in ("param", "const") and t.alias_of is None
                    and t.name not in self.data]
         if missing:
@@ -438,13 +438,6 @@ def _values_digest(values):
         h.update(json.dumps([name, list(value.shape), value.dtype.name]).encode())
         h.update(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
     return h.hexdigest()
-
-
-def _whole(value):
-    """The whole value a rank's part stands for (parallel.Whole, perhaps of a Whole), or `value` itself."""
-    while isinstance(value, Whole):
-        value = value.value
-    return value
 
 
 def _rank_shape(training, name, shape):

@@ -26,7 +26,7 @@ from ..deferred import computed
 from ..dtypes import from_onnx, is_float, to_onnx
 from ..errors import ConfigError
 from ..ir import Annotations, Node, Phase, Tensor
-from ..parallel import Whole
+from ..parallel import Whole, whole_value
 from ..remat import swap_time
 from ..schedule import followed
 from .base import GRADIENTS, LOSS, TYPED, UPDATES, Pass, Result
@@ -221,10 +221,8 @@ def _is_low(dtype):
 def _master_value(data, shard, dtype, sharded):
     """The master weights' value: the param's whole value (`data`, perhaps a rank's part of it: parallel.Whole) in
     `dtype`, standing for this rank's `shard` where it is a part (a tensor-parallel piece, or `sharded`)."""
-    whole = data
-    while isinstance(whole, Whole):
-        whole = whole.value
-    value = whole if np.dtype(whole.dtype) == dtype else computed(_astype, np.shape(whole), dtype, whole, dtype)
+    whole = whole_value(data)
+    value = whole if np.dtype(whole.dtype) == dtype else _converted(whole, dtype)
     return Whole(value, shard) if sharded or isinstance(data, Whole) else value
 
 

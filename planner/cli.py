@@ -79,15 +79,14 @@ def training_options(args):
         raise MemplanError("--sequence-parallel shards the sequence among the ranks of --tp N: give that too")
     if not args.training:
         if args.loss or args.optimizer or args.lr is not None or args.remat or args.budget or args.trainable \
-                or args.offload \
-                or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX \
+                or args.offload or args.frozen or args.class_axis is not None or args.ignore_index != IGNORE_INDEX \
                 or args.shard != "flat" or args.prefetch or args.bucket or args.sync_batchnorm \
                 or args.sequence_parallel or any(getattr(args, name) is not None for name in PARALLEL_ARGS
                                                  if name != "tp"):
             raise MemplanError("--loss, --optimizer, --lr, --remat, --offload, --budget, --trainable, --frozen, "
-                               "--class-axis, --ignore-index, --dp, --zero, --pp, --microbatches, --stage, --shard, --prefetch, "
-                               "--bucket, --sync-batchnorm and --sequence-parallel apply with --training (--tp "
-                               "alone plans one tensor-parallel rank's inference)")
+                               "--class-axis, --ignore-index, --dp, --zero, --pp, --microbatches, --stage, "
+                               "--shard, --prefetch, --bucket, --sync-batchnorm and --sequence-parallel apply with "
+                               "--training (--tp alone plans one tensor-parallel rank's inference)")
         if args.tp is not None:
             from .parallel import Parallel
             return {"parallel": Parallel(tp=args.tp)}

@@ -238,17 +238,17 @@ class Executor:
         copies = self.copy_stream
         with np.errstate(all="ignore"):  # IEEE results (overflow to inf, log 0) are the ops' own, as when folding
             if copies:
-                copies.after(-1)
+                copies.run(-1, "after")
             for k, bound in enumerate(self.program):
                 gated = k in self.gate[1] and not self.updated
                 if copies and not gated:
-                    copies.before(k)
+                    copies.run(k, "before")
                 if bound is not None and not gated:
                     self._call(k, bound)
                 if k == self.gate[0]:
                     self.updated = bool(self.arena.view(self.plan.training["scaler"]["finite"]))
                 if copies and not gated:
-                    copies.after(k)
+                    copies.run(k, "after")
                 for offset, nbytes, host in self.dead.get(k, ()):
                     if host:  # a copy may still read it
                         self._quiet()

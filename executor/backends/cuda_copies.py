@@ -19,9 +19,9 @@ def transfer(src, dst, stream):
 
 class CopyStream:
     """The copies of `plan` (its SwapOut and SwapIn steps, `handled`, whose kernels the executor leaves out) as
-    actions the executor runs `before(k)` and `after(k)` step k (k = -1: before the first), on `cupy`'s streams;
-    `view(name)` is a tensor's array in its arena. `finish()` makes the compute stream wait for every copy, at the end
-    of a run (an offloaded param's copy back has no reader in the run that makes it)."""
+    actions the executor runs before and after step k (`run(k, when)`; k = -1: before the first), on `cupy`'s
+    streams; `view(name)` is a tensor's array in its arena. `finish()` makes the compute stream wait for every copy,
+    at the end of a run (an offloaded param's copy back has no reader in the run that makes it)."""
 
     def __init__(self, cupy, plan, view, copy=transfer):
         self.cupy, self.copy = cupy, copy
@@ -50,12 +50,9 @@ class CopyStream:
     def _add(self, k, when, action):
         self.actions.setdefault((k, when), []).append(action)
 
-    def before(self, k):
-        for action in self.actions.get((k, "before"), ()):
-            action()
-
-    def after(self, k):
-        for action in self.actions.get((k, "after"), ()):
+    def run(self, k, when):
+        """The actions due `when` ("before" or "after") step k."""
+        for action in self.actions.get((k, when), ()):
             action()
 
     def finish(self):

@@ -240,21 +240,25 @@ class Executor:
             if copies:
                 copies.run(-1, "after")
             for k, bound in enumerate(self.program):
-                gated = k in self.gate[1] and not self.updated
-                if copies and not gated:
-                    copies.run(k, "before")
-                if bound is not None and not gated:
-                    self._call(k, bound)
+                if not (k in self.gate[1] and not self.updated):  # a gated step runs nothing, its copies neither
+                    self._step(k, bound, copies)
                 if k == self.gate[0]:
                     self.updated = bool(self.arena.view(self.plan.training["scaler"]["finite"]))
-                if copies and not gated:
-                    copies.run(k, "after")
                 for offset, nbytes, host in self.dead.get(k, ()):
                     if host:  # a copy may still read it
                         self._quiet()
                     self.arena.bytes(offset, nbytes, host).fill(POISON)
             if copies:
                 copies.finish()
+
+    def _step(self, k, bound, copies):
+        """Step k's kernel (None: nothing to run), between the copies due before and after it."""
+        if copies:
+            copies.run(k, "before")
+        if bound is not None:
+            self._call(k, bound)
+        if copies:
+            copies.run(k, "after")
 
     def _quiet(self):
         """Wait for the device's queued work and copies: what the host reads or writes next is theirs no more."""

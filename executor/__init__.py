@@ -17,6 +17,7 @@ from planner.config import Config
 from planner.dtypes import from_onnx  # noqa: F401  (registers ml_dtypes' names with NumPy)
 from planner.errors import MemplanError, OutOfMemoryError
 from planner.ir import op_name
+from planner.timing import runs_on_host
 from planner.units import format_bytes
 
 from . import backends, kernels
@@ -138,7 +139,7 @@ class Executor:
 
     def _on_host(self, step):
         """Whether `step` runs NumPy's kernel on the host arena though the backend is another (an offloaded update)."""
-        return self.backend is not numpy_backend and numpy_backend.runs_on_host(step, self.plan.tensors)
+        return self.backend is not numpy_backend and runs_on_host(step, self.plan.tensors)
 
     def _kernel(self, step):
         """The kernel of `step`: NumPy's for a step `_on_host`, else the backend's (None where it has none)."""

@@ -61,7 +61,7 @@ class DeviceModel:
             return 0.0
         tensors = [graph.tensors[n] for n in dict.fromkeys((*node.inputs, *node.outputs)) if n]
         moved = sum(t.nbytes for t in tensors)
-        if tensors and all(t.host for t in tensors):
+        if runs_on_host(node, graph.tensors):
             return self.launch + moved / self.host_bandwidth
         widest = max((np.dtype(t.dtype).itemsize for t in tensors if is_float(t.dtype)), default=4)
         rate = self.half_flops if widest <= 2 else self.flops
@@ -78,6 +78,14 @@ class DeviceModel:
 def _spec(name, tflops, half_tflops, tb_per_s):
     return DeviceModel(name, tflops * 1e12 * EFFICIENCY["flops"], half_tflops * 1e12 * EFFICIENCY["flops"],
                        tb_per_s * 1e12 * EFFICIENCY["bandwidth"], 5e-6, 20e9)
+
+
+def runs_on_host(node, tensors):
+    """Whether `node` (a graph's Node or a Plan's Step) runs on the host whatever the device: every tensor it reads
+    and writes lies in the host arena (an offloaded optimizer's update and casts), and it is not a copy between the
+    arenas."""
+    names = [n for n in (*node.inputs, *node.outputs) if n]
+    return bool(names) and all(tensors[n].host for n in names) and not ops.of(node).timed
 
 
 PROFILES = {

@@ -2,7 +2,6 @@
 as planner.ops.into's GEMM for NumPy arrays when the backend loads)."""
 import numpy as xp  # noqa: F401  (the backend's array module)
 
-from planner import ops
 from planner.errors import MemplanError
 from planner.ops import into
 
@@ -112,13 +111,6 @@ def copies(plan, view):
     """The copies between the arenas run in place, as steps like any other (a GPU runs them on a stream of their
     own: cupy_backend.copies)."""
     return None
-
-
-def runs_on_host(step, tensors):
-    """Whether `step` runs on the host whatever the backend: every tensor it reads and writes lies in the host arena
-    (an offloaded optimizer's update and casts), and it is not a copy between the arenas."""
-    names = [n for n in (*step.inputs, *step.outputs) if n]
-    return bool(names) and not ops.of(step).timed and all(tensors[n].host for n in names)
 
 
 def host_step(kernel, synchronize):

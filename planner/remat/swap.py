@@ -20,10 +20,10 @@ import bisect
 import math
 from dataclasses import dataclass, replace
 
-from .. import ops
 from ..errors import InfeasibleBudgetError
 from ..ir import Annotations, Node, Phase
 from ..schedule import followed, schedule
+from ..timing import runs_on_host
 from .recompute import droppable, recompute
 
 HOST, BACK = "/host", "/swapped"
@@ -172,8 +172,8 @@ def simulate(graph, model):
             in_free = max(t, in_free, after) + model.transfer(graph.tensors[node.outputs[0]].nbytes)
             ready[node.outputs[0]] = in_free
             continue
-        seconds, names = model.seconds(graph, node), [n for n in (*node.inputs, *node.outputs) if n]
-        if names and all(graph.tensors[n].host for n in names) and not model.on_host:
+        seconds = model.seconds(graph, node)
+        if not model.on_host and runs_on_host(node, graph.tensors):
             host_free = max(host_free, after) + seconds
             ready.update((o, host_free) for o in node.outputs if o)
             continue
